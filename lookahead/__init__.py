@@ -1,0 +1,14 @@
+"""lookahead: model-free lookahead / n-gram decoding with exactly the target's greedy output."""
+
+from .config import ConfigError, LookaheadConfig
+from .engine import LookaheadGenerator
+from .inputs import GenerateInputError
+from .models import DEFAULT_MODEL, ModelLoadError, load_model
+from .stats import GenerationStats
+from .support import UnsupportedModelError
+
+__all__ = [
+    "LookaheadGenerator", "LookaheadConfig", "load_model", "DEFAULT_MODEL", "GenerationStats",
+    "ConfigError", "GenerateInputError", "ModelLoadError", "UnsupportedModelError",
+]
+__version__ = "0.1.0"

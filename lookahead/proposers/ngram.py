@@ -1,0 +1,69 @@
+"""The n-gram pool proposer: first token -> recent n-grams (Numba kernels in kernels/pool.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.pool import (new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup)
+
+
+class NgramPool:
+    """Bounded, de-duplicated LRU pool of N-grams keyed by their first token."""
+
+    def __init__(self, vocab: int, ngram: int, capacity: int, max_keys: int):
+        self.ngram = ngram
+        self.vocab = vocab
+        self.capacity = capacity
+        self.max_keys = max_keys
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget everything."""
+        rows = min(self.max_keys, self.vocab)
+        (self.slot_of, self.key_of, self.grams, self.gram_stamp,
+         self.row_stamp, self.clock) = new_pool(self.vocab, rows, self.capacity, self.ngram - 1)
+
+    def insert_grams(self, full: np.ndarray) -> None:
+        """Insert full[M, N] n-grams."""
+        pool_insert_grams(full, self.slot_of, self.key_of, self.grams, self.gram_stamp,
+                          self.row_stamp, self.clock)
+
+    def insert_sequence(self, seq: np.ndarray, start: int, stop: int) -> None:
+        """Insert every n-gram of seq[:stop] that starts at or after start."""
+        pool_insert_sequence(seq, start, stop, self.slot_of, self.key_of, self.grams,
+                             self.gram_stamp, self.row_stamp, self.clock)
+
+    def lookup(self, key: int, limit: int) -> np.ndarray:
+        """Up to limit continuations [k, N-1] of key, most recent first."""
+        return pool_lookup(key, limit, self.slot_of, self.grams, self.gram_stamp)
+
+    @property
+    def size(self) -> int:
+        """Number of n-grams held."""
+        return int((self.gram_stamp > 0).sum())
+
+
+class NgramProposer:
+    """Proposes the pool's n-grams that start with x; fed by the prompt, the output
+    and (through ``insert_grams``) the Jacobi lookahead window."""
+
+    name = "ngram"
+
+    def __init__(self, pool: NgramPool, seed_from_prompt: bool, seed_from_output: bool):
+        self.pool = pool
+        self.seed_from_prompt = seed_from_prompt
+        self.seed_from_output = seed_from_output
+
+    def begin(self, seq: np.ndarray, stop: int) -> None:
+        self.pool.clear()
+        if self.seed_from_prompt:
+            self.pool.insert_sequence(seq, 0, stop)
+
+    def propose(self, seq: np.ndarray, stop: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        cands = self.pool.lookup(int(seq[stop - 1]), limit)
+        return cands, np.full(cands.shape[0], cands.shape[1], dtype=np.int64)
+
+    def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
+        """Insert the n-grams that end inside the newly accepted tokens."""
+        if self.seed_from_output:
+            self.pool.insert_sequence(seq, start - self.pool.ngram + 1, stop)

@@ -1,0 +1,34 @@
+"""Counters and timing of one generate call."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """What one generate call did. ``steps`` counts target forward passes after the prefill."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0  # decode forward passes of the target (the prefill not counted)
+    prefill_s: float = 0.0
+    wall_time_s: float = 0.0  # prefill + decode
+    rows_per_step: list[int] = field(default_factory=list)  # Q of every decode forward
+    accepted: list[int] = field(default_factory=list)  # tokens committed by every decode forward
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Mean tokens committed per decode forward pass (1.0 = plain decoding)."""
+        return sum(self.accepted) / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of wall time, prefill included."""
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        """Plain dict with the derived numbers too (for JSON)."""
+        data = asdict(self)
+        data.update(accepted_per_step=self.accepted_per_step, tokens_per_s=self.tokens_per_s)
+        return data

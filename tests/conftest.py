@@ -1,0 +1,72 @@
+"""Tiny random-initialised models of several architectures, built in-process (no hub)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+VOCAB = 96
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+              num_attention_heads=4, max_position_embeddings=1024, pad_token_id=0)
+
+
+def _llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=2, **COMMON))
+
+
+def _qwen2():
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **COMMON))
+
+
+def _mistral():
+    # every layer uses a sliding window shorter than the generated text
+    return transformers.MistralForCausalLM(transformers.MistralConfig(num_key_value_heads=2, sliding_window=12, **COMMON))
+
+
+def _gemma3():
+    # mixed sliding (window 10) and full layers
+    cfg = transformers.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, sliding_window=10,
+                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                        **COMMON)
+    return transformers.Gemma3ForCausalLM(cfg)
+
+
+def _gpt_neox():
+    cfg = transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                     num_attention_heads=4, max_position_embeddings=1024, pad_token_id=0)
+    return transformers.GPTNeoXForCausalLM(cfg)
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=1024, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+BUILDERS = {"llama": _llama, "qwen2": _qwen2, "mistral": _mistral, "gemma3": _gemma3,
+            "gpt_neox": _gpt_neox, "gpt2": _gpt2}
+
+
+def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):
+    """A tiny random model of ``arch`` in float32 eval mode, deterministic in seed."""
+    torch.manual_seed(seed)
+    model = BUILDERS[arch]()
+    model.config._attn_implementation = attn  # noqa: SLF001 (public setter path differs across 5.x)
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+@pytest.fixture(scope="session", params=sorted(BUILDERS))
+def arch_model(request):
+    """(arch name, model) for every tiny architecture."""
+    return request.param, tiny_model(request.param)
+
+
+def reference(model, ids, max_new_tokens, eos_token_id=None):
+    """model.generate greedy, the ground truth."""
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
+    if eos_token_id is not None:
+        kwargs["eos_token_id"] = eos_token_id
+    with torch.inference_mode():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)

