@@ -40,7 +40,8 @@ def _gpt_neox():
 
 
 def _gpt2():
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=1024, pad_token_id=0)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=1024, pad_token_id=0,
+                                  bos_token_id=1, eos_token_id=2, initializer_range=0.2)
     return transformers.GPT2LMHeadModel(cfg)
 
 

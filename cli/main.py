@@ -1,0 +1,106 @@
+"""The ``lookahead`` command: generate (and bench, see cli/bench.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import click
+
+from lookahead.config import ConfigError, LookaheadConfig
+
+CLI_ERRORS = (ValueError, RuntimeError, OSError)  # every error type of ours subclasses one of these
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def config_options(func):
+    """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults from the dataclass."""
+    for field in reversed(dataclasses.fields(LookaheadConfig)):
+        flag = field.name.replace("_", "-")
+        if field.type in ("bool", bool):
+            func = click.option(f"--{flag}/--no-{flag}", field.name, default=field.default, show_default=True,
+                                help=f"LookaheadConfig.{field.name}")(func)
+        else:
+            func = click.option(f"--{flag}", field.name, type=int, default=field.default, show_default=True,
+                                help=f"LookaheadConfig.{field.name}")(func)
+    return func
+
+
+def config_from(values: dict) -> LookaheadConfig:
+    """The LookaheadConfig named by the CLI options in values."""
+    return LookaheadConfig(**{f.name: values[f.name] for f in dataclasses.fields(LookaheadConfig)})
+
+
+def fail(message: str) -> None:
+    """One clear line on stderr and exit status 2."""
+    click.echo(f"lookahead: error: {message}", err=True)
+    sys.exit(2)
+
+
+@click.group()
+def main() -> None:
+    """Lookahead decoding: the same greedy tokens as model.generate, in fewer forward passes."""
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool):
+    """Token ids [1, T] of the prompt, through the chat template unless chat is False."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)
+        return encoded["input_ids"]
+    return tokenizer(prompt, return_tensors="pt")["input_ids"]
+
+
+@main.command()
+@click.option("--model", "model_name", default="smollm2-135m", show_default=True,
+              help="Built-in alias, .gguf file, local directory or hub id.")
+@click.option("--prompt", required=True, help="The text to continue (a user message unless --no-chat).")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@config_options
+def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, **config_values):
+    """Generate text with lookahead decoding."""
+    if not prompt.strip():
+        fail("the prompt is empty: pass some text with --prompt")
+    if max_new_tokens < 0:
+        fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
+    try:
+        config = config_from(config_values)
+    except ConfigError as exc:
+        fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+    try:
+        result = _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config)
+    except CLI_ERRORS as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    if as_json:
+        click.echo(json.dumps(result))
+
+
+def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config) -> dict:
+    """Load, generate (streaming unless as_json), report stats; the JSON result."""
+    import torch
+    from transformers import TextStreamer
+
+    from lookahead import LookaheadGenerator, load_model
+
+    model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype))
+    ids = encode_prompt(tokenizer, prompt, chat).to(device)
+    gen = LookaheadGenerator(model, tokenizer, config)
+    streamer = None if as_json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer)
+    stats = gen.last_stats
+    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    click.echo(f"[lookahead] {stats.new_tokens} new tokens in {stats.steps} steps + prefill, "
+               f"{stats.accepted_per_step:.2f} tokens/step, {stats.tokens_per_s:.1f} tokens/s", err=True)
+    return {"text": text, "model": model_name, "prompt_tokens": stats.prompt_tokens,
+            "new_tokens": stats.new_tokens, "steps": stats.steps,
+            "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
+            "wall_time_s": stats.wall_time_s, "config": dataclasses.asdict(config)}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Numba kernels on tiny hand-written arrays: pool, context matcher, greedy acceptance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lookahead.kernels.match import match_continuations
+from lookahead.proposers.ngram import NgramPool
+from lookahead.verify import greedy_accept
+
+
+def a(*values):
+    return np.array(values, dtype=np.int64)
+
+
+def test_pool_docstring_example():
+    pool = NgramPool(vocab=16, ngram=3, capacity=2, max_keys=8)
+    pool.insert_grams(np.array([[5, 7, 9], [5, 8, 1], [5, 7, 9], [5, 4, 4]]))
+    assert pool.lookup(5, 4).tolist() == [[4, 4], [7, 9]]
+    assert pool.lookup(6, 4).shape == (0, 2)
+    assert pool.lookup(5, 1).tolist() == [[4, 4]]
+
+
+def test_pool_deduplicates():
+    pool = NgramPool(vocab=16, ngram=2, capacity=4, max_keys=8)
+    pool.insert_grams(np.array([[1, 2], [1, 2], [1, 2]]))
+    assert pool.size == 1 and pool.lookup(1, 9).tolist() == [[2]]
+
+
+def test_pool_evicts_least_recent_key_when_full():
+    pool = NgramPool(vocab=16, ngram=2, capacity=1, max_keys=2)
+    pool.insert_grams(np.array([[1, 9], [2, 9], [1, 8], [3, 9]]))  # key 2 is the least recent
+    assert pool.lookup(2, 1).shape == (0, 1)
+    assert pool.lookup(1, 1).tolist() == [[8]] and pool.lookup(3, 1).tolist() == [[9]]
+
+
+def test_pool_insert_sequence_and_out_of_range_keys():
+    pool = NgramPool(vocab=8, ngram=3, capacity=4, max_keys=8)
+    pool.insert_sequence(a(1, 2, 3, 1, 2, 4), 0, 6)
+    assert pool.lookup(1, 4).tolist() == [[2, 4], [2, 3]]
+    assert pool.lookup(3, 4).tolist() == [[1, 2]]
+    pool.insert_grams(np.array([[99, 1, 2]]))  # outside the vocabulary: ignored
+    assert pool.lookup(99, 4).shape == (0, 2)
+    pool.insert_sequence(a(5, 6), 0, 2)  # shorter than N: nothing
+    assert pool.lookup(5, 4).shape == (0, 2)
+
+
+def test_pool_insert_sequence_from_start():
+    pool = NgramPool(vocab=8, ngram=2, capacity=4, max_keys=8)
+    pool.insert_sequence(a(1, 2, 3, 4), 2, 4)  # only grams starting at index >= 2
+    assert pool.lookup(1, 4).shape == (0, 1) and pool.lookup(3, 4).tolist() == [[4]]
+
+
+def test_match_docstring_example():
+    out, lens, count = match_continuations(a(1, 2, 3, 9, 1, 2, 3), 7, 1, 3, 2, 2)
+    assert count == 1 and out[0].tolist() == [9, 1] and lens[0] == 2
+
+
+def test_match_prefers_longest_suffix_and_most_recent():
+    seq = a(7, 2, 5, 8, 2, 6, 1, 2)  # suffix [1 2] never re-occurs; [2] occurs at 1 and 4
+    out, lens, count = match_continuations(seq, 8, 1, 2, 2, 4)
+    assert count == 2
+    assert out[0].tolist() == [6, 1] and out[1].tolist() == [5, 8]  # most recent [2] first
+
+
+def test_match_truncates_at_end_and_respects_stop():
+    seq = a(4, 4, 0, 0)
+    out, lens, count = match_continuations(seq, 2, 1, 1, 3, 4)  # only seq[:2] = [4 4] counts
+    assert count == 1 and lens[0] == 1 and out[0, 0] == 4
+    assert match_continuations(a(1, 2, 3), 3, 1, 2, 2, 4)[2] == 0  # no repeat: nothing
+    assert match_continuations(a(1, 1), 2, 1, 2, 2, 0)[2] == 0  # limit 0
+
+
+def test_greedy_accept_docstring_example():
+    path, new = greedy_accept(a(4, 5, 6, 7), a(-1, 0, 1, 0), 4, a(7, 9, 1, 3))
+    assert path.tolist() == [0, 3] and new.tolist() == [4, 7, 3]
+
+
+def test_greedy_accept_full_match_keeps_bonus_token():
+    path, new = greedy_accept(a(4, 5, 6), a(-1, 0, 1), 4, a(5, 6, 8))
+    assert path.tolist() == [0, 1, 2] and new.tolist() == [4, 5, 6, 8]
+
+
+def test_greedy_accept_no_match_and_empty_tree():
+    path, new = greedy_accept(a(4, 5), a(-1, 0), 9, a(5, 1))
+    assert path.tolist() == [] and new.tolist() == [9]
+    path, new = greedy_accept(a(), a(), 3, a())
+    assert path.tolist() == [] and new.tolist() == [3]

@@ -1,0 +1,106 @@
+"""Mask / position / trie builders against brute-force references and the DESIGN.md drawing."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookahead.tree import (additive_mask, empty_tree, step_layout, tree_from_candidates, window_layout)
+
+DESIGN_DRAWING = """
+1 . . . . . . . . .
+1 1 . . . . . . . .
+1 1 1 . . . . . . .
+1 . . 1 . . . . . .
+1 1 . . 1 . . . . .
+1 1 1 . . 1 . . . .
+1 . . . . . 1 . . .
+1 . . . . . 1 1 . .
+1 . . . . . . . 1 .
+1 . . . . . . . 1 1
+"""
+
+
+def drawing(text: str) -> np.ndarray:
+    return np.array([[c == "1" for c in line.split()] for line in text.strip().splitlines()])
+
+
+def test_layout_matches_the_design_drawing():
+    """W=3, N=3, two candidates (u1 u2), (v1 v2) with distinct first tokens."""
+    tree = tree_from_candidates(np.array([[11, 12], [21, 22]]), np.array([2, 2]), 10)
+    layout = step_layout(3, 3, tree)
+    assert np.array_equal(layout.local_mask, drawing(DESIGN_DRAWING))
+    assert layout.offsets.tolist() == [0, 1, 2, 1, 2, 3, 1, 2, 1, 2]
+    assert layout.tree_start == 6
+
+
+def brute_window(window: int, ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reference: cell (level l, column i) sees (0, j <= i) and (l' in 1..l, i)."""
+    cells = [(l, i) for l in range(ngram - 1) for i in range(window)]
+    mask = np.zeros((len(cells), len(cells)), dtype=bool)
+    for a, (la, ia) in enumerate(cells):
+        for b, (lb, ib) in enumerate(cells):
+            mask[a, b] = (lb == 0 and ib <= ia) or (lb >= 1 and ib == ia and lb <= la)
+    return np.array([l + i for l, i in cells]), mask
+
+
+@given(st.integers(1, 7), st.integers(2, 6))
+def test_window_layout_matches_brute_force(window, ngram):
+    offsets, mask = window_layout(window, ngram)
+    ref_offsets, ref_mask = brute_window(window, ngram)
+    assert np.array_equal(offsets, ref_offsets)
+    assert np.array_equal(mask, ref_mask)
+
+
+def test_trie_merges_shared_prefixes():
+    tree = tree_from_candidates(np.array([[4, 5, 6], [4, 7, 0]]), np.array([3, 2]), 10)
+    assert tree.tokens.tolist() == [4, 5, 6, 7]
+    assert tree.parents.tolist() == [-1, 0, 1, 0]
+    assert tree.depths.tolist() == [1, 2, 3, 2]
+
+
+def test_trie_respects_node_cap_and_empty_input():
+    tree = tree_from_candidates(np.array([[1, 2, 3], [4, 5, 6]]), np.array([3, 3]), 4)
+    assert tree.tokens.tolist() == [1, 2, 3, 4]
+    assert tree_from_candidates(np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64), 5).size == 0
+    assert tree_from_candidates(np.array([[1]]), np.array([1]), 0).size == 0
+
+
+@settings(max_examples=60)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=6))
+def test_trie_holds_every_candidate_once(cands):
+    width = max(map(len, cands))
+    arr = np.array([c + [0] * (width - len(c)) for c in cands])
+    tree = tree_from_candidates(arr, np.array([len(c) for c in cands]), 1000)
+    paths = []
+    for node in range(tree.size):  # the token path from x to each node
+        path, cur = [], node
+        while cur >= 0:
+            path.append(int(tree.tokens[cur]))
+            cur = int(tree.parents[cur])
+        paths.append(tuple(reversed(path)))
+        assert tree.depths[node] == len(path)
+    prefixes = {tuple(c[:k]) for c in cands for k in range(1, len(c) + 1)}
+    assert sorted(paths) == sorted(prefixes)  # one node per distinct prefix, nothing else
+    layout = step_layout(1, 2, tree)
+    for node, path in enumerate(paths):  # a node sees x, itself and exactly its ancestors
+        seen = {paths[j] for j in range(tree.size) if layout.local_mask[1 + node, 1 + j]}
+        assert seen == {path[:k] for k in range(1, len(path) + 1)}
+        assert layout.local_mask[1 + node, 0]
+
+
+def test_additive_mask_prefix_and_sliding_window():
+    layout = step_layout(2, 2, empty_tree())  # rows x (offset 0), a1 (offset 1)
+    local = torch.from_numpy(layout.local_mask)
+    offsets = torch.from_numpy(layout.offsets)
+    full = additive_mask(local, offsets, past=5, sliding_window=None, dtype=torch.float32)
+    assert full.shape == (1, 1, 2, 7)
+    visible = full[0, 0] == 0
+    assert visible[:, :5].all() and visible[0, 5] and not visible[0, 6] and visible[1, 6]
+    slide = additive_mask(local, offsets, past=5, sliding_window=3, dtype=torch.float32)[0, 0] == 0
+    # x at position 5 sees positions 3, 4, 5; a1 at position 6 sees 4, 5, 6
+    assert slide[0].tolist() == [False, False, False, True, True, True, False]
+    assert slide[1].tolist() == [False, False, False, False, True, True, True]
+    assert full.dtype == torch.float32 and full.min() == torch.finfo(torch.float32).min
