@@ -102,5 +102,9 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, 
             "wall_time_s": stats.wall_time_s, "config": dataclasses.asdict(config)}
 
 
+from cli.bench import bench  # noqa: E402
+main.add_command(bench)
+
+
 if __name__ == "__main__":
     main()

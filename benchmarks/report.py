@@ -1,0 +1,153 @@
+"""Benchmark output: JSON with every raw number, a markdown table, a PNG figure.
+
+    write_report(out_dir, records, cost=..., meta=...) -> {"json": path, "markdown": path, "figure": path}
+
+The table has one row per (dataset, method): prompts, geometric-mean and
+minimum speedup against greedy, tokens/s (total new tokens / total wall
+time), mean accepted tokens per decode forward, mean target forwards, exact
+match % against greedy, peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+
+def environment(dtype: str = "float32") -> dict:
+    """Versions, CPU, threads, dtype."""
+    import numpy
+    import torch
+    import transformers
+
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__,
+                "transformers": transformers.__version__, "numpy": numpy.__version__}
+    try:
+        import numba
+        versions["numba"] = numba.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return {"versions": versions, "platform": platform.platform(), "cpu": _cpu_name(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(), "dtype": dtype}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One summary row per (dataset, method), in first-seen order."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], r["method"]), []).append(r)
+    rows = []
+    for (dataset, method), rs in groups.items():
+        wall = sum(r["wall_time_s"] for r in rs)
+        speedups = [r["speedup"] for r in rs]
+        rows.append({
+            "dataset": dataset, "method": method, "prompts": len(rs),
+            "speedup_geomean": geomean(speedups), "speedup_min": min(speedups),
+            "tokens_per_s": sum(r["new_tokens"] for r in rs) / wall if wall > 0 else 0.0,
+            "accepted_per_step": sum(r["accepted_per_step"] for r in rs) / len(rs),
+            "forwards": sum(r["forwards"] for r in rs) / len(rs),
+            "new_tokens": sum(r["new_tokens"] for r in rs) / len(rs),
+            "exact_pct": 100.0 * sum(r["exact_match"] for r in rs) / len(rs),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+        })
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The summary rows as a GitHub markdown table."""
+    head = ("| dataset | method | n | speedup (geomean) | speedup (min) | tokens/s | accepted/step "
+            "| forwards | exact % |")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | {r['speedup_geomean']:.2f}x "
+                     f"| {r['speedup_min']:.2f}x | {r['tokens_per_s']:.1f} | {r['accepted_per_step']:.2f} "
+                     f"| {r['forwards']:.1f} | {r['exact_pct']:.0f} |")
+    return "\n".join(lines)
+
+
+def cost_table(cost: dict) -> str:
+    """The cost curve as a one-line-per-k markdown table."""
+    lines = [f"Forward cost over k new tokens with {cost['context']} tokens of context, relative to k = 1 "
+             f"(median of {cost['repeats']}):", "",
+             "| k | " + " | ".join(str(k) for k in cost["k"]) + " |",
+             "|---|" + "---:|" * len(cost["k"]),
+             "| ms | " + " | ".join(f"{1000 * s:.1f}" for s in cost["seconds"]) + " |",
+             "| x k=1 | " + " | ".join(f"{x:.2f}" for x in cost["relative"]) + " |"]
+    return "\n".join(lines)
+
+
+def plot(path: Path, records: list[dict], rows: list[dict], cost: dict | None) -> Path:
+    """Speedup per dataset and method; histogram of accepted tokens per step; the cost curve."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "greedy"]
+    width = 0.8 / max(len(methods), 1)
+    for i, method in enumerate(methods):
+        values = [next((r["speedup_geomean"] for r in rows if r["dataset"] == d and r["method"] == method), 0.0)
+                  for d in datasets]
+        axes[0].bar(np.arange(len(datasets)) + i * width, values, width, label=method)
+    axes[0].axhline(1.0, color="black", linewidth=0.8)
+    axes[0].set_xticks(np.arange(len(datasets)) + width * (len(methods) - 1) / 2, datasets)
+    axes[0].set_ylabel("speedup vs greedy (geomean)")
+    axes[0].legend(fontsize=7)
+    hist = {m: [a for r in records if r["method"] == m for a in r["accepted"]] for m in methods}
+    hist = {m: a for m, a in hist.items() if a}
+    if hist:
+        top = max(max(a) for a in hist.values())
+        axes[1].hist(list(hist.values()), bins=np.arange(0.5, top + 1.5), label=list(hist), density=True)
+        axes[1].legend(fontsize=7)
+    axes[1].set_xlabel("tokens accepted per forward")
+    axes[1].set_ylabel("fraction of steps")
+    if cost:
+        axes[2].plot(cost["k"], cost["relative"], marker="o")
+        axes[2].set_xscale("log", base=2)
+        axes[2].set_xlabel(f"new tokens k per forward ({cost['context']} ctx)")
+        axes[2].set_ylabel("time / time(k=1)")
+    else:
+        axes[2].set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+    return path
+
+
+def write_report(out_dir: str | Path, records: list[dict], cost: dict | None = None,
+                 meta: dict | None = None) -> dict:
+    """Write bench.json, bench.md, bench.png under out_dir; the paths and the table."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(records)
+    table = markdown_table(rows)
+    data = {"meta": meta or {}, "environment": environment((meta or {}).get("dtype", "float32")),
+            "summary": rows, "records": records, "cost_curve": cost}
+    (out / "bench.json").write_text(json.dumps(data, indent=1))
+    text = table + ("\n\n" + cost_table(cost) if cost else "") + "\n"
+    (out / "bench.md").write_text(text)
+    figure = plot(out / "bench.png", records, rows, cost)
+    return {"json": out / "bench.json", "markdown": out / "bench.md", "figure": figure, "table": table,
+            "summary": rows}

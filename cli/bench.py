@@ -1,0 +1,118 @@
+"""``lookahead bench``: greedy vs prompt lookup vs [assisted] vs lookahead on real prompts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from cli.main import CLI_ERRORS, DTYPES, config_from, config_options, fail
+from lookahead.config import ConfigError
+
+
+@click.command()
+@click.option("--model", "model_name", default="smollm2-135m", show_default=True,
+              help="Target model: built-in alias, .gguf file, local directory or hub id.")
+@click.option("--dataset", "datasets", multiple=True, default=("humaneval", "mt-bench"), show_default=True,
+              help="Data set (repeatable): humaneval, humaneval-chat, humaneval-annotate, mt-bench, gsm8k.")
+@click.option("--limit", type=int, default=5, show_default=True, help="Prompts per data set.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--out", "out_dir", default="bench-out", show_default=True,
+              help="Directory for bench.json, bench.md, bench.png.")
+@click.option("--config", "extra_configs", multiple=True,
+              help="Extra lookahead config (repeatable), e.g. 'wide:window=5,ngram=4,candidates=8'.")
+@click.option("--draft", default=None, help="Draft model alias: adds transformers assisted generation.")
+@click.option("--cost-curve/--no-cost-curve", default=True, show_default=True,
+              help="Measure the forward-cost curve (k = 1..64 new tokens, ~300 context).")
+@click.option("--turn2/--turn1", default=True, show_default=True,
+              help="MT-bench: time turn 2 after the model's own greedy turn-1 answer (default), or turn 1.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@config_options
+def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
+          device, dtype, **config_values):
+    """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
+
+    Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
+    method. Exits with status 1 if a lookahead method's tokens differ from
+    greedy decoding in float32.
+    """
+    if limit < 1:
+        fail(f"--limit must be >= 1, got {limit}")
+    if max_new_tokens < 1:
+        fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    try:
+        config = config_from(config_values)
+    except ConfigError as exc:
+        fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+    try:
+        table, paths, mismatch = _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs,
+                                        draft, cost_curve, turn2, device, dtype, config)
+    except CLI_ERRORS as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    click.echo(table)
+    click.echo(f"\nwrote {paths['json']}, {paths['markdown']}, {paths['figure']}")
+    if mismatch is not None:
+        click.echo(f"lookahead: EXACT MATCH FAILED: {mismatch}", err=True)
+        sys.exit(1)
+
+
+def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
+           device, dtype, config):
+    import torch
+    from tqdm import tqdm
+
+    from benchmarks.costcurve import cost_curve as measure_cost
+    from benchmarks.datasets import canonical_name, load_dataset
+    from benchmarks.report import cost_table, write_report
+    from benchmarks.runner import ExactMatchError, check_exact, default_methods, prepare_prompts, run_benchmark
+    from lookahead import load_model
+
+    started = time.perf_counter()
+    datasets = [canonical_name(d) for d in datasets]
+    torch_dtype = getattr(torch, dtype)
+    model, tokenizer = load_model(model_name, device=device, dtype=torch_dtype)
+    if model.generation_config.pad_token_id is None and tokenizer.eos_token_id is not None:
+        model.generation_config.pad_token_id = tokenizer.eos_token_id
+    draft_model = load_model(draft, device=device, dtype=torch_dtype)[0] if draft else None
+    methods = default_methods(model, tokenizer, config, extra_configs, draft_model)
+
+    prompts = []
+    for name in datasets:
+        raw = load_dataset(name, limit)
+        click.echo(f"[bench] {name}: {len(raw)} prompts" + (" (rendering turn 2 after greedy turn 1)"
+                                                             if turn2 and name == "mt-bench" else ""), err=True)
+        prompts += prepare_prompts(name, raw, model, tokenizer, max_new_tokens, turn2=turn2)
+
+    bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", file=sys.stderr)
+
+    def progress(label: str) -> None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(1)
+
+    records = run_benchmark(model, methods, prompts, max_new_tokens, progress=progress)
+    bar.close()
+    cost = None
+    if cost_curve:
+        click.echo("[bench] measuring the forward-cost curve", err=True)
+        cost = measure_cost(model)
+    meta = {"model": model_name, "draft": draft, "datasets": datasets, "limit": limit,
+            "max_new_tokens": max_new_tokens, "dtype": dtype, "device": device, "mt_bench_turn": 2 if turn2 else 1,
+            "methods": [{"name": m.name, "must_match": m.exact, "config": m.config} for m in methods],
+            "command": sys.argv, "bench_wall_s": None}
+    meta["bench_wall_s"] = time.perf_counter() - started
+    paths = write_report(out_dir, records, cost, meta)
+    mismatch = None
+    try:
+        check_exact(records)
+    except ExactMatchError as exc:
+        if dtype == "float32":
+            mismatch = str(exc)
+        else:
+            click.echo(f"[bench] note ({dtype}, not enforced): {exc}", err=True)
+    table = paths["table"] + ("\n\n" + cost_table(cost) if cost else "")
+    table += f"\n\nbench wall time {meta['bench_wall_s']:.0f} s"
+    json.dumps(meta)  # fail here, not later, if meta is not JSON-serialisable
+    return table, paths, mismatch
