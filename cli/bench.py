@@ -47,6 +47,12 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, d
         config = config_from(config_values)
     except ConfigError as exc:
         fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+    from benchmarks.runner import parse_config_spec
+    for spec in extra_configs:  # check before loading any model
+        try:
+            parse_config_spec(spec, config)
+        except ValueError as exc:
+            fail(f"{exc} (option --config)")
     try:
         table, paths, mismatch = _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs,
                                         draft, cost_curve, turn2, device, dtype, config)
