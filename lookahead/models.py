@@ -132,10 +132,18 @@ def assemble_gguf(alias: ModelAlias, cache_dir: Path) -> Path:
     return target
 
 
+def _cached_model_dir(cache_dir: Path, key: str) -> Path | None:
+    """The de-quantized model directory for key, if it was built before."""
+    target = cache_dir / "models" / key
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return target
+    return None
+
+
 def _dequantized_dir(gguf: Path, cache_dir: Path, key: str) -> Path:
     """A directory with float safetensors + tokenizer for a GGUF, built once."""
     target = cache_dir / "models" / key
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+    if _cached_model_dir(cache_dir, key) is not None:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -176,6 +184,9 @@ def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, 
     tried = []
     if name_or_path in ALIASES:
         alias = ALIASES[name_or_path]
+        cached = _cached_model_dir(cache_dir, alias.name)  # no need for the GGUF once converted
+        if cached is not None:
+            return cached, tried
         return _dequantized_dir(assemble_gguf(alias, cache_dir), cache_dir, alias.name), tried
     tried.append(f"built-in aliases ({', '.join(sorted(ALIASES))})")
     path = Path(name_or_path).expanduser()
