@@ -8,8 +8,7 @@ import time
 
 import click
 
-from cli.main import CLI_ERRORS, DTYPES, config_from, config_options, fail
-from lookahead.config import ConfigError
+from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
 
 
 @click.command()
@@ -43,10 +42,7 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, d
         fail(f"--limit must be >= 1, got {limit}")
     if max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    try:
-        config = config_from(config_values)
-    except ConfigError as exc:
-        fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+    config = checked_config(config_values)
     from benchmarks.runner import parse_config_spec
     for spec in extra_configs:  # check before loading any model
         try:

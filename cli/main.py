@@ -38,6 +38,14 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def checked_config(values: dict) -> LookaheadConfig:
+    """config_from(values), or one line naming the bad option and exit status 2."""
+    try:
+        return config_from(values)
+    except ConfigError as exc:
+        fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+
+
 @click.group()
 def main() -> None:
     """Lookahead decoding: the same greedy tokens as model.generate, in fewer forward passes."""
@@ -68,10 +76,7 @@ def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, *
         fail("the prompt is empty: pass some text with --prompt")
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
-    try:
-        config = config_from(config_values)
-    except ConfigError as exc:
-        fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+    config = checked_config(config_values)
     try:
         result = _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config)
     except CLI_ERRORS as exc:
