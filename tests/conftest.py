@@ -20,6 +20,10 @@ def _qwen2():
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **COMMON))
 
 
+def _qwen3():
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(num_key_value_heads=2, head_dim=16, **COMMON))
+
+
 def _mistral():
     # every layer uses a sliding window shorter than the generated text
     return transformers.MistralForCausalLM(transformers.MistralConfig(num_key_value_heads=2, sliding_window=12, **COMMON))
@@ -45,7 +49,7 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(cfg)
 
 
-BUILDERS = {"llama": _llama, "qwen2": _qwen2, "mistral": _mistral, "gemma3": _gemma3,
+BUILDERS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "mistral": _mistral, "gemma3": _gemma3,
             "gpt_neox": _gpt_neox, "gpt2": _gpt2}
 
 
