@@ -12,6 +12,7 @@ KV prefix (subject to a sliding window). See DESIGN.md section 1 for a drawing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -55,8 +56,12 @@ def tree_from_candidates(cands: np.ndarray, lens: np.ndarray, max_nodes: int) ->
     return TokenTree(tokens, parents, depths)
 
 
+@lru_cache(maxsize=64)
 def window_layout(window: int, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     """Offsets [W*(N-1)] and mask [W*(N-1), W*(N-1)] of the lookahead window.
+
+    Built once per (W, N) and cached (the decode loop asks every step);
+    callers copy the arrays, never write to them.
 
     Level 0 is a causal chain (x, a1, ..., a_{W-1}) at offsets 0..W-1. Level
     l >= 1, column i sits at offset i + l and sees level 0 up to column i plus
@@ -71,6 +76,7 @@ def window_layout(window: int, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     same_column = (column[None, :] == column[:, None]) & (level[None, :] >= 1) & (level[None, :] <= level[:, None])
     mask = sees_level0 | same_column
     assert mask.shape == (rows, rows)
+    offsets.flags.writeable = mask.flags.writeable = False  # shared by the cache
     return offsets, mask
 
 
