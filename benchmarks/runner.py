@@ -118,6 +118,8 @@ def parse_config_spec(spec: str, base: LookaheadConfig | None = None) -> tuple[s
             if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(f"bad config {spec!r}: {key} must be true or false, got {raw!r}")
             values[key] = raw.lower() in ("true", "1", "yes")
+        elif isinstance(values[key], str):
+            values[key] = raw
         else:
             try:
                 values[key] = int(raw)

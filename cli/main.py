@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from lookahead.config import ConfigError, LookaheadConfig
+from lookahead.config import CHOICES, ConfigError, LookaheadConfig
 
 CLI_ERRORS = (ValueError, RuntimeError, OSError)  # every error type of ours subclasses one of these
 DTYPES = ("float32", "bfloat16", "float16")
@@ -21,6 +21,10 @@ def config_options(func):
         if field.type in ("bool", bool):
             func = click.option(f"--{flag}/--no-{flag}", field.name, default=field.default, show_default=True,
                                 help=f"LookaheadConfig.{field.name}")(func)
+        elif field.type in ("str", str):  # checked by LookaheadConfig, so a bad value gets one line
+            choices = f": {' or '.join(CHOICES[field.name])}" if field.name in CHOICES else ""
+            func = click.option(f"--{flag}", field.name, type=str, default=field.default, show_default=True,
+                                help=f"LookaheadConfig.{field.name}{choices}")(func)
         else:
             func = click.option(f"--{flag}", field.name, type=int, default=field.default, show_default=True,
                                 help=f"LookaheadConfig.{field.name}")(func)

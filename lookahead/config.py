@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 
+CHOICES = {"budget": ("adaptive", "fixed")}  # fields with a fixed set of string values
+
+
 class ConfigError(ValueError):
     """A configuration value is out of range; the message names the field and the fix."""
 
@@ -25,13 +28,14 @@ class LookaheadConfig:
     Letters used in shape comments: W = window, N = ngram, G = candidates.
     """
 
-    # Defaults measured on a 2-core CPU (SmolLM2-135M, float32): there one forward over
-    # 4 tokens costs 1.6x one over 1 token, so a wide window does not pay and the
-    # default keeps the window at x alone (W=1, N=2: the pool learns from the output)
-    # and verifies two cheap candidates. On a GPU raise window/ngram/candidates.
+    # With budget="adaptive" (the default) every step verifies exactly as many tree
+    # nodes as pay on this machine: it measures the forward-cost curve once (cached on
+    # disk) and tracks acceptance per source, class and depth. The window is not sized
+    # by the budget: on a 2-core CPU (SmolLM2-135M, float32) a wide window never paid,
+    # so it stays at x alone (W=1, N=2: the pool learns from prompt and output).
     window: int = 1  # W: columns of the Jacobi lookahead window (>= 1)
     ngram: int = 2  # N: n-gram size; the window has N-1 levels (>= 2)
-    candidates: int = 2  # G: max candidate continuations verified per step (0 = none)
+    candidates: int = 4  # G: max candidate continuations per source per step (0 = none)
     pool_capacity: int = 4  # n-grams kept per first token in the pool (LRU)
     pool_max_keys: int = 16384  # distinct first tokens kept in the pool (LRU)
     seed_from_prompt: bool = True  # put every prompt n-gram into the pool
@@ -39,8 +43,14 @@ class LookaheadConfig:
     context_match: bool = True  # propose continuations of suffix matches in prompt + output
     match_min: int = 2  # shortest suffix that counts as a context match
     match_max: int = 4  # longest suffix tried by the context matcher
-    match_length: int = 8  # tokens proposed after a context match
+    match_length: int = 32  # most tokens proposed after a context match
+    recycle: bool = True  # propose the model's own recent top-k successors (token recycling)
+    recycle_width: int = 8  # successors remembered per token (R)
     max_tree_nodes: int = 32  # cap on verification-tree nodes per step
+    budget: str = "adaptive"  # "adaptive": size each step's tree by cost model; "fixed": always the cap
+    cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
+    calibration_context: int = 256  # context tokens behind the cost measurement
+    calibration_repeats: int = 5  # timed passes per row count (median)
     seed: int = 0  # RNG seed of the window's initial guesses
     allow_untested_models: bool = False  # drive architectures outside the tested list
 
@@ -54,8 +64,19 @@ class LookaheadConfig:
         _check_int("match_max", self.match_max, self.match_min, 64)
         _check_int("match_length", self.match_length, 1, 256)
         _check_int("max_tree_nodes", self.max_tree_nodes, 0, 4096)
+        _check_int("recycle_width", self.recycle_width, 1, 64)
+        _check_int("calibration_context", self.calibration_context, 1, 65536)
+        _check_int("calibration_repeats", self.calibration_repeats, 1, 100)
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}, "
+                                  f"got {getattr(self, name)!r}")
+        if not isinstance(self.cost_cache_dir, str):
+            raise ConfigError(f"cost_cache_dir must be a path string ('' to keep nothing on disk), "
+                              f"got {self.cost_cache_dir!r}")
         _check_int("seed", self.seed, 0)
-        for name in ("seed_from_prompt", "seed_from_output", "context_match", "allow_untested_models"):
+        for name in ("seed_from_prompt", "seed_from_output", "context_match", "recycle",
+                     "allow_untested_models"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -2,7 +2,10 @@
 
 One target forward per step over [x | lookahead window | token tree] with a
 block-structured 4-D mask and explicit positions (see tree.py, DESIGN.md).
-Shape letters: Q rows this step, P cached rows, W window, N n-gram, M tree nodes, V vocab.
+Every candidate source feeds one scored trie; the best-first prefix that
+maximises expected tokens per second (scores.py, costmodel.py) is verified.
+Shape letters: Q rows this step, P cached rows, W window, N n-gram, M tree
+nodes, G candidates, K logit rows kept, R recycled successors, V vocab.
 """
 
 from __future__ import annotations
@@ -15,15 +18,23 @@ import torch
 
 from .cache import keep_rows, new_cache
 from .config import LookaheadConfig
+from .costmodel import CostModel, load_cost_model
 from .inputs import GenerateInputError, budget, eos_ids, prompt_array
 from .kernels import warmup
+from .kernels.trie import best_first_order
+from .proposers.base import Candidates
 from .proposers.context import ContextMatcher
 from .proposers.jacobi import JacobiWindow
 from .proposers.ngram import NgramPool, NgramProposer
+from .proposers.recycle import AdjacencyTable, RecyclingProposer
+from .scores import AcceptanceStats, choose_tree_size
 from .stats import GenerationStats
 from .support import AttentionLayout, check_model
-from .tree import StepLayout, TokenTree, additive_mask, step_layout, tree_from_candidates
+from .tree import StepLayout, TokenTree, empty_tree, model_mask, scored_tree, step_layout, subtree
 from .verify import greedy_accept
+
+SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)
+BUILD_SLACK = 4  # the scored trie may hold this many times max_tree_nodes before pruning
 
 
 @dataclass
@@ -33,17 +44,26 @@ class StepResult:
     root_next: int  # argmax at x
     level_next: np.ndarray  # [W] argmax at the window's last level
     node_next: np.ndarray  # [M] argmax at each tree node
+    row_tokens: np.ndarray  # [K] input token of every row whose logits were kept
+    top: np.ndarray | None  # [K, R] top-R next tokens at those rows (token recycling), or None
 
 
-def merge_candidates(groups: list[tuple[np.ndarray, np.ndarray]], limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate (cands, lens) groups in priority order, at most limit rows, padded."""
-    groups = [g for g in groups if g[0].shape[0]]
-    if not groups or limit <= 0:
-        return np.zeros((0, 1), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    width = max(c.shape[1] for c, _ in groups)
-    cands = np.concatenate([np.pad(c, ((0, 0), (0, width - c.shape[1]))) for c, _ in groups])  # [G, L]
-    lens = np.concatenate([l for _, l in groups])  # [G]
-    return cands[:limit], lens[:limit]
+def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
+    """Concatenate every source's candidates (in priority order), shifting each
+    source's classes by its offset into the shared estimate table."""
+    groups = [(c, off) for c, off in groups if c.count]
+    if not groups:
+        empty = np.zeros((0, 1), dtype=np.int64)
+        return Candidates(empty, np.zeros(0, dtype=np.int64), empty)
+    width = max(c.tokens.shape[1] for c, _ in groups)
+
+    def pad(a: np.ndarray) -> np.ndarray:
+        return np.pad(a, ((0, 0), (0, width - a.shape[1])))
+
+    tokens = np.concatenate([pad(c.tokens) for c, _ in groups])  # [G, L]
+    classes = np.concatenate([pad(c.classes) + off for c, off in groups])  # [G, L]
+    lens = np.concatenate([c.lens for c, _ in groups])  # [G]
+    return Candidates(tokens, lens, classes)
 
 
 def first_stop(new: np.ndarray, eos: np.ndarray, remaining: int) -> tuple[np.ndarray, bool]:
@@ -70,6 +90,21 @@ class LookaheadGenerator:
         self.vocab = int(model.get_input_embeddings().weight.shape[0])
         self.last_stats: GenerationStats | None = None
         warmup()
+        cfg = self.config
+        # Learned across generate calls: the recycled successors, the acceptance
+        # estimates (built with the first call's sources) and the step-cost curve.
+        self.recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
+        self.acceptance: AcceptanceStats | None = None
+        self.cost: CostModel | None = None
+        if cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0:
+            self.cost = self._measure_cost()
+
+    @torch.inference_mode()
+    def _measure_cost(self) -> CostModel:
+        """The forward-cost curve up to the largest step this config can build (cached on disk)."""
+        cfg = self.config
+        return load_cost_model(self.model, self.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
+                               cfg.calibration_context, cfg.calibration_repeats, cfg.cost_cache_dir)
 
     # ------------------------------------------------------------------ API
     @torch.inference_mode()
@@ -107,16 +142,22 @@ class _Decoding:
         self.cache = new_cache()
         self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.seed)
         self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)
+        self.recycled, self.cost = gen.recycled, gen.cost
         self.proposers = self._proposers()
+        if gen.acceptance is None:
+            gen.acceptance = AcceptanceStats([p.priors for p in self.proposers], SCORE_DEPTH)
+        self.acceptance = gen.acceptance
         self.stats = GenerationStats(prompt_tokens=self.prompt_len)
 
     def _proposers(self) -> list:
-        """Candidate sources in priority order."""
+        """Candidate sources in priority order (the order also fixes their estimate blocks)."""
         cfg = self.cfg
         sources = []
         if cfg.context_match:
             sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
         sources.append(NgramProposer(self.pool, cfg.seed_from_prompt, cfg.seed_from_output))
+        if self.recycled is not None:
+            sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
         return sources
 
     # ------------------------------------------------------------- the loop
@@ -148,25 +189,42 @@ class _Decoding:
 
     def _step(self) -> bool:
         """One decode step; whether decoding ends."""
+        began = time.perf_counter()
         past = self.stop - 1  # x = seq[stop - 1] is not cached yet
-        tree = self._build_tree(self._propose())  # 1. propose, 2. build tree
+        estimates = self.acceptance.estimates()  # [C, D]
+        tree = self._build_tree(self._propose(estimates), estimates)  # 1. propose, 2. build tree
         layout = step_layout(self.cfg.window, self.cfg.ngram, tree)
         result = self._forward(tree, layout, past)  # 3. forward
         path, new = greedy_accept(tree.tokens, tree.parents, result.root_next, result.node_next)  # 4. verify
-        return self._commit(path, new, result, layout, past)  # 5. commit
+        self._learn(tree, path, result)
+        done = self._commit(path, new, result, layout, past)  # 5. commit
+        seconds = time.perf_counter() - began
+        self.stats.step_seconds.append(seconds)
+        if self.cost is not None:
+            self.cost.observe(layout.offsets.shape[0], seconds)
+        return done
 
     # ------------------------------------------------------------- 1 and 2
-    def _propose(self) -> tuple[np.ndarray, np.ndarray]:
-        """Candidates from every source, in priority order, at most G."""
+    def _propose(self, estimates: np.ndarray) -> Candidates:
+        """Candidates from every source (at most G each), classes in the shared table."""
         limit = self.cfg.candidates
         if limit == 0 or self.cfg.max_tree_nodes == 0:
-            return merge_candidates([], 0)
-        groups = [source.propose(self.seq, self.stop, limit) for source in self.proposers]
-        return merge_candidates(groups, limit)
+            return merge_candidates([])
+        groups = []
+        for i, source in enumerate(self.proposers):
+            block = self.acceptance.block(i, estimates)  # [C_i, D]
+            groups.append((source.propose(self.seq, self.stop, limit, block), int(self.acceptance.offsets[i])))
+        return merge_candidates(groups)
 
-    def _build_tree(self, cands: tuple[np.ndarray, np.ndarray]) -> TokenTree:
-        """Merge candidates into a trie of at most max_tree_nodes nodes."""
-        return tree_from_candidates(cands[0], cands[1], self.cfg.max_tree_nodes)
+    def _build_tree(self, cands: Candidates, estimates: np.ndarray) -> TokenTree:
+        """One scored trie of every candidate; keep the best-first prefix the budget pays for."""
+        cap = self.cfg.max_tree_nodes
+        if cands.count == 0 or cap == 0:
+            return empty_tree()
+        tree, prob = scored_tree(cands.tokens, cands.lens, cands.classes, estimates, BUILD_SLACK * cap)
+        order = best_first_order(tree.parents, prob)  # [M]
+        size = choose_tree_size(prob[order], self.cfg.lookahead_rows, self.cost, cap)
+        return subtree(tree, order[:size])
 
     # ------------------------------------------------------------------- 3
     def _forward(self, tree: TokenTree, layout: StepLayout, past: int) -> StepResult:
@@ -182,22 +240,31 @@ class _Decoding:
                          position_ids=(past + offsets)[None],  # [1, Q]
                          attention_mask=mask, past_key_values=self.cache, use_cache=True,
                          logits_to_keep=torch.from_numpy(keep).to(self.device))
-        best = out.logits[0].argmax(-1).cpu().numpy()  # [K]: the step's one host sync
+        best, top = self._read_back(out.logits[0])  # [K], [K, R]: the step's one host sync
         self.stats.steps += 1
         self.stats.rows_per_step.append(int(tokens.shape[0]))
         lead = head.shape[0]
-        return StepResult(int(best[0]), best[lead - self.cfg.window:lead], best[lead:])
+        return StepResult(int(best[0]), best[lead - self.cfg.window:lead], best[lead:], tokens[keep], top)
+
+    def _read_back(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+        """Argmax [K] (and top-R [K, R] when recycling) of logits [K, V], in one transfer."""
+        best = logits.argmax(-1)  # [K]: exactly what greedy decoding picks
+        if self.recycled is None:
+            return best.cpu().numpy(), None
+        top = logits.topk(self.recycled.width, dim=-1).indices  # [K, R]
+        host = torch.cat([best[:, None], top], dim=1).cpu().numpy()  # [K, 1 + R]
+        return host[:, 0], host[:, 1:]
 
     def _mask(self, local: torch.Tensor, offsets: torch.Tensor, past: int):
         """The 4-D mask, or a {layer kind: mask} dict for models mixing full and sliding layers."""
-        kinds, window = self.layout.kinds, self.layout.sliding_window
-        if kinds == {"full_attention"} or window is None:
-            return additive_mask(local, offsets, past, None, self.dtype)
-        sliding = additive_mask(local, offsets, past, window, self.dtype)
-        if kinds == {"sliding_attention"}:
-            return sliding
-        return {"full_attention": additive_mask(local, offsets, past, None, self.dtype),
-                "sliding_attention": sliding}
+        return model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets, past, self.dtype)
+
+    # ------------------------------------------------------------------- 4
+    def _learn(self, tree: TokenTree, path: np.ndarray, result: StepResult) -> None:
+        """Count the verified nodes into the acceptance estimates; recycle the top-R."""
+        self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
+        if self.recycled is not None:
+            self.recycled.learn(result.row_tokens, result.top)
 
     # ------------------------------------------------------------------- 5
     def _commit(self, path: np.ndarray, new: np.ndarray, result: StepResult,

@@ -16,6 +16,7 @@ class GenerationStats:
     wall_time_s: float = 0.0  # prefill + decode
     rows_per_step: list[int] = field(default_factory=list)  # Q of every decode forward
     accepted: list[int] = field(default_factory=list)  # tokens committed by every decode forward
+    step_seconds: list[float] = field(default_factory=list)  # wall time of every decode step
 
     @property
     def accepted_per_step(self) -> float:

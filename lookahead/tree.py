@@ -17,16 +17,17 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .kernels.trie import ancestor_mask, build_trie
+from .kernels.trie import ancestor_mask, build_scored_trie
 
 
 @dataclass(frozen=True)
 class TokenTree:
-    """Candidates merged into a trie; node i's parent is parents[i] (-1 = x)."""
+    """Candidates merged into a trie; node i's parent is parents[i] (-1 = x), parents first."""
 
     tokens: np.ndarray  # [M] int64
     parents: np.ndarray  # [M] int64
     depths: np.ndarray  # [M] int64, x has depth 0
+    classes: np.ndarray  # [M] int64, the acceptance class each node is scored and counted under
 
     @property
     def size(self) -> int:
@@ -45,15 +46,36 @@ class StepLayout:
 def empty_tree() -> TokenTree:
     """A tree with no nodes."""
     none = np.zeros(0, dtype=np.int64)
-    return TokenTree(none, none, none)
+    return TokenTree(none, none, none, none)
+
+
+def scored_tree(cands: np.ndarray, lens: np.ndarray, classes: np.ndarray, estimates: np.ndarray,
+                max_nodes: int) -> tuple[TokenTree, np.ndarray]:
+    """Merge cands[G, L] (valid up to lens[g], labelled classes[G, L]) into a trie of at most
+    max_nodes nodes, each with its path probability under estimates[C, D]: (tree, prob[M])."""
+    if cands.shape[0] == 0 or max_nodes <= 0:
+        return empty_tree(), np.zeros(0)
+    tokens, parents, depths, cls, prob = build_scored_trie(
+        cands.astype(np.int64), lens.astype(np.int64), classes.astype(np.int64), estimates, max_nodes)
+    return TokenTree(tokens, parents, depths, cls), prob
 
 
 def tree_from_candidates(cands: np.ndarray, lens: np.ndarray, max_nodes: int) -> TokenTree:
-    """Merge candidate continuations cands[G, L] (valid up to lens[g]) into a trie."""
-    if cands.shape[0] == 0 or max_nodes <= 0:
-        return empty_tree()
-    tokens, parents, depths = build_trie(cands.astype(np.int64), lens.astype(np.int64), max_nodes)
-    return TokenTree(tokens, parents, depths)
+    """Merge candidate continuations cands[G, L] (valid up to lens[g]) into a trie, in row order."""
+    classes = np.zeros(cands.shape, dtype=np.int64)  # one class, every estimate 1: order of rows
+    return scored_tree(cands, lens, classes, np.ones((1, 1)), max_nodes)[0]
+
+
+def subtree(tree: TokenTree, nodes: np.ndarray) -> TokenTree:
+    """The tree of the given nodes (closed under parents), renumbered in their original order."""
+    keep = np.sort(nodes)  # [k]; parents keep coming before children
+    index = np.full(tree.size, -1, dtype=np.int64)
+    index[keep] = np.arange(keep.shape[0])
+    parents = tree.parents[keep]
+    parents = np.where(parents >= 0, index[np.maximum(parents, 0)], -1)
+    if (parents[tree.parents[keep] >= 0] < 0).any():
+        raise ValueError("subtree: the nodes are not closed under parents")
+    return TokenTree(tree.tokens[keep], parents, tree.depths[keep], tree.classes[keep])
 
 
 @lru_cache(maxsize=64)
@@ -112,3 +134,16 @@ def additive_mask(local_mask: torch.Tensor, offsets: torch.Tensor, past: int,
     zero = torch.zeros((), dtype=dtype, device=device)
     low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
     return torch.where(visible, zero, low)[None, None]  # [1, 1, Q, P+Q]
+
+
+def model_mask(kinds: frozenset, sliding_window: int | None, local_mask: torch.Tensor, offsets: torch.Tensor,
+               past: int, dtype: torch.dtype):
+    """The mask to pass the model: one 4-D mask, or {layer kind: mask} when full and
+    sliding layers are mixed (transformers accepts such a dict)."""
+    if kinds == {"full_attention"} or sliding_window is None:
+        return additive_mask(local_mask, offsets, past, None, dtype)
+    sliding = additive_mask(local_mask, offsets, past, sliding_window, dtype)
+    if kinds == {"sliding_attention"}:
+        return sliding
+    return {"full_attention": additive_mask(local_mask, offsets, past, None, dtype),
+            "sliding_attention": sliding}

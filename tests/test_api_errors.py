@@ -25,6 +25,11 @@ def gen():
     (dict(match_min=3, match_max=2), "match_max must be between 3"),
     (dict(context_match="yes"), "context_match must be True or False"),
     (dict(pool_capacity=0), "pool_capacity"),
+    (dict(budget="auto"), "budget must be one of 'adaptive', 'fixed'"),
+    (dict(recycle_width=0), "recycle_width must be between 1 and 64"),
+    (dict(recycle=1), "recycle must be True or False"),
+    (dict(cost_cache_dir=None), "cost_cache_dir must be a path string"),
+    (dict(calibration_repeats=0), "calibration_repeats"),
 ])
 def test_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ConfigError, match=words):

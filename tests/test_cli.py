@@ -42,9 +42,10 @@ def test_generate_json(model_dir):
     assert data["text"].startswith("w")
 
 
-def test_generate_streams_text_and_stats(model_dir):
+def test_generate_streams_text_and_stats(model_dir, tmp_path):
     result = invoke("--model", model_dir, "--prompt", "w3 w4 w5", "--no-chat", "--max-new-tokens", "6",
-                    "--window", "2", "--ngram", "3", "--candidates", "2", "--no-context-match")
+                    "--window", "2", "--ngram", "3", "--candidates", "2", "--no-context-match",
+                    "--budget", "fixed", "--no-recycle", "--cost-cache-dir", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert "w" in result.stdout
     assert "tokens/step" in result.stderr
@@ -55,6 +56,8 @@ def test_generate_streams_text_and_stats(model_dir):
     (["--prompt", "hi", "--max-new-tokens", "-1"], "--max-new-tokens must be >= 0"),
     (["--prompt", "hi", "--window", "0"], "window must be between 1 and 64"),
     (["--prompt", "hi", "--ngram", "1"], "ngram must be between 2"),
+    (["--prompt", "hi", "--budget", "auto"], "budget must be one of 'adaptive', 'fixed', got 'auto' (option --budget)"),
+    (["--prompt", "hi", "--recycle-width", "0"], "recycle_width must be between 1 and 64"),
     (["--prompt", "hi", "--model", "/no/such/dir"], "cannot load model '/no/such/dir'"),
     (["--prompt", "hi", "--model", "/no/such/file.gguf"], "GGUF file /no/such/file.gguf (not found)"),
 ])

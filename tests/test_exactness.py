@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import BUILDERS, VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.costmodel import CostModel
 
 NEW = 48
 
@@ -30,6 +31,10 @@ CONFIGS = {
                                   seed_from_output=False, match_length=9),
     "lade-large": LookaheadConfig(window=8, ngram=5, candidates=12, match_length=10, max_tree_nodes=64),
     "tiny-tree": LookaheadConfig(window=2, ngram=4, candidates=16, max_tree_nodes=3),
+    "fixed": LookaheadConfig(budget="fixed"),
+    "recycle-only": LookaheadConfig(context_match=False, seed_from_prompt=False, seed_from_output=False,
+                                    budget="fixed", max_tree_nodes=12),
+    "no-recycle": LookaheadConfig(recycle=False, recycle_width=3, candidates=6),
 }
 
 
@@ -154,14 +159,54 @@ def test_sliding_window_is_exercised():
         assert cfg.sliding_window < PROMPTS["repeat"].shape[1] + NEW
 
 
+def _with_cost(config: LookaheadConfig, seconds: list[float]) -> LookaheadGenerator:
+    """A generator whose cost model is replaced by a hand-made curve over 1..len(seconds) rows."""
+    gen = LookaheadGenerator(model_for("llama"), config=config)
+    gen.cost = CostModel(np.arange(1, len(seconds) + 1, dtype=np.float64), np.array(seconds))
+    return gen
+
+
+def test_adaptive_budget_decodes_plainly_when_rows_are_dear():
+    """Every extra row costs as much as a whole step: no tree can pay, each step is x alone."""
+    gen = _with_cost(LookaheadConfig(max_tree_nodes=8), [1.0 + q for q in range(9)])
+    gen.cost.smoothing = 0.0  # keep the hand-made curve: no overhead learned from real steps
+    for prompt in ("repeat", "copy"):
+        out = gen.generate(PROMPTS[prompt], max_new_tokens=NEW, eos_token_id=[VOCAB + 1000])
+        assert torch.equal(out, ref_for("llama", prompt))
+        assert set(gen.last_stats.rows_per_step) == {1}
+
+
+def test_adaptive_budget_verifies_everything_when_rows_are_free():
+    """A flat curve: every node with any chance of acceptance pays, so trees fill up to the cap."""
+    gen = _with_cost(LookaheadConfig(max_tree_nodes=8), [1.0] * 9)
+    gen.cost.smoothing = 0.0
+    out = gen.generate(PROMPTS["repeat"], max_new_tokens=NEW, eos_token_id=[VOCAB + 1000])
+    assert torch.equal(out, ref_for("llama", "repeat"))
+    assert max(gen.last_stats.rows_per_step) == 9  # x + 8 nodes
+    assert sum(gen.last_stats.accepted) > gen.last_stats.steps
+
+
+def test_generator_learns_across_calls_and_stays_exact():
+    """Recycled successors and acceptance estimates carry over between generate calls."""
+    gen = LookaheadGenerator(model_for("qwen2"), config=LookaheadConfig())
+    first = gen.generate(PROMPTS["random"], max_new_tokens=NEW, eos_token_id=[VOCAB + 1000])
+    trials = gen.acceptance.trials.sum()
+    assert (gen.recycled.successors >= 0).any()
+    again = gen.generate(PROMPTS["random"], max_new_tokens=NEW, eos_token_id=[VOCAB + 1000])
+    assert torch.equal(first, again) and torch.equal(again, ref_for("qwen2", "random"))
+    assert gen.acceptance.trials.sum() != trials
+
+
 @settings(max_examples=25, deadline=None)
 @given(window=st.integers(1, 6), ngram=st.integers(2, 5), candidates=st.integers(0, 8),
-       match_length=st.integers(1, 8), max_nodes=st.integers(0, 40),
+       match_length=st.integers(1, 8), max_nodes=st.integers(0, 40), recycle=st.booleans(),
+       budget=st.sampled_from(["adaptive", "fixed"]),
        prompt=st.lists(st.integers(1, 12), min_size=1, max_size=30))
-def test_any_config_any_prompt_is_exact(window, ngram, candidates, match_length, max_nodes, prompt):
+def test_any_config_any_prompt_is_exact(window, ngram, candidates, match_length, max_nodes, recycle, budget,
+                                        prompt):
     """Property: small alphabets make repetition (and acceptance) likely; output stays exact."""
-    config = LookaheadConfig(window=window, ngram=ngram, candidates=candidates,
-                             match_length=match_length, max_tree_nodes=max_nodes)
+    config = LookaheadConfig(window=window, ngram=ngram, candidates=candidates, match_length=match_length,
+                             max_tree_nodes=max_nodes, recycle=recycle, budget=budget)
     ids = torch.tensor([prompt])
     model = model_for("llama")
     gen = LookaheadGenerator(model, config=config)

@@ -52,23 +52,31 @@ def test_pool_insert_sequence_from_start():
 
 
 def test_match_docstring_example():
-    out, lens, count = match_continuations(a(1, 2, 3, 9, 1, 2, 3), 7, 1, 3, 2, 2)
-    assert count == 1 and out[0].tolist() == [9, 1] and lens[0] == 2
+    out, lens, matched, count = match_continuations(a(1, 2, 3, 9, 1, 2, 3), 7, 1, 3, 2, 2)
+    assert count == 1 and out[0].tolist() == [9, 1] and lens[0] == 2 and matched[0] == 3
 
 
 def test_match_prefers_longest_suffix_and_most_recent():
     seq = a(7, 2, 5, 8, 2, 6, 1, 2)  # suffix [1 2] never re-occurs; [2] occurs at 1 and 4
-    out, lens, count = match_continuations(seq, 8, 1, 2, 2, 4)
+    out, lens, matched, count = match_continuations(seq, 8, 1, 2, 2, 4)
     assert count == 2
     assert out[0].tolist() == [6, 1] and out[1].tolist() == [5, 8]  # most recent [2] first
+    assert matched[:2].tolist() == [1, 1]
+
+
+def test_match_measures_full_length_beyond_max_n():
+    # suffix [5 6 7 8 9] occurred at 1..5; max_n is 2 but the match is 5 long (then seq[0] != seq[5])
+    seq = a(3, 5, 6, 7, 8, 9, 1, 4, 5, 6, 7, 8, 9)
+    out, lens, matched, count = match_continuations(seq, 13, 1, 2, 3, 1)
+    assert count == 1 and out[0].tolist() == [1, 4, 5] and matched[0] == 5
 
 
 def test_match_truncates_at_end_and_respects_stop():
     seq = a(4, 4, 0, 0)
-    out, lens, count = match_continuations(seq, 2, 1, 1, 3, 4)  # only seq[:2] = [4 4] counts
-    assert count == 1 and lens[0] == 1 and out[0, 0] == 4
-    assert match_continuations(a(1, 2, 3), 3, 1, 2, 2, 4)[2] == 0  # no repeat: nothing
-    assert match_continuations(a(1, 1), 2, 1, 2, 2, 0)[2] == 0  # limit 0
+    out, lens, matched, count = match_continuations(seq, 2, 1, 1, 3, 4)  # only seq[:2] = [4 4] counts
+    assert count == 1 and lens[0] == 1 and out[0, 0] == 4 and matched[0] == 1
+    assert match_continuations(a(1, 2, 3), 3, 1, 2, 2, 4)[3] == 0  # no repeat: nothing
+    assert match_continuations(a(1, 1), 2, 1, 2, 2, 0)[3] == 0  # limit 0
 
 
 def test_greedy_accept_docstring_example():

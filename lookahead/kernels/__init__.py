@@ -6,7 +6,8 @@ import numpy as np
 
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
-from .trie import ancestor_mask, build_trie
+from .recycle import grow_recycled_tree, tree_paths
+from .trie import ancestor_mask, best_first_order, build_scored_trie
 
 
 def warmup() -> None:
@@ -17,8 +18,14 @@ def warmup() -> None:
     pool_insert_sequence(seq, 0, 5, *pool)
     pool_insert_grams(np.array([[1, 2, 3]], dtype=np.int64), *pool)
     pool_lookup(1, 2, pool[0], pool[2], pool[3])
-    tokens, parents, _ = build_trie(np.array([[1, 2]], dtype=np.int64), np.array([2], dtype=np.int64), 4)
+    cands = np.array([[1, 2]], dtype=np.int64)
+    tokens, parents, depths, _, prob = build_scored_trie(cands, np.array([2], dtype=np.int64),
+                                                         np.zeros((1, 2), dtype=np.int64), np.ones((1, 1)), 4)
+    best_first_order(parents, prob)
     ancestor_mask(parents)
+    adj = np.array([[1, -1], [0, -1]], dtype=np.int64)
+    grown = grow_recycled_tree(adj, 0, np.full((2, 2), 0.5), 3)
+    tree_paths(*grown)
     from ..verify import greedy_accept
 
     greedy_accept(tokens, parents, 1, np.array([2, 3], dtype=np.int64))

@@ -3,13 +3,20 @@
 Worked example (seq = [1 2 3 9 1 2 3], min_n 1, max_n 3, length 2, limit 2):
 the suffix [1 2 3] (n = 3) occurred at 0, followed by [9 1]: first candidate
 [9 1]. Next n = 2: [2 3] at 1, continuation [9 1] again (skipped as a
-duplicate); n = 1: [3] at 2, again [9 1]. Result: one candidate [[9 1]], lens [2].
+duplicate); n = 1: [3] at 2, again [9 1]. Result: one candidate [[9 1]], lens
+[2], matched [3] (the match cannot extend further back than seq[0]).
+
+``matched`` is the full length of each match, extended backwards past max_n
+(up to ``MATCH_CAP`` tokens): long matches are long copies, whose
+continuations are accepted far more often.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+MATCH_CAP = 64  # longest match length measured
 
 
 @njit(cache=True)
@@ -38,21 +45,32 @@ def _is_duplicate(out, lens, count, seq, start, length):
 
 
 @njit(cache=True)
+def _extend_back(seq, j, tail, n):
+    """Length of the match seq[j:j+n] == seq[tail:tail+n] extended to the left (<= MATCH_CAP)."""
+    full = n
+    while full < MATCH_CAP and j - 1 - (full - n) >= 0 and seq[j - 1 - (full - n)] == seq[tail - 1 - (full - n)]:
+        full += 1
+    return full
+
+
+@njit(cache=True)
 def match_continuations(seq, stop, min_n, max_n, length, limit):
     """Continuations of the suffix of seq[:stop], longest suffix match first.
 
-    Returns (out[limit, length], lens[limit], count): rows 0..count-1 are the
-    candidates (most recent occurrence first within each suffix length),
-    lens their lengths (>= 1); duplicates are dropped.
+    Returns (out[limit, length], lens[limit], matched[limit], count): rows
+    0..count-1 are the candidates (most recent occurrence first within each
+    suffix length), lens their lengths (>= 1), matched the length of the
+    suffix match behind each; duplicates are dropped.
     """
     out = np.zeros((max(limit, 0), length), dtype=np.int64)
     lens = np.zeros(max(limit, 0), dtype=np.int64)
+    matched = np.zeros(max(limit, 0), dtype=np.int64)
     count = 0
     for n in range(min(max_n, stop - 1), min_n - 1, -1):
         tail = stop - n
         for j in range(tail - 1, -1, -1):
             if count >= limit:
-                return out, lens, count
+                return out, lens, matched, count
             if not _same(seq, j, tail, n):
                 continue
             start = j + n
@@ -61,5 +79,6 @@ def match_continuations(seq, stop, min_n, max_n, length, limit):
                 continue
             out[count, :got] = seq[start:start + got]
             lens[count] = got
+            matched[count] = _extend_back(seq, j, tail, n)
             count += 1
-    return out, lens, count
+    return out, lens, matched, count

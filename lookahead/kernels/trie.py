@@ -1,8 +1,12 @@
-"""Numba kernels of the token tree: merge candidates into a trie, ancestor masks.
+"""Numba kernels of the token tree: merge scored candidates into a trie, order it
+best-first, ancestor masks.
 
-Worked example: candidates [[4 5 6], [4 7 0]] with lens [3, 2] give the nodes
-tokens [4 5 6 7], parents [-1 0 1 0], depths [1 2 3 2] (-1 = the root x; the
-shared first token 4 is one node). Its ancestor mask (row sees column) is::
+Worked example: candidates [[4 5 6], [4 7 0]] with lens [3, 2], classes
+[[0 0 0], [1 1 0]] and estimates est[class, depth - 1] = [[.9 .5 .5], [.8 .6 .6]]
+give the nodes tokens [4 5 6 7], parents [-1 0 1 0], depths [1 2 3 2]
+(-1 = the root x; the shared first token 4 is one node, scored by its best
+source: class 0, .9). Path probabilities: [.9, .45, .225, .54]; best-first
+order [0 3 1 2]. Its ancestor mask (row sees column) is::
 
     4: 1 . . .
     5: 1 1 . .
@@ -17,8 +21,15 @@ from numba import njit
 
 
 @njit(cache=True)
-def build_trie(cands, lens, max_nodes):
-    """Merge cands[G, L] (row g valid up to lens[g]) into (tokens[M], parents[M], depths[M])."""
+def build_scored_trie(cands, lens, classes, est, max_nodes):
+    """Merge cands[G, L] (row g valid up to lens[g]) into a trie of at most max_nodes.
+
+    classes[G, L] names each token's estimate row: est[C, D] is the chance a
+    token of that class at depth d + 1 is accepted once its parent is (depths
+    past D use the last column). A node proposed by several rows keeps the best
+    estimate. Returns (tokens[M], parents[M], depths[M], cls[M], prob[M]) where
+    prob is the path probability (product of the estimates from x down).
+    """
     total = 0
     for g in range(cands.shape[0]):
         total += lens[g]
@@ -26,11 +37,15 @@ def build_trie(cands, lens, max_nodes):
     tokens = np.empty(size, dtype=np.int64)
     parents = np.empty(size, dtype=np.int64)
     depths = np.empty(size, dtype=np.int64)
+    cls = np.empty(size, dtype=np.int64)
+    cond = np.empty(size, dtype=np.float64)
+    last = est.shape[1] - 1
     m = 0
     for g in range(cands.shape[0]):
         cur = -1
         for d in range(lens[g]):
             tok = cands[g, d]
+            score = est[classes[g, d], min(d, last)]
             found = -1
             for node in range(m):
                 if parents[node] == cur and tokens[node] == tok:
@@ -42,10 +57,40 @@ def build_trie(cands, lens, max_nodes):
                 tokens[m] = tok
                 parents[m] = cur
                 depths[m] = d + 1
+                cls[m] = classes[g, d]
+                cond[m] = score
                 found = m
                 m += 1
+            elif score > cond[found]:
+                cond[found] = score
+                cls[found] = classes[g, d]
             cur = found
-    return tokens[:m], parents[:m], depths[:m]
+    prob = np.empty(m, dtype=np.float64)
+    for node in range(m):  # parents come before children
+        prob[node] = cond[node] * (prob[parents[node]] if parents[node] >= 0 else 1.0)
+    return tokens[:m], parents[:m], depths[:m], cls[:m], prob
+
+
+@njit(cache=True)
+def best_first_order(parents, prob):
+    """Node indices by falling path probability, every node after its parent.
+
+    Any prefix of the order is a tree (closed under parents), so the caller
+    may keep the first k nodes for any k. Ties go to the lower index.
+    """
+    size = parents.shape[0]
+    order = np.empty(size, dtype=np.int64)
+    taken = np.zeros(size, dtype=np.bool_)
+    for k in range(size):
+        best = -1
+        for node in range(size):
+            if taken[node] or (parents[node] >= 0 and not taken[parents[node]]):
+                continue
+            if best < 0 or prob[node] > prob[best]:
+                best = node
+        order[k] = best
+        taken[best] = True
+    return order
 
 
 @njit(cache=True)

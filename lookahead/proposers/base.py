@@ -2,30 +2,60 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 
-def no_candidates(length: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """An empty (cands[0, L], lens[0]) pair."""
-    return np.zeros((0, length), dtype=np.int64), np.zeros(0, dtype=np.int64)
+@dataclass(frozen=True)
+class Candidates:
+    """Continuations of x from one source (G rows, each valid up to lens[g] tokens).
+
+    ``classes[g, d]`` is the source's own label of token d of row g (0 ..
+    Proposer.classes - 1): acceptance is tracked per (source, class, depth),
+    so a source can tell apart e.g. long and short context matches.
+    """
+
+    tokens: np.ndarray  # [G, L] int64
+    lens: np.ndarray  # [G] int64, >= 1
+    classes: np.ndarray  # [G, L] int64
+
+    @property
+    def count(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def no_candidates(length: int = 1) -> Candidates:
+    """No rows."""
+    empty = np.zeros((0, length), dtype=np.int64)
+    return Candidates(empty, np.zeros(0, dtype=np.int64), empty)
+
+
+def single_class(tokens: np.ndarray, lens: np.ndarray, labels: np.ndarray) -> Candidates:
+    """Candidates whose tokens all carry their row's label labels[G]."""
+    classes = np.repeat(labels.astype(np.int64)[:, None], tokens.shape[1], axis=1)  # [G, L]
+    return Candidates(tokens.astype(np.int64), lens.astype(np.int64), classes)
 
 
 @runtime_checkable
 class Proposer(Protocol):
     """A source of candidate continuations of the last accepted token x.
 
-    ``seq[:stop]`` is prompt + output so far; its last token is x.
+    ``seq[:stop]`` is prompt + output so far; its last token is x. ``priors``
+    [classes] is the acceptance rate assumed for each class before any is
+    measured; ``estimates`` [classes, D] passed to propose is the current
+    estimate per class and depth (a source may use it to shape its tree).
     """
 
     name: str
+    priors: np.ndarray
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """Start a new sequence whose prompt is seq[:stop]."""
 
-    def propose(self, seq: np.ndarray, stop: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``limit`` continuations of seq[:stop]: (cands[k, L] int64, lens[k] >= 1)."""
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
+        """Up to ``limit`` continuations of seq[:stop]."""
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """seq[start:stop] was just accepted."""

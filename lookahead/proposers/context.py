@@ -5,13 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.match import match_continuations
+from .base import Candidates, single_class
+
+# Matches of length 1, 2, 3, 4-5, 6-8, 9-15, 16+ are told apart: the longer the
+# match, the longer the copy that usually follows.
+MATCH_BUCKETS = np.array([2, 3, 4, 6, 9, 16], dtype=np.int64)  # bucket = count of edges <= length
+MATCH_PRIORS = np.array([0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
 
 
 class ContextMatcher:
     """Prompt lookup generalised: the longest suffix (match_max .. match_min tokens)
-    of prompt + output that occurred before proposes its continuation."""
+    of prompt + output that occurred before proposes up to ``length`` tokens of
+    its continuation; each token is labelled by the full match length."""
 
     name = "context"
+    priors = MATCH_PRIORS
 
     def __init__(self, match_min: int, match_max: int, length: int):
         self.match_min = match_min
@@ -21,10 +29,11 @@ class ContextMatcher:
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """Nothing to prepare: the matcher reads the sequence itself."""
 
-    def propose(self, seq: np.ndarray, stop: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        out, lens, count = match_continuations(seq, stop, self.match_min, self.match_max,
-                                               self.length, limit)
-        return out[:count], lens[:count]
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
+        out, lens, matched, count = match_continuations(seq, stop, self.match_min, self.match_max,
+                                                        self.length, limit)
+        labels = np.searchsorted(MATCH_BUCKETS, matched[:count], side="right")  # [G]
+        return single_class(out[:count], lens[:count], labels)
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Nothing to update: new tokens are in seq already."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.pool import (new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup)
+from .base import Candidates, single_class
+
+POOL_PRIORS = np.array([0.3, 0.2, 0.15, 0.1])  # by recency rank in the pool (rank >= 3 shares the last)
 
 
 class NgramPool:
@@ -48,6 +51,7 @@ class NgramProposer:
     and (through ``insert_grams``) the Jacobi lookahead window."""
 
     name = "ngram"
+    priors = POOL_PRIORS
 
     def __init__(self, pool: NgramPool, seed_from_prompt: bool, seed_from_output: bool):
         self.pool = pool
@@ -59,9 +63,10 @@ class NgramProposer:
         if self.seed_from_prompt:
             self.pool.insert_sequence(seq, 0, stop)
 
-    def propose(self, seq: np.ndarray, stop: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        cands = self.pool.lookup(int(seq[stop - 1]), limit)
-        return cands, np.full(cands.shape[0], cands.shape[1], dtype=np.int64)
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
+        cands = self.pool.lookup(int(seq[stop - 1]), limit)  # [G, N-1], most recent first
+        ranks = np.minimum(np.arange(cands.shape[0]), POOL_PRIORS.shape[0] - 1)
+        return single_class(cands, np.full(cands.shape[0], cands.shape[1], dtype=np.int64), ranks)
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Insert the n-grams that end inside the newly accepted tokens."""

@@ -1,0 +1,164 @@
+"""What one forward pass over q rows costs on this model, device and dtype.
+
+The curve is measured once (a few passes per q over a synthetic context,
+each pass shaped like a decode step: explicit positions, a 4-D mask, logits
+only for the kept rows, the host sync) and cached on disk per model, device,
+dtype and thread count. While decoding, the per-step time the loop actually
+sees refines it: the difference to the measured forward (Python work, the
+context growing) is tracked as a running overhead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .cache import new_cache
+from .support import AttentionLayout
+from .tree import model_mask
+
+GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def row_grid(max_rows: int) -> tuple[int, ...]:
+    """Row counts measured for a step of at most max_rows rows."""
+    return tuple(sorted({q for q in GRID if q < max_rows} | {max_rows}))
+
+
+@dataclass
+class CostModel:
+    """Seconds of one decode step over q rows: measured forward + running overhead."""
+
+    rows: np.ndarray  # [S] increasing row counts
+    seconds: np.ndarray  # [S] median forward seconds at each
+    overhead: float = 0.0  # seconds per step beyond the measured forward (running mean)
+    smoothing: float = 0.1  # weight of the newest step in the running overhead
+
+    def __post_init__(self) -> None:
+        # More rows never cost less: a dip in the measurement is timing noise, and
+        # a budget that trusted it would keep choosing that exact size.
+        self.seconds = np.maximum.accumulate(np.asarray(self.seconds, dtype=np.float64))
+
+    def forward(self, q: np.ndarray) -> np.ndarray:
+        """Measured forward seconds at q rows (interpolated; linear past the last point)."""
+        q = np.asarray(q, dtype=np.float64)
+        inside = np.interp(q, self.rows, self.seconds)
+        if self.rows.shape[0] < 2:
+            return inside
+        slope = (self.seconds[-1] - self.seconds[-2]) / max(self.rows[-1] - self.rows[-2], 1)
+        return np.where(q > self.rows[-1], self.seconds[-1] + slope * (q - self.rows[-1]), inside)
+
+    def step(self, q: np.ndarray) -> np.ndarray:
+        """Expected seconds of a whole decode step with q rows."""
+        return np.maximum(self.forward(q) + self.overhead, 1e-9)
+
+    def observe(self, q: int, seconds: float) -> None:
+        """A step over q rows took ``seconds``: update the running overhead."""
+        residual = seconds - float(self.forward(q))
+        floor = -0.5 * float(self.seconds[0])
+        self.overhead = max((1 - self.smoothing) * self.overhead + self.smoothing * residual, floor)
+
+    def relative(self) -> np.ndarray:
+        """The curve relative to one row."""
+        return self.seconds / self.seconds[0]
+
+
+def model_fingerprint(model, rows: tuple[int, ...], context: int) -> dict:
+    """What the measured curve depends on."""
+    param = next(model.parameters())
+    device = param.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return {"name_or_path": str(getattr(model.config, "_name_or_path", "")),
+            "model_type": str(getattr(model.config, "model_type", type(model).__name__)),
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "dtype": str(param.dtype), "device": name, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "rows": list(rows), "context": context}
+
+
+@torch.inference_mode()
+def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...], context: int,
+                            repeats: int, seed: int = 0) -> list[float]:
+    """Median seconds of one decode-shaped forward over q new rows, for every q in rows.
+
+    A synthetic context of ``context`` random tokens is prefilled once; each
+    pass is cropped away again. One untimed pass at the largest q warms up.
+    """
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    param = next(model.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    cache = new_cache()
+    prefix = torch.randint(0, vocab, (1, context), generator=gen).to(param.device)  # [1, C]
+    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    medians = []
+    for index, q in enumerate((rows[-1],) + tuple(rows)):
+        ids = torch.randint(0, vocab, (1, q), generator=gen).to(param.device)  # [1, q]
+        offsets = torch.arange(q, device=param.device)  # [q]
+        local = torch.ones(q, q, dtype=torch.bool, device=param.device).tril()  # [q, q]
+        mask = model_mask(layout.kinds, layout.sliding_window, local, offsets, context, param.dtype)
+        times = []
+        for _ in range(repeats if index else 1):
+            start = time.perf_counter()
+            out = model(input_ids=ids, position_ids=(context + offsets)[None], attention_mask=mask,
+                        past_key_values=cache, use_cache=True, logits_to_keep=offsets)
+            out.logits[0].argmax(-1).cpu()  # the step's host sync
+            elapsed = time.perf_counter() - start
+            cache.crop(-q)
+            times.append(elapsed)
+        medians.append(statistics.median(times))
+    return medians[1:]
+
+
+def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
+                    cache_dir: str) -> CostModel:
+    """The cached curve for this model/device/dtype, measured and saved when absent.
+
+    ``cache_dir`` "" measures without reading or writing the disk.
+    """
+    rows = row_grid(max_rows)
+    fingerprint = model_fingerprint(model, rows, context)
+    path = None
+    if cache_dir:
+        key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]
+        path = os.path.join(os.path.expanduser(cache_dir), f"{key}.json")
+        saved = _read(path, fingerprint)
+        if saved is not None:
+            return CostModel(np.array(rows, dtype=np.float64), np.array(saved, dtype=np.float64))
+    seconds = measure_forward_seconds(model, layout, rows, context, repeats)
+    if path is not None:
+        _write(path, fingerprint, seconds)
+    return CostModel(np.array(rows, dtype=np.float64), np.array(seconds, dtype=np.float64))
+
+
+def _read(path: str, fingerprint: dict) -> list[float] | None:
+    """Saved seconds for exactly this fingerprint, or None (missing, foreign or corrupt file)."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint:
+        return None
+    seconds = data.get("seconds")
+    if not isinstance(seconds, list) or len(seconds) != len(fingerprint["rows"]) \
+            or not all(isinstance(s, float) and s > 0 for s in seconds):
+        return None
+    return seconds
+
+
+def _write(path: str, fingerprint: dict, seconds: list[float]) -> None:
+    """Save atomically; a read-only or full disk only costs a re-measurement next time."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as handle:
+            json.dump({"fingerprint": fingerprint, "seconds": seconds}, handle)
+        os.replace(tmp, path)
+    except OSError:
+        pass

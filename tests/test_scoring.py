@@ -1,0 +1,222 @@
+"""Best-first trees, token recycling, acceptance estimates, the step budget and the cost model,
+on tiny hand-written arrays (and one tiny model for the on-disk cost cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import tiny_model
+from lookahead.costmodel import CostModel, load_cost_model, row_grid
+from lookahead.kernels.recycle import grow_recycled_tree, tree_paths
+from lookahead.kernels.trie import best_first_order, build_scored_trie
+from lookahead.proposers.base import Proposer
+from lookahead.proposers.context import ContextMatcher
+from lookahead.proposers.ngram import NgramPool, NgramProposer
+from lookahead.proposers.recycle import AdjacencyTable, RecyclingProposer
+from lookahead.scores import AcceptanceStats, choose_tree_size
+from lookahead.support import attention_layout
+from lookahead.tree import TokenTree, scored_tree, subtree
+
+
+def a(*values):
+    return np.array(values, dtype=np.int64)
+
+
+# ------------------------------------------------------------ scored trie
+def test_scored_trie_docstring_example():
+    tokens, parents, depths, cls, prob = build_scored_trie(
+        np.array([[4, 5, 6], [4, 7, 0]]), a(3, 2), np.array([[0, 0, 0], [1, 1, 0]]),
+        np.array([[.9, .5, .5], [.8, .6, .6]]), 10)
+    assert tokens.tolist() == [4, 5, 6, 7] and parents.tolist() == [-1, 0, 1, 0] and depths.tolist() == [1, 2, 3, 2]
+    assert cls.tolist() == [0, 0, 0, 1]
+    assert np.allclose(prob, [.9, .45, .225, .54])
+    assert best_first_order(parents, prob).tolist() == [0, 3, 1, 2]
+
+
+def test_shared_node_keeps_the_best_source():
+    # both rows start with 4: row 1's class scores it higher, so the node takes class 1
+    _, _, _, cls, prob = build_scored_trie(np.array([[4, 5], [4, 6]]), a(2, 2), np.array([[0, 0], [1, 1]]),
+                                           np.array([[.2, .5], [.7, .5]]), 10)
+    assert cls.tolist() == [1, 0, 1] and np.allclose(prob, [.7, .35, .35])
+
+
+def test_depths_beyond_the_table_use_its_last_column():
+    _, _, depths, _, prob = build_scored_trie(np.array([[1, 2, 3]]), a(3), np.zeros((1, 3), dtype=np.int64),
+                                              np.array([[.5, .4]]), 10)
+    assert depths.tolist() == [1, 2, 3] and np.allclose(prob, [.5, .2, .08])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=8), st.data())
+def test_every_prefix_of_the_best_first_order_is_a_tree(rows, data):
+    """Property: whatever the estimates, any prefix is closed under parents and sorted by probability."""
+    width = max(map(len, rows))
+    cands = np.array([r + [0] * (width - len(r)) for r in rows])
+    classes = np.array([[data.draw(st.integers(0, 2)) for _ in range(width)] for _ in rows])
+    est = np.array([[data.draw(st.floats(0.01, 0.99)) for _ in range(3)] for _ in range(3)])
+    tokens, parents, depths, cls, prob = build_scored_trie(cands, a(*map(len, rows)), classes, est, 100)
+    order = best_first_order(parents, prob)
+    assert sorted(order.tolist()) == list(range(tokens.shape[0]))
+    for k in range(order.shape[0] + 1):
+        tree = subtree(TokenTree(tokens, parents, depths, cls), order[:k])  # raises if not closed
+        assert tree.size == k
+        if k < order.shape[0]:  # the next node is the most probable one whose parent is already in
+            taken = set(order[:k].tolist())
+            ready = [n for n in range(tokens.shape[0]) if n not in taken and (parents[n] < 0 or parents[n] in taken)]
+            assert prob[order[k]] == max(prob[ready])
+
+
+def test_subtree_renumbers_and_refuses_orphans():
+    tree = TokenTree(a(4, 5, 6, 7), a(-1, 0, 1, 0), a(1, 2, 3, 2), a(0, 0, 0, 1))
+    kept = subtree(tree, a(3, 0))
+    assert kept.tokens.tolist() == [4, 7] and kept.parents.tolist() == [-1, 0] and kept.classes.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="closed under parents"):
+        subtree(tree, a(1))
+
+
+def test_scored_tree_of_nothing_is_empty():
+    tree, prob = scored_tree(np.zeros((0, 2), dtype=np.int64), a(), np.zeros((0, 2), dtype=np.int64),
+                             np.ones((1, 1)), 8)
+    assert tree.size == 0 and prob.shape == (0,)
+
+
+# --------------------------------------------------------- token recycling
+def recycling_example():
+    adj = np.full((6, 2), -1, dtype=np.int64)
+    adj[1], adj[2] = [2, 3], [4, 5]
+    return adj, np.array([[.8, .5], [.3, .2]])
+
+
+def test_recycled_tree_docstring_example():
+    adj, est = recycling_example()
+    tokens, parents, depths, ranks = grow_recycled_tree(adj, 1, est, 3)
+    assert tokens.tolist() == [2, 4, 3] and parents.tolist() == [-1, 0, -1]
+    assert depths.tolist() == [1, 2, 1] and ranks.tolist() == [0, 0, 1]
+    cands, lens, labels = tree_paths(tokens, parents, depths, ranks)
+    assert cands.tolist() == [[2, 4], [3, 0]] and lens.tolist() == [2, 1] and labels.tolist() == [[0, 0], [1, 0]]
+
+
+def test_recycled_tree_stops_when_nothing_is_known():
+    adj, est = recycling_example()
+    assert grow_recycled_tree(adj, 5, est, 4)[0].shape == (0,)  # token 5 was never seen
+    assert grow_recycled_tree(adj, 1, est, 10)[0].shape == (4,)  # only 2, 3, 4, 5 are reachable
+
+
+def test_adjacency_learns_latest_top_and_ignores_foreign_ids():
+    table = AdjacencyTable(vocab=8, width=2)
+    table.learn(a(1, 3, 99, -1), np.array([[2, 4, 5], [6, 7, 0], [1, 1, 1], [1, 1, 1]]))
+    table.learn(a(1), np.array([[5, 6, 7]]))
+    assert table.successors[1].tolist() == [5, 6] and table.successors[3].tolist() == [6, 7]
+    assert (table.successors[[0, 2, 4, 5, 6, 7]] == -1).all()
+
+
+def test_recycling_proposer_paths_carry_rank_classes():
+    table = AdjacencyTable(vocab=8, width=2)
+    table.learn(a(1, 2), np.array([[2, 3], [4, 5]]))
+    source = RecyclingProposer(table, nodes=3)
+    assert isinstance(source, Proposer)
+    cands = source.propose(a(0, 1), 2, 4, np.array([[.8, .5], [.3, .2]]))
+    assert cands.tokens.tolist() == [[2, 4], [3, 0]] and cands.classes.tolist() == [[0, 0], [1, 0]]
+    assert source.propose(a(0, 1), 2, 0, np.ones((2, 2))).count == 0  # limit 0: nothing
+
+
+def test_context_matcher_labels_by_match_length():
+    matcher = ContextMatcher(match_min=1, match_max=2, length=3)
+    seq = a(3, 5, 6, 7, 8, 9, 1, 4, 5, 6, 7, 8, 9)  # the suffix matches 5 tokens back
+    cands = matcher.propose(seq, 13, 1, np.ones((7, 4)))
+    assert cands.tokens.tolist() == [[1, 4, 5]] and cands.classes.tolist() == [[3, 3, 3]]  # 4-5 bucket
+    short = matcher.propose(a(7, 2, 5, 8, 2), 5, 1, np.ones((7, 4)))
+    assert short.classes[0, 0] == 0  # a one-token match
+
+
+def test_pool_proposer_labels_by_recency_rank():
+    pool = NgramPool(vocab=16, ngram=2, capacity=4, max_keys=8)
+    source = NgramProposer(pool, seed_from_prompt=True, seed_from_output=True)
+    source.begin(a(1, 2, 1, 3, 1, 4, 1, 5, 1, 6), 10)
+    cands = source.propose(a(1, 2, 1, 3, 1, 4, 1, 5, 1, 6, 1), 11, 4, np.ones((4, 2)))
+    assert cands.tokens[:, 0].tolist() == [6, 5, 4, 3] and cands.classes[:, 0].tolist() == [0, 1, 2, 3]
+
+
+# ------------------------------------------------------ acceptance estimates
+def test_acceptance_counts_trials_and_hits():
+    stats = AcceptanceStats([np.array([.5]), np.array([.25, .25])], depth=2, strength=4.0)
+    assert stats.offsets.tolist() == [0, 1, 3] and stats.block(1, stats.estimates()).shape == (2, 2)
+    # tree: 0 (class 0, d1) -> 1 (class 0, d2); 2 (class 1, d1) -> 3 (class 2, d2); path [0]
+    stats.update(a(0, 0, 1, 2), a(1, 2, 1, 2), a(-1, 0, -1, 2), a(0))
+    est = stats.estimates()
+    assert np.isclose(est[0, 0], (2 + 1) / (4 + 1))  # reached and accepted
+    assert np.isclose(est[0, 1], 2 / (4 + 1))  # reached (parent accepted), rejected
+    assert np.isclose(est[1, 0], 1 / (4 + 1))  # reached, rejected
+    assert np.isclose(est[2, 1], .25)  # parent rejected: not a trial
+
+
+def test_acceptance_forgets_old_counts():
+    stats = AcceptanceStats([np.array([.5])], depth=1, strength=2.0, horizon=10.0)
+    for _ in range(40):
+        stats.update(a(0), a(1), a(-1), a(0))
+    assert stats.trials[0, 0] <= 10.0 and stats.estimates()[0, 0] > 0.9
+
+
+# ---------------------------------------------------------------- budget
+def test_budget_trades_tokens_against_time():
+    cost = CostModel(np.array([1., 2., 3., 4.]), np.array([1., 1.1, 2., 2.1]))
+    probs = np.array([.9, .8, .1])
+    # k=0: 1/1; k=1: 1.9/1.1 = 1.73; k=2: 2.7/2.0; k=3: 2.8/2.1 -> 1
+    assert choose_tree_size(probs, 1, cost, 8) == 1
+    assert choose_tree_size(probs, 1, None, 2) == 2  # fixed budget: the cap
+    assert choose_tree_size(np.zeros(0), 1, cost, 8) == 0
+    assert choose_tree_size(np.array([.01]), 1, cost, 8) == 0  # nothing pays: plain decoding
+
+
+def test_cost_model_interpolates_extrapolates_and_is_monotone():
+    cost = CostModel(np.array([1., 2., 4.]), np.array([1., 0.9, 2.]))  # the dip at 2 is noise
+    assert cost.seconds.tolist() == [1., 1., 2.]
+    assert np.allclose(cost.forward(np.array([3., 6.])), [1.5, 3.])
+    cost.observe(1, 1.5)
+    assert np.isclose(cost.overhead, 0.05) and np.isclose(float(cost.step(1)), 1.05)
+    for _ in range(100):
+        cost.observe(1, 0.0)  # absurdly fast steps cannot drive the cost below half a row
+    assert cost.overhead >= -0.5 and float(cost.step(1)) > 0
+
+
+def test_row_grid_ends_at_the_largest_step():
+    assert row_grid(5) == (1, 2, 3, 4, 5) and row_grid(33)[-2:] == (32, 33) and row_grid(1) == (1,)
+
+
+def test_cost_curve_is_cached_on_disk(tmp_path, monkeypatch):
+    model = tiny_model("llama")
+    layout = attention_layout(model.config)
+    first = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
+    files = os.listdir(tmp_path)
+    assert len(files) == 1 and first.rows.tolist() == [1, 2, 3, 4] and (first.seconds > 0).all()
+
+    import lookahead.costmodel as costmodel
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again despite the cache")
+
+    monkeypatch.setattr(costmodel, "measure_forward_seconds", no_measuring)
+    again = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
+    assert again.seconds.tolist() == first.seconds.tolist()
+    with pytest.raises(AssertionError, match="measured again"):
+        load_cost_model(model, layout, 5, 8, 1, str(tmp_path))  # other rows: another key
+
+    path = tmp_path / files[0]
+    path.write_text("{not json")
+    monkeypatch.undo()
+    repaired = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))  # corrupt file: measured again
+    saved = np.maximum.accumulate(json.loads(path.read_text())["seconds"])  # the model keeps the curve monotone
+    assert saved.tolist() == repaired.seconds.tolist()
+
+
+def test_cost_curve_without_a_cache_dir_touches_no_disk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = tiny_model("llama")
+    cost = load_cost_model(model, attention_layout(model.config), 3, 8, 1, "")
+    assert cost.rows.tolist() == [1, 2, 3] and os.listdir(tmp_path) == []
