@@ -96,6 +96,26 @@ def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, na
                   config=dataclasses.asdict(gen.config))
 
 
+# Named configs for `lookahead bench --preset`: LADE's published GPU setting run by our
+# engine, and the ablations (each candidate source alone; all sources with a fixed budget).
+PRESETS = {
+    "lade-gpu": "window=15,ngram=5,candidates=15,max_tree_nodes=60,budget=fixed,recycle=false,context_match=false",
+    "context-only": "ngram_pool=false,recycle=false",
+    "pool-only": "context_match=false,recycle=false",
+    "recycle-only": "context_match=false,ngram_pool=false",
+    "fixed-budget": "budget=fixed",
+}
+
+
+def preset_specs(names: Iterable[str]) -> list[str]:
+    """``--config`` specs of the named presets ("all" = every preset), in PRESETS order."""
+    names = set(names)
+    unknown = names - set(PRESETS) - {"all"}
+    if unknown:
+        raise ValueError(f"unknown preset {sorted(unknown)[0]!r}: choose from {', '.join(PRESETS)} or all")
+    return [f"{name}:{spec}" for name, spec in PRESETS.items() if name in names or "all" in names]
+
+
 def parse_config_spec(spec: str, base: LookaheadConfig | None = None) -> tuple[str, LookaheadConfig]:
     """``"wide:window=5,ngram=4,candidates=8"`` -> ("wide", LookaheadConfig(window=5, ...)).
 

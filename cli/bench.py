@@ -22,6 +22,9 @@ from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
               help="Directory for bench.json, bench.md, bench.png.")
 @click.option("--config", "extra_configs", multiple=True,
               help="Extra lookahead config (repeatable), e.g. 'wide:window=5,ngram=4,candidates=8'.")
+@click.option("--preset", "presets", multiple=True,
+              help="Named extra config (repeatable): lade-gpu, context-only, pool-only, recycle-only, "
+                   "fixed-budget, or all.")
 @click.option("--draft", default=None, help="Draft model alias: adds transformers assisted generation.")
 @click.option("--cost-curve/--no-cost-curve", default=True, show_default=True,
               help="Measure the forward-cost curve (k = 1..64 new tokens, ~300 context).")
@@ -30,7 +33,7 @@ from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @config_options
-def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
+def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
           device, dtype, **config_values):
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
@@ -43,7 +46,11 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, d
     if max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     config = checked_config(config_values)
-    from benchmarks.runner import parse_config_spec
+    from benchmarks.runner import parse_config_spec, preset_specs
+    try:
+        extra_configs = tuple(extra_configs) + tuple(preset_specs(presets))
+    except ValueError as exc:
+        fail(f"{exc} (option --preset)")
     for spec in extra_configs:  # check before loading any model
         try:
             parse_config_spec(spec, config)

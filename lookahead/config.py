@@ -38,6 +38,7 @@ class LookaheadConfig:
     candidates: int = 4  # G: max candidate continuations per source per step (0 = none)
     pool_capacity: int = 4  # n-grams kept per first token in the pool (LRU)
     pool_max_keys: int = 16384  # distinct first tokens kept in the pool (LRU)
+    ngram_pool: bool = True  # propose the pool's n-grams that start with x
     seed_from_prompt: bool = True  # put every prompt n-gram into the pool
     seed_from_output: bool = True  # put every accepted n-gram into the pool
     context_match: bool = True  # propose continuations of suffix matches in prompt + output
@@ -75,7 +76,7 @@ class LookaheadConfig:
             raise ConfigError(f"cost_cache_dir must be a path string ('' to keep nothing on disk), "
                               f"got {self.cost_cache_dir!r}")
         _check_int("seed", self.seed, 0)
-        for name in ("seed_from_prompt", "seed_from_output", "context_match", "recycle",
+        for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "allow_untested_models"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -155,7 +155,8 @@ class _Decoding:
         sources = []
         if cfg.context_match:
             sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
-        sources.append(NgramProposer(self.pool, cfg.seed_from_prompt, cfg.seed_from_output))
+        if cfg.ngram_pool:
+            sources.append(NgramProposer(self.pool, cfg.seed_from_prompt, cfg.seed_from_output))
         if self.recycled is not None:
             sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
         return sources
@@ -276,7 +277,8 @@ class _Decoding:
         if done:
             return True
         rows = np.concatenate([[0], layout.tree_start + path])  # [k+1] step rows to keep
-        keep_rows(self.cache, past, torch.from_numpy(rows).to(self.device), contiguous=path.size == 0)
+        in_place = bool((rows == np.arange(rows.shape[0])).all())  # e.g. a chain right after x: no gather
+        keep_rows(self.cache, past, torch.from_numpy(rows).to(self.device), contiguous=in_place)
         self.pool.insert_grams(self.window.advance(result.level_next))
         for source in self.proposers:
             source.observe(self.seq, start, self.stop)

@@ -62,6 +62,24 @@ def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):
     return model.eval()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cost_curves_in_a_temporary_dir(tmp_path_factory):
+    """Generators built by the tests keep their measured cost curves in a temporary
+    directory instead of the user's ~/.cache/lookahead/costs (tiny models, many configs)."""
+    import lookahead.engine as engine
+
+    folder = str(tmp_path_factory.mktemp("cost-curves"))
+    measure = engine.load_cost_model
+
+    def load(model, layout, max_rows, context, repeats, cache_dir):
+        return measure(model, layout, max_rows, context, repeats, folder if cache_dir else "")
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(engine, "load_cost_model", load)
+    yield folder
+    patch.undo()
+
+
 @pytest.fixture(scope="session", params=sorted(BUILDERS))
 def arch_model(request):
     """(arch name, model) for every tiny architecture."""

@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.costcurve import cost_curve
 from benchmarks.report import geomean, summarize, write_report
-from benchmarks.runner import (BenchPrompt, ExactMatchError, Method, check_exact, default_methods,
+from benchmarks.runner import (PRESETS, preset_specs, BenchPrompt, ExactMatchError, Method, check_exact, default_methods,
                                parse_config_spec, run_benchmark)
 from lookahead import LookaheadConfig
 from conftest import tiny_model
@@ -78,6 +78,20 @@ def test_parse_config_spec():
         parse_config_spec("x:colour=3")
     with pytest.raises(ValueError, match="integer"):
         parse_config_spec("x:window=big")
+    name, cfg = parse_config_spec("f:budget=fixed,recycle=no")
+    assert (cfg.budget, cfg.recycle) == ("fixed", False)
+
+
+def test_presets_are_valid_configs():
+    specs = preset_specs(["all"])
+    assert [s.split(":")[0] for s in specs] == list(PRESETS)
+    configs = dict(parse_config_spec(s) for s in specs)
+    lade = configs["lade-gpu"]
+    assert (lade.window, lade.ngram, lade.candidates, lade.budget) == (15, 5, 15, "fixed")
+    assert not configs["recycle-only"].context_match and not configs["recycle-only"].ngram_pool
+    assert preset_specs(["pool-only"]) == [f"pool-only:{PRESETS['pool-only']}"]
+    with pytest.raises(ValueError, match="unknown preset 'lade'"):
+        preset_specs(["lade"])
 
 
 def test_report_writes_json_markdown_png(tmp_path, records, model):

@@ -174,10 +174,9 @@ def test_budget_trades_tokens_against_time():
     assert choose_tree_size(np.array([.01]), 1, cost, 8) == 0  # nothing pays: plain decoding
 
 
-def test_cost_model_interpolates_extrapolates_and_is_monotone():
-    cost = CostModel(np.array([1., 2., 4.]), np.array([1., 0.9, 2.]))  # the dip at 2 is noise
-    assert cost.seconds.tolist() == [1., 1., 2.]
-    assert np.allclose(cost.forward(np.array([3., 6.])), [1.5, 3.])
+def test_cost_model_interpolates_and_extrapolates():
+    cost = CostModel(np.array([1., 2., 4.]), np.array([1., 0.9, 2.]))  # a dip is kept: it can be real
+    assert np.allclose(cost.forward(np.array([2., 3., 6.])), [0.9, 1.45, 3.1])
     cost.observe(1, 1.5)
     assert np.isclose(cost.overhead, 0.05) and np.isclose(float(cost.step(1)), 1.05)
     for _ in range(100):
@@ -194,7 +193,8 @@ def test_cost_curve_is_cached_on_disk(tmp_path, monkeypatch):
     layout = attention_layout(model.config)
     first = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
     files = os.listdir(tmp_path)
-    assert len(files) == 1 and first.rows.tolist() == [1, 2, 3, 4] and (first.seconds > 0).all()
+    measured = first.seconds  # only its shape and sign are checked, never a duration
+    assert len(files) == 1 and first.rows.tolist() == [1, 2, 3, 4] and (measured > 0).all()
 
     import lookahead.costmodel as costmodel
 
@@ -203,7 +203,8 @@ def test_cost_curve_is_cached_on_disk(tmp_path, monkeypatch):
 
     monkeypatch.setattr(costmodel, "measure_forward_seconds", no_measuring)
     again = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
-    assert again.seconds.tolist() == first.seconds.tolist()
+    read_back = again.seconds
+    assert read_back.tolist() == measured.tolist()  # read from the file, not measured again
     with pytest.raises(AssertionError, match="measured again"):
         load_cost_model(model, layout, 5, 8, 1, str(tmp_path))  # other rows: another key
 
@@ -211,8 +212,11 @@ def test_cost_curve_is_cached_on_disk(tmp_path, monkeypatch):
     path.write_text("{not json")
     monkeypatch.undo()
     repaired = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))  # corrupt file: measured again
-    saved = np.maximum.accumulate(json.loads(path.read_text())["seconds"])  # the model keeps the curve monotone
-    assert saved.tolist() == repaired.seconds.tolist()
+    saved = json.loads(path.read_text())["seconds"]
+    remeasured = repaired.seconds
+    assert saved == remeasured.tolist()
+    load_cost_model(model, layout, 4, 8, 2, str(tmp_path))  # more passes per size: measured and kept apart
+    assert len(os.listdir(tmp_path)) == 2
 
 
 def test_cost_curve_without_a_cache_dir_touches_no_disk(tmp_path, monkeypatch):

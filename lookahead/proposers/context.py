@@ -10,7 +10,7 @@ from .base import Candidates, single_class
 # Matches of length 1, 2, 3, 4-5, 6-8, 9-15, 16+ are told apart: the longer the
 # match, the longer the copy that usually follows.
 MATCH_BUCKETS = np.array([2, 3, 4, 6, 9, 16], dtype=np.int64)  # bucket = count of edges <= length
-MATCH_PRIORS = np.array([0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
+MATCH_PRIORS = np.array([0.15, 0.35, 0.5, 0.6, 0.7, 0.85, 0.9])
 
 
 class ContextMatcher:
