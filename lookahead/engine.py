@@ -22,7 +22,7 @@ from .costmodel import CostModel, load_cost_model
 from .inputs import GenerateInputError, budget, eos_ids, prompt_array
 from .kernels import warmup
 from .kernels.trie import best_first_order
-from .proposers.base import Candidates
+from .proposers.base import Candidates, no_candidates
 from .proposers.context import ContextMatcher
 from .proposers.jacobi import JacobiWindow
 from .proposers.ngram import NgramPool, NgramProposer
@@ -53,8 +53,7 @@ def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
     source's classes by its offset into the shared estimate table."""
     groups = [(c, off) for c, off in groups if c.count]
     if not groups:
-        empty = np.zeros((0, 1), dtype=np.int64)
-        return Candidates(empty, np.zeros(0, dtype=np.int64), empty)
+        return no_candidates()
     width = max(c.tokens.shape[1] for c, _ in groups)
 
     def pad(a: np.ndarray) -> np.ndarray:

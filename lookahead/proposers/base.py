@@ -13,7 +13,7 @@ class Candidates:
     """Continuations of x from one source (G rows, each valid up to lens[g] tokens).
 
     ``classes[g, d]`` is the source's own label of token d of row g (0 ..
-    Proposer.classes - 1): acceptance is tracked per (source, class, depth),
+    len(Proposer.priors) - 1): acceptance is tracked per (source, class, depth),
     so a source can tell apart e.g. long and short context matches.
     """
 
