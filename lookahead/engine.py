@@ -98,7 +98,6 @@ class LookaheadGenerator:
         if cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0:
             self.cost = self._measure_cost()
 
-    @torch.inference_mode()
     def _measure_cost(self) -> CostModel:
         """The forward-cost curve up to the largest step this config can build (cached on disk)."""
         cfg = self.config
@@ -278,7 +277,9 @@ class _Decoding:
         rows = np.concatenate([[0], layout.tree_start + path])  # [k+1] step rows to keep
         in_place = bool((rows == np.arange(rows.shape[0])).all())  # e.g. a chain right after x: no gather
         keep_rows(self.cache, past, torch.from_numpy(rows).to(self.device), contiguous=in_place)
-        self.pool.insert_grams(self.window.advance(result.level_next))
+        grams = self.window.advance(result.level_next)  # [W, N]
+        if self.cfg.ngram_pool:  # nobody reads the pool otherwise
+            self.pool.insert_grams(grams)
         for source in self.proposers:
             source.observe(self.seq, start, self.stop)
         return False
