@@ -52,7 +52,7 @@ class LookaheadConfig:
     cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
     calibration_context: int = 256  # context tokens behind the cost measurement
     calibration_repeats: int = 5  # timed passes per row count (median)
-    seed: int = 0  # RNG seed of the window's initial guesses
+    window_seed: int = 0  # RNG seed of the window's initial guesses (sampling uses torch's generator)
     allow_untested_models: bool = False  # drive architectures outside the tested list
 
     def __post_init__(self) -> None:
@@ -75,7 +75,7 @@ class LookaheadConfig:
         if not isinstance(self.cost_cache_dir, str):
             raise ConfigError(f"cost_cache_dir must be a path string ('' to keep nothing on disk), "
                               f"got {self.cost_cache_dir!r}")
-        _check_int("seed", self.seed, 0)
+        _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "allow_untested_models"):
             if not isinstance(getattr(self, name), bool):

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .cache import new_cache
 from .support import AttentionLayout
-from .tree import model_mask
+from .target import Target
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -85,27 +84,25 @@ def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...
                             repeats: int, seed: int = 0) -> list[float]:
     """Median seconds of one decode-shaped forward over q new rows, for every q in rows.
 
-    A synthetic context of ``context`` random tokens is prefilled once; each
-    pass is cropped away again. One untimed pass at the largest q warms up.
+    Each pass goes through ``Target.forward`` exactly as a decode step does,
+    plus the step's host sync (an argmax read back). A synthetic context of
+    ``context`` random tokens is prefilled once; each pass is cropped away
+    again. One untimed pass at the largest q warms up.
     """
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    param = next(model.parameters())
-    gen = torch.Generator().manual_seed(seed)
-    cache = new_cache()
-    prefix = torch.randint(0, vocab, (1, context), generator=gen).to(param.device)  # [1, C]
-    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    target = Target(model, layout)
+    rng = np.random.default_rng(seed)
+    cache = target.new_cache()
+    target.prefill(cache, rng.integers(0, target.vocab, context, dtype=np.int64))
     medians = []
     for index, q in enumerate((rows[-1],) + tuple(rows)):
-        ids = torch.randint(0, vocab, (1, q), generator=gen).to(param.device)  # [1, q]
-        offsets = torch.arange(q, device=param.device)  # [q]
-        local = torch.ones(q, q, dtype=torch.bool, device=param.device).tril()  # [q, q]
-        mask = model_mask(layout.kinds, layout.sliding_window, local, offsets, context, param.dtype)
+        tokens = rng.integers(0, target.vocab, q, dtype=np.int64)  # [q]
+        offsets = np.arange(q, dtype=np.int64)  # [q]
+        local = np.tril(np.ones((q, q), dtype=bool))  # [q, q]
         times = []
         for _ in range(repeats if index else 1):
             start = time.perf_counter()
-            out = model(input_ids=ids, position_ids=(context + offsets)[None], attention_mask=mask,
-                        past_key_values=cache, use_cache=True, logits_to_keep=offsets)
-            out.logits[0].argmax(-1).cpu()  # the step's host sync
+            logits = target.forward(cache, tokens, offsets, local, context, offsets)  # [q, V]
+            logits.argmax(-1).cpu()  # the step's host sync
             elapsed = time.perf_counter() - start
             cache.crop(-q)
             times.append(elapsed)

@@ -50,7 +50,17 @@ def test_config_is_frozen():
     (torch.tensor([[1, 2]]), dict(attention_mask=torch.tensor([[0, 1]])), "padding"),
     (torch.tensor([[1, 2]]), dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
     (torch.tensor([[1, 2]]), dict(max_new_tokens=2.0), "max_new_tokens"),
-    (torch.tensor([[1, 2]]), dict(do_sample=True), "do_sample=True is not supported"),
+    (torch.tensor([[1, 2]]), dict(do_sample="yes"), "do_sample must be True or False"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, temperature=-1.0), r"temperature must be in \[0.0, inf\]"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, temperature="hot"), "temperature must be a number"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, top_p=1.5), r"top_p must be in \(0.0, 1.0\]"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, top_p=0.0), "top_p must be in"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, top_k=-1), "top_k must be in"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, top_k=2.5), "top_k must be an integer"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, min_p=2.0), "min_p must be in"),
+    (torch.tensor([[1, 2]]), dict(repetition_penalty=0.0), "repetition_penalty must be in"),
+    (torch.tensor([[1, 2]]), dict(do_sample=True, generator=3), "generator must be a torch.Generator"),
+    (torch.tensor([[1, 2]]), dict(logits_processor=[3]), "logits_processor must be a list"),
     (torch.tensor([[1, 2]]), dict(eos_token_id=[-3]), "eos_token_id"),
 ])
 def test_generate_rejects_bad_inputs(gen, ids, kwargs, words):

@@ -7,7 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead.tree import (additive_mask, empty_tree, step_layout, tree_from_candidates, window_layout)
+from lookahead.mask import additive_mask
+from lookahead.tree import empty_tree, step_layout, tree_from_candidates
+from lookahead.window import window_layout
 
 DESIGN_DRAWING = """
 1 . . . . . . . . .
@@ -30,7 +32,7 @@ def drawing(text: str) -> np.ndarray:
 def test_layout_matches_the_design_drawing():
     """W=3, N=3, two candidates (u1 u2), (v1 v2) with distinct first tokens."""
     tree = tree_from_candidates(np.array([[11, 12], [21, 22]]), np.array([2, 2]), 10)
-    layout = step_layout(3, 3, tree)
+    layout = step_layout(window_layout(3, 3), tree)
     assert np.array_equal(layout.local_mask, drawing(DESIGN_DRAWING))
     assert layout.offsets.tolist() == [0, 1, 2, 1, 2, 3, 1, 2, 1, 2]
     assert layout.tree_start == 6
@@ -84,7 +86,7 @@ def test_trie_holds_every_candidate_once(cands):
         assert tree.depths[node] == len(path)
     prefixes = {tuple(c[:k]) for c in cands for k in range(1, len(c) + 1)}
     assert sorted(paths) == sorted(prefixes)  # one node per distinct prefix, nothing else
-    layout = step_layout(1, 2, tree)
+    layout = step_layout(window_layout(1, 2), tree)
     for node, path in enumerate(paths):  # a node sees x, itself and exactly its ancestors
         seen = {paths[j] for j in range(tree.size) if layout.local_mask[1 + node, 1 + j]}
         assert seen == {path[:k] for k in range(1, len(path) + 1)}
@@ -92,7 +94,7 @@ def test_trie_holds_every_candidate_once(cands):
 
 
 def test_additive_mask_prefix_and_sliding_window():
-    layout = step_layout(2, 2, empty_tree())  # rows x (offset 0), a1 (offset 1)
+    layout = step_layout(window_layout(2, 2), empty_tree())  # rows x (offset 0), a1 (offset 1)
     local = torch.from_numpy(layout.local_mask)
     offsets = torch.from_numpy(layout.offsets)
     full = additive_mask(local, offsets, past=5, sliding_window=None, dtype=torch.float32)

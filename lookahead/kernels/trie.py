@@ -104,3 +104,39 @@ def ancestor_mask(parents):
             mask[i, j] = True
             j = parents[j]
     return mask
+
+
+@njit(cache=True)
+def path_tokens(tokens, parents, depths):
+    """paths[M, D]: row i holds the tokens from x's child down to node i (zeros after depths[i]).
+
+    Example: tokens [4 5 7], parents [-1 0 0], depths [1 2 2] -> [[4 0] [4 5] [4 7]].
+    """
+    size = tokens.shape[0]
+    width = 1
+    for node in range(size):
+        width = max(width, depths[node])
+    paths = np.zeros((size, width), dtype=np.int64)
+    for node in range(size):  # parents come before children
+        if parents[node] >= 0:
+            paths[node, :depths[node] - 1] = paths[parents[node], :depths[node] - 1]
+        paths[node, depths[node] - 1] = tokens[node]
+    return paths
+
+
+@njit(cache=True)
+def sibling_order(parents):
+    """(earlier[M, M], last[M]): earlier[i, j] iff j is a sibling of i tried before it
+    (same parent, lower index); last[i] iff no later sibling follows i.
+
+    Example: parents [-1 0 -1 0] -> earlier[2, 0] and earlier[3, 1]; last [F F T T].
+    """
+    size = parents.shape[0]
+    earlier = np.zeros((size, size), dtype=np.bool_)
+    last = np.ones(size, dtype=np.bool_)
+    for i in range(size):
+        for j in range(i):
+            if parents[j] == parents[i]:
+                earlier[i, j] = True
+                last[j] = False
+    return earlier, last

@@ -1,0 +1,61 @@
+"""The sequence being generated: prompt + accepted tokens, the EOS / budget cut, the streamer."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def first_stop(new: np.ndarray, eos: np.ndarray, remaining: int) -> tuple[np.ndarray, bool]:
+    """Cut new tokens at the first EOS (kept) or at the budget; whether decoding ends."""
+    hits = np.flatnonzero(np.isin(new, eos)) if eos.size else np.zeros(0, dtype=np.int64)
+    end = min(int(hits[0]) + 1 if hits.size else new.shape[0], remaining)
+    return new[:end], bool(hits.size and hits[0] < end) or end >= remaining
+
+
+class OutputBuffer:
+    """``seq[:stop]`` is the prompt followed by every token accepted so far.
+
+    The buffer grows as tokens arrive (a huge max_new_tokens allocates
+    nothing up front); readers take ``seq`` afresh each time they need it.
+    """
+
+    GROWTH = 256  # tokens of headroom added when the buffer fills
+
+    def __init__(self, prompt: np.ndarray, limit: int, eos: np.ndarray, streamer=None):
+        self.prompt_len = int(prompt.shape[0])
+        self.limit, self.eos, self.streamer = limit, eos, streamer
+        self.seq = np.zeros(self.prompt_len + min(limit, self.GROWTH) + 1, dtype=np.int64)  # [T + room]
+        self.seq[:self.prompt_len] = prompt
+        self.stop = self.prompt_len
+        if streamer is not None:
+            streamer.put(torch.from_numpy(prompt.copy()))
+
+    @property
+    def new_tokens(self) -> int:
+        return self.stop - self.prompt_len
+
+    @property
+    def last(self) -> int:
+        """The last token of the sequence (x of the next step)."""
+        return int(self.seq[self.stop - 1])
+
+    def append(self, new: np.ndarray) -> bool:
+        """Write new tokens (cut at EOS / budget), stream them; whether decoding ends."""
+        new, done = first_stop(new, self.eos, self.limit - self.new_tokens)
+        end = self.stop + new.shape[0]
+        if end >= self.seq.shape[0]:
+            grown = np.zeros(end + self.GROWTH, dtype=np.int64)
+            grown[:self.stop] = self.seq[:self.stop]
+            self.seq = grown
+        self.seq[self.stop:end] = new
+        self.stop = end
+        if self.streamer is not None and new.shape[0]:
+            self.streamer.put(torch.from_numpy(new.copy()))
+        return done
+
+    def finish(self) -> np.ndarray:
+        """End the stream; prompt + new tokens [T + n]."""
+        if self.streamer is not None:
+            self.streamer.end()
+        return self.seq[:self.stop].copy()

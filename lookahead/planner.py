@@ -1,0 +1,104 @@
+"""Plan a step: every proposer's candidates -> one scored trie -> the prefix the budget pays for.
+
+The acceptance estimates (scores.py) that score the trie are kept per
+*regime*: greedy decoding, and sampling per temperature band. A candidate
+that greedy decoding accepts 60% of the time is accepted less often at
+T=1.0 (the target's probability of that token, not a 0/1 argmax match), so
+mixing the two would make the budget over- or under-speculate. Each regime
+starts from the sources' priors and learns only from steps decoded in it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import LookaheadConfig
+from .costmodel import CostModel
+from .kernels.trie import best_first_order
+from .proposers.base import Candidates, no_candidates
+from .scores import AcceptanceStats, choose_tree_size
+from .tree import TokenTree, empty_tree, scored_tree, subtree
+
+SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)
+BUILD_SLACK = 4  # the scored trie may hold this many times max_tree_nodes before pruning
+TEMPERATURE_BANDS = (0.35, 0.6, 0.85, 1.15, 1.5)  # sampling regimes: T below each edge, then above
+
+
+def regime(do_sample: bool, temperature: float | None) -> str:
+    """The estimate table a decode uses: 'greedy', or 'sample:<band>' by temperature."""
+    if not do_sample:
+        return "greedy"
+    t = 1.0 if temperature is None else float(temperature)
+    band = int(np.searchsorted(TEMPERATURE_BANDS, t, side="right"))
+    return f"sample:{band}"
+
+
+def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
+    """Concatenate every source's candidates (in priority order), shifting each
+    source's classes by its offset into the shared estimate table."""
+    groups = [(c, off) for c, off in groups if c.count]
+    if not groups:
+        return no_candidates()
+    width = max(c.tokens.shape[1] for c, _ in groups)
+
+    def pad(a: np.ndarray) -> np.ndarray:
+        return np.pad(a, ((0, 0), (0, width - a.shape[1])))
+
+    tokens = np.concatenate([pad(c.tokens) for c, _ in groups])  # [G, L]
+    classes = np.concatenate([pad(c.classes) + off for c, off in groups])  # [G, L]
+    lens = np.concatenate([c.lens for c, _ in groups])  # [G]
+    return Candidates(tokens, lens, classes)
+
+
+class Planner:
+    """Proposers, acceptance estimates and the cost model of one decode: ``plan`` gives the step's tree."""
+
+    def __init__(self, config: LookaheadConfig, proposers: list, acceptance: AcceptanceStats,
+                 cost: CostModel | None, base_rows: int):
+        self.config = config
+        self.proposers = proposers
+        self.acceptance = acceptance
+        self.cost = cost
+        self.base_rows = base_rows  # rows every step has before the tree (x and the window)
+
+    def begin(self, seq: np.ndarray, stop: int) -> None:
+        """A new sequence whose prompt is seq[:stop]."""
+        for source in self.proposers:
+            source.begin(seq, stop)
+
+    def plan(self, seq: np.ndarray, stop: int) -> TokenTree:
+        """1. propose, 2. build the scored trie and keep the best-first prefix that pays."""
+        cap = self.config.max_tree_nodes
+        if self.config.candidates == 0 or cap == 0:
+            return empty_tree()
+        estimates = self.acceptance.estimates()  # [C, D]
+        cands = self._propose(seq, stop, estimates)
+        if cands.count == 0:
+            return empty_tree()
+        tree, prob = scored_tree(cands.tokens, cands.lens, cands.classes, estimates, BUILD_SLACK * cap)
+        order = best_first_order(tree.parents, prob)  # [M]
+        size = choose_tree_size(prob[order], self.base_rows, self.cost, cap)
+        return subtree(tree, order[:size])
+
+    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray) -> Candidates:
+        """Candidates from every source (at most G each), classes in the shared table."""
+        groups = []
+        for i, source in enumerate(self.proposers):
+            block = self.acceptance.block(i, estimates)  # [C_i, D]
+            found = source.propose(seq, stop, self.config.candidates, block)
+            groups.append((found, int(self.acceptance.offsets[i])))
+        return merge_candidates(groups)
+
+    def learn(self, tree: TokenTree, path: np.ndarray) -> None:
+        """Count the verified nodes into the estimates."""
+        self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
+
+    def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
+        """seq[start:stop] was just accepted."""
+        for source in self.proposers:
+            source.observe(seq, start, stop)
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A step over ``rows`` rows took ``seconds`` (refines the cost model)."""
+        if self.cost is not None:
+            self.cost.observe(rows, seconds)
