@@ -3,9 +3,12 @@
     write_report(out_dir, records, cost=..., meta=...) -> {"json": path, "markdown": path, "figure": path}
 
 The table has one row per (dataset, method): prompts, geometric-mean and
-minimum speedup against greedy, tokens/s (total new tokens / total wall
+minimum speedup against the reference (greedy; or sampling, where the speedup
+is a ratio of new tokens per second), tokens/s (total new tokens / total wall
 time), mean accepted tokens per decode forward, mean target forwards, exact
-match % against greedy, peak RSS.
+match % against greedy (greedy mode only), peak RSS. A line above it names the
+mode (``greedy`` or ``sampling T=0.7 top_k=50 top_p=1``) and the seed; the
+JSON meta carries both.
 """
 
 from __future__ import annotations
@@ -73,15 +76,29 @@ def summarize(records: list[dict]) -> list[dict]:
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """The summary rows as a GitHub markdown table."""
-    head = ("| dataset | method | n | speedup (geomean) | speedup (min) | tokens/s | accepted/step "
-            "| forwards | exact % |")
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+def run_mode(records: list[dict]) -> dict:
+    """{"mode": "greedy" | "sampling T=..", "seed": base seed}: what the first record (prompt 0) ran with."""
+    first = records[0] if records else {}
+    return {"mode": first.get("mode", "greedy"), "seed": first.get("seed", 0)}
+
+
+def mode_line(mode: dict, reference: str) -> str:
+    """One sentence naming the mode, the seed and what the speedup divides."""
+    measure = "new tokens/s" if mode["mode"] != "greedy" else "wall time"
+    return (f"Mode: {mode['mode']}, seed {mode['seed']} (+ prompt index); "
+            f"speedup = {measure} against `{reference}` on the same prompt.")
+
+
+def markdown_table(rows: list[dict], sampling: bool = False) -> str:
+    """The summary rows as a GitHub markdown table; sampling: speedups are tokens/s ratios, no exact column."""
+    unit = "tokens/s, " if sampling else ""
+    head = (f"| dataset | method | n | speedup ({unit}geomean) | speedup ({unit}min) | tokens/s | accepted/step "
+            f"| forwards |" + ("" if sampling else " exact % |"))
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|" + ("" if sampling else "---:|")]
     for r in rows:
         lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | {r['speedup_geomean']:.2f}x "
                      f"| {r['speedup_min']:.2f}x | {r['tokens_per_s']:.1f} | {r['accepted_per_step']:.2f} "
-                     f"| {r['forwards']:.1f} | {r['exact_pct']:.0f} |")
+                     f"| {r['forwards']:.1f} |" + ("" if sampling else f" {r['exact_pct']:.0f} |"))
     return "\n".join(lines)
 
 
@@ -105,7 +122,8 @@ def plot(path: Path, records: list[dict], rows: list[dict], cost: dict | None) -
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "greedy"]
+    reference = rows[0]["method"] if rows else "greedy"  # the reference runs first
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != reference]
     width = 0.8 / max(len(methods), 1)
     for i, method in enumerate(methods):
         values = [next((r["speedup_geomean"] for r in rows if r["dataset"] == d and r["method"] == method), 0.0)
@@ -113,7 +131,8 @@ def plot(path: Path, records: list[dict], rows: list[dict], cost: dict | None) -
         axes[0].bar(np.arange(len(datasets)) + i * width, values, width, label=method)
     axes[0].axhline(1.0, color="black", linewidth=0.8)
     axes[0].set_xticks(np.arange(len(datasets)) + width * (len(methods) - 1) / 2, datasets)
-    axes[0].set_ylabel("speedup vs greedy (geomean)")
+    unit = "tokens/s " if run_mode(records)["mode"] != "greedy" else ""
+    axes[0].set_ylabel(f"{unit}speedup vs {reference} (geomean)")
     axes[0].legend(fontsize=7)
     hist = {m: [a for r in records if r["method"] == m for a in r["accepted"]] for m in methods}
     hist = {m: a for m, a in hist.items() if a}
@@ -142,8 +161,11 @@ def write_report(out_dir: str | Path, records: list[dict], cost: dict | None = N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    table = markdown_table(rows)
-    data = {"meta": meta or {}, "environment": environment((meta or {}).get("dtype", "float32")),
+    mode = run_mode(records)
+    reference = rows[0]["method"] if rows else "greedy"
+    table = mode_line(mode, reference) + "\n\n" + markdown_table(rows, sampling=mode["mode"] != "greedy")
+    meta = {**(meta or {}), **mode}
+    data = {"meta": meta, "environment": environment(meta.get("dtype", "float32")),
             "summary": rows, "records": records, "cost_curve": cost}
     (out / "bench.json").write_text(json.dumps(data, indent=1))
     text = table + ("\n\n" + cost_table(cost) if cost else "") + "\n"

@@ -3,24 +3,31 @@
 Methods (each a ``Method``: a name and ``run(ids [1, T], max_new_tokens) -> Run``):
 
     greedy         transformers ``model.generate(do_sample=False)`` (the reference)
+    sampling       transformers ``model.generate(do_sample=True, ...)`` (the reference in sample mode)
     prompt-lookup  transformers ``prompt_lookup_num_tokens=10``
     assisted       transformers assisted generation with a draft model (optional)
     lookahead      ``LookaheadGenerator`` with the default config
     <name>         ``LookaheadGenerator`` with an extra config ``name:window=5,ngram=4``
 
-For every prompt all methods run back to back (greedy first), so that drift of
-the machine (another process taking a core) hits all of them alike. Every
-method is warmed up once before anything is timed.
+Every method of one benchmark decodes the same way: greedy, or sampling with
+the same ``Sampling`` settings. For every prompt all methods run back to back
+(the reference first), so that drift of the machine (another process taking a
+core) hits all of them alike, each after ``torch.manual_seed(seed + prompt
+index)``. Every method is warmed up once before anything is timed.
 
-Per prompt and method one record: wall time, tokens/s, speedup against greedy,
-target forward passes (prefill included, counted by a forward pre-hook on the
-target model), mean tokens accepted per decode forward, whether the tokens
-equal greedy's, and the process's peak RSS so far. In float32 every lookahead
-method must match greedy exactly: ``check_exact`` raises ``ExactMatchError``.
+Per prompt and method one record: wall time, tokens/s, speedup against the
+reference, target forward passes (prefill included, counted by a forward
+pre-hook on the target model), mean tokens accepted per decode forward, whether
+the tokens equal the reference's, the mode and seed, and the process's peak RSS
+so far. Greedy: the speedup is the wall-time ratio, and in float32 every
+lookahead method must match greedy exactly (``check_exact`` raises
+``ExactMatchError``). Sampling: outputs differ, so the speedup is the ratio of
+new tokens per second and nothing must match.
 """
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from dataclasses import dataclass, field
@@ -31,6 +38,7 @@ import torch
 from lookahead import LookaheadConfig, LookaheadGenerator
 
 PROMPT_LOOKUP_TOKENS = 10
+REFERENCES = ("greedy", "sampling")  # the first method of a benchmark, by mode
 
 
 class ExactMatchError(AssertionError):
@@ -45,6 +53,46 @@ class BenchPrompt:
     id: str
     input_ids: list[int]
     turn: int = 1
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings shared by every method of a sample-mode benchmark.
+
+    None = the model's generation_config value, exactly as model.generate reads it.
+    ValueError names the bad field.
+    """
+
+    temperature: float = 0.7
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def kwargs(self) -> dict:
+        """generate() keyword arguments; None fields are left out (a None would override the model's value)."""
+        given = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        return {"do_sample": True, **{k: v for k, v in given.items() if v is not None}}
+
+
+def decode_kwargs(sampling: Sampling | None) -> dict:
+    """generate() keyword arguments of a mode: explicit greedy (the model's default may be sampling)."""
+    return sampling.kwargs() if sampling is not None else {"do_sample": False}
+
+
+def mode_label(sampling: Sampling | None, model) -> str:
+    """"greedy", or "sampling T=0.7 top_k=50 top_p=1.0" with the values model.generate will use."""
+    if sampling is None:
+        return "greedy"
+    # the model's generation_config over transformers' defaults, then the given values: what generate reads
+    config, _ = model._prepare_generation_config(None, **sampling.kwargs())  # noqa: SLF001
+    return f"sampling T={config.temperature:g} top_k={config.top_k} top_p={config.top_p:g}"
 
 
 @dataclass
@@ -66,34 +114,40 @@ class Method:
     exact: bool = False
     generator: LookaheadGenerator | None = None  # set for lookahead methods (per-step stats)
     config: dict | None = None
+    sampling: Sampling | None = None  # None = greedy
 
 
 # ---------------------------------------------------------------- methods
 
-def _hf_generate(model, **extra) -> Callable[[torch.Tensor, int], torch.Tensor]:
+def _hf_generate(model, sampling: Sampling | None, **extra) -> Callable[[torch.Tensor, int], torch.Tensor]:
     def run(ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                              do_sample=False, **extra)
+                              **decode_kwargs(sampling), **extra)
     return run
 
 
-def greedy_method(model) -> Method:
-    return Method("greedy", _hf_generate(model))
+def reference_method(model, sampling: Sampling | None = None) -> Method:
+    """transformers greedy ("greedy"), or transformers sampling ("sampling") with these settings."""
+    return Method(REFERENCES[sampling is not None], _hf_generate(model, sampling), sampling=sampling)
 
 
-def prompt_lookup_method(model) -> Method:
-    return Method("prompt-lookup", _hf_generate(model, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS))
+def prompt_lookup_method(model, sampling: Sampling | None = None) -> Method:
+    return Method("prompt-lookup", _hf_generate(model, sampling, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
+                  sampling=sampling)
 
 
-def assisted_method(model, draft) -> Method:
-    return Method("assisted", _hf_generate(model, assistant_model=draft))
+def assisted_method(model, draft, sampling: Sampling | None = None) -> Method:
+    return Method("assisted", _hf_generate(model, sampling, assistant_model=draft), sampling=sampling)
 
 
-def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, name: str = "lookahead") -> Method:
+def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, name: str = "lookahead",
+                     sampling: Sampling | None = None) -> Method:
+    """Exact (must equal greedy) when greedy; sampled outputs only share the distribution."""
     gen = LookaheadGenerator(model, tokenizer, config or LookaheadConfig())
+    kwargs = decode_kwargs(sampling)
     import dataclasses
-    return Method(name, lambda ids, m: gen.generate(ids, max_new_tokens=m), exact=True, generator=gen,
-                  config=dataclasses.asdict(gen.config))
+    return Method(name, lambda ids, m: gen.generate(ids, max_new_tokens=m, **kwargs), exact=sampling is None,
+                  generator=gen, config=dataclasses.asdict(gen.config), sampling=sampling)
 
 
 # Named configs for `lookahead bench --preset`: LADE's published GPU setting run by our
@@ -149,17 +203,20 @@ def parse_config_spec(spec: str, base: LookaheadConfig | None = None) -> tuple[s
 
 
 def default_methods(model, tokenizer, config: LookaheadConfig | None = None, extra_configs: Iterable[str] = (),
-                    draft=None) -> list[Method]:
-    """greedy, prompt-lookup, [assisted], lookahead, then one lookahead method per extra config."""
-    methods = [greedy_method(model), prompt_lookup_method(model)]
+                    draft=None, sampling: Sampling | None = None) -> list[Method]:
+    """greedy (or sampling), prompt-lookup, [assisted], lookahead, then one lookahead method per extra config.
+
+    sampling None: every method decodes greedily; else every method samples with these settings.
+    """
+    methods = [reference_method(model, sampling), prompt_lookup_method(model, sampling)]
     if draft is not None:
-        methods.append(assisted_method(model, draft))
-    methods.append(lookahead_method(model, tokenizer, config))
+        methods.append(assisted_method(model, draft, sampling))
+    methods.append(lookahead_method(model, tokenizer, config, sampling=sampling))
     for spec in extra_configs:
         name, cfg = parse_config_spec(spec, config)
         if name in {m.name for m in methods}:
             raise ValueError(f"duplicate method name {name!r} in --config {spec!r}")
-        methods.append(lookahead_method(model, tokenizer, cfg, name))
+        methods.append(lookahead_method(model, tokenizer, cfg, name, sampling))
     return methods
 
 
@@ -207,40 +264,68 @@ def _accepted_per_step(run: Run) -> float:
     return (len(run.tokens) - 1) / decode if decode > 0 else float(len(run.tokens) > 0)
 
 
-def warm_up(methods: list[Method], model, prompt: BenchPrompt, max_new_tokens: int = 8) -> None:
+def warm_up(methods: list[Method], model, prompt: BenchPrompt, max_new_tokens: int = 8, seed: int = 0) -> None:
     """Run every method once, untimed (kernels, allocator, Numba)."""
     ids = torch.tensor([prompt.input_ids])
     for method in methods:
+        torch.manual_seed(seed)
         run_method(method, model, ids, max_new_tokens)
 
 
+def _check_methods(methods: list[Method]) -> None:
+    """The reference first; every method in the reference's mode."""
+    if not methods or methods[0].name not in REFERENCES:
+        raise ValueError("the first method must be the reference: 'greedy' (or 'sampling' in sample mode)")
+    if methods[0].name != REFERENCES[methods[0].sampling is not None]:
+        raise ValueError(f"the reference {methods[0].name!r} does not decode in its own mode")
+    mixed = [m.name for m in methods if m.sampling != methods[0].sampling]
+    if mixed:
+        raise ValueError(f"method(s) {', '.join(mixed)} decode differently from the reference {methods[0].name!r}")
+
+
 def run_benchmark(model, methods: list[Method], prompts: list[BenchPrompt], max_new_tokens: int,
-                  warmup: bool = True, progress: Callable[[str], None] | None = None) -> list[dict]:
-    """One record per (prompt, method), methods interleaved per prompt; greedy must come first."""
-    if not methods or methods[0].name != "greedy":
-        raise ValueError("the first method must be 'greedy' (the reference)")
+                  warmup: bool = True, progress: Callable[[str], None] | None = None, seed: int = 0) -> list[dict]:
+    """One record per (prompt, method), methods interleaved per prompt; the reference must come first.
+
+    Before every run on prompt i: torch.manual_seed(seed + i), so all methods draw from the same seed.
+    """
+    _check_methods(methods)
+    mode = mode_label(methods[0].sampling, model)
     if warmup and prompts:
-        warm_up(methods, model, prompts[0])
+        warm_up(methods, model, prompts[0], seed=seed)
     records = []
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         ids = torch.tensor([prompt.input_ids])  # [1, T]
         reference: Run | None = None
         for method in methods:
+            torch.manual_seed(seed + index)
             run = run_method(method, model, ids, max_new_tokens)
             reference = reference or run
-            records.append(_record(prompt, method, run, reference))
+            records.append(_record(prompt, method, run, reference, mode, seed + index))
             if progress is not None:
                 progress(f"{prompt.dataset}/{prompt.id} {method.name}")
     return records
 
 
-def _record(prompt: BenchPrompt, method: Method, run: Run, reference: Run) -> dict:
-    new = len(run.tokens)
+def _tokens_per_s(run: Run) -> float:
+    return len(run.tokens) / run.wall_time_s if run.wall_time_s > 0 else 0.0
+
+
+def _speedup(run: Run, reference: Run, by_rate: bool) -> float:
+    """Against the reference on the same prompt: new tokens/s ratio when sampling (token counts differ),
+    wall-time ratio when greedy (the same when the token counts match). 0.0 when undefined."""
+    if by_rate:
+        rate = _tokens_per_s(reference)
+        return _tokens_per_s(run) / rate if rate > 0 else 0.0
+    return reference.wall_time_s / run.wall_time_s if run.wall_time_s > 0 else 0.0
+
+
+def _record(prompt: BenchPrompt, method: Method, run: Run, reference: Run, mode: str, seed: int) -> dict:
     return {
         "dataset": prompt.dataset, "prompt_id": prompt.id, "turn": prompt.turn, "method": method.name,
-        "prompt_tokens": len(prompt.input_ids), "new_tokens": new, "wall_time_s": run.wall_time_s,
-        "tokens_per_s": new / run.wall_time_s if run.wall_time_s > 0 else 0.0,
-        "speedup": reference.wall_time_s / run.wall_time_s if run.wall_time_s > 0 else 0.0,
+        "mode": mode, "seed": seed,
+        "prompt_tokens": len(prompt.input_ids), "new_tokens": len(run.tokens), "wall_time_s": run.wall_time_s,
+        "tokens_per_s": _tokens_per_s(run), "speedup": _speedup(run, reference, method.sampling is not None),
         "forwards": run.forwards, "accepted_per_step": _accepted_per_step(run), "accepted": run.accepted,
         "exact_match": run.tokens == reference.tokens, "must_match": method.exact,
         "peak_rss_mb": peak_rss_mb(), "tokens": run.tokens,

@@ -1,7 +1,8 @@
-"""``lookahead bench``: greedy vs prompt lookup vs [assisted] vs lookahead on real prompts."""
+"""``lookahead bench``: greedy (or sampling) vs prompt lookup vs [assisted] vs lookahead on real prompts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -30,21 +31,37 @@ from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
               help="Measure the forward-cost curve (k = 1..64 new tokens, ~300 context).")
 @click.option("--turn2/--turn1", default=True, show_default=True,
               help="MT-bench: time turn 2 after the model's own greedy turn-1 answer (default), or turn 1.")
+@click.option("--sample/--greedy", default=False, show_default=True,
+              help="Every method samples (do_sample=True, reference: transformers sampling) instead of "
+                   "decoding greedily; speedups become ratios of new tokens/s and nothing must match.")
+@click.option("--temperature", type=float, default=None, help="Sampling temperature (> 0; --sample only) "
+              "[default: 0.7].")
+@click.option("--top-k", type=int, default=None,
+              help="Sampling top-k (0 = off; --sample only) [default: the model's generation_config].")
+@click.option("--top-p", type=float, default=None,
+              help="Sampling top-p in (0, 1] (--sample only) [default: the model's generation_config].")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="torch.manual_seed(seed + prompt index) before every method's run on a prompt "
+                   "(lookahead's sampled text depends on the seed alone).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @config_options
 def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
-          device, dtype, **config_values):
+          sample, temperature, top_k, top_p, seed, device, dtype, **config_values):
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
     Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
-    method. Exits with status 1 if a lookahead method's tokens differ from
-    greedy decoding in float32.
+    method. Greedy (default): exits with status 1 if a lookahead method's tokens
+    differ from greedy decoding in float32. --sample: every method samples with
+    the same settings and seed; outputs differ, so nothing is checked.
     """
     if limit < 1:
         fail(f"--limit must be >= 1, got {limit}")
     if max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if seed < 0:
+        fail(f"--seed must be >= 0, got {seed}")
+    sampling = checked_sampling(sample, temperature, top_k, top_p)
     config = checked_config(config_values)
     from benchmarks.runner import parse_config_spec, preset_specs
     try:
@@ -58,7 +75,7 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
             fail(f"{exc} (option --config)")
     try:
         table, paths, mismatch = _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs,
-                                        draft, cost_curve, turn2, device, dtype, config)
+                                        draft, cost_curve, turn2, device, dtype, config, sampling, seed)
     except CLI_ERRORS as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     click.echo(table)
@@ -68,8 +85,24 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
         sys.exit(1)
 
 
+def checked_sampling(sample: bool, temperature, top_k, top_p):
+    """The Sampling settings of --sample (None when greedy), or one line naming the bad option and exit 2."""
+    from benchmarks.runner import Sampling
+
+    if not sample:
+        given = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p))
+                 if value is not None]
+        if given:
+            fail(f"{given[0]} only applies with --sample")
+        return None
+    try:
+        return Sampling(**({} if temperature is None else {"temperature": temperature}), top_k=top_k, top_p=top_p)
+    except ValueError as exc:
+        fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+
+
 def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
-           device, dtype, config):
+           device, dtype, config, sampling, seed):
     import torch
     from tqdm import tqdm
 
@@ -86,7 +119,7 @@ def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, 
     if model.generation_config.pad_token_id is None and tokenizer.eos_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     draft_model = load_model(draft, device=device, dtype=torch_dtype)[0] if draft else None
-    methods = default_methods(model, tokenizer, config, extra_configs, draft_model)
+    methods = default_methods(model, tokenizer, config, extra_configs, draft_model, sampling)
 
     prompts = []
     for name in datasets:
@@ -101,7 +134,7 @@ def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, 
         bar.set_postfix_str(label, refresh=False)
         bar.update(1)
 
-    records = run_benchmark(model, methods, prompts, max_new_tokens, progress=progress)
+    records = run_benchmark(model, methods, prompts, max_new_tokens, progress=progress, seed=seed)
     bar.close()
     cost = None
     if cost_curve:
@@ -109,6 +142,7 @@ def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, 
         cost = measure_cost(model)
     meta = {"model": model_name, "draft": draft, "datasets": datasets, "limit": limit,
             "max_new_tokens": max_new_tokens, "dtype": dtype, "device": device, "mt_bench_turn": 2 if turn2 else 1,
+            "sampling": dataclasses.asdict(sampling) if sampling else None,  # as given; None = model default
             "methods": [{"name": m.name, "must_match": m.exact, "config": m.config} for m in methods],
             "command": sys.argv, "bench_wall_s": None}
     meta["bench_wall_s"] = time.perf_counter() - started

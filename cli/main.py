@@ -31,6 +31,30 @@ def config_options(func):
     return func
 
 
+SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def sampling_options(func):
+    """--sample/--greedy, --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --seed.
+
+    Left out, each takes the model's generation_config value, as model.generate does.
+    """
+    options = [
+        click.option("--sample/--greedy", "do_sample", default=None,
+                     help="Sample (exactly the model's distribution) or decode greedily "
+                          "[default: the model's generation_config, usually greedy]."),
+        click.option("--temperature", type=float, default=None, help="Sampling temperature (0 = greedy)."),
+        click.option("--top-k", type=int, default=None, help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
+        click.option("--min-p", type=float, default=None, help="Drop tokens below min_p x the top probability."),
+        click.option("--repetition-penalty", type=float, default=None, help="> 1 penalises repeated tokens."),
+        click.option("--seed", type=int, default=None, help="torch.manual_seed before generating (reproducible samples)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def config_from(values: dict) -> LookaheadConfig:
     """The LookaheadConfig named by the CLI options in values."""
     return LookaheadConfig(**{f.name: values[f.name] for f in dataclasses.fields(LookaheadConfig)})
@@ -73,23 +97,25 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@sampling_options
 @config_options
-def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, **config_values):
-    """Generate text with lookahead decoding."""
+def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, seed, **values):
+    """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     if not prompt.strip():
         fail("the prompt is empty: pass some text with --prompt")
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
-    config = checked_config(config_values)
+    sampling = {name: values.pop(name) for name in SAMPLING_FIELDS}
+    config = checked_config(values)
     try:
-        result = _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config)
+        result = _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config, sampling, seed)
     except CLI_ERRORS as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     if as_json:
         click.echo(json.dumps(result))
 
 
-def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config) -> dict:
+def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config, sampling, seed) -> dict:
     """Load, generate (streaming unless as_json), report stats; the JSON result."""
     import torch
     from transformers import TextStreamer
@@ -100,15 +126,18 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, 
     ids = encode_prompt(tokenizer, prompt, chat).to(device)
     gen = LookaheadGenerator(model, tokenizer, config)
     streamer = None if as_json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer, **sampling)
     stats = gen.last_stats
     text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-    click.echo(f"[lookahead] {stats.new_tokens} new tokens in {stats.steps} steps + prefill, "
+    click.echo(f"[lookahead] {stats.new_tokens} new tokens in {stats.steps} forward passes after the prefill, "
                f"{stats.accepted_per_step:.2f} tokens/step, {stats.tokens_per_s:.1f} tokens/s", err=True)
     return {"text": text, "model": model_name, "prompt_tokens": stats.prompt_tokens,
             "new_tokens": stats.new_tokens, "steps": stats.steps,
             "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
-            "wall_time_s": stats.wall_time_s, "config": dataclasses.asdict(config)}
+            "wall_time_s": stats.wall_time_s, "sampling": {**sampling, "seed": seed},
+            "config": dataclasses.asdict(config)}
 
 
 from cli.bench import bench  # noqa: E402

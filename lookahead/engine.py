@@ -119,7 +119,8 @@ class _Decoding:
         proposers = self._proposers()
         self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), gen.cost,
                                self.window.size)
-        self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None)
+        self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
+                                 self.out.prompt_len)
         self.stats = GenerationStats(prompt_tokens=self.out.prompt_len)
 
     def _proposers(self) -> list:

@@ -1,25 +1,31 @@
 """ALL token choice: which tree tokens the target accepts, and the token after them.
 
 Rows: of a step's kept logits, the *decision rows* are x (row 0) and every
-tree node i (row 1 + i). Verification walks the tree from x: at a row, its
-children are tried in node order; the first one marked accepted is taken;
-when none is, the row's *fallback* token ends the step (``accept_walk``).
+tree node i (row 1 + i). Each decision row yields one *chosen* token: what
+the target itself puts after that row's prefix. Verification then walks the
+tree from x: a child is accepted iff its token is the token chosen at its
+parent's row; when no child is, the chosen token ends the step
+(``accept_walk``; after a full match it is the bonus token).
 
-- Greedy: child t is accepted iff t is the argmax at its parent's row; the
-  fallback is the argmax (after a full match it is the bonus token).
-- Sampling (model-free candidates, no draft distribution): with p the
-  target's processed distribution at the parent, children are tried in
-  order; child t is accepted with probability p(t) / (1 - mass of the
-  siblings tried before it), i.e. p(t) under the residual left by the
-  rejected siblings; if none is accepted the next token is drawn from p with
-  every child removed (renormalised). Each emitted token then has exactly
-  probability p: P(t_j) = prod_{i<j}(1 - a_i) a_j = p(t_j), and any other
-  token has (1 - sum_children p) * p(t) / (1 - sum_children p) = p(t). The
-  acceptance draws, the residual draw per row and every softmax run on the
-  device; the host receives everything in one transfer.
+- Greedy: the chosen token is the argmax of the processed scores.
+- Sampling (model-free candidates, no draft distribution): multi-candidate
+  rejection sampling over a node's children. With p the target's processed
+  distribution at the parent, children t_1, t_2, ... are tried in order;
+  t_i is accepted with probability p(t_i) / (1 - p(t_1) - ... - p(t_{i-1})),
+  i.e. p(t_i) under the residual left by the rejected siblings; if none is,
+  the next token is drawn from p with the children removed (renormalised).
+  Every emitted token thus has probability exactly p. We realise this
+  procedure with ONE uniform u per row: s = the inverse-CDF draw of p at u;
+  t_i is accepted iff s = t_i (given s is none of t_1..t_{i-1}, s = t_i has
+  probability p(t_i) / (1 - sum of those), as the procedure asks), and if s
+  is no child it is a draw from the residual. The uniform of a row depends
+  only on the output position it decides (``PositionUniforms``), so the
+  sampled text is a function of the seed alone: the same under any tree,
+  budget or machine timing, and reproducible with ``torch.manual_seed``.
 
-The window's next level (argmax of its last-level rows) and the recycled
-top-R successors ride along in the same transfer.
+The softmax, the inverse-CDF draws and the argmaxes run on the device; the
+host receives everything in one transfer, together with the window's next
+level (argmax of its last-level rows) and the recycled top-R successors.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from .kernels.trie import path_tokens, sibling_order
+from .kernels.trie import path_tokens
 from .processing import Decoding, process_rows
 from .tree import TokenTree
 
@@ -107,26 +113,52 @@ class RowMap:
         return torch.cat([torch.zeros(1, dtype=torch.long), self.lead + torch.arange(nodes)]).to(device)
 
 
+class PositionUniforms:
+    """u[j]: the uniform that decides the j-th new token of a generate call.
+
+    One 63-bit seed is drawn from ``generator`` (or torch's default
+    generator) when the call starts; the uniforms are a numpy PCG64 stream
+    from it, indexed by output position, so they do not depend on how the
+    positions are grouped into steps.
+    """
+
+    def __init__(self, generator: torch.Generator | None):
+        device = generator.device if generator is not None else "cpu"
+        seed = int(torch.randint(0, 2 ** 63 - 1, (1,), generator=generator, device=device))
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.values = np.zeros(0)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """Uniforms [R] in [0, 1) of output positions [R] (>= 0)."""
+        need = int(positions.max(initial=-1)) + 1
+        if need > self.values.shape[0]:
+            more = self.rng.random(max(need - self.values.shape[0], 64))
+            self.values = np.concatenate([self.values, more])
+        return self.values[positions]
+
+
 class Verifier:
     """Chooses tokens from a step's logits under one Decoding (greedy or sampling)."""
 
-    def __init__(self, decoding: Decoding, recycle_width: int | None):
+    def __init__(self, decoding: Decoding, recycle_width: int | None, prompt_len: int):
         self.decoding = decoding
         self.recycle_width = recycle_width  # R, or None without token recycling
+        self.prompt_len = prompt_len
+        self.uniforms = PositionUniforms(decoding.generator) if decoding.do_sample else None
 
     def choose(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int) -> Choice:
         """Verify the tree against logits [K, V] (on the device); one host transfer."""
-        nodes = tree.size
         parts = [logits[rows.window_rows()].argmax(-1)]  # [W]
         if self.recycle_width is not None:
             parts.append(logits.topk(self.recycle_width, dim=-1).indices.reshape(-1))  # [K * R]
-        decide = logits if rows.lead == 1 else logits[rows.decision_rows(nodes, logits.device)]  # [1 + M, V]
+        decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
         scores = self._processed(decide, tree, seq, stop)  # [1 + M, V]
-        if self.decoding.do_sample:
-            accept, fallback = sample_decisions(scores, tree, self.decoding.generator)
-            parts += [accept.long(), fallback]
-        else:
+        if self.uniforms is None:
             parts.append(scores.argmax(-1))  # [1 + M]: exactly what greedy decoding picks
+        else:
+            depths = np.concatenate([[0], tree.depths])  # [1 + M]
+            u = self.uniforms.at(stop - self.prompt_len + depths)  # [1 + M]
+            parts.append(sample_rows(scores, torch.from_numpy(u).to(scores.device)))  # [1 + M]
         host = torch.cat(parts).cpu().numpy()  # the step's one host sync
         return self._unpack(host, rows, tree, logits.shape[0])
 
@@ -142,51 +174,30 @@ class Verifier:
         return process_rows(self.decoding, scores, seq, stop, paths, depths)
 
     def _unpack(self, host: np.ndarray, rows: RowMap, tree: TokenTree, kept: int) -> Choice:
-        """Split the one transfer into window argmax, top-R and the walk's inputs; walk the tree."""
+        """Split the one transfer into window argmax, top-R and the chosen tokens; walk the tree."""
         at = rows.window
         window_next = host[:at]
         top = None
         if self.recycle_width is not None:
             top = host[at:at + kept * self.recycle_width].reshape(kept, self.recycle_width)
             at += kept * self.recycle_width
-        if self.decoding.do_sample:
-            accept = host[at:at + tree.size].astype(bool)
-            fallback = host[at + tree.size:]
-        else:
-            fallback = host[at:]  # argmax at x and every node
-            accept = tree.tokens == fallback[tree.parents + 1]
-        path, new = accept_walk(tree.tokens, tree.parents, accept, fallback)
+        chosen = host[at:]  # [1 + M] the target's token after x and after every node
+        path, new = accept_walk(tree.tokens, tree.parents, accepted_children(tree, chosen), chosen)
         return Choice(path, new, window_next, top)
 
 
-def sample_decisions(scores: torch.Tensor, tree: TokenTree, generator: torch.Generator | None):
-    """Acceptance draws accept[M] and residual draws fallback[1 + M] from processed scores [1 + M, V].
+def accepted_children(tree: TokenTree, chosen: np.ndarray) -> np.ndarray:
+    """accept[M]: node i's token is the one chosen at its parent's row (chosen[1 + M], x first)."""
+    return tree.tokens == chosen[tree.parents + 1]
 
-    Node i (token t, parent row r) is accepted, if the walk reaches r and no
-    earlier sibling was, with probability p_r(t) / (1 - p_r(earlier
-    siblings)). Row r's fallback is a draw from p_r without r's children.
+
+def sample_rows(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw [R] of softmax(scores [R, V]) at uniforms u [R].
+
+    The first token whose cumulative probability exceeds u; a token of
+    probability 0 (filtered by top-k / top-p) is never drawn.
     """
-    probs = torch.softmax(scores.float(), dim=-1)  # [1 + M, V]
-    device = probs.device
-    size = tree.size
-    if size == 0:
-        return torch.zeros(0, dtype=torch.bool, device=device), _draw(probs, generator)
-    earlier, last = sibling_order(tree.parents)  # [M, M], [M]
-    parent_row = torch.from_numpy(tree.parents + 1).to(device)  # [M]
-    token = torch.from_numpy(tree.tokens).to(device)  # [M]
-    p_tok = probs[parent_row, token]  # [M]
-    before = torch.from_numpy(earlier).to(device, probs.dtype) @ p_tok  # [M]: mass of siblings tried first
-    left = torch.maximum((1.0 - before).clamp_min(0.0), p_tok)  # [M]: residual mass when node i is tried
-    chance = torch.where(p_tok > 0, p_tok / left.clamp_min(1e-30), torch.zeros_like(p_tok))  # [M]
-    residual = probs.index_put((parent_row, token), torch.zeros_like(p_tok))  # [1 + M, V]: children removed
-    empty = residual.sum(-1) <= 0  # [1 + M]: the children held all of p
-    forced = torch.from_numpy(last).to(device) & empty[parent_row]  # the last child must then be taken
-    chance = torch.where(forced, torch.ones_like(chance), chance)
-    accept = torch.rand(size, generator=generator, device=device) < chance  # [M]
-    residual = torch.where(empty[:, None], probs, residual)  # such rows never fall back: any valid row
-    return accept, _draw(residual, generator)
-
-
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row [R] drawn from weights [R, V] (non-negative, rows not all zero)."""
-    return torch.multinomial(weights, 1, generator=generator)[:, 0]
+    probs = torch.softmax(scores.float(), dim=-1)  # [R, V]
+    cdf = probs.double().cumsum(-1)  # [R, V] in float64: no drift over a large vocabulary
+    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_max(scores.shape[1] - 1)  # [R]

@@ -1,4 +1,5 @@
-"""The benchmark runner, report writer and exact-match check on a tiny random Llama (no timing assertions)."""
+"""The benchmark runner, report writer, exact-match check and bench CLI on a tiny random Llama
+(no timing assertions)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import json
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from benchmarks.costcurve import cost_curve
 from benchmarks.report import geomean, summarize, write_report
-from benchmarks.runner import (PRESETS, preset_specs, BenchPrompt, ExactMatchError, Method, check_exact, default_methods,
-                               parse_config_spec, run_benchmark)
+from benchmarks.runner import (PRESETS, preset_specs, BenchPrompt, ExactMatchError, Method, Sampling, check_exact,
+                               default_methods, lookahead_method, parse_config_spec, run_benchmark)
+from cli.main import main
 from lookahead import LookaheadConfig
 from conftest import tiny_model
 
@@ -106,8 +109,10 @@ def test_report_writes_json_markdown_png(tmp_path, records, model):
     assert len(data["records"]) == len(records) and data["cost_curve"]["k"] == [1, 2, 4]
     rows = {(r["dataset"], r["method"]): r for r in data["summary"]}
     assert rows[("tiny", "lookahead")]["exact_pct"] == 100.0 and rows[("tiny", "greedy")]["speedup_geomean"] == 1.0
+    assert (data["meta"]["mode"], data["meta"]["seed"]) == ("greedy", 0)
     table = paths["markdown"].read_text()
     assert "| tiny | lookahead | 2 |" in table and "| tiny | wide | 2 |" in table and "x k=1" in table
+    assert "Mode: greedy, seed 0" in table and "| speedup (geomean) |" in table and "exact %" in table
     assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -119,3 +124,161 @@ def test_summary_numbers():
     assert row["speedup_geomean"] == pytest.approx(1.0) and row["speedup_min"] == 0.5
     assert row["tokens_per_s"] == pytest.approx(20 / 3) and row["exact_pct"] == 50.0
     assert geomean([]) == 0.0
+
+
+# ---------------------------------------------------------------- sample mode
+
+SAMPLING = Sampling(temperature=0.7, top_k=20)
+SEED = 5
+
+
+def half_sampler(model):
+    """transformers sampling that stops after half the tokens: a method whose token count differs."""
+    def run(ids, m):
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=m // 2, **SAMPLING.kwargs())
+    return run
+
+
+def sample_run(model, prompts):
+    """Fresh sample-mode methods on the prompts (default, adaptive budget: the sampled text
+    depends on the seed alone, not on measured step times)."""
+    methods = default_methods(model, None, LookaheadConfig(), sampling=SAMPLING)
+    methods.append(Method("half", half_sampler(model), sampling=SAMPLING))
+    return run_benchmark(model, methods, prompts, MAX_NEW, seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def sampled(model, prompts):
+    """Two sample-mode benchmarks with the same seed."""
+    return sample_run(model, prompts), sample_run(model, prompts)
+
+
+def by_prompt(records):
+    return {(r["prompt_id"], r["method"]): r for r in records}
+
+
+def test_sample_mode_runs_every_method_with_the_mode_and_seed(sampled):
+    records = sampled[0]
+    assert [(r["prompt_id"], r["method"]) for r in records] == [
+        (p, m) for p in ("a", "b") for m in ("sampling", "prompt-lookup", "lookahead", "half")]
+    assert {r["mode"] for r in records} == {"sampling T=0.7 top_k=20 top_p=1"}  # top_p: transformers' default
+    assert [r["seed"] for r in records] == [SEED] * 4 + [SEED + 1] * 4
+    lookahead = [r for r in records if r["method"] == "lookahead"]
+    assert all(r["accepted"] and r["forwards"] == len(r["accepted"]) + 1 for r in lookahead)
+    assert all(r["accepted_per_step"] >= 1 for r in records if r["new_tokens"] > 1)
+
+
+def test_sample_mode_speedup_is_the_tokens_per_second_ratio(sampled):
+    records = by_prompt(sampled[0])
+    differ = 0
+    for (prompt, method), r in records.items():
+        ref = records[(prompt, "sampling")]
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_time_s"])
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"])
+        if r["new_tokens"] != ref["new_tokens"]:  # then the wall-time ratio is a different number
+            differ += 1
+            assert r["speedup"] != pytest.approx(ref["wall_time_s"] / r["wall_time_s"])
+    assert differ >= 2  # "half" on both prompts at least
+
+
+def test_sample_mode_same_seed_same_tokens(sampled):
+    first, second = (by_prompt(records) for records in sampled)
+    assert {k: r["tokens"] for k, r in first.items()} == {k: r["tokens"] for k, r in second.items()}
+    # every method on a prompt starts from the same seed: "half" replays the reference's first draws
+    for prompt in ("a", "b"):
+        reference = first[(prompt, "sampling")]["tokens"]
+        assert first[(prompt, "half")]["tokens"] == reference[:MAX_NEW // 2]
+    assert first[("a", "sampling")]["tokens"] != first[("b", "sampling")]["tokens"]
+
+
+def test_sample_mode_checks_no_exact_match(sampled):
+    records = sampled[0]
+    assert not any(r["must_match"] for r in records)
+    check_exact(records)  # does not raise, although the outputs differ:
+    with pytest.raises(ExactMatchError):
+        check_exact([dict(r, must_match=True) for r in records])
+
+
+def test_sample_mode_report_names_mode_seed_and_unit(tmp_path, sampled):
+    paths = write_report(tmp_path / "out", sampled[0], None, {"model": "tiny", "dtype": "float32"})
+    data = json.loads(paths["json"].read_text())
+    assert (data["meta"]["mode"], data["meta"]["seed"]) == ("sampling T=0.7 top_k=20 top_p=1", SEED)
+    table = paths["markdown"].read_text()
+    assert "Mode: sampling T=0.7 top_k=20 top_p=1, seed 5" in table and "new tokens/s against `sampling`" in table
+    assert "| speedup (tokens/s, geomean) | speedup (tokens/s, min) |" in table and "exact %" not in table
+    assert "| tiny | lookahead | 2 |" in table
+
+
+def test_greedy_mode_stays_greedy_when_the_model_samples_by_default(prompts):
+    model = tiny_model("llama")
+    model.generation_config.do_sample, model.generation_config.top_k = True, 5  # the model's default: sampling
+    methods = default_methods(model, None)
+    records = run_benchmark(model, methods, prompts, 8, warmup=False)
+    assert {r["mode"] for r in records} == {"greedy"}
+    check_exact(records)  # lookahead passed do_sample=False, like the greedy reference
+
+
+def test_runner_refuses_mixed_modes(model, prompts):
+    methods = default_methods(model, None)[:1] + [lookahead_method(model, None, sampling=SAMPLING)]
+    with pytest.raises(ValueError, match="decode differently"):
+        run_benchmark(model, methods, prompts, 2, warmup=False)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(temperature=0.0), "temperature must be > 0"), (dict(temperature=-1.0), "temperature must be > 0"),
+    (dict(top_k=-1), "top_k must be >= 0"), (dict(top_p=0.0), "top_p must be in (0, 1]"),
+    (dict(top_p=1.5), "top_p must be in (0, 1]"),
+])
+def test_sampling_settings_are_checked(kwargs, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("]", r"\]")):
+        Sampling(**kwargs)
+    assert Sampling().kwargs() == {"do_sample": True, "temperature": 0.7}  # None = the model's own value
+
+
+# ---------------------------------------------------------------- bench CLI options
+
+def bench_cli(*args):
+    return CliRunner().invoke(main, ["bench", *args])
+
+
+@pytest.fixture
+def bench_calls(monkeypatch):
+    """Replace the benchmark itself: the CLI's parsed sampling settings and seed are recorded."""
+    calls = []
+
+    def fake(*args):
+        calls.append({"sampling": args[-2], "seed": args[-1]})
+        return "table", {"json": "j", "markdown": "m", "figure": "f"}, None
+
+    monkeypatch.setattr("cli.bench._bench", fake)  # cli.main imports cli.bench
+    return calls
+
+
+@pytest.mark.parametrize("args, sampling, seed", [
+    ([], None, 0),
+    (["--sample"], Sampling(temperature=0.7), 0),
+    (["--sample", "--temperature", "1.3", "--top-k", "7", "--top-p", "0.9", "--seed", "11"],
+     Sampling(temperature=1.3, top_k=7, top_p=0.9), 11),
+    (["--greedy", "--seed", "3"], None, 3),
+])
+def test_bench_cli_parses_sampling_options(bench_calls, args, sampling, seed):
+    result = bench_cli(*args)
+    assert result.exit_code == 0, result.output
+    assert bench_calls == [{"sampling": sampling, "seed": seed}]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--sample", "--temperature", "-1"], "temperature must be > 0, got -1.0 (option --temperature)"),
+    (["--sample", "--temperature", "0"], "temperature must be > 0, got 0.0 (option --temperature)"),
+    (["--sample", "--top-k", "-2"], "top_k must be >= 0 (0 = off), got -2 (option --top-k)"),
+    (["--sample", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5 (option --top-p)"),
+    (["--temperature", "0.5"], "--temperature only applies with --sample"),
+    (["--top-p", "0.5"], "--top-p only applies with --sample"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+])
+def test_bench_cli_bad_sampling_option_gets_one_line(bench_calls, args, words):
+    result = bench_cli(*args)
+    assert result.exit_code == 2 and not bench_calls
+    assert words in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -7,7 +7,7 @@ import numpy as np
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, tree_paths
-from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens, sibling_order
+from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
 
 
 def warmup() -> None:
@@ -27,7 +27,6 @@ def warmup() -> None:
     grown = grow_recycled_tree(adj, 0, np.full((2, 2), 0.5), 3)
     tree_paths(*grown)
     path_tokens(tokens, parents, depths)
-    sibling_order(parents)
     from ..verify import accept_walk
 
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))

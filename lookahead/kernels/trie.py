@@ -123,20 +123,3 @@ def path_tokens(tokens, parents, depths):
         paths[node, depths[node] - 1] = tokens[node]
     return paths
 
-
-@njit(cache=True)
-def sibling_order(parents):
-    """(earlier[M, M], last[M]): earlier[i, j] iff j is a sibling of i tried before it
-    (same parent, lower index); last[i] iff no later sibling follows i.
-
-    Example: parents [-1 0 -1 0] -> earlier[2, 0] and earlier[3, 1]; last [F F T T].
-    """
-    size = parents.shape[0]
-    earlier = np.zeros((size, size), dtype=np.bool_)
-    last = np.ones(size, dtype=np.bool_)
-    for i in range(size):
-        for j in range(i):
-            if parents[j] == parents[i]:
-                earlier[i, j] = True
-                last[j] = False
-    return earlier, last
