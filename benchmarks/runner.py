@@ -38,6 +38,7 @@ import torch
 from lookahead import LookaheadConfig, LookaheadGenerator
 
 PROMPT_LOOKUP_TOKENS = 10
+NEVER_EOS = 2 ** 31 - 1  # an end-of-sequence id no tokenizer has: EOS ignored
 REFERENCES = ("greedy", "sampling")  # the first method of a benchmark, by mode
 
 
@@ -66,6 +67,7 @@ class Sampling:
     temperature: float = 0.7
     top_k: int | None = None
     top_p: float | None = None
+    ignore_eos: bool = False  # decode exactly max_new_tokens (equal lengths make tokens/s comparable)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -78,7 +80,8 @@ class Sampling:
     def kwargs(self) -> dict:
         """generate() keyword arguments; None fields are left out (a None would override the model's value)."""
         given = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
-        return {"do_sample": True, **{k: v for k, v in given.items() if v is not None}}
+        eos = {"eos_token_id": [NEVER_EOS]} if self.ignore_eos else {}
+        return {"do_sample": True, **{k: v for k, v in given.items() if v is not None}, **eos}
 
 
 def decode_kwargs(sampling: Sampling | None) -> dict:
@@ -92,7 +95,8 @@ def mode_label(sampling: Sampling | None, model) -> str:
         return "greedy"
     # the model's generation_config over transformers' defaults, then the given values: what generate reads
     config, _ = model._prepare_generation_config(None, **sampling.kwargs())  # noqa: SLF001
-    return f"sampling T={config.temperature:g} top_k={config.top_k} top_p={config.top_p:g}"
+    label = f"sampling T={config.temperature:g} top_k={config.top_k} top_p={config.top_p:g}"
+    return label + (", EOS ignored" if sampling.ignore_eos else "")
 
 
 @dataclass

@@ -43,11 +43,14 @@ from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
 @click.option("--seed", type=int, default=0, show_default=True,
               help="torch.manual_seed(seed + prompt index) before every method's run on a prompt "
                    "(lookahead's sampled text depends on the seed alone).")
+@click.option("--ignore-eos", is_flag=True,
+              help="With --sample: every method decodes exactly --max-new-tokens (EOS ignored), so that "
+                   "tokens/s compare runs of equal length.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @config_options
 def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
-          sample, temperature, top_k, top_p, seed, device, dtype, **config_values):
+          sample, temperature, top_k, top_p, seed, ignore_eos, device, dtype, **config_values):
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
     Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
@@ -61,7 +64,7 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if seed < 0:
         fail(f"--seed must be >= 0, got {seed}")
-    sampling = checked_sampling(sample, temperature, top_k, top_p)
+    sampling = checked_sampling(sample, temperature, top_k, top_p, ignore_eos)
     config = checked_config(config_values)
     from benchmarks.runner import parse_config_spec, preset_specs
     try:
@@ -85,18 +88,19 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
         sys.exit(1)
 
 
-def checked_sampling(sample: bool, temperature, top_k, top_p):
+def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool = False):
     """The Sampling settings of --sample (None when greedy), or one line naming the bad option and exit 2."""
     from benchmarks.runner import Sampling
 
     if not sample:
-        given = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p))
-                 if value is not None]
+        given = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p),
+                                          ("--ignore-eos", ignore_eos or None)) if value is not None]
         if given:
             fail(f"{given[0]} only applies with --sample")
         return None
     try:
-        return Sampling(**({} if temperature is None else {"temperature": temperature}), top_k=top_k, top_p=top_p)
+        return Sampling(**({} if temperature is None else {"temperature": temperature}), top_k=top_k, top_p=top_p,
+                        ignore_eos=ignore_eos)
     except ValueError as exc:
         fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
 

@@ -260,6 +260,7 @@ def bench_calls(monkeypatch):
     (["--sample", "--temperature", "1.3", "--top-k", "7", "--top-p", "0.9", "--seed", "11"],
      Sampling(temperature=1.3, top_k=7, top_p=0.9), 11),
     (["--greedy", "--seed", "3"], None, 3),
+    (["--sample", "--ignore-eos"], Sampling(temperature=0.7, ignore_eos=True), 0),
 ])
 def test_bench_cli_parses_sampling_options(bench_calls, args, sampling, seed):
     result = bench_cli(*args)
@@ -275,6 +276,7 @@ def test_bench_cli_parses_sampling_options(bench_calls, args, sampling, seed):
     (["--temperature", "0.5"], "--temperature only applies with --sample"),
     (["--top-p", "0.5"], "--top-p only applies with --sample"),
     (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--ignore-eos"], "--ignore-eos only applies with --sample"),
 ])
 def test_bench_cli_bad_sampling_option_gets_one_line(bench_calls, args, words):
     result = bench_cli(*args)
@@ -282,3 +284,12 @@ def test_bench_cli_bad_sampling_option_gets_one_line(bench_calls, args, words):
     assert words in result.stderr
     assert "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_ignore_eos_decodes_exactly_max_new_tokens(model, prompts):
+    """With EOS ignored every sampled run has max_new_tokens new tokens, so tokens/s compare equal lengths."""
+    sampling = Sampling(temperature=1.0, ignore_eos=True)
+    methods = default_methods(model, None, LookaheadConfig(), sampling=sampling)
+    records = run_benchmark(model, methods, prompts, MAX_NEW, seed=SEED)
+    assert {r["new_tokens"] for r in records} == {MAX_NEW}
+    assert all(r["mode"].endswith("EOS ignored") for r in records)
