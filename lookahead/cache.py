@@ -40,3 +40,20 @@ def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, contiguous: bo
 def cache_length(cache: DynamicCache) -> int:
     """Rows currently held by the cache."""
     return cache.get_seq_length()
+
+
+def keep_rows_per_row(cache: DynamicCache, past: int, rows: torch.Tensor) -> None:
+    """Batched ``keep_rows``: batch row a keeps its step rows rows[a, :] (indices into this
+    step's Q rows, padded to a common length K) at past .. past + K - 1; the rest is cropped.
+
+    Entries past a row's own count are kept too but must be masked (see batch.py): a
+    rejected slot is hidden by the mask, never zeroed (a zero key still counts in softmax).
+    """
+    count = rows.shape[1]
+    for layer in cache.layers:
+        for tensor in (layer.keys, layer.values):  # [A, H, P+Q, D]
+            index = (rows + past)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])  # [A, H, K, D]
+            tensor[:, :, past:past + count] = tensor.gather(2, index)
+    surplus = cache.get_seq_length() - (past + count)
+    if surplus > 0:
+        cache.crop(-surplus)

@@ -81,10 +81,11 @@ def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int) 
 
 @torch.inference_mode()
 def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...], context: int,
-                            repeats: int, seed: int = 0) -> list[float]:
+                            repeats: int, seed: int = 0, batch: int = 1) -> list[float]:
     """Median seconds of one decode-shaped forward over q new rows, for every q in rows.
 
-    Each pass goes through ``Target.forward`` exactly as a decode step does,
+    Each pass goes through ``Target.forward`` exactly as a decode step does
+    (``Target.forward_batch`` for a batch of ``batch`` rows of q tokens),
     plus the step's host sync (an argmax read back). A synthetic context of
     ``context`` random tokens is prefilled once; each pass is cropped away
     again. One untimed pass at the largest q warms up.
@@ -92,17 +93,16 @@ def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...
     target = Target(model, layout)
     rng = np.random.default_rng(seed)
     cache = target.new_cache()
-    target.prefill(cache, rng.integers(0, target.vocab, context, dtype=np.int64))
+    prefix = rng.integers(0, target.vocab, (batch, context), dtype=np.int64)  # [B, C]
+    model(input_ids=torch.from_numpy(prefix).to(target.device), past_key_values=cache, use_cache=True,
+          logits_to_keep=1)
     medians = []
     for index, q in enumerate((rows[-1],) + tuple(rows)):
-        tokens = rng.integers(0, target.vocab, q, dtype=np.int64)  # [q]
-        offsets = np.arange(q, dtype=np.int64)  # [q]
-        local = np.tril(np.ones((q, q), dtype=bool))  # [q, q]
+        step = _step_pass(target, rng.integers(0, target.vocab, (batch, q), dtype=np.int64), context)
         times = []
         for _ in range(repeats if index else 1):
             start = time.perf_counter()
-            logits = target.forward(cache, tokens, offsets, local, context, offsets)  # [q, V]
-            logits.argmax(-1).cpu()  # the step's host sync
+            step(cache).argmax(-1).cpu()  # the step's host sync
             elapsed = time.perf_counter() - start
             cache.crop(-q)
             times.append(elapsed)
@@ -110,14 +110,32 @@ def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...
     return medians[1:]
 
 
+def _step_pass(target: Target, tokens: np.ndarray, context: int):
+    """A function cache -> logits running one causal step over tokens [B, q] after ``context`` slots."""
+    batch, q = tokens.shape
+    offsets = np.arange(q, dtype=np.int64)  # [q]
+    local = np.tril(np.ones((q, q), dtype=bool))  # [q, q]
+    if batch == 1:
+        return lambda cache: target.forward(cache, tokens[0], offsets, local, context, offsets)
+    dev = target.device
+    tokens_t = torch.from_numpy(tokens).to(dev)  # [B, q]
+    q_pos = torch.from_numpy(context + offsets).to(dev)[None].expand(batch, -1)  # [B, q]
+    visible = torch.cat([torch.ones(batch, q, context, dtype=torch.bool, device=dev),
+                         torch.from_numpy(local).to(dev)[None].expand(batch, -1, -1)], dim=2)  # [B, q, C+q]
+    k_pos = torch.cat([torch.arange(context, device=dev)[None].expand(batch, -1), q_pos], dim=1)  # [B, C+q]
+    return lambda cache: target.forward_batch(cache, tokens_t, q_pos, visible, k_pos)
+
+
 def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
-                    cache_dir: str) -> CostModel:
-    """The cached curve for this model/device/dtype, measured and saved when absent.
+                    cache_dir: str, batch: int = 1) -> CostModel:
+    """The cached curve for this model/device/dtype (and batch size), measured and saved when absent.
 
     ``cache_dir`` "" measures without reading or writing the disk.
     """
     rows = row_grid(max_rows)
     fingerprint = model_fingerprint(model, rows, context, repeats)
+    if batch > 1:
+        fingerprint["batch"] = batch
     path = None
     if cache_dir:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]
@@ -125,7 +143,7 @@ def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int,
         saved = _read(path, fingerprint)
         if saved is not None:
             return CostModel(np.array(rows, dtype=np.float64), np.array(saved, dtype=np.float64))
-    seconds = measure_forward_seconds(model, layout, rows, context, repeats)
+    seconds = measure_forward_seconds(model, layout, rows, context, repeats, batch=batch)
     if path is not None:
         _write(path, fingerprint, seconds)
     return CostModel(np.array(rows, dtype=np.float64), np.array(seconds, dtype=np.float64))

@@ -19,21 +19,17 @@ import torch
 from .cache import keep_rows
 from .config import LookaheadConfig
 from .costmodel import CostModel, load_cost_model
-from .inputs import prompt_array
+from .batch import BatchDecoding
+from .inputs import GenerateInputError, prompt_rows
 from .kernels import warmup
-from .output import OutputBuffer
-from .planner import SCORE_DEPTH, Planner, regime
+from .planner import SCORE_DEPTH, regime
 from .processing import Decoding, resolve_decoding
-from .proposers.context import ContextMatcher
-from .proposers.ngram import NgramPool, NgramProposer
-from .proposers.recycle import AdjacencyTable, RecyclingProposer
+from .proposers.recycle import AdjacencyTable
 from .scores import AcceptanceStats
+from .sequence import Sequence
 from .stats import GenerationStats
 from .support import check_model
 from .target import Target
-from .tree import TokenTree, step_layout
-from .verify import Choice, RowMap, Verifier
-from .window import JacobiWindow
 
 
 class LookaheadGenerator:
@@ -61,14 +57,23 @@ class LookaheadGenerator:
         self.recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
         self.acceptance: dict[str, AcceptanceStats] = {}
         self.cost: CostModel | None = None
+        self.batch_costs: dict[int, CostModel] = {}  # batch size -> curve of a step over that many rows
         if cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0:
             self.cost = self._measure_cost()
 
-    def _measure_cost(self) -> CostModel:
+    def _measure_cost(self, batch: int = 1) -> CostModel:
         """The forward-cost curve up to the largest step this config can build (cached on disk)."""
         cfg = self.config
         return load_cost_model(self.model, self.target.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
-                               cfg.calibration_context, cfg.calibration_repeats, cfg.cost_cache_dir)
+                               cfg.calibration_context, cfg.calibration_repeats, cfg.cost_cache_dir, batch)
+
+    def cost_for_batch(self, batch: int) -> CostModel | None:
+        """The cost curve of a step over ``batch`` sequences (measured on first use, cached on disk)."""
+        if self.cost is None or batch == 1:
+            return self.cost
+        if batch not in self.batch_costs:
+            self.batch_costs[batch] = self._measure_cost(batch)
+        return self.batch_costs[batch]
 
     # ------------------------------------------------------------------ API
     @torch.inference_mode()
@@ -78,7 +83,7 @@ class LookaheadGenerator:
                  min_p: float | None = None, repetition_penalty: float | None = None, logits_processor=None,
                  eos_token_id: int | list[int] | None = None, streamer=None,
                  generator: torch.Generator | None = None, generation_config=None) -> torch.LongTensor:
-        """Decode up to max_new_tokens; returns [1, prompt + new] like model.generate.
+        """Decode up to max_new_tokens; returns [B, prompt + new] like model.generate.
 
         Every argument left as None takes the model's ``generation_config``
         value, as ``model.generate`` does. Greedy (do_sample False, or
@@ -86,16 +91,24 @@ class LookaheadGenerator:
         from exactly the target's processed distribution, with random numbers
         from ``generator`` or torch's default generator (``torch.manual_seed``).
         """
-        prompt = prompt_array(input_ids, attention_mask, self.vocab)
+        ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab)  # [B, T], [B, T], B prompts
         decoding = resolve_decoding(
-            self.model, prompt.shape[0], self.target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
+            self.model, ids.shape[1], self.target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
             eos_token_id=eos_token_id, logits_processor=logits_processor, generator=generator,
             generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty)
-        run = _Decoding(self, prompt, decoding, streamer)
-        seq = run.decode()
+        if len(prompts) > 1:
+            if streamer is not None:
+                raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
+                                         "or pass streamer=None for a batch")
+            run = BatchDecoding(self, ids, mask, prompts, decoding, decoding.pad_token_id)
+            out = run.decode()
+        else:
+            run = _Decoding(self, prompts[0], decoding, streamer)
+            padding = ids[0, :ids.shape[1] - prompts[0].shape[0]]  # left padding stays in the output
+            out = torch.cat([padding, torch.from_numpy(run.decode())])[None]
         self.last_stats = run.stats
-        return torch.from_numpy(seq).to(input_ids.device)[None]
+        return out.to(input_ids.device)
 
     def acceptance_for(self, decoding: Decoding, proposers: list) -> AcceptanceStats:
         """The estimate table of this decoding's regime (made from the sources' priors when new)."""
@@ -106,36 +119,14 @@ class LookaheadGenerator:
 
 
 class _Decoding:
-    """One generate call: the KV cache, the output, the window, the planner and the verifier."""
+    """One generate call on one sequence: the KV cache and the loop around a ``Sequence``."""
 
     def __init__(self, gen: LookaheadGenerator, prompt: np.ndarray, decoding: Decoding, streamer):
-        cfg = gen.config
-        self.cfg, self.target, self.recycled = cfg, gen.target, gen.recycled
-        self.out = OutputBuffer(prompt, decoding.max_new_tokens, decoding.eos, streamer)
+        self.target = gen.target
+        self.stats = GenerationStats(prompt_tokens=int(prompt.shape[0]))
+        self.seq = Sequence(gen, prompt, decoding, streamer, self.stats, gen.cost)
         self.cache = self.target.new_cache()
-        self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
-        self.rows = RowMap(lead=self.window.kept_rows.shape[0], window=cfg.window, ngram=cfg.ngram)
-        self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)
-        proposers = self._proposers()
-        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), gen.cost,
-                               self.window.size)
-        self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
-                                 self.out.prompt_len)
-        self.stats = GenerationStats(prompt_tokens=self.out.prompt_len)
 
-    def _proposers(self) -> list:
-        """Candidate sources in priority order (the order also fixes their estimate blocks)."""
-        cfg = self.cfg
-        sources = []
-        if cfg.context_match:
-            sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
-        if cfg.ngram_pool:
-            sources.append(NgramProposer(self.pool, cfg.seed_from_prompt, cfg.seed_from_output))
-        if self.recycled is not None:
-            sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
-        return sources
-
-    # ------------------------------------------------------------- the loop
     def decode(self) -> np.ndarray:
         """Prefill all but the last prompt token, then steps until EOS or the budget.
 
@@ -143,57 +134,34 @@ class _Decoding:
         are already speculated (a copy from the prompt can arrive in one go).
         """
         start = time.perf_counter()
-        done = self.out.limit == 0
+        out = self.seq.out
+        done = out.limit == 0
         if not done:
-            self.target.prefill(self.cache, self.out.seq[:self.out.prompt_len - 1])
-            self.window.begin(self.out.seq[:self.out.prompt_len])
-            self.planner.begin(self.out.seq, self.out.prompt_len)
+            self.target.prefill(self.cache, out.seq[:out.prompt_len - 1])
+            self.seq.begin()
         self.stats.prefill_s = time.perf_counter() - start
         while not done:
             done = self._step()
-        seq = self.out.finish()
+        tokens = out.finish()
         self.stats.wall_time_s = time.perf_counter() - start
-        self.stats.new_tokens = self.out.new_tokens
-        return seq
+        self.stats.new_tokens = out.new_tokens
+        return tokens
 
     def _step(self) -> bool:
         """One decode step; whether decoding ends."""
         began = time.perf_counter()
-        seq, stop = self.out.seq, self.out.stop
-        past = stop - 1  # x = seq[stop - 1] is not cached yet
-        tree = self.planner.plan(seq, stop)  # 1. propose, 2. build the tree
-        layout = step_layout(self.window.layout(), tree)
-        tokens = np.concatenate([self.window.rows(self.out.last), tree.tokens])  # [Q]
-        keep = np.concatenate([self.window.kept_rows, layout.tree_start + np.arange(tree.size)])  # [K]
-        logits = self.target.forward(self.cache, tokens, layout.offsets, layout.local_mask, past, keep)  # 3.
-        choice = self.verifier.choose(logits, self.rows, tree, seq, stop)  # 4. verify
-        self._learn(tree, choice, tokens[keep])
-        done = self._commit(choice, layout.tree_start, past)  # 5. commit
+        past = self.seq.out.stop - 1  # x is not cached yet
+        plan = self.seq.plan()  # 1. propose, 2. build the tree
+        logits = self.target.forward(self.cache, plan.tokens, plan.layout.offsets, plan.layout.local_mask,
+                                     past, plan.keep)  # 3. forward: [K, V]
+        host = self.seq.stage(logits, plan).cpu().numpy()  # 4. verify: the step's one host sync
+        done, rows = self.seq.commit(host, plan)  # 5. commit
+        if not done:
+            in_place = bool((rows == np.arange(rows.shape[0])).all())  # e.g. a chain right after x: no gather
+            keep_rows(self.cache, past, torch.from_numpy(rows).to(self.target.device), contiguous=in_place)
         seconds = time.perf_counter() - began
         self.stats.steps += 1
-        self.stats.rows_per_step.append(int(tokens.shape[0]))
+        self.stats.rows_per_step.append(int(plan.tokens.shape[0]))
         self.stats.step_seconds.append(seconds)
-        self.planner.observe_step(int(tokens.shape[0]), seconds)
+        self.seq.planner.observe_step(int(plan.tokens.shape[0]), seconds)
         return done
-
-    def _learn(self, tree: TokenTree, choice: Choice, row_tokens: np.ndarray) -> None:
-        """Count the verified nodes into the estimates; recycle the top-R of every kept row."""
-        self.planner.learn(tree, choice.path)
-        if self.recycled is not None:
-            self.recycled.learn(row_tokens, choice.top)
-
-    def _commit(self, choice: Choice, tree_start: int, past: int) -> bool:
-        """Append the chosen tokens, keep their KV rows, feed the pool. Whether decoding ends."""
-        start = self.out.stop
-        done = self.out.append(choice.new)
-        self.stats.accepted.append(self.out.stop - start)
-        if done:
-            return True
-        rows = np.concatenate([[0], tree_start + choice.path])  # [k+1] step rows to keep
-        in_place = bool((rows == np.arange(rows.shape[0])).all())  # e.g. a chain right after x: no gather
-        keep_rows(self.cache, past, torch.from_numpy(rows).to(self.target.device), contiguous=in_place)
-        grams = self.window.advance(choice.window_next)  # [W, N]
-        if self.cfg.ngram_pool:  # nobody reads the pool otherwise
-            self.pool.insert_grams(grams)
-        self.planner.observe(self.out.seq, start, self.out.stop)
-        return False

@@ -42,3 +42,22 @@ def model_mask(kinds: frozenset, sliding_window: int | None, local_mask: torch.T
         return sliding
     return {"full_attention": additive_mask(local_mask, offsets, past, None, dtype),
             "sliding_attention": sliding}
+
+
+def batch_model_mask(kinds: frozenset, sliding_window: int | None, visible: torch.Tensor, q_pos: torch.Tensor,
+                     k_pos: torch.Tensor, dtype: torch.dtype):
+    """``model_mask`` for a batch: visible [A, Q, P+Q] bool (cache holes and padding already
+    hidden), q_pos [A, Q] and k_pos [A, P+Q] the rows' and keys' positions (per row)."""
+
+    def additive(seen: torch.Tensor) -> torch.Tensor:
+        zero = torch.zeros((), dtype=dtype, device=seen.device)
+        low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=seen.device)
+        return torch.where(seen, zero, low)[:, None]  # [A, 1, Q, P+Q]
+
+    if kinds == {"full_attention"} or sliding_window is None:
+        return additive(visible)
+    near = (q_pos[:, :, None] - k_pos[:, None, :]) < sliding_window  # [A, Q, P+Q]
+    sliding = additive(visible & near)
+    if kinds == {"sliding_attention"}:
+        return sliding
+    return {"full_attention": additive(visible), "sliding_attention": sliding}

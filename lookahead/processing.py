@@ -45,6 +45,7 @@ class Decoding:
     max_new_tokens: int
     eos: np.ndarray  # [E] end-of-sequence ids
     generator: torch.Generator | None  # random source when sampling (None: torch's default)
+    pad_token_id: int | None = None  # fills finished rows of a batch (the EOS id when the model has none)
 
     @property
     def segments(self) -> list[tuple[bool, list]]:
@@ -115,7 +116,11 @@ def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_to
     except (TypeError, ValueError) as exc:
         raise GenerateInputError(f"invalid generation settings: {exc}") from None
     temperature = float(config.temperature if config.temperature is not None else 1.0) if config.do_sample else None
-    return Decoding(bool(config.do_sample), temperature, processors, limit, eos, generator)
+    pad = config.pad_token_id if config.pad_token_id is not None else (int(eos[0]) if eos.size else None)
+    if isinstance(pad, (list, tuple)):
+        pad = pad[0]
+    return Decoding(bool(config.do_sample), temperature, processors, limit, eos, generator,
+                    None if pad is None else int(pad))
 
 
 def process_rows(decoding: Decoding, scores: torch.Tensor, seq: np.ndarray, stop: int, paths: np.ndarray,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .cache import new_cache
-from .mask import model_mask
+from .mask import batch_model_mask, model_mask
 from .support import AttentionLayout
 
 
@@ -54,3 +54,16 @@ class Target:
                          attention_mask=mask, past_key_values=cache, use_cache=True,
                          logits_to_keep=torch.from_numpy(keep).to(dev))
         return out.logits[0]  # [K, V]
+
+    def forward_batch(self, cache, tokens: torch.Tensor, q_pos: torch.Tensor, visible: torch.Tensor,
+                      k_pos: torch.Tensor) -> torch.Tensor:
+        """Logits [A, Q, V] (on the device) of a batched step.
+
+        tokens [A, Q] sit at positions q_pos [A, Q]; visible [A, Q, P+Q] says which cache
+        slots and step rows each row sees (holes and padding hidden); k_pos [A, P+Q] is the
+        position of every key, per row (for sliding windows).
+        """
+        mask = batch_model_mask(self.layout.kinds, self.layout.sliding_window, visible, q_pos, k_pos, self.dtype)
+        out = self.model(input_ids=tokens, position_ids=q_pos, attention_mask=mask, past_key_values=cache,
+                         use_cache=True)
+        return out.logits  # [A, Q, V]

@@ -148,6 +148,12 @@ class Verifier:
 
     def choose(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int) -> Choice:
         """Verify the tree against logits [K, V] (on the device); one host transfer."""
+        host = self.stage(logits, rows, tree, seq, stop).cpu().numpy()  # the step's one host sync
+        return self.finish(host, rows, tree, logits.shape[0])
+
+    def stage(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int) -> torch.Tensor:
+        """Everything the host needs from logits [K, V], as one int64 tensor on the device
+        (``staged_size`` long): window argmax, top-R, the chosen token of every decision row."""
         parts = [logits[rows.window_rows()].argmax(-1)]  # [W]
         if self.recycle_width is not None:
             parts.append(logits.topk(self.recycle_width, dim=-1).indices.reshape(-1))  # [K * R]
@@ -159,8 +165,11 @@ class Verifier:
             depths = np.concatenate([[0], tree.depths])  # [1 + M]
             u = self.uniforms.at(stop - self.prompt_len + depths)  # [1 + M]
             parts.append(sample_rows(scores, torch.from_numpy(u).to(scores.device)))  # [1 + M]
-        host = torch.cat(parts).cpu().numpy()  # the step's one host sync
-        return self._unpack(host, rows, tree, logits.shape[0])
+        return torch.cat(parts)
+
+    def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:
+        """Length of ``stage``'s tensor for a tree with ``kept`` logit rows."""
+        return rows.window + (kept * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size
 
     def _processed(self, scores: torch.Tensor, tree: TokenTree, seq: np.ndarray, stop: int) -> torch.Tensor:
         """The decision rows' scores after the call's logits processors, each with its own prefix."""
@@ -173,8 +182,9 @@ class Verifier:
         depths = np.concatenate([[0], tree.depths])  # [1 + M]
         return process_rows(self.decoding, scores, seq, stop, paths, depths)
 
-    def _unpack(self, host: np.ndarray, rows: RowMap, tree: TokenTree, kept: int) -> Choice:
-        """Split the one transfer into window argmax, top-R and the chosen tokens; walk the tree."""
+    def finish(self, host: np.ndarray, rows: RowMap, tree: TokenTree, kept: int) -> Choice:
+        """Split the staged values (now on the host) into window argmax, top-R and the chosen
+        tokens; walk the tree."""
         at = rows.window
         window_next = host[:at]
         top = None

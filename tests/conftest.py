@@ -71,8 +71,8 @@ def cost_curves_in_a_temporary_dir(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("cost-curves"))
     measure = engine.load_cost_model
 
-    def load(model, layout, max_rows, context, repeats, cache_dir):
-        return measure(model, layout, max_rows, context, repeats, folder if cache_dir else "")
+    def load(model, layout, max_rows, context, repeats, cache_dir, batch=1):
+        return measure(model, layout, max_rows, context, repeats, folder if cache_dir else "", batch)
 
     patch = pytest.MonkeyPatch()
     patch.setattr(engine, "load_cost_model", load)

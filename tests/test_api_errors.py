@@ -42,12 +42,13 @@ def test_config_is_frozen():
 
 
 @pytest.mark.parametrize("ids, kwargs, words", [
-    (torch.tensor([[1, 2], [3, 4]]), {}, "batch size 2"),
+    (torch.tensor([[1, 2], [3, 4]]), dict(attention_mask=torch.tensor([[1, 1], [0, 0]])), "a prompt is empty"),
+    (torch.tensor([[1, 2], [3, 4]]), dict(attention_mask=torch.tensor([[1, 1, 1]])), "attention_mask shape"),
     (torch.zeros(1, 0, dtype=torch.long), {}, "prompt is empty"),
     (torch.tensor([[1.0, 2.0]]), {}, "integer token ids"),
     ([[1, 2]], {}, "torch.LongTensor"),
     (torch.tensor([[1, 500]]), {}, "outside the vocabulary"),
-    (torch.tensor([[1, 2]]), dict(attention_mask=torch.tensor([[0, 1]])), "padding"),
+    (torch.tensor([[1, 2]]), dict(attention_mask=torch.tensor([[1, 0]])), "pad on the left"),
     (torch.tensor([[1, 2]]), dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
     (torch.tensor([[1, 2]]), dict(max_new_tokens=2.0), "max_new_tokens"),
     (torch.tensor([[1, 2]]), dict(do_sample="yes"), "do_sample must be True or False"),

@@ -1,0 +1,42 @@
+"""``lookahead bench-batch``: tokens/s of lookahead against model.generate on left-padded batches."""
+
+from __future__ import annotations
+
+import click
+
+from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
+
+
+@click.command("bench-batch")
+@click.option("--model", "model_name", default="smollm2-135m", show_default=True,
+              help="Built-in alias, .gguf file, local directory or hub id.")
+@click.option("--dataset", "datasets", multiple=True, default=("mt-bench", "gsm8k"), show_default=True,
+              help="Data set (repeatable), as for `lookahead bench`.")
+@click.option("--limit", type=int, default=8, show_default=True, help="Prompts per data set.")
+@click.option("--batch-size", "sizes", type=int, multiple=True, default=(1, 4, 8), show_default=True,
+              help="Batch size (repeatable).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@config_options
+def bench_batch(model_name, datasets, limit, sizes, max_new_tokens, device, dtype, **config_values):
+    """Greedy batches: lookahead vs model.generate, tokens/s per batch size (markdown on stdout)."""
+    if limit < 1 or max_new_tokens < 1 or any(s < 1 for s in sizes):
+        fail("--limit, --max-new-tokens and --batch-size must be >= 1")
+    config = checked_config(config_values)
+    try:
+        import torch
+
+        from benchmarks.batching import batch_table, batch_throughput
+        from benchmarks.datasets import canonical_name, load_dataset, render_prompt
+        from lookahead import load_model
+
+        model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype))
+        prompts = []
+        for name in datasets:
+            for prompt in load_dataset(canonical_name(name), limit):
+                prompts.append(render_prompt(prompt, tokenizer, prompt.messages is not None))
+        rows = batch_throughput(model, tokenizer, prompts, tuple(sizes), max_new_tokens, config)
+    except CLI_ERRORS as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    click.echo(batch_table(rows))

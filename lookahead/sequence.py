@@ -1,0 +1,106 @@
+"""One sequence being decoded: its output, Jacobi window, n-gram pool, planner and verifier.
+
+The per-sequence half of a decode step, shared by the single-sequence loop
+(engine.py) and the batched one (batch.py): ``plan`` gives the step's rows,
+``stage`` what the host needs from their logits (on the device), ``commit``
+appends the chosen tokens and says which step rows' KV entries to keep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .output import OutputBuffer
+from .planner import Planner
+from .processing import Decoding
+from .proposers.context import ContextMatcher
+from .proposers.ngram import NgramPool, NgramProposer
+from .proposers.recycle import RecyclingProposer
+from .stats import GenerationStats
+from .tree import StepLayout, TokenTree, step_layout
+from .verify import RowMap, Verifier
+from .window import JacobiWindow
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The rows of one sequence in one step."""
+
+    tree: TokenTree
+    layout: StepLayout  # offsets [Q] from x, local mask [Q, Q]
+    tokens: np.ndarray  # [Q] input tokens: the window (x first), then the tree
+    keep: np.ndarray  # [K] rows whose logits are needed
+
+
+class Sequence:
+    """State of one sequence across the steps of one generate call."""
+
+    def __init__(self, gen, prompt: np.ndarray, decoding: Decoding, streamer, stats: GenerationStats,
+                 cost):
+        cfg = gen.config
+        self.cfg, self.recycled, self.stats = cfg, gen.recycled, stats
+        self.out = OutputBuffer(prompt, decoding.max_new_tokens, decoding.eos, streamer)
+        self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
+        self.rows = RowMap(lead=self.window.kept_rows.shape[0], window=cfg.window, ngram=cfg.ngram)
+        self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)
+        proposers = self._proposers()
+        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost,
+                               self.window.size)
+        self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
+                                 self.out.prompt_len)
+
+    def _proposers(self) -> list:
+        """Candidate sources in priority order (the order also fixes their estimate blocks)."""
+        cfg = self.cfg
+        sources = []
+        if cfg.context_match:
+            sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
+        if cfg.ngram_pool:
+            sources.append(NgramProposer(self.pool, cfg.seed_from_prompt, cfg.seed_from_output))
+        if self.recycled is not None:
+            sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
+        return sources
+
+    def begin(self) -> None:
+        """The prompt is in: start the window and the proposers."""
+        self.window.begin(self.out.seq[:self.out.prompt_len])
+        self.planner.begin(self.out.seq, self.out.prompt_len)
+
+    def plan(self) -> StepPlan:
+        """1. propose, 2. build the tree; the step's rows [x | window | tree]."""
+        tree = self.planner.plan(self.out.seq, self.out.stop)
+        layout = step_layout(self.window.layout(), tree)
+        tokens = np.concatenate([self.window.rows(self.out.last), tree.tokens])  # [Q]
+        keep = np.concatenate([self.window.kept_rows, layout.tree_start + np.arange(tree.size)])  # [K]
+        return StepPlan(tree, layout, tokens, keep)
+
+    def stage(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+        """4. verify, device half: what the host needs from the kept rows' logits [K, V]."""
+        return self.verifier.stage(logits, self.rows, plan.tree, self.out.seq, self.out.stop)
+
+    def staged_size(self, plan: StepPlan) -> int:
+        return self.verifier.staged_size(self.rows, plan.tree, plan.keep.shape[0])
+
+    def commit(self, host: np.ndarray, plan: StepPlan) -> tuple[bool, np.ndarray]:
+        """4. verify (host half) and 5. commit: append the chosen tokens, learn, feed the pool.
+
+        Returns (whether this sequence is done, the step rows [k + 1] whose KV entries to keep).
+        """
+        choice = self.verifier.finish(host, self.rows, plan.tree, plan.keep.shape[0])
+        self.planner.learn(plan.tree, choice.path)
+        if self.recycled is not None:
+            self.recycled.learn(plan.tokens[plan.keep], choice.top)
+        start = self.out.stop
+        done = self.out.append(choice.new)
+        self.stats.accepted.append(self.out.stop - start)
+        rows = np.concatenate([[0], plan.layout.tree_start + choice.path])  # [k + 1] step rows to keep
+        if done:
+            return True, rows
+        grams = self.window.advance(choice.window_next)  # [W, N]
+        if self.cfg.ngram_pool:  # nobody reads the pool otherwise
+            self.pool.insert_grams(grams)
+        self.planner.observe(self.out.seq, start, self.out.stop)
+        return False, rows
