@@ -4,11 +4,13 @@ from .config import ConfigError, LookaheadConfig
 from .engine import LookaheadGenerator
 from .inputs import GenerateInputError
 from .models import DEFAULT_MODEL, ModelLoadError, load_model
+from .result import LookaheadOutput
 from .stats import GenerationStats
 from .support import UnsupportedModelError
 
 __all__ = [
     "LookaheadGenerator", "LookaheadConfig", "load_model", "DEFAULT_MODEL", "GenerationStats",
+    "LookaheadOutput",
     "ConfigError", "GenerateInputError", "ModelLoadError", "UnsupportedModelError",
 ]
 __version__ = "0.1.0"

@@ -27,6 +27,7 @@ from .processing import Decoding, resolve_decoding
 from .proposers.context import ContextMatcher
 from .proposers.ngram import NgramPool, NgramProposer
 from .proposers.recycle import AdjacencyTable, RecyclingProposer
+from .result import LookaheadOutput, generate_output
 from .scores import AcceptanceStats
 from .stats import GenerationStats
 from .support import check_model
@@ -71,13 +72,14 @@ class LookaheadGenerator:
                                cfg.calibration_context, cfg.calibration_repeats, cfg.cost_cache_dir)
 
     # ------------------------------------------------------------------ API
-    @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int | None = None, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                  min_p: float | None = None, repetition_penalty: float | None = None, logits_processor=None,
                  eos_token_id: int | list[int] | None = None, streamer=None,
-                 generator: torch.Generator | None = None, generation_config=None) -> torch.LongTensor:
+                 generator: torch.Generator | None = None, generation_config=None, stopping_criteria=None,
+                 stop_strings: str | list[str] | None = None, max_time: float | None = None, tokenizer=None,
+                 return_dict_in_generate: bool | None = None) -> torch.LongTensor | LookaheadOutput:
         """Decode up to max_new_tokens; returns [1, prompt + new] like model.generate.
 
         Every argument left as None takes the model's ``generation_config``
@@ -85,17 +87,33 @@ class LookaheadGenerator:
         temperature 0) gives exactly model.generate's tokens; sampling draws
         from exactly the target's processed distribution, with random numbers
         from ``generator`` or torch's default generator (``torch.manual_seed``).
+        Decoding stops where model.generate would: EOS, max_new_tokens,
+        ``stopping_criteria``, ``stop_strings`` (decoded with ``tokenizer``, else
+        the generator's) or ``max_time`` seconds, even inside a multi-token step.
+        With ``return_dict_in_generate`` the result is a LookaheadOutput
+        (``.sequences``, ``.stats``).
         """
         prompt = prompt_array(input_ids, attention_mask, self.vocab)
         decoding = resolve_decoding(
             self.model, prompt.shape[0], self.target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
-            eos_token_id=eos_token_id, logits_processor=logits_processor, generator=generator,
+            eos_token_id=eos_token_id, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            stop_strings=stop_strings, max_time=max_time,
+            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            return_dict_in_generate=return_dict_in_generate, generator=generator,
             generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty)
-        run = _Decoding(self, prompt, decoding, streamer)
-        seq = run.decode()
+        return self._run(prompt, decoding, streamer, input_ids.device)
+
+    def _run(self, prompt: np.ndarray, decoding: Decoding, streamer, device) -> torch.LongTensor | LookaheadOutput:
+        """One decode; the ids [1, prompt + new] on ``device`` (or the output object with the stats).
+
+        The ids are made outside inference mode: an ordinary tensor, as model.generate returns.
+        """
+        with torch.inference_mode():
+            run = _Decoding(self, prompt, decoding, streamer)
+            seq = run.decode()
         self.last_stats = run.stats
-        return torch.from_numpy(seq).to(input_ids.device)[None]
+        return generate_output(torch.from_numpy(seq).to(device)[None], run.stats, decoding.return_dict)
 
     def acceptance_for(self, decoding: Decoding, proposers: list) -> AcceptanceStats:
         """The estimate table of this decoding's regime (made from the sources' priors when new)."""
@@ -111,7 +129,8 @@ class _Decoding:
     def __init__(self, gen: LookaheadGenerator, prompt: np.ndarray, decoding: Decoding, streamer):
         cfg = gen.config
         self.cfg, self.target, self.recycled = cfg, gen.target, gen.recycled
-        self.out = OutputBuffer(prompt, decoding.max_new_tokens, decoding.eos, streamer)
+        self.out = OutputBuffer(prompt, decoding.max_new_tokens, decoding.eos, streamer, decoding.criteria,
+                                gen.target.device)
         self.cache = self.target.new_cache()
         self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
         self.rows = RowMap(lead=self.window.kept_rows.shape[0], window=cfg.window, ngram=cfg.ngram)
@@ -137,7 +156,7 @@ class _Decoding:
 
     # ------------------------------------------------------------- the loop
     def decode(self) -> np.ndarray:
-        """Prefill all but the last prompt token, then steps until EOS or the budget.
+        """Prefill all but the last prompt token, then steps until a stop (EOS, budget, criteria).
 
         The last prompt token is the first step's x, so the first new tokens
         are already speculated (a copy from the prompt can arrive in one go).
@@ -185,7 +204,7 @@ class _Decoding:
     def _commit(self, choice: Choice, tree_start: int, past: int) -> bool:
         """Append the chosen tokens, keep their KV rows, feed the pool. Whether decoding ends."""
         start = self.out.stop
-        done = self.out.append(choice.new)
+        done = self.out.append(choice.new)  # 5a. the stop cut: EOS, budget, criteria
         self.stats.accepted.append(self.out.stop - start)
         if done:
             return True
