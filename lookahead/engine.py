@@ -12,6 +12,7 @@ nodes, K logit rows kept, R recycled successors, V vocab.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ from .inputs import prompt_array
 from .kernels import warmup
 from .output import OutputBuffer
 from .planner import SCORE_DEPTH, Planner, regime
-from .processing import Decoding, resolve_decoding
+from .processing import Decoding, prepared_decoding, resolve_decoding
 from .proposers.context import ContextMatcher
 from .proposers.ngram import NgramPool, NgramProposer
 from .proposers.recycle import AdjacencyTable, RecyclingProposer
@@ -37,6 +38,21 @@ from .verify import Choice, RowMap, Verifier
 from .window import JacobiWindow
 
 
+@dataclass
+class Learned:
+    """What a generator learns across generate calls (it holds no reference to the model).
+
+    Handing it to a new LookaheadGenerator of the same model and config
+    continues from it (hf.py keeps one per model that way).
+    """
+
+    config: LookaheadConfig
+    vocab: int
+    recycled: AdjacencyTable | None  # the recycled successors
+    acceptance: dict[str, AcceptanceStats]  # acceptance estimates, one table per regime (planner.py)
+    cost: CostModel | None  # the step-cost curve and its running overhead
+
+
 class LookaheadGenerator:
     """Lookahead decoding on a stock transformers causal LM: greedy output identical to
     ``model.generate``, sampled output with exactly the target's distribution.
@@ -46,7 +62,8 @@ class LookaheadGenerator:
     >>> out = gen.generate(input_ids, max_new_tokens=64, do_sample=True, temperature=0.7)
     """
 
-    def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None):
+    def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None, *,
+                 learned: Learned | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config if config is not None else LookaheadConfig()
@@ -56,14 +73,28 @@ class LookaheadGenerator:
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
         warmup()
-        cfg = self.config
+        if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):
+            raise ValueError("learned state comes from a generator with another config or vocabulary; "
+                             "hand it only to a generator of the same model and LookaheadConfig")
+        if learned is None:
+            learned = self._fresh()
         # Learned across generate calls: the recycled successors, the acceptance
         # estimates (one table per regime, see planner.py) and the step-cost curve.
-        self.recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
-        self.acceptance: dict[str, AcceptanceStats] = {}
-        self.cost: CostModel | None = None
+        self.recycled, self.acceptance, self.cost = learned.recycled, learned.acceptance, learned.cost
+
+    def _fresh(self) -> Learned:
+        """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it."""
+        cfg = self.config
+        recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
+        cost = None
         if cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0:
-            self.cost = self._measure_cost()
+            cost = self._measure_cost()
+        return Learned(cfg, self.vocab, recycled, {}, cost)
+
+    @property
+    def learned(self) -> Learned:
+        """The state this generator learned so far (shared, not copied: it keeps learning)."""
+        return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost)
 
     def _measure_cost(self) -> CostModel:
         """The forward-cost curve up to the largest step this config can build (cached on disk)."""
@@ -102,6 +133,18 @@ class LookaheadGenerator:
             return_dict_in_generate=return_dict_in_generate, generator=generator,
             generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty)
+        return self._run(prompt, decoding, streamer, input_ids.device)
+
+    def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generation_config,
+                          logits_processor, stopping_criteria, streamer=None) -> torch.LongTensor | LookaheadOutput:
+        """Decode under a generation_config and processor / criteria lists transformers has already
+        prepared (what model.generate hands a custom_generate callable, see hf.py), used as they are.
+
+        The streamer receives the prompt, then every kept token.
+        """
+        length = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
+        decoding = prepared_decoding(generation_config, logits_processor, stopping_criteria, length)  # settings first:
+        prompt = prompt_array(input_ids, attention_mask, self.vocab)  # beams would show as a batch here
         return self._run(prompt, decoding, streamer, input_ids.device)
 
     def _run(self, prompt: np.ndarray, decoding: Decoding, streamer, device) -> torch.LongTensor | LookaheadOutput:

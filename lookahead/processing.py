@@ -7,7 +7,8 @@ repetition penalty, user processors, then temperature / top-k / top-p /
 min-p warpers when sampling; and its StoppingCriteriaList: length, max_time,
 stop strings, EOS, user criteria), so the same arguments mean the same
 distribution and the same stop in both. ``prepared_decoding`` takes a config
-and lists transformers has already prepared and uses them as they are.
+and lists transformers has already prepared (the custom_generate path,
+hf.py) and uses them as they are.
 
 ``process_rows`` applies that list at every verified row of a step with
 the row's OWN prefix: the prompt, the output so far, then the tree tokens

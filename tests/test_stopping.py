@@ -14,7 +14,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from conftest import VOCAB, tiny_model, tiny_tokenizer
-from lookahead import GenerateInputError, LookaheadConfig, LookaheadGenerator, LookaheadOutput
+from lookahead import CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator, LookaheadOutput
 from lookahead.stopping import _per_token, _stop_strings, first_hit, split_criteria
 
 NEW = 40
@@ -106,6 +106,19 @@ def test_criterion_firing_mid_step_cuts_exactly_there(arch):
         assert ours.calls == theirs.calls  # once per token, in order, with that token's prefix (scores None)
 
 
+def test_criterion_through_custom_generate(model):
+    ids = PROMPTS["repeat"]
+    _, inside = mid_step_cases(model, ids)
+    length = ids.shape[1] + inside[0] + 1
+    ref = reference(model, ids, max_new_tokens=NEW, eos_token_id=NO_EOS,
+                    stopping_criteria=StoppingCriteriaList([AtLength(length)]))
+    with torch.inference_mode():
+        got = model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=NO_EOS,
+                             stopping_criteria=StoppingCriteriaList([AtLength(length)]),
+                             custom_generate=CustomGenerate(), lookahead_config=WIDE)
+    assert torch.equal(got, ref) and got.shape[1] == length
+
+
 def _fresh_stop_string(tokenizer, ids: torch.Tensor, out: torch.Tensor, inside: list[int]):
     """(index, string): a two-character stop string ending at new token i (inside a step), found nowhere
     earlier in prompt + output, so the stop must fall exactly on i."""
@@ -134,6 +147,10 @@ def test_stop_strings_mid_step(model, tokenizer, prompt):
     assert torch.equal(gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS, stop_strings=stop), ref)
     config = GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=NO_EOS, stop_strings=[stop])
     assert torch.equal(gen.generate(ids, generation_config=config), ref)  # from a generation_config too
+    with torch.inference_mode():
+        hf = model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=NO_EOS, stop_strings=stop,
+                            custom_generate=CustomGenerate(), lookahead_config=WIDE, lookahead_tokenizer=tokenizer)
+    assert torch.equal(hf, ref)
 
 
 def test_stop_string_longer_than_the_prefix(model, tokenizer):
@@ -203,6 +220,10 @@ def test_max_time_zero_stops_after_one_token(model):
     got = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS, max_time=0.0)
     ref = reference(model, ids, max_new_tokens=NEW, eos_token_id=NO_EOS, max_time=0.0)
     assert torch.equal(got, ref) and got.shape[1] == ids.shape[1] + 1
+    with torch.inference_mode():
+        hf = model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=NO_EOS, max_time=0.0,
+                            custom_generate=CustomGenerate(), lookahead_config=WIDE)
+    assert torch.equal(hf, ref)
     roomy = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS, max_time=1e6)
     assert torch.equal(roomy, free)
 
@@ -221,6 +242,16 @@ def test_streamer_gets_the_prompt_then_every_kept_token_in_order(model):
         assert max(len(p) for p in rec.puts[1:]) > 1  # multi-token steps arrive as they are accepted
 
 
+def test_custom_generate_streams_through_lookahead_streamer(model):
+    ids = PROMPTS["repeat"]
+    rec = Recorder()
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=NO_EOS,
+                             custom_generate=CustomGenerate(), lookahead_streamer=rec)
+    assert rec.puts[0] == ids[0].tolist() and rec.ends == 1  # the prompt once, then the tokens
+    assert sum(rec.puts[1:], []) == out[0, ids.shape[1]:].tolist()
+
+
 def test_text_streamers_print_exactly_the_generated_text(model, tokenizer, capsys):
     ids = PROMPTS["repeat"]
     gen = LookaheadGenerator(model, tokenizer, config=WIDE)
@@ -228,13 +259,19 @@ def test_text_streamers_print_exactly_the_generated_text(model, tokenizer, capsy
                        streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
     text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     assert capsys.readouterr().out == text + "\n"
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=60)
-    worker = threading.Thread(target=gen.generate, args=(ids,),
-                              kwargs=dict(max_new_tokens=NEW, eos_token_id=NO_EOS, streamer=streamer))
-    worker.start()
-    received = "".join(streamer)
-    worker.join()
-    assert received == text
+    callers = {  # our API, and model.generate through custom_generate
+        "ours": lambda streamer: gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS, streamer=streamer),
+        "hf": lambda streamer: model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=NO_EOS,
+                                              custom_generate=CustomGenerate(), lookahead_config=WIDE,
+                                              lookahead_streamer=streamer)}
+    for name, call in callers.items():
+        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=60)
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(out=call(streamer)))
+        worker.start()
+        received = "".join(streamer)
+        worker.join()
+        assert received == tokenizer.decode(result["out"][0, ids.shape[1]:], skip_special_tokens=True) == text, name
 
 
 # --------------------------------------------------------- return / refusals
