@@ -12,6 +12,7 @@ nodes, K logit rows kept, R recycled successors, V vocab.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,13 +24,29 @@ from .batch import BatchDecoding
 from .inputs import GenerateInputError, prompt_rows
 from .kernels import warmup
 from .planner import SCORE_DEPTH, regime
-from .processing import Decoding, resolve_decoding
+from .processing import Decoding, prepared_decoding, resolve_decoding
 from .proposers.recycle import AdjacencyTable
+from .result import LookaheadOutput, generate_output
 from .scores import AcceptanceStats
 from .sequence import Sequence
 from .stats import GenerationStats
 from .support import check_model
 from .target import Target
+
+
+@dataclass
+class Learned:
+    """What a generator learns across generate calls (it holds no reference to the model).
+
+    Handing it to a new LookaheadGenerator of the same model and config
+    continues from it (hf.py keeps one per model that way).
+    """
+
+    config: LookaheadConfig
+    vocab: int
+    recycled: AdjacencyTable | None  # the recycled successors
+    acceptance: dict[str, AcceptanceStats]  # acceptance estimates, one table per regime (planner.py)
+    cost: CostModel | None  # the step-cost curve and its running overhead
 
 
 class LookaheadGenerator:
@@ -41,7 +58,8 @@ class LookaheadGenerator:
     >>> out = gen.generate(input_ids, max_new_tokens=64, do_sample=True, temperature=0.7)
     """
 
-    def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None):
+    def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None, *,
+                 learned: Learned | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config if config is not None else LookaheadConfig()
@@ -51,15 +69,29 @@ class LookaheadGenerator:
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
         warmup()
-        cfg = self.config
+        if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):
+            raise ValueError("learned state comes from a generator with another config or vocabulary; "
+                             "hand it only to a generator of the same model and LookaheadConfig")
+        if learned is None:
+            learned = self._fresh()
         # Learned across generate calls: the recycled successors, the acceptance
         # estimates (one table per regime, see planner.py) and the step-cost curve.
-        self.recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
-        self.acceptance: dict[str, AcceptanceStats] = {}
-        self.cost: CostModel | None = None
+        self.recycled, self.acceptance, self.cost = learned.recycled, learned.acceptance, learned.cost
         self.batch_costs: dict[int, CostModel] = {}  # batch size -> curve of a step over that many rows
+
+    def _fresh(self) -> Learned:
+        """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it."""
+        cfg = self.config
+        recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
+        cost = None
         if cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0:
-            self.cost = self._measure_cost()
+            cost = self._measure_cost()
+        return Learned(cfg, self.vocab, recycled, {}, cost)
+
+    @property
+    def learned(self) -> Learned:
+        """The state this generator learned so far (shared, not copied: it keeps learning)."""
+        return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost)
 
     def _measure_cost(self, batch: int = 1) -> CostModel:
         """The forward-cost curve up to the largest step this config can build (cached on disk)."""
@@ -76,13 +108,14 @@ class LookaheadGenerator:
         return self.batch_costs[batch]
 
     # ------------------------------------------------------------------ API
-    @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int | None = None, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                  min_p: float | None = None, repetition_penalty: float | None = None, logits_processor=None,
                  eos_token_id: int | list[int] | None = None, streamer=None,
-                 generator: torch.Generator | None = None, generation_config=None) -> torch.LongTensor:
+                 generator: torch.Generator | None = None, generation_config=None, stopping_criteria=None,
+                 stop_strings: str | list[str] | None = None, max_time: float | None = None, tokenizer=None,
+                 return_dict_in_generate: bool | None = None) -> torch.LongTensor | LookaheadOutput:
         """Decode up to max_new_tokens; returns [B, prompt + new] like model.generate.
 
         Every argument left as None takes the model's ``generation_config``
@@ -90,25 +123,55 @@ class LookaheadGenerator:
         temperature 0) gives exactly model.generate's tokens; sampling draws
         from exactly the target's processed distribution, with random numbers
         from ``generator`` or torch's default generator (``torch.manual_seed``).
+        A left-padded batch [B, T] with its attention_mask decodes every row at
+        once (batch.py). Decoding stops where model.generate would: EOS,
+        max_new_tokens, ``stopping_criteria``, ``stop_strings`` (decoded with
+        ``tokenizer``, else the generator's) or ``max_time`` seconds, even inside
+        a multi-token step. With ``return_dict_in_generate`` the result is a
+        LookaheadOutput (``.sequences``, ``.stats``).
         """
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab)  # [B, T], [B, T], B prompts
         decoding = resolve_decoding(
             self.model, ids.shape[1], self.target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
-            eos_token_id=eos_token_id, logits_processor=logits_processor, generator=generator,
+            eos_token_id=eos_token_id, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            stop_strings=stop_strings, max_time=max_time,
+            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            return_dict_in_generate=return_dict_in_generate, generator=generator,
             generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty)
-        if len(prompts) > 1:
-            if streamer is not None:
-                raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
-                                         "or pass streamer=None for a batch")
-            run = BatchDecoding(self, ids, mask, prompts, decoding, decoding.pad_token_id)
-            out = run.decode()
-        else:
-            run = _Decoding(self, prompts[0], decoding, streamer)
-            padding = ids[0, :ids.shape[1] - prompts[0].shape[0]]  # left padding stays in the output
-            out = torch.cat([padding, torch.from_numpy(run.decode())])[None]
+        return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
+
+    def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generation_config,
+                          logits_processor, stopping_criteria, streamer=None) -> torch.LongTensor | LookaheadOutput:
+        """Decode under a generation_config and processor / criteria lists transformers has already
+        prepared (what model.generate hands a custom_generate callable, see hf.py), used as they are.
+
+        The streamer receives the prompt, then every kept token.
+        """
+        length = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
+        decoding = prepared_decoding(generation_config, logits_processor, stopping_criteria, length)  # settings first
+        ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab)
+        return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding, streamer,
+             device) -> torch.LongTensor | LookaheadOutput:
+        """One decode; the ids [B, prompt + new] on ``device`` (or the output object with the stats).
+
+        The ids are made outside inference mode: an ordinary tensor, as model.generate returns.
+        """
+        if len(prompts) > 1 and streamer is not None:
+            raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
+                                     "or pass streamer=None for a batch")
+        with torch.inference_mode():
+            if len(prompts) > 1:
+                run = BatchDecoding(self, ids, mask, prompts, decoding, decoding.pad_token_id)
+                out = run.decode()
+            else:
+                run = _Decoding(self, prompts[0], decoding, streamer)
+                padding = ids[0, :ids.shape[1] - prompts[0].shape[0]]  # left padding stays in the output
+                out = torch.cat([padding, torch.from_numpy(run.decode())])[None]
         self.last_stats = run.stats
-        return out.to(input_ids.device)
+        return generate_output(out.clone().to(device), run.stats, decoding.return_dict)
 
     def acceptance_for(self, decoding: Decoding, proposers: list) -> AcceptanceStats:
         """The estimate table of this decoding's regime (made from the sources' priors when new)."""

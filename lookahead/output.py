@@ -1,9 +1,17 @@
-"""The sequence being generated: prompt + accepted tokens, the EOS / budget cut, the streamer."""
+"""The sequence being generated: prompt + accepted tokens, the stop cut, the streamer.
+
+A step's tokens are cut at the first EOS, at the budget, or right after the
+first token at which a stopping criterion fires (stopping.py): exactly where
+model.generate, which asks after every token, would have stopped. Only the
+kept tokens reach the streamer, in order.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from .stopping import first_hit
 
 
 def first_stop(new: np.ndarray, eos: np.ndarray, remaining: int) -> tuple[np.ndarray, bool]:
@@ -22,9 +30,11 @@ class OutputBuffer:
 
     GROWTH = 256  # tokens of headroom added when the buffer fills
 
-    def __init__(self, prompt: np.ndarray, limit: int, eos: np.ndarray, streamer=None):
+    def __init__(self, prompt: np.ndarray, limit: int, eos: np.ndarray, streamer=None, criteria: tuple = (),
+                 device="cpu"):
         self.prompt_len = int(prompt.shape[0])
         self.limit, self.eos, self.streamer = limit, eos, streamer
+        self.criteria, self.device = criteria, device  # stopping criteria, and where they get input_ids
         self.seq = np.zeros(self.prompt_len + min(limit, self.GROWTH) + 1, dtype=np.int64)  # [T + room]
         self.seq[:self.prompt_len] = prompt
         self.stop = self.prompt_len
@@ -41,17 +51,20 @@ class OutputBuffer:
         return int(self.seq[self.stop - 1])
 
     def append(self, new: np.ndarray) -> bool:
-        """Write new tokens (cut at EOS / budget), stream them; whether decoding ends."""
+        """Write new tokens (cut at EOS / budget / a stopping criterion), stream them; whether decoding ends."""
         new, done = first_stop(new, self.eos, self.limit - self.new_tokens)
-        end = self.stop + new.shape[0]
+        start, end = self.stop, self.stop + new.shape[0]
         if end >= self.seq.shape[0]:
             grown = np.zeros(end + self.GROWTH, dtype=np.int64)
-            grown[:self.stop] = self.seq[:self.stop]
+            grown[:start] = self.seq[:start]
             self.seq = grown
-        self.seq[self.stop:end] = new
+        self.seq[start:end] = new
+        hit = first_hit(self.criteria, self.seq, start, end, self.device) if self.criteria else None
+        if hit is not None:
+            end, done = start + hit + 1, True
         self.stop = end
-        if self.streamer is not None and new.shape[0]:
-            self.streamer.put(torch.from_numpy(new.copy()))
+        if self.streamer is not None and end > start:
+            self.streamer.put(torch.from_numpy(self.seq[start:end].copy()))
         return done
 
     def finish(self) -> np.ndarray:

@@ -4,8 +4,11 @@
 ``generation_config`` the way ``model.generate`` does (transformers'
 GenerationMixin resolves the config and builds its LogitsProcessorList:
 repetition penalty, user processors, then temperature / top-k / top-p /
-min-p warpers when sampling), so the same arguments mean the same
-distribution in both.
+min-p warpers when sampling; and its StoppingCriteriaList: length, max_time,
+stop strings, EOS, user criteria), so the same arguments mean the same
+distribution and the same stop in both. ``prepared_decoding`` takes a config
+and lists transformers has already prepared (the custom_generate path,
+hf.py) and uses them as they are.
 
 ``process_rows`` applies that list at every verified row of a step with
 the row's OWN prefix: the prompt, the output so far, then the tree tokens
@@ -22,9 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers.generation import GenerationMode, StoppingCriteriaList
 from transformers.generation import logits_process as lp
 
 from .inputs import GenerateInputError, budget, eos_ids
+from .stopping import split_criteria
 
 # Processors whose output row depends on the scores row alone (not on input_ids).
 ROW_WISE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
@@ -37,7 +42,8 @@ RANGES = {"temperature": (0.0, float("inf"), True), "top_k": (0, float("inf"), T
 
 @dataclass(frozen=True)
 class Decoding:
-    """The resolved choice rule of one generate call."""
+    """The resolved settings of one generate call: how tokens are chosen, where decoding stops,
+    what is returned."""
 
     do_sample: bool
     temperature: float | None  # None when greedy
@@ -45,6 +51,8 @@ class Decoding:
     max_new_tokens: int
     eos: np.ndarray  # [E] end-of-sequence ids
     generator: torch.Generator | None  # random source when sampling (None: torch's default)
+    criteria: tuple = ()  # stopping criteria asked after every new token (stopping.py), EOS / length aside
+    return_dict: bool = False  # return a LookaheadOutput (sequences + stats) instead of the ids
     pad_token_id: int | None = None  # fills finished rows of a batch (the EOS id when the model has none)
 
     @property
@@ -69,15 +77,8 @@ def _number(name: str, value):
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
-def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_tokens=None, do_sample=None,
-                     eos_token_id=None, logits_processor=None, generator=None, generation_config=None,
-                     **sampling) -> Decoding:
-    """The call's arguments over the model's generation_config, as model.generate reads them.
-
-    ``sampling`` holds temperature, top_k, top_p, min_p, repetition_penalty
-    (None = the generation_config's value). do_sample=False, or temperature
-    0, decodes greedily (processors such as a repetition penalty still apply).
-    """
+def _checked(sampling: dict, do_sample, max_time, stop_strings, return_dict_in_generate) -> dict:
+    """The generation_config overrides among the call's arguments, each checked (None = not given)."""
     kwargs = {name: _number(name, value) for name, value in sampling.items() if value is not None}
     for name, (low, high, closed) in RANGES.items():
         value = kwargs.get(name)
@@ -86,19 +87,68 @@ def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_to
             raise GenerateInputError(f"{name} must be {bound}, got {value}")
     if isinstance(kwargs.get("top_k"), float):
         raise GenerateInputError(f"top_k must be an integer (0 = off), got {kwargs['top_k']}")
-    if do_sample is not None:
-        if not isinstance(do_sample, (bool, np.bool_)):
-            raise GenerateInputError(f"do_sample must be True or False, got {do_sample!r}")
-        kwargs["do_sample"] = bool(do_sample)
-    if logits_processor is not None:
-        if not all(callable(p) for p in logits_processor):
-            raise GenerateInputError("logits_processor must be a list of transformers LogitsProcessor objects")
-        logits_processor = lp.LogitsProcessorList(logits_processor)
-    if generator is not None and not isinstance(generator, torch.Generator):
+    for name, value in (("do_sample", do_sample), ("return_dict_in_generate", return_dict_in_generate)):
+        if value is not None:
+            if not isinstance(value, (bool, np.bool_)):
+                raise GenerateInputError(f"{name} must be True or False, got {value!r}")
+            kwargs[name] = bool(value)
+    if max_time is not None:
+        max_time = _number("max_time", max_time)
+        if max_time < 0:
+            raise GenerateInputError(f"max_time must be >= 0 seconds, got {max_time}")
+        kwargs["max_time"] = float(max_time)
+    if stop_strings is not None:
+        kwargs["stop_strings"] = stop_string_list(stop_strings)
+    return kwargs
+
+
+def stop_string_list(stop_strings) -> list[str]:
+    """stop_strings (a string or a list of strings, none empty) as a list, or GenerateInputError."""
+    strings = [stop_strings] if isinstance(stop_strings, str) else stop_strings
+    if not isinstance(strings, (list, tuple)) or not strings or not all(isinstance(s, str) and s for s in strings):
+        raise GenerateInputError(f"stop_strings must be a non-empty string or a list of them, got {stop_strings!r}")
+    return list(strings)
+
+
+def _user_list(name: str, items, kind: type, what: str):
+    """The user's processors / criteria as a ``kind`` list (LogitsProcessorList, StoppingCriteriaList)."""
+    if items is None:
+        return None
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__") or not all(callable(p) for p in items):
+        raise GenerateInputError(f"{name} must be a list of {what}")
+    return kind(items)
+
+
+def _check_generator(generator, device) -> None:
+    """A torch.Generator on the device type of the model's inputs, or None."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
         raise GenerateInputError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if generator is not None and torch.device(generator.device).type != torch.device(device).type:
+    if torch.device(generator.device).type != torch.device(device).type:
         raise GenerateInputError(f"generator is on {generator.device} but the model's inputs are on {device}; "
                                  f"create it with torch.Generator(device={str(device)!r})")
+
+
+def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_tokens=None, do_sample=None,
+                     eos_token_id=None, logits_processor=None, stopping_criteria=None, stop_strings=None,
+                     max_time=None, tokenizer=None, return_dict_in_generate=None, generator=None,
+                     generation_config=None, **sampling) -> Decoding:
+    """The call's arguments over the model's generation_config, as model.generate reads them.
+
+    ``sampling`` holds temperature, top_k, top_p, min_p, repetition_penalty
+    (None = the generation_config's value). do_sample=False, or temperature
+    0, decodes greedily (processors such as a repetition penalty still apply).
+    The processors and stopping criteria are built by transformers itself
+    (``_get_logits_processor``, ``_get_stopping_criteria``) from the resolved
+    config, the user's lists merged in, then used as ``prepared_decoding`` uses them.
+    """
+    kwargs = _checked(sampling, do_sample, max_time, stop_strings, return_dict_in_generate)
+    logits_processor = _user_list("logits_processor", logits_processor, lp.LogitsProcessorList,
+                                  "transformers LogitsProcessor objects")
+    stopping_criteria = _user_list("stopping_criteria", stopping_criteria, StoppingCriteriaList,
+                                   "transformers StoppingCriteria objects")
+    _check_generator(generator, device)
     try:
         config, _ = model._prepare_generation_config(generation_config, **kwargs)  # noqa: SLF001
     except (TypeError, ValueError) as exc:
@@ -106,21 +156,64 @@ def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_to
     limit = budget(max_new_tokens, config.max_new_tokens)
     eos = eos_ids(eos_token_id, config)
     config.eos_token_id = eos.tolist() or None
+    config.max_new_tokens, config.max_length = limit, prompt_len + limit  # as model.generate sets max_length
     if config.do_sample and config.temperature is not None and config.temperature == 0:
         config.do_sample = False  # temperature 0 is greedy, as users expect
+    if config.stop_strings is not None and tokenizer is None:
+        raise GenerateInputError("stop_strings need the tokenizer: build LookaheadGenerator(model, tokenizer) "
+                                 "or pass tokenizer= to generate")
     try:
         model._prepare_special_tokens(config, True, device=device)  # noqa: SLF001
         processors = model._get_logits_processor(  # noqa: SLF001
             generation_config=config, input_ids_seq_length=prompt_len, logits_processor=logits_processor,
             device=device, model_kwargs=None)
+        criteria = model._get_stopping_criteria(  # noqa: SLF001
+            generation_config=config, stopping_criteria=stopping_criteria or StoppingCriteriaList(),
+            tokenizer=tokenizer)
     except (TypeError, ValueError) as exc:
         raise GenerateInputError(f"invalid generation settings: {exc}") from None
-    temperature = float(config.temperature if config.temperature is not None else 1.0) if config.do_sample else None
+    return prepared_decoding(config, processors, criteria, prompt_len, generator)
+
+
+def check_supported(config) -> None:
+    """Refuse generation settings lookahead cannot honour (beam search, per-step outputs)."""
+    mode = config.get_generation_mode()
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+        raise GenerateInputError(
+            f"these generation settings ask for {mode.value.replace('_', ' ')} (num_beams={config.num_beams}); "
+            f"lookahead decodes greedily or by sampling: set num_beams=1 and drop penalty_alpha, dola_layers, "
+            f"constraints, prompt_lookup_num_tokens and assistant settings")
+    if (config.num_return_sequences or 1) > 1:
+        raise GenerateInputError(f"num_return_sequences={config.num_return_sequences}: lookahead returns one "
+                                 f"sequence per call for now; call generate once per sample")
+    if config.return_dict_in_generate:
+        asked = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+                 if getattr(config, name, False)]
+        if asked:
+            raise GenerateInputError(f"{', '.join(asked)}: lookahead returns the sequences and its stats only; "
+                                     f"drop {' and '.join(asked)} (or return_dict_in_generate)")
+
+
+def prepared_decoding(config, processors, criteria, prompt_len: int, generator=None) -> Decoding:
+    """A Decoding from a resolved generation_config and the processor / criteria lists built from it.
+
+    The lists are used as they are (model.generate hands a custom_generate
+    callable exactly these, already complete): nothing is added to them, so
+    nothing is applied twice. The length limit and EOS ids are read from the
+    criteria (stopping.py), like every other reason to stop.
+    """
+    check_supported(config)
+    limit, eos, rest = split_criteria(criteria, prompt_len)
+    if limit is None:
+        limit = budget(None, config.max_new_tokens)
+    do_sample = bool(config.do_sample)
+    temperature = float(config.temperature if config.temperature is not None else 1.0) if do_sample else None
+    processors = lp.LogitsProcessorList(processors if processors is not None else [])
     pad = config.pad_token_id if config.pad_token_id is not None else (int(eos[0]) if eos.size else None)
     if isinstance(pad, (list, tuple)):
         pad = pad[0]
-    return Decoding(bool(config.do_sample), temperature, processors, limit, eos, generator,
-                    None if pad is None else int(pad))
+    return Decoding(do_sample, temperature, processors, limit, eos, generator, rest,
+                    bool(config.return_dict_in_generate), None if pad is None else int(pad))
 
 
 def process_rows(decoding: Decoding, scores: torch.Tensor, seq: np.ndarray, stop: int, paths: np.ndarray,

@@ -42,7 +42,8 @@ class Sequence:
                  cost):
         cfg = gen.config
         self.cfg, self.recycled, self.stats = cfg, gen.recycled, stats
-        self.out = OutputBuffer(prompt, decoding.max_new_tokens, decoding.eos, streamer)
+        self.out = OutputBuffer(prompt, decoding.max_new_tokens, decoding.eos, streamer, decoding.criteria,
+                                gen.target.device)
         self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
         self.rows = RowMap(lead=self.window.kept_rows.shape[0], window=cfg.window, ngram=cfg.ngram)
         self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)

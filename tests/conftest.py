@@ -65,6 +65,19 @@ def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):
     return model.eval()
 
 
+def tiny_tokenizer():
+    """A character-level tokenizer over the tiny models' VOCAB ids, built in-process (no hub):
+    <pad> <s> </s>, then one character each, '!' (id 3) up to '}' (id 95)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({chr(33 + i): 3 + i for i in range(VOCAB - 3)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<pad>"))  # no merges: one token per char
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def synthetic_cost_curves():
     """Generators built by the tests get a fixed, mildly rising cost curve (2% more per row,

@@ -1,0 +1,122 @@
+"""``model.generate(..., custom_generate=lookahead.custom_generate)``: lookahead behind transformers' generate.
+
+For a callable ``custom_generate``, transformers (5.x) ``generate`` does its
+usual preparation (the generation config with the call's arguments merged
+in, the prompt, the full LogitsProcessorList and StoppingCriteriaList built
+from that config with the user's lists merged in) and then calls
+
+    custom_generate(model, input_ids, logits_processor=..., stopping_criteria=...,
+                    generation_config=..., <keywords of ours>, **model_kwargs)
+
+Every keyword the callable declares beyond transformers' own ``_sample``
+signature is taken out of the call's kwargs and handed to it. We decode with
+the prepared config and lists exactly as they are
+(``LookaheadGenerator.generate_prepared``): nothing is applied twice.
+
+What transformers does NOT hand a callable, and what to pass instead:
+
+- ``streamer=``: generate pushes the prompt to it and then drops it, so it
+  would never see a new token nor ``end()`` (a TextIteratorStreamer would
+  wait forever). Pass ``lookahead_streamer=`` instead: it receives the
+  prompt, every accepted token in order, then ``end()``.
+- ``tokenizer=``: dropped as well; stop strings need it, so pass
+  ``lookahead_tokenizer=``. ``stop_strings`` is one of our keywords (left to
+  transformers it would fail for lack of the tokenizer).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
+
+from .config import LookaheadConfig
+from .engine import Learned, LookaheadGenerator
+from .inputs import GenerateInputError
+from .processing import stop_string_list
+from .result import LookaheadOutput
+
+# model_kwargs that only say how transformers would run its own forward passes (we run ours)
+FORWARD_SETTINGS = ("logits_to_keep", "use_cache")
+
+
+def _default_positions(positions: torch.Tensor, length: int) -> bool:
+    """Whether position_ids [1, T] are 0..T-1 (what model.generate derives for an unpadded prompt)."""
+    expected = torch.arange(length, device=positions.device)
+    return positions.shape[-1] == length and bool((positions.reshape(-1, length) == expected).all())
+
+
+def prompt_mask(model_kwargs: dict, length: int) -> torch.Tensor | None:
+    """The prompt's attention mask (None: no padding), after checking the rest of model_kwargs.
+
+    What lookahead does itself is dropped (a fresh empty cache, logits_to_keep,
+    use_cache, default positions); anything it cannot honour is refused.
+    """
+    kwargs = dict(model_kwargs)
+    mask = kwargs.pop("attention_mask", None)
+    for name in FORWARD_SETTINGS:
+        kwargs.pop(name, None)
+    cache = kwargs.pop("past_key_values", None)
+    if cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0):
+        raise GenerateInputError("past_key_values: lookahead keeps its own KV cache and can neither continue from "
+                                 "nor fill yours; drop past_key_values (the whole prompt is prefilled)")
+    positions = kwargs.pop("position_ids", None)
+    if positions is not None and not _default_positions(positions, length):
+        raise GenerateInputError("position_ids other than 0..T-1: lookahead places the prompt at positions "
+                                 "0..T-1; drop position_ids")
+    if kwargs:
+        raise GenerateInputError(f"model.generate handed lookahead {', '.join(sorted(kwargs))}, which it cannot "
+                                 f"honour; drop {'it' if len(kwargs) == 1 else 'them'} from the generate call")
+    return mask
+
+
+class CustomGenerate:
+    """The callable for ``model.generate(**inputs, custom_generate=...)`` (exported as
+    ``lookahead.custom_generate``): greedy output identical to model.generate, sampling with
+    exactly the model's distribution, under the generation settings of the call.
+
+    Keywords of its own, passed to ``model.generate`` (or in a pipeline's ``generate_kwargs``):
+    ``lookahead_config`` (a LookaheadConfig), ``lookahead_streamer`` (instead of ``streamer``),
+    ``lookahead_tokenizer`` (for ``stop_strings``) and ``stop_strings``.
+
+    What each generator learned (recycled successors, acceptance estimates, the
+    cost curve) is kept per model and config between calls, without keeping the
+    model alive.
+    """
+
+    def __init__(self):
+        self._learned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {config: Learned}
+
+    def generator(self, model, config: LookaheadConfig | None = None, tokenizer=None) -> LookaheadGenerator:
+        """A LookaheadGenerator for model and config that continues from what earlier calls learned."""
+        config = config if config is not None else LookaheadConfig()
+        if not isinstance(config, LookaheadConfig):
+            raise TypeError(f"lookahead_config must be a LookaheadConfig, got {type(config).__name__}")
+        learned: dict[LookaheadConfig, Learned] = self._learned.setdefault(model, {})
+        gen = LookaheadGenerator(model, tokenizer, config, learned=learned.get(config))
+        learned[config] = gen.learned
+        return gen
+
+    def __call__(self, model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
+                 generation_config=None, lookahead_config: LookaheadConfig | None = None, lookahead_streamer=None,
+                 lookahead_tokenizer=None, stop_strings: str | list[str] | None = None,
+                 **model_kwargs) -> torch.LongTensor | LookaheadOutput:
+        """Decode as model.generate prepared it; ids [1, prompt + new], or a LookaheadOutput when the
+        config says return_dict_in_generate."""
+        if generation_config is None:
+            raise GenerateInputError("custom_generate is called by model.generate(..., custom_generate=...); "
+                                     "to decode directly, use LookaheadGenerator(model).generate")
+        mask = prompt_mask(model_kwargs, input_ids.shape[-1])
+        criteria = StoppingCriteriaList(stopping_criteria if stopping_criteria is not None else [])
+        if stop_strings is not None:
+            if lookahead_tokenizer is None:
+                raise GenerateInputError("stop_strings need the tokenizer, and transformers does not hand "
+                                         "tokenizer= to a custom_generate callable: pass lookahead_tokenizer=tokenizer")
+            criteria.append(StopStringCriteria(lookahead_tokenizer, stop_string_list(stop_strings)))
+        gen = self.generator(model, lookahead_config, lookahead_tokenizer)
+        return gen.generate_prepared(input_ids, mask, generation_config, logits_processor, criteria,
+                                     lookahead_streamer)
+
+
+custom_generate = CustomGenerate()  # the instance users pass; it holds the learned state per model
