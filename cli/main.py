@@ -140,7 +140,7 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, 
             "config": dataclasses.asdict(config)}
 
 
-from cli.bench import bench  # noqa: E402
+from lookahead.cli.bench import bench  # noqa: E402
 main.add_command(bench)
 
 
