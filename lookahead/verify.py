@@ -38,6 +38,7 @@ from numba import njit
 
 from .kernels.trie import path_tokens
 from .processing import Decoding, process_rows
+from .target import to_device
 from .tree import TokenTree
 
 
@@ -110,7 +111,8 @@ class RowMap:
 
     def decision_rows(self, nodes: int, device) -> torch.Tensor:
         """Kept rows [1 + M] of x and the tree nodes."""
-        return torch.cat([torch.zeros(1, dtype=torch.long), self.lead + torch.arange(nodes)]).to(device)
+        return torch.cat([torch.zeros(1, dtype=torch.long, device=device),
+                          self.lead + torch.arange(nodes, device=device)])  # made on the device: no copy
 
 
 class PositionUniforms:
@@ -158,7 +160,7 @@ class Verifier:
         else:
             depths = np.concatenate([[0], tree.depths])  # [1 + M]
             u = self.uniforms.at(stop - self.prompt_len + depths)  # [1 + M]
-            parts.append(sample_rows(scores, torch.from_numpy(u).to(scores.device)))  # [1 + M]
+            parts.append(sample_rows(scores, to_device(u, scores.device)))  # [1 + M]
         host = torch.cat(parts).cpu().numpy()  # the step's one host sync
         return self._unpack(host, rows, tree, logits.shape[0])
 
