@@ -27,7 +27,9 @@ def environment(dtype: str = "float32") -> dict:
     import torch
     import transformers
 
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__,
+    import lookahead
+
+    versions = {"lookahead": lookahead.__version__, "python": sys.version.split()[0], "torch": torch.__version__,
                 "transformers": transformers.__version__, "numpy": numpy.__version__}
     try:
         import numba

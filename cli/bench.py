@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import sys
 import time
 
 import click
 
-from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
+from lookahead.cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
+
+DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
+BENCH_MODULES = ("matplotlib", "tqdm")  # what the [bench] extra installs
+
+
+def missing_bench_modules() -> list[str]:
+    """The modules of the [bench] extra that cannot be imported here."""
+    return [name for name in BENCH_MODULES if importlib.util.find_spec(name) is None]
+
+
+def require_bench_extra() -> None:
+    """One line naming the install command and exit status 2 when the [bench] extra is missing."""
+    missing = missing_bench_modules()
+    if missing:
+        fail(f"lookahead bench needs {', '.join(missing)}: pip install \"{DISTRIBUTION}[bench]\"")
 
 
 @click.command()
@@ -57,7 +73,9 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
     method. Greedy (default): exits with status 1 if a lookahead method's tokens
     differ from greedy decoding in float32. --sample: every method samples with
     the same settings and seed; outputs differ, so nothing is checked.
+    Needs the [bench] extra (matplotlib, tqdm).
     """
+    require_bench_extra()
     if limit < 1:
         fail(f"--limit must be >= 1, got {limit}")
     if max_new_tokens < 1:
@@ -66,7 +84,7 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
         fail(f"--seed must be >= 0, got {seed}")
     sampling = checked_sampling(sample, temperature, top_k, top_p, ignore_eos)
     config = checked_config(config_values)
-    from benchmarks.runner import parse_config_spec, preset_specs
+    from lookahead.benchmarks.runner import parse_config_spec, preset_specs
     try:
         extra_configs = tuple(extra_configs) + tuple(preset_specs(presets))
     except ValueError as exc:
@@ -90,7 +108,7 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
 
 def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool = False):
     """The Sampling settings of --sample (None when greedy), or one line naming the bad option and exit 2."""
-    from benchmarks.runner import Sampling
+    from lookahead.benchmarks.runner import Sampling
 
     if not sample:
         given = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p),
@@ -110,10 +128,11 @@ def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, 
     import torch
     from tqdm import tqdm
 
-    from benchmarks.costcurve import cost_curve as measure_cost
-    from benchmarks.datasets import canonical_name, load_dataset
-    from benchmarks.report import cost_table, write_report
-    from benchmarks.runner import ExactMatchError, check_exact, default_methods, prepare_prompts, run_benchmark
+    from lookahead.benchmarks.costcurve import cost_curve as measure_cost
+    from lookahead.benchmarks.datasets import canonical_name, load_dataset
+    from lookahead.benchmarks.report import cost_table, write_report
+    from lookahead.benchmarks.runner import (ExactMatchError, check_exact, default_methods, prepare_prompts,
+                                             run_benchmark)
     from lookahead import load_model
 
     started = time.perf_counter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
+from lookahead.cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
 
 
 @click.command("bench-batch")
@@ -27,8 +27,8 @@ def bench_batch(model_name, datasets, limit, sizes, max_new_tokens, device, dtyp
     try:
         import torch
 
-        from benchmarks.batching import batch_table, batch_throughput
-        from benchmarks.datasets import canonical_name, load_dataset, render_prompt
+        from lookahead.benchmarks.batching import batch_table, batch_throughput
+        from lookahead.benchmarks.datasets import canonical_name, load_dataset, render_prompt
         from lookahead import load_model
 
         model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype))

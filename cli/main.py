@@ -140,8 +140,8 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, 
             "config": dataclasses.asdict(config)}
 
 
-from cli.bench import bench  # noqa: E402
-from cli.bench_batch import bench_batch  # noqa: E402
+from lookahead.cli.bench import bench  # noqa: E402
+from lookahead.cli.bench_batch import bench_batch  # noqa: E402
 main.add_command(bench)
 main.add_command(bench_batch)
 

@@ -24,14 +24,17 @@ def new_cache() -> DynamicCache:
 def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, contiguous: bool) -> None:
     """Keep step rows `rows` [k] (indices into this step's Q rows) at past .. past + k - 1.
 
-    ``contiguous`` (rows == 0..k-1, known on the host) skips the gather.
+    ``contiguous`` (rows == 0..k-1, known on the host) skips the gather. The
+    layers may sit on several devices (a device_map): the indices go to each.
     """
     count = rows.shape[0]
     if not contiguous:
-        src = rows + past  # [k] absolute cache rows
+        sources: dict[torch.device, torch.Tensor] = {}  # [k] absolute cache rows, per device
         for layer in cache.layers:
             for tensor in (layer.keys, layer.values):  # [B, H, P+Q, D]
-                tensor[:, :, past:past + count] = tensor.index_select(2, src)
+                if tensor.device not in sources:
+                    sources[tensor.device] = rows.to(tensor.device, non_blocking=True) + past
+                tensor[:, :, past:past + count] = tensor.index_select(2, sources[tensor.device])
     surplus = cache.get_seq_length() - (past + count)
     if surplus > 0:
         cache.crop(-surplus)  # negative = number of rows to drop (all transformers 5.x)

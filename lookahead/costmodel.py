@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .support import AttentionLayout
-from .target import Target
+from .target import Target, input_device
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -68,15 +68,25 @@ class CostModel:
 
 
 def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int) -> dict:
-    """What the measured curve depends on."""
-    param = next(model.parameters())
-    device = param.device
+    """What the measured curve depends on.
+
+    The device is where the inputs go (target.input_device: with a device_map
+    the first parameter may be offloaded to "meta"); a device_map that places
+    modules on more than one device (several GPUs, CPU or disk offload) is part
+    of the fingerprint, since it changes the cost of every forward.
+    """
+    device = input_device(model)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return {"name_or_path": str(getattr(model.config, "_name_or_path", "")),
-            "model_type": str(getattr(model.config, "model_type", type(model).__name__)),
-            "parameters": int(sum(p.numel() for p in model.parameters())),
-            "dtype": str(param.dtype), "device": name, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "rows": list(rows), "context": context, "repeats": repeats}
+    fingerprint = {"name_or_path": str(getattr(model.config, "_name_or_path", "")),
+                   "model_type": str(getattr(model.config, "model_type", type(model).__name__)),
+                   "parameters": int(sum(p.numel() for p in model.parameters())),
+                   "dtype": str(model.get_input_embeddings().weight.dtype), "device": name,
+                   "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": list(rows),
+                   "context": context, "repeats": repeats}
+    placement = {module: str(where) for module, where in (getattr(model, "hf_device_map", None) or {}).items()}
+    if len(set(placement.values())) > 1:
+        fingerprint["device_map"] = placement
+    return fingerprint
 
 
 @torch.inference_mode()

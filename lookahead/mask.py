@@ -26,9 +26,8 @@ def additive_mask(local_mask: torch.Tensor, offsets: torch.Tensor, past: int,
         q_pos = past + offsets  # [Q]
         k_pos = torch.cat([torch.arange(past, device=device), q_pos])  # [P+Q]
         visible &= (q_pos[:, None] - k_pos[None, :]) < sliding_window
-    zero = torch.zeros((), dtype=dtype, device=device)
-    low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
-    return torch.where(visible, zero, low)[None, None]  # [1, 1, Q, P+Q]
+    hidden = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+    return hidden[None, None]  # [1, 1, Q, P+Q] (built on the device: no host -> device copy)
 
 
 def model_mask(kinds: frozenset, sliding_window: int | None, local_mask: torch.Tensor, offsets: torch.Tensor,

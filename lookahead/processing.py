@@ -30,6 +30,7 @@ from transformers.generation import logits_process as lp
 
 from .inputs import GenerateInputError, budget, eos_ids
 from .stopping import split_criteria
+from .target import to_device
 
 # Processors whose output row depends on the scores row alone (not on input_ids).
 ROW_WISE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
@@ -234,12 +235,12 @@ def process_rows(decoding: Decoding, scores: torch.Tensor, seq: np.ndarray, stop
                 scores = proc(None, scores)
             continue
         if prefix is None:
-            prefix = torch.from_numpy(seq[:stop].copy()).to(scores.device)  # [T]
-            paths_t = torch.from_numpy(paths).to(scores.device)  # [R, D]
+            prefix = to_device(seq[:stop].copy(), scores.device)  # [T]
+            paths_t = to_device(paths, scores.device)  # [R, D]
             groups = [(d, np.flatnonzero(depths == d)) for d in np.unique(depths)]
         out = scores.clone()
         for depth, rows in groups:
-            index = torch.from_numpy(rows).to(scores.device)
+            index = to_device(rows, scores.device)
             ids = torch.cat([prefix.expand(rows.shape[0], -1), paths_t[index, :depth]], dim=1)  # [n, T + d]
             part = scores[index]  # [n, V]
             for proc in procs:

@@ -3,7 +3,13 @@
 The decode loop and the cost model (costmodel.py) both go through ``Target``,
 so what the budget measures is exactly what a step runs: explicit positions,
 a 4-D mask per layer kind (mask.py) and logits only for the rows that matter.
-Nothing here reads back to the host.
+Nothing here reads back to the host, and host arrays go to the device without
+waiting for it (``to_device``).
+
+Models loaded with accelerate's ``device_map`` (several GPUs, CPU or disk
+offload) run unchanged: inputs go where accelerate's top-level hook executes
+(``input_device``), and when the layers span several devices the kept rows
+are selected after the forward (``spans_devices``).
 """
 
 from __future__ import annotations
@@ -16,16 +22,69 @@ from .mask import batch_model_mask, model_mask
 from .support import AttentionLayout
 
 
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array as a tensor on device, without a host sync (host -> device copies are staged)."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+
+def hook_execution_device(module) -> torch.device | None:
+    """The execution device of accelerate's hook on module (a device_map model), or None."""
+    hook = getattr(module, "_hf_hook", None)
+    for part in getattr(hook, "hooks", (hook,)):  # a SequentialHook holds several
+        device = getattr(part, "execution_device", None)
+        if device is not None:
+            return torch.device(device)
+    return None
+
+
+def input_device(model) -> torch.device:
+    """Where the model's inputs go.
+
+    With a device_map, accelerate's top-level hook moves inputs to its
+    execution device (offloaded weights sit on "meta" until their layer
+    runs); otherwise the input embedding's device.
+    """
+    embedding = model.get_input_embeddings()
+    for module in (model, embedding):
+        device = hook_execution_device(module)
+        if device is not None:
+            return device
+    return embedding.weight.device
+
+
+def device_key(where) -> tuple[str, int]:
+    """A device or device_map entry as (kind, index), kind "cpu", "disk" or "accelerator".
+
+    A device_map names an accelerator by its index (an int) or as "cuda:1";
+    a machine has one kind of accelerator, so both compare equal here.
+    """
+    if isinstance(where, int):
+        return "accelerator", where
+    if where == "disk":
+        return "disk", 0
+    device = torch.device(where)
+    return ("cpu" if device.type == "cpu" else "accelerator"), device.index or 0
+
+
+def spans_devices(model, main: torch.device) -> bool:
+    """Whether a device_map runs layers on a device other than main (CPU/disk offload runs on main)."""
+    placement = getattr(model, "hf_device_map", None) or {}
+    return bool({device_key(where) for where in placement.values()} - {("cpu", 0), ("disk", 0), device_key(main)})
+
+
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
     def __init__(self, model, layout: AttentionLayout):
         self.model = model
         self.layout = layout
-        embedding = model.get_input_embeddings().weight  # the input device is the embedding's
-        self.device = embedding.device
+        embedding = model.get_input_embeddings().weight
+        self.device = input_device(model)
         self.dtype = embedding.dtype
         self.vocab = int(embedding.shape[0])
+        # The last layer's hidden states can sit on another device than the kept-row
+        # indices: then the model returns every row's logits and the rows are picked here.
+        self.select_after = spans_devices(model, self.device)
 
     def new_cache(self):
         """An empty KV cache this target can roll back (see cache.py)."""
@@ -35,7 +94,7 @@ class Target:
         """Run tokens [T] through the model into the cache (their logits are not needed)."""
         if tokens.shape[0] == 0:
             return
-        ids = torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device)[None]  # [1, T]
+        ids = to_device(tokens, self.device)[None]  # [1, T]
         self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
     def forward(self, cache, tokens: np.ndarray, offsets: np.ndarray, local_mask: np.ndarray, past: int,
@@ -46,14 +105,16 @@ class Target:
         which step rows each row sees (all of the past, minus a sliding window).
         """
         dev = self.device
-        offsets_t = torch.from_numpy(offsets).to(dev)  # [Q]
-        local = torch.from_numpy(np.ascontiguousarray(local_mask)).to(dev)  # [Q, Q]
+        offsets_t = to_device(offsets, dev)  # [Q]
+        local = to_device(local_mask, dev)  # [Q, Q]
+        keep_t = to_device(keep, dev)  # [K]
         mask = model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets_t, past, self.dtype)
-        out = self.model(input_ids=torch.from_numpy(np.ascontiguousarray(tokens)).to(dev)[None],  # [1, Q]
+        out = self.model(input_ids=to_device(tokens, dev)[None],  # [1, Q]
                          position_ids=(past + offsets_t)[None],  # [1, Q]
                          attention_mask=mask, past_key_values=cache, use_cache=True,
-                         logits_to_keep=torch.from_numpy(keep).to(dev))
-        return out.logits[0]  # [K, V]
+                         logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
+        logits = out.logits[0]  # [K, V], or [Q, V] when select_after
+        return logits.index_select(0, keep_t) if self.select_after else logits
 
     def forward_batch(self, cache, tokens: torch.Tensor, q_pos: torch.Tensor, visible: torch.Tensor,
                       k_pos: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ from numba import njit
 
 from .kernels.trie import path_tokens
 from .processing import Decoding, process_rows
+from .target import to_device
 from .tree import TokenTree
 
 
@@ -110,7 +111,8 @@ class RowMap:
 
     def decision_rows(self, nodes: int, device) -> torch.Tensor:
         """Kept rows [1 + M] of x and the tree nodes."""
-        return torch.cat([torch.zeros(1, dtype=torch.long), self.lead + torch.arange(nodes)]).to(device)
+        return torch.cat([torch.zeros(1, dtype=torch.long, device=device),
+                          self.lead + torch.arange(nodes, device=device)])  # made on the device: no copy
 
 
 class PositionUniforms:
@@ -164,7 +166,7 @@ class Verifier:
         else:
             depths = np.concatenate([[0], tree.depths])  # [1 + M]
             u = self.uniforms.at(stop - self.prompt_len + depths)  # [1 + M]
-            parts.append(sample_rows(scores, torch.from_numpy(u).to(scores.device)))  # [1 + M]
+            parts.append(sample_rows(scores, to_device(u, scores.device)))  # [1 + M]
         return torch.cat(parts)
 
     def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:

@@ -9,11 +9,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from benchmarks.costcurve import cost_curve
-from benchmarks.report import geomean, summarize, write_report
-from benchmarks.runner import (PRESETS, preset_specs, BenchPrompt, ExactMatchError, Method, Sampling, check_exact,
-                               default_methods, lookahead_method, parse_config_spec, run_benchmark)
-from cli.main import main
+from lookahead.benchmarks.costcurve import cost_curve
+from lookahead.benchmarks.report import geomean, summarize, write_report
+from lookahead.benchmarks.runner import (PRESETS, preset_specs, BenchPrompt, ExactMatchError, Method, Sampling,
+                                         check_exact, default_methods, lookahead_method, parse_config_spec,
+                                         run_benchmark)
+from lookahead.cli.main import main
 from lookahead import LookaheadConfig
 from conftest import tiny_model
 
@@ -250,7 +251,7 @@ def bench_calls(monkeypatch):
         calls.append({"sampling": args[-2], "seed": args[-1]})
         return "table", {"json": "j", "markdown": "m", "figure": "f"}, None
 
-    monkeypatch.setattr("cli.bench._bench", fake)  # cli.main imports cli.bench
+    monkeypatch.setattr("lookahead.cli.bench._bench", fake)  # lookahead.cli.main imports it
     return calls
 
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from cli.main import main
+from lookahead.cli.main import main
 from conftest import VOCAB, tiny_model
 
 

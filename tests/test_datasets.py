@@ -1,4 +1,4 @@
-"""benchmarks.datasets: parsers on tiny fixtures, limits, names, offline errors, rendering.
+"""lookahead.benchmarks.datasets: parsers on tiny fixtures, limits, names, offline errors, rendering.
 
 No network: the registry downloader is replaced where a fetch would happen.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import datasets as ds
+from lookahead.benchmarks import datasets as ds
 from lookahead import registry
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,4 +1,4 @@
-"""Mask / position / trie builders against brute-force references and the DESIGN.md drawing."""
+"""Mask / position / trie builders against brute-force references and the docs/DESIGN.md drawing."""
 
 from __future__ import annotations
 
