@@ -10,33 +10,6 @@ class GenerateInputError(ValueError):
     """An argument of generate() is unusable; the message names it and the fix."""
 
 
-def prompt_array(input_ids, attention_mask, vocab: int) -> np.ndarray:
-    """The prompt as a 1-D int64 numpy array, after checking shape, padding and ids."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise GenerateInputError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
-    if input_ids.dtype not in (torch.int64, torch.int32):
-        raise GenerateInputError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
-    if ids.dim() != 2:
-        raise GenerateInputError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
-    if ids.shape[0] != 1:
-        raise GenerateInputError(
-            f"batch size {ids.shape[0]}: lookahead decodes one sequence at a time for now; "
-            f"call generate once per row")
-    if ids.shape[1] == 0:
-        raise GenerateInputError("the prompt is empty: give at least one token")
-    if attention_mask is not None:
-        mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
-        if tuple(mask.shape) != tuple(ids.shape):
-            raise GenerateInputError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
-        if not bool(mask.bool().all()):
-            raise GenerateInputError("attention_mask has padding (zeros); remove the padding tokens from the prompt")
-    prompt = ids[0].to("cpu", torch.int64).numpy()
-    if prompt.min() < 0 or prompt.max() >= vocab:
-        raise GenerateInputError(f"input_ids hold token ids outside the vocabulary [0, {vocab})")
-    return prompt
-
-
 def budget(max_new_tokens, default: int | None) -> int:
     """max_new_tokens checked (None -> the model's generation_config value, else 20)."""
     value = default if max_new_tokens is None else max_new_tokens

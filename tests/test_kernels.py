@@ -6,7 +6,7 @@ import numpy as np
 
 from lookahead.kernels.match import match_continuations
 from lookahead.proposers.ngram import NgramPool
-from lookahead.verify import greedy_accept
+from lookahead.verify import accept_walk, greedy_accept
 
 
 def a(*values):
@@ -94,3 +94,12 @@ def test_greedy_accept_no_match_and_empty_tree():
     assert path.tolist() == [] and new.tolist() == [9]
     path, new = greedy_accept(a(), a(), 3, a())
     assert path.tolist() == [] and new.tolist() == [3]
+
+
+def test_accept_walk_docstring_example():
+    """The first accepted child is taken at every node; the last node's chosen token ends the step."""
+    accept = np.array([True, False, True, True])
+    path, new = accept_walk(a(4, 5, 6, 7), a(-1, 0, 1, 0), accept, a(9, 8, 1, 3, 2))
+    assert path.tolist() == [0, 3] and new.tolist() == [4, 7, 2]
+    path, new = accept_walk(a(4, 5), a(-1, -1), np.array([False, False]), a(6, 0, 0))
+    assert path.tolist() == [] and new.tolist() == [6]  # nothing accepted: x's token alone
