@@ -25,6 +25,7 @@ from .cache import keep_rows_per_row
 from .processing import Decoding
 from .sequence import Sequence, StepPlan
 from .stats import GenerationStats
+from .target import to_device
 
 
 class BatchDecoding:
@@ -82,7 +83,7 @@ class BatchDecoding:
         plans = [seq.plan() for seq in seqs]  # 1. propose, 2. build the trees
         tokens, q_pos, local = self._rows(plans)  # [A, Q], [A, Q], [A, Q, Q]
         logits = self._forward(tokens, q_pos, local)  # 3. forward: [A, Q, V]
-        staged = [seq.stage(logits[a, torch.from_numpy(p.keep).to(logits.device)], p)  # 4. verify
+        staged = [seq.stage(logits[a, to_device(p.keep, logits.device)], p)  # 4. verify
                   for a, (seq, p) in enumerate(zip(seqs, plans))]
         host = torch.cat(staged).cpu().numpy()  # the step's one host sync
         bounds = np.cumsum([0] + [seq.staged_size(p) for seq, p in zip(seqs, plans)])
@@ -116,11 +117,11 @@ class BatchDecoding:
         """Logits [A, Q, V] of the step: every row sees its valid cache slots and its own rows."""
         dev = self.target.device
         count, width = tokens.shape
-        q_pos_t = torch.from_numpy(q_pos).to(dev)  # [A, Q]
-        visible = torch.cat([self.valid[:, None, :].expand(count, width, -1), torch.from_numpy(local).to(dev)],
+        q_pos_t = to_device(q_pos, dev)  # [A, Q]
+        visible = torch.cat([self.valid[:, None, :].expand(count, width, -1), to_device(local, dev)],
                             dim=2)  # [A, Q, P+Q]
         k_pos = torch.cat([self.slot_pos, q_pos_t], dim=1)  # [A, P+Q]
-        return self.target.forward_batch(self.cache, torch.from_numpy(tokens).to(dev), q_pos_t, visible, k_pos)
+        return self.target.forward_batch(self.cache, to_device(tokens, dev), q_pos_t, visible, k_pos)
 
     def _keep(self, kept: list[np.ndarray], past: int) -> None:
         """Gather every row's kept step rows to the front of the step's slots; mask the rest."""
@@ -129,10 +130,10 @@ class BatchDecoding:
         rows = np.zeros((len(kept), int(lens.max())), dtype=np.int64)  # [A, K]
         for a, r in enumerate(kept):
             rows[a, :r.shape[0]] = r
-        keep_rows_per_row(self.cache, past, torch.from_numpy(rows).to(dev))
+        keep_rows_per_row(self.cache, past, to_device(rows, dev))
         column = np.arange(rows.shape[1])  # [K]
-        self.valid = torch.cat([self.valid, torch.from_numpy(column[None] < lens[:, None]).to(dev)], dim=1)
-        self.slot_pos = torch.cat([self.slot_pos, torch.from_numpy(self.x_pos[:, None] + column).to(dev)], dim=1)
+        self.valid = torch.cat([self.valid, to_device(column[None] < lens[:, None], dev)], dim=1)
+        self.slot_pos = torch.cat([self.slot_pos, to_device(self.x_pos[:, None] + column, dev)], dim=1)
         self.x_pos = self.x_pos + lens  # the next x is the last token each row appended
 
     def _drop(self, finished: list[int]) -> None:

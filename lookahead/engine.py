@@ -30,6 +30,7 @@ from .result import LookaheadOutput, generate_output
 from .scores import AcceptanceStats
 from .sequence import Sequence
 from .stats import GenerationStats
+from .target import to_device
 from .support import check_model
 from .target import Target
 
@@ -221,7 +222,7 @@ class _Decoding:
         done, rows = self.seq.commit(host, plan)  # 5. commit
         if not done:
             in_place = bool((rows == np.arange(rows.shape[0])).all())  # e.g. a chain right after x: no gather
-            keep_rows(self.cache, past, torch.from_numpy(rows).to(self.target.device), contiguous=in_place)
+            keep_rows(self.cache, past, to_device(rows, self.target.device), contiguous=in_place)
         seconds = time.perf_counter() - began
         self.stats.steps += 1
         self.stats.rows_per_step.append(int(plan.tokens.shape[0]))
