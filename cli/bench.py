@@ -6,11 +6,14 @@ import dataclasses
 import importlib.util
 import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import click
 
-from lookahead.cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
+from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
+                                trust_remote_code_option, warnings_as_lines)
 
 DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
 BENCH_MODULES = ("matplotlib", "tqdm")  # what the [bench] extra installs
@@ -64,9 +67,10 @@ def require_bench_extra() -> None:
                    "tokens/s compare runs of equal length.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@trust_remote_code_option
 @config_options
 def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
-          sample, temperature, top_k, top_p, seed, ignore_eos, device, dtype, **config_values):
+          sample, temperature, top_k, top_p, seed, ignore_eos, device, dtype, trust_remote_code, **config_values):
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
     Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
@@ -94,16 +98,36 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
             parse_config_spec(spec, config)
         except ValueError as exc:
             fail(f"{exc} (option --config)")
+    checked_out_dir(out_dir)
     try:
-        table, paths, mismatch = _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs,
-                                        draft, cost_curve, turn2, device, dtype, config, sampling, seed)
+        with warnings_as_lines():
+            table, paths, mismatch = _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs,
+                                            draft, cost_curve, turn2, (device, dtype, trust_remote_code), config,
+                                            sampling, seed)
     except CLI_ERRORS as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fail(cli_message(exc))
     click.echo(table)
     click.echo(f"\nwrote {paths['json']}, {paths['markdown']}, {paths['figure']}")
     if mismatch is not None:
         click.echo(f"lookahead: EXACT MATCH FAILED: {mismatch}", err=True)
         sys.exit(1)
+
+
+def checked_out_dir(out_dir: str) -> None:
+    """Fail now, before any model loads, unless the report can be written under --out.
+
+    A probe file is written (and removed) in --out, or in its nearest existing
+    parent when --out does not exist yet; nothing is left behind.
+    """
+    path = Path(out_dir).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".lookahead-write-check-"):
+            pass
+    except OSError as exc:
+        fail(f"cannot write the report to --out {out_dir}: {exc.strerror or exc}; pick a writable directory")
 
 
 def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool = False):
@@ -124,7 +148,9 @@ def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool =
 
 
 def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
-           device, dtype, config, sampling, seed):
+           loading, config, sampling, seed):
+    """Load (device, dtype, trust_remote_code = loading), run every method on every prompt, write the
+    report; (table, paths, mismatch or None)."""
     import torch
     from tqdm import tqdm
 
@@ -136,12 +162,14 @@ def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, 
     from lookahead import load_model
 
     started = time.perf_counter()
+    device, dtype, trust_remote_code = loading
     datasets = [canonical_name(d) for d in datasets]
     torch_dtype = getattr(torch, dtype)
-    model, tokenizer = load_model(model_name, device=device, dtype=torch_dtype)
+    model, tokenizer = load_model(model_name, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     if model.generation_config.pad_token_id is None and tokenizer.eos_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.eos_token_id
-    draft_model = load_model(draft, device=device, dtype=torch_dtype)[0] if draft else None
+    draft_model = (load_model(draft, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code)[0]
+                   if draft else None)
     methods = default_methods(model, tokenizer, config, extra_configs, draft_model, sampling)
 
     prompts = []

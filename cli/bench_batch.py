@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from lookahead.cli.main import CLI_ERRORS, DTYPES, checked_config, config_options, fail
+from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
+                                trust_remote_code_option, warnings_as_lines)
 
 
 @click.command("bench-batch")
@@ -18,25 +19,39 @@ from lookahead.cli.main import CLI_ERRORS, DTYPES, checked_config, config_option
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@trust_remote_code_option
 @config_options
-def bench_batch(model_name, datasets, limit, sizes, max_new_tokens, device, dtype, **config_values):
+def bench_batch(model_name, datasets, limit, sizes, max_new_tokens, device, dtype, trust_remote_code,
+                **config_values):
     """Greedy batches: lookahead vs model.generate, tokens/s per batch size (markdown on stdout)."""
     if limit < 1 or max_new_tokens < 1 or any(s < 1 for s in sizes):
         fail("--limit, --max-new-tokens and --batch-size must be >= 1")
     config = checked_config(config_values)
     try:
-        import torch
-
-        from lookahead.benchmarks.batching import batch_table, batch_throughput
-        from lookahead.benchmarks.datasets import canonical_name, load_dataset, render_prompt
-        from lookahead import load_model
-
-        model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype))
-        prompts = []
-        for name in datasets:
-            for prompt in load_dataset(canonical_name(name), limit):
-                prompts.append(render_prompt(prompt, tokenizer, prompt.messages is not None))
-        rows = batch_throughput(model, tokenizer, prompts, tuple(sizes), max_new_tokens, config)
+        with warnings_as_lines():
+            rows = _throughput(model_name, datasets, limit, sizes, max_new_tokens,
+                               (device, dtype, trust_remote_code), config)
     except CLI_ERRORS as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fail(cli_message(exc))
+    from lookahead.benchmarks.batching import batch_table
+
     click.echo(batch_table(rows))
+
+
+def _throughput(model_name, datasets, limit, sizes, max_new_tokens, loading, config) -> list:
+    """Load (device, dtype, trust_remote_code = loading) and time every batch size; the table's rows."""
+    import torch
+
+    from lookahead.benchmarks.batching import batch_throughput
+    from lookahead.benchmarks.datasets import canonical_name, load_dataset, render_prompt
+    from lookahead import load_model
+
+    device, dtype, trust_remote_code = loading
+    model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
+                                  trust_remote_code=trust_remote_code)
+    prompts = []
+    for name in datasets:
+        for prompt in load_dataset(canonical_name(name), limit):
+            prompts.append(render_prompt(prompt, tokenizer, prompt.messages is not None))
+    return batch_throughput(model, tokenizer, prompts, tuple(sizes), max_new_tokens, config)
+

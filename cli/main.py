@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
+import warnings
 
 import click
 
 from lookahead.config import CHOICES, ConfigError, LookaheadConfig
+from lookahead.errors import one_line
 
 CLI_ERRORS = (ValueError, RuntimeError, OSError)  # every error type of ours subclasses one of these
 DTYPES = ("float32", "bfloat16", "float16")
@@ -29,6 +32,13 @@ def config_options(func):
             func = click.option(f"--{flag}", field.name, type=int, default=field.default, show_default=True,
                                 help=f"LookaheadConfig.{field.name}")(func)
     return func
+
+
+def trust_remote_code_option(func):
+    """--trust-remote-code: load_model(trust_remote_code=True)."""
+    return click.option("--trust-remote-code", is_flag=True,
+                        help="Let a checkpoint that ships its own modelling code run it "
+                             "(load_model(trust_remote_code=True)).")(func)
 
 
 SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
@@ -66,6 +76,26 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def cli_message(exc: Exception) -> str:
+    """An error's message on one line, its fix spelled as a CLI option (--allow-untested-models, ...)."""
+    fix = getattr(exc, "fix", None)
+    if fix is not None and hasattr(fix, "cli_text"):
+        return f"{exc.problem}; {fix.cli_text()}"
+    return one_line(exc)
+
+
+@contextlib.contextmanager
+def warnings_as_lines():
+    """Show every warning raised inside as one line on stderr (not Python's two-line format)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            yield
+        finally:
+            for warning in caught:
+                click.echo(f"lookahead: warning: {one_line(warning.message)}", err=True)
+
+
 def checked_config(values: dict) -> LookaheadConfig:
     """config_from(values), or one line naming the bad option and exit status 2."""
     try:
@@ -97,9 +127,10 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@trust_remote_code_option
 @sampling_options
 @config_options
-def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, seed, **values):
+def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, trust_remote_code, seed, **values):
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     if not prompt.strip():
         fail("the prompt is empty: pass some text with --prompt")
@@ -108,21 +139,26 @@ def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, s
     sampling = {name: values.pop(name) for name in SAMPLING_FIELDS}
     config = checked_config(values)
     try:
-        result = _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config, sampling, seed)
+        with warnings_as_lines():
+            result = _generate(model_name, prompt, max_new_tokens, chat, as_json, (device, dtype, trust_remote_code),
+                               config, sampling, seed)
     except CLI_ERRORS as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fail(cli_message(exc))
     if as_json:
         click.echo(json.dumps(result))
 
 
-def _generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, config, sampling, seed) -> dict:
-    """Load, generate (streaming unless as_json), report stats; the JSON result."""
+def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config, sampling, seed) -> dict:
+    """Load (device, dtype, trust_remote_code = loading), generate (streaming unless as_json), report stats;
+    the JSON result."""
     import torch
     from transformers import TextStreamer
 
     from lookahead import LookaheadGenerator, load_model
 
-    model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype))
+    device, dtype, trust_remote_code = loading
+    model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
+                                  trust_remote_code=trust_remote_code)
     ids = encode_prompt(tokenizer, prompt, chat).to(device)
     gen = LookaheadGenerator(model, tokenizer, config)
     streamer = None if as_json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)

@@ -32,14 +32,17 @@ class BatchDecoding:
     """One generate call over a left-padded batch."""
 
     def __init__(self, gen, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray],
-                 decoding: Decoding, pad_token_id: int | None):
+                 decoding: Decoding, pad_token_id: int | None, rooms: list[int | None] | None = None):
+        """``rooms``: per row, the new tokens the model's context holds after its prompt (None: no limit)."""
         self.target = gen.target
         self.ids, self.mask = ids, mask  # [B, T] on the CPU
         self.pad = pad_token_id
         self.stats = GenerationStats(prompt_tokens=int(mask.sum()))
         cost = gen.cost_for_batch(len(prompts))
         self.row_stats = [GenerationStats(prompt_tokens=int(p.shape[0])) for p in prompts]
-        self.seqs = [Sequence(gen, p, decoding, None, s, cost) for p, s in zip(prompts, self.row_stats)]
+        rooms = rooms if rooms is not None else [None] * len(prompts)
+        self.seqs = [Sequence(gen, p, decoding, None, s, cost, room)
+                     for p, s, room in zip(prompts, self.row_stats, rooms)]
         self.cache = self.target.new_cache()
         self.active = list(range(len(prompts)))  # batch rows still decoding, in cache order
         dev = self.target.device

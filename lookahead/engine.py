@@ -12,6 +12,7 @@ nodes, K logit rows kept, R recycled successors, V vocab.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from .cache import keep_rows
 from .config import LookaheadConfig
 from .costmodel import CostModel, load_cost_model
 from .batch import BatchDecoding
-from .inputs import GenerateInputError, prompt_rows
+from .inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
 from .kernels import warmup
 from .planner import SCORE_DEPTH, regime
 from .processing import Decoding, prepared_decoding, resolve_decoding
@@ -97,8 +98,11 @@ class LookaheadGenerator:
     def _measure_cost(self, batch: int = 1) -> CostModel:
         """The forward-cost curve up to the largest step this config can build (cached on disk)."""
         cfg = self.config
+        context = cfg.calibration_context  # the synthetic context must fit in the model's own
+        if self.target.context is not None:
+            context = max(1, min(context, self.target.context - 1))
         return load_cost_model(self.model, self.target.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
-                               cfg.calibration_context, cfg.calibration_repeats, cfg.cost_cache_dir, batch)
+                               context, cfg.calibration_repeats, cfg.cost_cache_dir, batch)
 
     def cost_for_batch(self, batch: int) -> CostModel | None:
         """The cost curve of a step over ``batch`` sequences (measured on first use, cached on disk)."""
@@ -163,16 +167,27 @@ class LookaheadGenerator:
         if len(prompts) > 1 and streamer is not None:
             raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
                                      "or pass streamer=None for a batch")
+        rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
         with torch.inference_mode():
             if len(prompts) > 1:
-                run = BatchDecoding(self, ids, mask, prompts, decoding, decoding.pad_token_id)
+                run = BatchDecoding(self, ids, mask, prompts, decoding, decoding.pad_token_id, rooms)
                 out = run.decode()
             else:
-                run = _Decoding(self, prompts[0], decoding, streamer)
+                run = _Decoding(self, prompts[0], decoding, streamer, rooms[0])
                 padding = ids[0, :ids.shape[1] - prompts[0].shape[0]]  # left padding stays in the output
                 out = torch.cat([padding, torch.from_numpy(run.decode())])[None]
         self.last_stats = run.stats
+        self._warn_context_cut(run.seqs)
         return generate_output(out.clone().to(device), run.stats, decoding.return_dict)
+
+    def _warn_context_cut(self, seqs: list[Sequence]) -> None:
+        """A ContextLimitWarning for every sequence that stopped at the model's context short of
+        max_new_tokens (what model.generate warns about before failing or running past it)."""
+        for seq in seqs:
+            if seq.cut_by_context():
+                message = context_cut_message(seq.out.prompt_len, seq.out.new_tokens, seq.asked,
+                                              self.target.context)
+                warnings.warn(message, ContextLimitWarning, stacklevel=4)
 
     def acceptance_for(self, decoding: Decoding, proposers: list) -> AcceptanceStats:
         """The estimate table of this decoding's regime (made from the sources' priors when new)."""
@@ -185,11 +200,17 @@ class LookaheadGenerator:
 class _Decoding:
     """One generate call on one sequence: the KV cache and the loop around a ``Sequence``."""
 
-    def __init__(self, gen: LookaheadGenerator, prompt: np.ndarray, decoding: Decoding, streamer):
+    def __init__(self, gen: LookaheadGenerator, prompt: np.ndarray, decoding: Decoding, streamer,
+                 room: int | None = None):
         self.target = gen.target
         self.stats = GenerationStats(prompt_tokens=int(prompt.shape[0]))
-        self.seq = Sequence(gen, prompt, decoding, streamer, self.stats, gen.cost)
+        self.seq = Sequence(gen, prompt, decoding, streamer, self.stats, gen.cost, room)
         self.cache = self.target.new_cache()
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        """The sequences decoded (one here; batch.py has one per row)."""
+        return [self.seq]
 
     def decode(self) -> np.ndarray:
         """Prefill all but the last prompt token, then steps until EOS or the budget.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -10,26 +12,50 @@ class GenerateInputError(ValueError):
     """An argument of generate() is unusable; the message names it and the fix."""
 
 
+class ContextLimitWarning(UserWarning):
+    """Generation stopped at the model's context (max_position_embeddings) before max_new_tokens."""
+
+
+def _integer(value) -> int | None:
+    """value as a Python int when it is an integer (numpy and 0-d torch integers too), else None."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
 def budget(max_new_tokens, default: int | None) -> int:
     """max_new_tokens checked (None -> the model's generation_config value, else 20)."""
     value = default if max_new_tokens is None else max_new_tokens
-    value = 20 if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    value = 20 if value is None else _integer(value)
+    if value is None or value < 0:
         raise GenerateInputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return value
 
 
 def eos_ids(eos_token_id, generation_config) -> np.ndarray:
-    """All end-of-sequence ids (an int, a list, or the model's generation_config)."""
+    """All end-of-sequence ids (an int, a list, a numpy or torch array, or the model's generation_config)."""
     value = eos_token_id if eos_token_id is not None else getattr(generation_config, "eos_token_id", None)
     if value is None:
         return np.zeros(0, dtype=np.int64)
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, np.ndarray)):
         value = value.tolist()
-    values = [value] if isinstance(value, int) else list(value)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise GenerateInputError(f"eos_token_id must be token ids >= 0, got {value!r}")
-    return np.asarray(values, dtype=np.int64)
+    values = [value] if _integer(value) is not None or not isinstance(value, (list, tuple)) else list(value)
+    ids = [_integer(v) for v in values]
+    if not all(i is not None and i >= 0 for i in ids):
+        raise GenerateInputError(f"eos_token_id must be a token id >= 0 or a list of them, got {value!r}")
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _mask_tensor(attention_mask) -> torch.Tensor:
+    """attention_mask (a tensor, a numpy array or nested lists of 0s and 1s) as a CPU tensor."""
+    try:
+        return torch.as_tensor(attention_mask).to("cpu")
+    except (TypeError, ValueError, RuntimeError):
+        raise GenerateInputError(f"attention_mask must be 0s and 1s shaped like input_ids (a tensor, array or "
+                                 f"nested list), got {type(attention_mask).__name__}; pass "
+                                 f"torch.ones_like(input_ids), or leave it out when there is no padding") from None
 
 
 def prompt_rows(input_ids, attention_mask, vocab: int) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
@@ -41,7 +67,7 @@ def prompt_rows(input_ids, attention_mask, vocab: int) -> tuple[torch.Tensor, to
         raise GenerateInputError(f"input_ids must be integer token ids [batch, tokens], got shape "
                                  f"{tuple(input_ids.shape)} dtype {input_ids.dtype}")
     ids = ids.to("cpu", torch.int64)
-    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask).to("cpu")
+    mask = torch.ones_like(ids) if attention_mask is None else _mask_tensor(attention_mask)
     mask = mask[None] if mask.dim() == 1 else mask
     if tuple(mask.shape) != tuple(ids.shape):
         raise GenerateInputError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
@@ -56,3 +82,27 @@ def prompt_rows(input_ids, attention_mask, vocab: int) -> tuple[torch.Tensor, to
         raise GenerateInputError(f"input_ids hold token ids outside the vocabulary [0, {vocab})")
     prompts = [row[m.bool()].numpy().copy() for row, m in zip(ids, mask)]
     return ids, mask, prompts
+
+
+def context_room(prompt_len: int, context: int | None) -> int | None:
+    """New tokens that fit in the model's context after a prompt (None: the model names no limit).
+
+    The sequence never grows past max_position_embeddings (model.generate
+    warns there, and models with learned positions fail); a prompt that
+    already fills the context is refused.
+    """
+    if context is None:
+        return None
+    if prompt_len >= context:
+        raise GenerateInputError(
+            f"the prompt has {prompt_len} tokens but the model's context (max_position_embeddings) is {context}: "
+            f"no room for new tokens; shorten the prompt to at most {context - 1} tokens")
+    return context - prompt_len
+
+
+def context_cut_message(prompt_len: int, new_tokens: int, asked: int, context: int) -> str:
+    """The warning given when generation stops at the context before max_new_tokens."""
+    return (f"generation stopped after {new_tokens} new tokens at the model's context "
+            f"(prompt {prompt_len} + {new_tokens} = max_position_embeddings {context}); max_new_tokens={asked} "
+            f"would run past what the model was trained on (model.generate warns there, and models with "
+            f"learned positions fail); lower max_new_tokens or shorten the prompt")

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import check_checkpoint, read_config_dict
+from .device import resolve_device
+from .errors import ModelLoadError, one_line
 from .registry import PackagedFile, RegistryError, default_cache_dir, fetch_file, sha256_of
-
-
-class ModelLoadError(RuntimeError):
-    """A model name or path could not be resolved or loaded."""
+from .support import MASKED_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -195,36 +195,64 @@ def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, 
             return _dequantized_dir(path, cache_dir, _gguf_key(path)), tried
         tried.append(f"GGUF file {path} (not found)")
     elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"directory {path} has no config.json, so it is no transformers model directory: "
+                                 f"pass the folder save_pretrained wrote (config.json + weights), or a .gguf file")
         return path, tried
+    elif path.exists():
+        raise ModelLoadError(f"{path} is a file, not a model: pass a model directory (config.json + weights), "
+                             f"a .gguf file, an alias ({', '.join(sorted(ALIASES))}) or a hub id")
     else:
         tried.append(f"local directory {path} (not found)")
     return None, tried
 
 
+def check_load_arguments(device, dtype, attn_implementation: str | None) -> torch.device:
+    """The device, after checking every load argument before anything is read or fetched."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ModelLoadError(f"dtype must be a floating torch dtype (torch.float32, torch.bfloat16, "
+                             f"torch.float16), got {dtype!r}")
+    if attn_implementation is not None and attn_implementation not in MASKED_ATTENTION:
+        raise ModelLoadError(f"attn_implementation {attn_implementation!r} cannot take the custom 4-D masks "
+                             f"lookahead decodes with; use 'sdpa' or 'eager' (or None: transformers' default, "
+                             f"sdpa where the model supports it)")
+    return resolve_device(device)
+
+
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None,
-               attn_implementation: str = "sdpa"):
+               attn_implementation: str | None = None, trust_remote_code: bool = False):
     """Load (model, tokenizer) from an alias, a ``.gguf`` file, a local dir or a hub id.
 
-    The model is put in eval mode on ``device`` with ``dtype``. Raises
-    ``ModelLoadError`` with one line naming everything that was tried.
+    The model is put in eval mode on ``device`` with ``dtype``, with
+    ``attn_implementation`` 'sdpa' or 'eager' (None: transformers' default,
+    sdpa where the architecture supports it, else eager). A checkpoint
+    that ships its own modelling code loads only with ``trust_remote_code=True``.
+    Raises ``ModelLoadError`` (or ``DeviceError``) with one line naming the
+    problem, or everything that was tried.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ModelLoadError("model name is empty: pass an alias, a .gguf file, a directory or a hub id")
+    if not isinstance(trust_remote_code, bool):
+        raise ModelLoadError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
+    device = check_load_arguments(device, dtype, attn_implementation)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     try:
         local, tried = resolve_local_dir(name_or_path, cache)
     except RegistryError as exc:
         raise ModelLoadError(str(exc)) from exc
     source = str(local) if local is not None else name_or_path
+    where = f"local directory {source}" if local is not None else f"hub id {name_or_path!r}"
     try:
+        check_checkpoint(read_config_dict(source, local is not None), name_or_path, trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, attn_implementation=attn_implementation,
-            local_files_only=local is not None)
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local is not None)
-    except (OSError, ValueError) as exc:
-        tried.append(f"hub id {name_or_path!r} ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            local_files_only=local is not None, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local is not None,
+                                                  trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        tried.append(f"{where} ({type(exc).__name__}: {one_line(exc)})")
         raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried)) from exc
     return model.to(device).eval(), tokenizer

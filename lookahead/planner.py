@@ -66,10 +66,15 @@ class Planner:
         for source in self.proposers:
             source.begin(seq, stop)
 
-    def plan(self, seq: np.ndarray, stop: int) -> TokenTree:
-        """1. propose, 2. build the scored trie and keep the best-first prefix that pays."""
+    def plan(self, seq: np.ndarray, stop: int, room: int) -> TokenTree:
+        """1. propose, 2. build the scored trie and keep the best-first prefix that pays.
+
+        ``room`` is how many tokens may still be appended: a node at depth
+        >= room only decides tokens past the budget (or the model's context,
+        whose positions must never be fed), so the trie is cut above it.
+        """
         cap = self.config.max_tree_nodes
-        if self.config.candidates == 0 or cap == 0:
+        if self.config.candidates == 0 or cap == 0 or room <= 1:
             return empty_tree()
         estimates = self.acceptance.estimates()  # [C, D]
         cands = self._propose(seq, stop, estimates)
@@ -77,6 +82,8 @@ class Planner:
             return empty_tree()
         tree, prob = scored_tree(cands.tokens, cands.lens, cands.classes, estimates, BUILD_SLACK * cap)
         order = best_first_order(tree.parents, prob)  # [M]
+        deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
+        order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
         size = choose_tree_size(prob[order], self.base_rows, self.cost, cap)
         return subtree(tree, order[:size])
 

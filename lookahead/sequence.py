@@ -39,11 +39,13 @@ class Sequence:
     """State of one sequence across the steps of one generate call."""
 
     def __init__(self, gen, prompt: np.ndarray, decoding: Decoding, streamer, stats: GenerationStats,
-                 cost):
+                 cost, room: int | None = None):
+        """``room``: the new tokens the model's context holds after this prompt (None: no limit)."""
         cfg = gen.config
         self.cfg, self.recycled, self.stats = cfg, gen.recycled, stats
-        self.out = OutputBuffer(prompt, decoding.max_new_tokens, decoding.eos, streamer, decoding.criteria,
-                                gen.target.device)
+        self.asked = decoding.max_new_tokens
+        limit = self.asked if room is None else min(self.asked, room)  # never past the model's context
+        self.out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, gen.target.device)
         self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
         self.rows = RowMap(lead=self.window.kept_rows.shape[0], window=cfg.window, ngram=cfg.ngram)
         self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)
@@ -70,9 +72,18 @@ class Sequence:
         self.window.begin(self.out.seq[:self.out.prompt_len])
         self.planner.begin(self.out.seq, self.out.prompt_len)
 
+    def cut_by_context(self) -> bool:
+        """Whether decoding stopped at the model's context short of max_new_tokens (and not at an EOS)."""
+        out = self.out
+        return out.limit < self.asked and out.new_tokens == out.limit and out.last not in out.eos
+
     def plan(self) -> StepPlan:
-        """1. propose, 2. build the tree; the step's rows [x | window | tree]."""
-        tree = self.planner.plan(self.out.seq, self.out.stop)
+        """1. propose, 2. build the tree; the step's rows [x | window | tree].
+
+        Tree nodes stay inside the tokens still allowed (the budget, cut at the
+        model's context): no decisive row is fed a position past the context.
+        """
+        tree = self.planner.plan(self.out.seq, self.out.stop, self.out.limit - self.out.new_tokens)
         layout = step_layout(self.window.layout(), tree)
         tokens = np.concatenate([self.window.rows(self.out.last), tree.tokens])  # [Q]
         keep = np.concatenate([self.window.kept_rows, layout.tree_start + np.arange(tree.size)])  # [K]

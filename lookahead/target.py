@@ -19,7 +19,7 @@ import torch
 
 from .cache import new_cache
 from .mask import batch_model_mask, model_mask
-from .support import AttentionLayout
+from .support import AttentionLayout, context_length
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -85,6 +85,17 @@ class Target:
         # The last layer's hidden states can sit on another device than the kept-row
         # indices: then the model returns every row's logits and the rows are picked here.
         self.select_after = spans_devices(model, self.device)
+        self.context = context_length(model.config)  # max_position_embeddings, or None
+
+    def positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Position ids as fed to the model: any past the context as the last one.
+
+        Only speculative rows get there (the window's guesses; tree nodes stay
+        inside the tokens still allowed, which never pass the context), and
+        their logits never decide a token (see sequence.py). Learned position
+        tables (GPT-2, OPT) would fail on them otherwise.
+        """
+        return positions if self.context is None else positions.clamp_max(self.context - 1)
 
     def new_cache(self):
         """An empty KV cache this target can roll back (see cache.py)."""
@@ -110,7 +121,7 @@ class Target:
         keep_t = to_device(keep, dev)  # [K]
         mask = model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets_t, past, self.dtype)
         out = self.model(input_ids=to_device(tokens, dev)[None],  # [1, Q]
-                         position_ids=(past + offsets_t)[None],  # [1, Q]
+                         position_ids=self.positions(past + offsets_t)[None],  # [1, Q]
                          attention_mask=mask, past_key_values=cache, use_cache=True,
                          logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
         logits = out.logits[0]  # [K, V], or [Q, V] when select_after
@@ -125,6 +136,6 @@ class Target:
         position of every key, per row (for sliding windows).
         """
         mask = batch_model_mask(self.layout.kinds, self.layout.sliding_window, visible, q_pos, k_pos, self.dtype)
-        out = self.model(input_ids=tokens, position_ids=q_pos, attention_mask=mask, past_key_values=cache,
-                         use_cache=True)
+        out = self.model(input_ids=tokens, position_ids=self.positions(q_pos), attention_mask=mask,
+                         past_key_values=cache, use_cache=True)
         return out.logits  # [A, Q, V]

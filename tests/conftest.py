@@ -52,15 +52,132 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(cfg)
 
 
+# GPT-2-style configs name their sizes n_embd / n_layer / n_head / n_positions. Some builders widen the
+# initial weights (initializer_range=0.2, as for GPT-2): with the default 0.02 their random models loop
+# on one token at once, and the EOS-mid-step test finds no fresh token accepted inside a step.
+GPT_STYLE = dict(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=1024, pad_token_id=0)
+SLIDING = 12  # sliding windows shorter than prompt + 48 new tokens
+
+
+def _phi3():
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(num_key_value_heads=2, **COMMON))
+
+
+def _phi3_sliding():
+    cfg = transformers.Phi3Config(num_key_value_heads=2, sliding_window=SLIDING, **COMMON)
+    return transformers.Phi3ForCausalLM(cfg)
+
+
+def _olmo():
+    return transformers.OlmoForCausalLM(transformers.OlmoConfig(num_key_value_heads=2, clip_qkv=4.0, **COMMON))
+
+
+def _olmo2():
+    return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(num_key_value_heads=2, **COMMON))
+
+
+def _stablelm():
+    cfg = transformers.StableLmConfig(num_key_value_heads=2, qk_layernorm=True, use_qkv_bias=True, **COMMON)
+    return transformers.StableLmForCausalLM(cfg)
+
+
+def _granite():
+    cfg = transformers.GraniteConfig(num_key_value_heads=2, embedding_multiplier=2.0, attention_multiplier=0.2,
+                                     residual_multiplier=0.5, logits_scaling=2.0, **COMMON)
+    return transformers.GraniteForCausalLM(cfg)
+
+
+def _falcon():
+    # rotary positions and the new decoder architecture (grouped KV heads); alibi=False
+    cfg = transformers.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                    num_kv_heads=2, new_decoder_architecture=True, alibi=False,
+                                    ffn_hidden_size=128, max_position_embeddings=1024, pad_token_id=0,
+                                    initializer_range=0.2)
+    return transformers.FalconForCausalLM(cfg)
+
+
+def _opt():
+    cfg = transformers.OPTConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, ffn_dim=128,
+                                 num_attention_heads=4, max_position_embeddings=1024, pad_token_id=0,
+                                 bos_token_id=1, eos_token_id=2)
+    return transformers.OPTForCausalLM(cfg)
+
+
+def _gptj():
+    return transformers.GPTJForCausalLM(transformers.GPTJConfig(rotary_dim=8, n_inner=128, **GPT_STYLE))
+
+
+def _codegen():
+    return transformers.CodeGenForCausalLM(transformers.CodeGenConfig(rotary_dim=8, n_inner=128, n_ctx=1024,
+                                                                      **GPT_STYLE))
+
+
+def _gemma():
+    return transformers.GemmaForCausalLM(transformers.GemmaConfig(num_key_value_heads=2, head_dim=16,
+                                                                  initializer_range=0.2, **COMMON))
+
+
+def _gemma2():
+    # alternating sliding (window 12) and full layers, attention and final logit soft-capping
+    cfg = transformers.Gemma2Config(num_key_value_heads=2, head_dim=16, sliding_window=SLIDING,
+                                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0, **COMMON)
+    return transformers.Gemma2ForCausalLM(cfg)
+
+
+def _cohere():
+    return transformers.CohereForCausalLM(transformers.CohereConfig(num_key_value_heads=2, use_qk_norm=False,
+                                                                    initializer_range=0.2, **COMMON))
+
+
+def _starcoder2():
+    cfg = transformers.Starcoder2Config(num_key_value_heads=2, sliding_window=SLIDING, initializer_range=0.2,
+                                        **COMMON)
+    return transformers.Starcoder2ForCausalLM(cfg)
+
+
+def _phi():
+    return transformers.PhiForCausalLM(transformers.PhiConfig(qk_layernorm=True, **COMMON))
+
+
+def _gpt_bigcode():
+    return transformers.GPTBigCodeForCausalLM(transformers.GPTBigCodeConfig(n_inner=128, initializer_range=0.2,
+                                                                            **GPT_STYLE))
+
+
+def _mixtral():
+    cfg = transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                     sliding_window=SLIDING, **COMMON)
+    return transformers.MixtralForCausalLM(cfg)
+
+
+def _smollm3():
+    # every second layer without rotary positions (NoPE), as SmolLM3 does every fourth
+    cfg = transformers.SmolLM3Config(num_key_value_heads=2, no_rope_layer_interval=2, initializer_range=0.2,
+                                     **COMMON)
+    return transformers.SmolLM3ForCausalLM(cfg)
+
+
+def _glm4():
+    return transformers.Glm4ForCausalLM(transformers.Glm4Config(num_key_value_heads=2, head_dim=16, **COMMON))
+
+
+# The original seven run the whole exactness matrix; the rest run CORE configs (tests/test_exactness.py).
+ORIGINAL = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt_neox", "gpt2")
 BUILDERS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "mistral": _mistral, "gemma3": _gemma3,
-            "gpt_neox": _gpt_neox, "gpt2": _gpt2}
+            "gpt_neox": _gpt_neox, "gpt2": _gpt2,
+            "phi3": _phi3, "phi3_sliding": _phi3_sliding, "olmo": _olmo, "olmo2": _olmo2, "stablelm": _stablelm,
+            "granite": _granite, "falcon": _falcon, "opt": _opt, "gptj": _gptj, "codegen": _codegen,
+            "gemma": _gemma, "gemma2": _gemma2, "cohere": _cohere, "starcoder2": _starcoder2, "phi": _phi,
+            "gpt_bigcode": _gpt_bigcode, "mixtral": _mixtral, "smollm3": _smollm3, "glm4": _glm4}
 
 
 def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):
-    """A tiny random model of ``arch`` in float32 eval mode, deterministic in seed."""
+    """A tiny random model of ``arch`` in float32 eval mode, deterministic in seed; ``attn`` where the
+    architecture supports it (as transformers chooses by default), else eager attention."""
     torch.manual_seed(seed)
     model = BUILDERS[arch]()
-    model.config._attn_implementation = attn  # noqa: SLF001 (public setter path differs across 5.x)
+    if attn == "eager" or model._supports_sdpa:  # noqa: SLF001 (GPT-J, CodeGen, soft-capped Gemma 2: eager only)
+        model.config._attn_implementation = attn  # noqa: SLF001 (public setter path differs across 5.x)
     model.generation_config.pad_token_id = 0
     return model.eval()
 
@@ -100,6 +217,55 @@ def synthetic_cost_curves():
 def arch_model(request):
     """(arch name, model) for every tiny architecture."""
     return request.param, tiny_model(request.param)
+
+
+def save_model_dir(path, model) -> str:
+    """Save ``model`` with a word-level tokenizer (w0 w1 ...) like a local hub directory; its path."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 2)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+    model.generation_config.eos_token_id = 1
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+CUSTOM_CONFIG = '''from transformers import LlamaConfig
+
+
+class TinyCustomConfig(LlamaConfig):
+    model_type = "tiny_custom_lm"
+'''
+CUSTOM_MODEL = '''from transformers import LlamaForCausalLM
+
+from .configuration_tiny_custom import TinyCustomConfig
+
+
+class TinyCustomForCausalLM(LlamaForCausalLM):
+    config_class = TinyCustomConfig
+'''
+
+
+
+def save_remote_code_dir(path) -> str:
+    """A checkpoint whose config.json points at its own modelling code (a Llama under another name)."""
+    import json
+    from pathlib import Path
+
+    save_model_dir(path, tiny_model("llama"))
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="tiny_custom_lm", architectures=["TinyCustomForCausalLM"],
+                  auto_map={"AutoConfig": "configuration_tiny_custom.TinyCustomConfig",
+                            "AutoModelForCausalLM": "modeling_tiny_custom.TinyCustomForCausalLM"})
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "configuration_tiny_custom.py").write_text(CUSTOM_CONFIG)
+    (path / "modeling_tiny_custom.py").write_text(CUSTOM_MODEL)
+    return str(path)
 
 
 def reference(model, ids, max_new_tokens, eos_token_id=None):

@@ -5,27 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+import transformers
 from click.testing import CliRunner
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from lookahead.cli.main import main
-from conftest import VOCAB, tiny_model
+from conftest import COMMON, save_model_dir, save_remote_code_dir, tiny_model
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny Llama with a word-level tokenizer, saved like a local hub directory."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    words = ["<pad>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 2)]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
-    model = tiny_model("llama")
-    model.generation_config.eos_token_id = 1
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_model_dir(tmp_path_factory.mktemp("tiny-llama"), tiny_model("llama"))
 
 
 def invoke(*args):
@@ -67,3 +58,157 @@ def test_bad_input_gets_one_line(args, words):
     assert words in result.stderr
     assert "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ hostile and edge input
+
+
+@pytest.fixture(scope="module")
+def short_model_dir(tmp_path_factory):
+    """A tiny Llama whose context holds 48 positions."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 48}))
+    return save_model_dir(tmp_path_factory.mktemp("short-llama"), model.eval())
+
+
+@pytest.fixture(scope="module")
+def untested_model_dir(tmp_path_factory):
+    """A tiny Arcee: loadable and causal, but not on the tested list."""
+    torch.manual_seed(0)
+    model = transformers.ArceeForCausalLM(transformers.ArceeConfig(num_key_value_heads=2, bos_token_id=1,
+                                                                   eos_token_id=2, **COMMON))
+    return save_model_dir(tmp_path_factory.mktemp("tiny-arcee"), model.eval())
+
+
+def our_lines(stderr: str) -> list[str]:
+    """stderr without transformers' own weight-loading progress bar."""
+    return [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()
+            and not line.startswith("Loading weights")]
+
+
+def one_clear_line(result, words):
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr, result.stderr
+    assert "Traceback" not in result.output
+    assert len(our_lines(result.stderr)) == 1, result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_on_a_machine_without_it_gets_one_line(model_dir):
+    one_clear_line(invoke("--model", model_dir, "--prompt", "w3", "--device", "cuda"),
+                   "device 'cuda' is not available on this machine")
+
+
+@pytest.mark.parametrize("device, words", [
+    ("gpu", "unknown device 'gpu'"),
+    (f"cuda:{torch.cuda.device_count()}", "cuda"),
+    ("meta", "device 'meta' holds no weights"),
+])
+def test_bad_device_gets_one_line(model_dir, device, words):
+    one_clear_line(invoke("--model", model_dir, "--prompt", "w3", "--device", device), words)
+
+
+def test_existing_file_that_is_no_model(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello")
+    one_clear_line(invoke("--model", str(path), "--prompt", "hi"), "is a file, not a model")
+
+
+def test_directory_without_config(tmp_path):
+    one_clear_line(invoke("--model", str(tmp_path), "--prompt", "hi"), "has no config.json")
+
+
+def test_broken_local_directory_is_called_a_directory(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # no weights
+    result = invoke("--model", str(tmp_path), "--prompt", "hi")
+    one_clear_line(result, f"local directory {tmp_path}")
+    assert "hub id" not in result.stderr
+
+
+def test_error_text_is_never_cut_short(model_dir, monkeypatch):
+    """Every line of an error's message reaches stderr, joined into one line (no first-line-only cut)."""
+    import lookahead
+
+    tail = "and the fix is at the end of a long second line " + "x" * 150
+
+    def refuse(*args, **kwargs):
+        raise lookahead.ModelLoadError(f"first line\n{tail}")
+
+    monkeypatch.setattr(lookahead, "load_model", refuse)
+    one_clear_line(invoke("--model", model_dir, "--prompt", "w3"), f"first line {tail}")
+
+
+def test_untested_architecture_names_the_cli_flag(untested_model_dir):
+    result = invoke("--model", untested_model_dir, "--prompt", "w3 w4", "--no-chat", "--max-new-tokens", "4")
+    one_clear_line(result, "pass --allow-untested-models to try it anyway")
+    assert "LookaheadConfig" not in result.stderr and "'arcee'" in result.stderr
+
+
+def test_untested_architecture_runs_with_the_flag_and_a_one_line_warning(untested_model_dir, tmp_path):
+    result = invoke("--model", untested_model_dir, "--prompt", "w3 w4", "--no-chat", "--max-new-tokens", "4",
+                    "--allow-untested-models", "--json", "--cost-cache-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["new_tokens"] >= 1
+    assert "lookahead: warning: model type 'arcee' is not among" in result.stderr
+
+
+@pytest.mark.parametrize("huge", ["10000000000", str(10 ** 20)])
+def test_huge_max_new_tokens_stops_at_the_context_with_a_warning(short_model_dir, huge):
+    result = invoke("--model", short_model_dir, "--prompt", "w3 w4 w5 w3 w4 w5", "--no-chat", "--json",
+                    "--max-new-tokens", huge, "--budget", "fixed")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert 1 <= data["new_tokens"] <= 48 - 6
+    if data["new_tokens"] == 48 - 6:  # no EOS came first
+        assert "lookahead: warning: generation stopped" in result.stderr
+        assert "max_position_embeddings 48" in result.stderr
+
+
+def test_prompt_longer_than_the_context(short_model_dir):
+    one_clear_line(invoke("--model", short_model_dir, "--prompt", " ".join(["w3"] * 60), "--no-chat"),
+                   "max_position_embeddings) is 48")
+
+
+def bench_invoke(*args):
+    return CliRunner().invoke(main, ["bench", *args])
+
+
+def test_bench_out_unwritable_fails_before_loading_anything(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    result = bench_invoke("--model", "/no/such/model", "--out", str(blocker / "report"))
+    one_clear_line(result, f"cannot write the report to --out {blocker / 'report'}")
+
+
+def test_bench_out_check_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr("lookahead.cli.bench._bench",
+                        lambda *args: ("table", {"json": "j", "markdown": "m", "figure": "f"}, None))
+    result = bench_invoke("--out", str(tmp_path / "new" / "dir"))
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_remote_code_refusal_names_the_cli_flag(tmp_path):
+    result = invoke("--model", save_remote_code_dir(tmp_path), "--prompt", "w3")
+    one_clear_line(result, "ships its own modelling code")
+    assert "pass --trust-remote-code if you trust that code" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["bench", "--out"], ["bench-batch", "--dataset"]])
+def test_every_loading_command_has_the_flag_it_names(tmp_path, command):
+    """bench and bench-batch load models too: the refusal names --trust-remote-code, which they accept."""
+    extra = [str(tmp_path / "report")] if command[1] == "--out" else ["gsm8k"]
+    remote = save_remote_code_dir(tmp_path / "remote")
+    result = CliRunner().invoke(main, [command[0], "--model", remote, command[1], *extra])
+    one_clear_line(result, "pass --trust-remote-code if you trust that code")
+    flag = CliRunner().invoke(main, [command[0], "--help"])
+    assert "--trust-remote-code" in flag.stdout
+
+
+def test_trusted_remote_code_runs_from_the_cli_as_an_untested_architecture(tmp_path):
+    remote = save_remote_code_dir(tmp_path / "remote")
+    result = invoke("--model", remote, "--prompt", "w3 w4", "--no-chat", "--trust-remote-code", "--json",
+                    "--max-new-tokens", "4", "--allow-untested-models", "--budget", "fixed")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["new_tokens"] >= 1
+    assert "lookahead: warning: model type 'tiny_custom_lm' is not among" in result.stderr
