@@ -60,6 +60,7 @@ class Planner:
         self.acceptance = acceptance
         self.cost = cost
         self.base_rows = base_rows  # rows every step has before the tree (x and the window)
+        self.predicted = 0.0  # extra tokens the last planned tree was predicted to yield
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -84,7 +85,9 @@ class Planner:
         order = best_first_order(tree.parents, prob)  # [M]
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
-        size = choose_tree_size(prob[order], self.base_rows, self.cost, cap)
+        probs = prob[order] * self.acceptance.gain_factor()  # [M] calibrated (scores.py)
+        size = choose_tree_size(probs, self.base_rows, self.cost, cap)
+        self.predicted = float(probs[:size].sum())
         return subtree(tree, order[:size])
 
     def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray) -> Candidates:
@@ -97,8 +100,10 @@ class Planner:
         return merge_candidates(groups)
 
     def learn(self, tree: TokenTree, path: np.ndarray) -> None:
-        """Count the verified nodes into the estimates."""
+        """Count the verified nodes into the estimates, and the tree's yield against its prediction."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
+        if tree.size:
+            self.acceptance.observe_gain(self.predicted, int(path.shape[0]))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """seq[start:stop] was just accepted."""

@@ -6,6 +6,13 @@ whose parent is x) is a trial; if it was accepted too, a hit. The estimate of
 a class at a depth is (hits + prior) / (trials + strength): the chance a
 token of that kind is accepted once its parent is. Counts are halved when
 trials pass ``horizon``, so the estimates follow the text being generated.
+
+The estimates run optimistic as a whole: the best-first tree keeps exactly
+the nodes whose estimates came out high (a winner's curse), and a path's
+probability is a product of per-depth averages. So the table also tracks the
+tokens the kept trees were predicted to yield against the tokens they did
+yield, and ``gain_factor`` (realised / predicted, over a decaying window)
+scales every path probability before the budget weighs it against the cost.
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from .costmodel import CostModel
+
+GAIN_PRIOR = 2.0  # pseudo-tokens on both sides of the gain ratio: starts at 1, moves after a few steps
+GAIN_DECAY = 0.97  # weight of the past per step (about the last 30 trees count)
+GAIN_RANGE = (0.2, 1.5)
 
 
 class AcceptanceStats:
@@ -26,6 +37,8 @@ class AcceptanceStats:
         self.trials = np.full((prior.shape[0], depth), strength)  # [C, D]
         self.hits = np.repeat(prior[:, None] * strength, depth, axis=1)  # [C, D]
         self.horizon = horizon
+        self.predicted = GAIN_PRIOR  # decayed sum of the extra tokens the kept trees were predicted to yield
+        self.realised = GAIN_PRIOR  # ... and of those they did yield
 
     @property
     def depth(self) -> int:
@@ -53,6 +66,16 @@ class AcceptanceStats:
         if full.any():
             self.trials[full] *= 0.5
             self.hits[full] *= 0.5
+
+
+    def observe_gain(self, predicted: float, realised: int) -> None:
+        """A tree predicted to add ``predicted`` tokens beyond the bonus one added ``realised``."""
+        self.predicted = GAIN_DECAY * self.predicted + predicted
+        self.realised = GAIN_DECAY * self.realised + realised
+
+    def gain_factor(self) -> float:
+        """Realised over predicted extra tokens (1.0 until trees were verified), clipped to GAIN_RANGE."""
+        return float(np.clip(self.realised / self.predicted, *GAIN_RANGE))
 
 
 def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, cap: int) -> int:

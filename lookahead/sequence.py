@@ -104,7 +104,8 @@ class Sequence:
         choice = self.verifier.finish(host, self.rows, plan.tree, plan.keep.shape[0])
         self.planner.learn(plan.tree, choice.path)
         if self.recycled is not None:
-            self.recycled.learn(plan.tokens[plan.keep], choice.top)
+            width = self.recycled.width
+            self.recycled.learn(plan.tokens[plan.keep], choice.top[:, :width], choice.top[:, width:])
         start = self.out.stop
         done = self.out.append(choice.new)
         self.stats.accepted.append(self.out.stop - start)

@@ -38,6 +38,7 @@ from numba import njit
 
 from .kernels.trie import path_tokens
 from .processing import Decoding, process_rows
+from .proposers.recycle import top_successors
 from .target import to_device
 from .tree import TokenTree
 
@@ -94,7 +95,8 @@ class Choice:
     path: np.ndarray  # [k] accepted node indices
     new: np.ndarray  # [k + 1] tokens to append: the path's, then the next one
     window_next: np.ndarray  # [W] argmax at the window's last level
-    top: np.ndarray | None  # [K, R] top-R next tokens at every kept row (token recycling), or None
+    top: np.ndarray | None  # [K, 2R] top-R next tokens at every kept row, then their confidence
+    # buckets (token recycling, proposers/recycle.py), or None
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class Verifier:
         (``staged_size`` long): window argmax, top-R, the chosen token of every decision row."""
         parts = [logits[rows.window_rows()].argmax(-1)]  # [W]
         if self.recycle_width is not None:
-            parts.append(logits.topk(self.recycle_width, dim=-1).indices.reshape(-1))  # [K * R]
+            parts.append(top_successors(logits, self.recycle_width).reshape(-1))  # [K * 2R]
         decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
         scores = self._processed(decide, tree, seq, stop)  # [1 + M, V]
         if self.uniforms is None:
@@ -171,7 +173,7 @@ class Verifier:
 
     def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:
         """Length of ``stage``'s tensor for a tree with ``kept`` logit rows."""
-        return rows.window + (kept * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size
+        return rows.window + (kept * 2 * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size
 
     def _processed(self, scores: torch.Tensor, tree: TokenTree, seq: np.ndarray, stop: int) -> torch.Tensor:
         """The decision rows' scores after the call's logits processors, each with its own prefix."""
@@ -191,8 +193,8 @@ class Verifier:
         window_next = host[:at]
         top = None
         if self.recycle_width is not None:
-            top = host[at:at + kept * self.recycle_width].reshape(kept, self.recycle_width)
-            at += kept * self.recycle_width
+            top = host[at:at + kept * 2 * self.recycle_width].reshape(kept, 2 * self.recycle_width)
+            at += kept * 2 * self.recycle_width
         chosen = host[at:]  # [1 + M] the target's token after x and after every node
         path, new = accept_walk(tree.tokens, tree.parents, accepted_children(tree, chosen), chosen)
         return Choice(path, new, window_next, top)
@@ -210,6 +212,6 @@ def sample_rows(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     probability 0 (filtered by top-k / top-p) is never drawn.
     """
     probs = torch.softmax(scores.float(), dim=-1)  # [R, V]
-    cdf = probs.double().cumsum(-1)  # [R, V] in float64: no drift over a large vocabulary
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # [R, V] summed in float64: no drift over a large vocabulary
     target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_max(scores.shape[1] - 1)  # [R]

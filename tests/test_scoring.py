@@ -8,17 +8,20 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import tiny_model
+from lookahead.config import LookaheadConfig
 from lookahead.costmodel import CostModel, load_cost_model, row_grid
 from lookahead.kernels.recycle import grow_recycled_tree, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie
+from lookahead.planner import Planner
 from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
-from lookahead.proposers.recycle import AdjacencyTable, RecyclingProposer
+from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
 from lookahead.scores import AcceptanceStats, choose_tree_size
 from lookahead.support import attention_layout
 from lookahead.tree import TokenTree, scored_tree, subtree
@@ -90,40 +93,68 @@ def test_scored_tree_of_nothing_is_empty():
 def recycling_example():
     adj = np.full((6, 2), -1, dtype=np.int64)
     adj[1], adj[2] = [2, 3], [4, 5]
-    return adj, np.array([[.8, .5], [.3, .2]])
+    return adj, np.zeros_like(adj), np.array([[.8, .5], [.3, .2]])
 
 
 def test_recycled_tree_docstring_example():
-    adj, est = recycling_example()
-    tokens, parents, depths, ranks = grow_recycled_tree(adj, 1, est, 3)
+    adj, conf, est = recycling_example()
+    tokens, parents, depths, classes = grow_recycled_tree(adj, conf, 1, 1, est, 3)
     assert tokens.tolist() == [2, 4, 3] and parents.tolist() == [-1, 0, -1]
-    assert depths.tolist() == [1, 2, 1] and ranks.tolist() == [0, 0, 1]
-    cands, lens, labels = tree_paths(tokens, parents, depths, ranks)
+    assert depths.tolist() == [1, 2, 1] and classes.tolist() == [0, 0, 1]
+    cands, lens, labels = tree_paths(tokens, parents, depths, classes)
     assert cands.tolist() == [[2, 4], [3, 0]] and lens.tolist() == [2, 1] and labels.tolist() == [[0, 0], [1, 0]]
 
 
+def test_recycled_tree_scores_by_rank_and_confidence_bucket():
+    adj, conf, _ = recycling_example()
+    conf[1] = [0, 1]  # token 1: its rank-0 successor 2 was unsure (bucket 0), rank-1 successor 3 sure (bucket 1)
+    est = np.array([[.2, .2], [.9, .9], [.1, .1], [.7, .7]])  # class r * 2 + b, by depth
+    tokens, parents, depths, classes = grow_recycled_tree(adj, conf, 2, 1, est, 1)
+    assert tokens.tolist() == [2] and classes.tolist() == [0]  # only rank 0 is offered first at a node
+    tokens, parents, depths, classes = grow_recycled_tree(adj, conf, 2, 1, est, 2)
+    assert tokens.tolist() == [2, 3] and classes.tolist() == [0, 3]  # 3: rank 1, bucket 1 (p .7 beats 2's child)
+
+
 def test_recycled_tree_stops_when_nothing_is_known():
-    adj, est = recycling_example()
-    assert grow_recycled_tree(adj, 5, est, 4)[0].shape == (0,)  # token 5 was never seen
-    assert grow_recycled_tree(adj, 1, est, 10)[0].shape == (4,)  # only 2, 3, 4, 5 are reachable
+    adj, conf, est = recycling_example()
+    assert grow_recycled_tree(adj, conf, 1, 5, est, 4)[0].shape == (0,)  # token 5 was never seen
+    assert grow_recycled_tree(adj, conf, 1, 1, est, 10)[0].shape == (4,)  # only 2, 3, 4, 5 are reachable
 
 
 def test_adjacency_learns_latest_top_and_ignores_foreign_ids():
     table = AdjacencyTable(vocab=8, width=2)
-    table.learn(a(1, 3, 99, -1), np.array([[2, 4, 5], [6, 7, 0], [1, 1, 1], [1, 1, 1]]))
+    table.learn(a(1, 3, 99, -1), np.array([[2, 4, 5], [6, 7, 0], [1, 1, 1], [1, 1, 1]]),
+                np.array([[4, 1, 0], [2, 2, 2], [0, 0, 0], [0, 0, 0]]))
     table.learn(a(1), np.array([[5, 6, 7]]))
     assert table.successors[1].tolist() == [5, 6] and table.successors[3].tolist() == [6, 7]
+    assert table.confidence[1].tolist() == [0, 0] and table.confidence[3].tolist() == [2, 2]
     assert (table.successors[[0, 2, 4, 5, 6, 7]] == -1).all()
 
 
-def test_recycling_proposer_paths_carry_rank_classes():
+def test_top_successors_buckets_the_share_within_the_top():
+    logits = torch.tensor([[0.0, 10.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    out = top_successors(logits, 2)  # [K, 2R]
+    assert out[0, 0] == 1 and out[0, 2:].tolist() == [4, 0]  # token 1 holds ~1.0 of the top 2 (bucket 4), the next ~0
+    assert out[1, 2:].tolist() == [2, 2]  # two equal logits: .5 each, bucket 2 ([.5, .75))
+    assert set(out[1, :2].tolist()) <= {0, 1, 2}
+
+
+def test_rank_priors_fall_with_rank_and_rise_with_confidence():
+    priors = rank_priors(3).reshape(3, BUCKETS)
+    assert (np.diff(priors, axis=0) < 0).all() and (np.diff(priors, axis=1) > 0).all()
+    assert ((priors > 0) & (priors < 1)).all()
+
+
+def test_recycling_proposer_paths_carry_rank_bucket_classes():
     table = AdjacencyTable(vocab=8, width=2)
-    table.learn(a(1, 2), np.array([[2, 3], [4, 5]]))
+    table.learn(a(1, 2), np.array([[2, 3], [4, 5]]), np.array([[1, 0], [0, 0]]))
     source = RecyclingProposer(table, nodes=3)
-    assert isinstance(source, Proposer)
-    cands = source.propose(a(0, 1), 2, 4, np.array([[.8, .5], [.3, .2]]))
-    assert cands.tokens.tolist() == [[2, 4], [3, 0]] and cands.classes.tolist() == [[0, 0], [1, 0]]
-    assert source.propose(a(0, 1), 2, 0, np.ones((2, 2))).count == 0  # limit 0: nothing
+    assert isinstance(source, Proposer) and source.priors.shape == (2 * BUCKETS,)
+    est = np.full((2 * BUCKETS, 2), 0.05)
+    est[1], est[0], est[BUCKETS] = [.8, .8], [.5, .5], [.3, .3]  # (rank 0, bucket 1), (0, 0), (1, 0)
+    cands = source.propose(a(0, 1), 2, 4, est)
+    assert cands.tokens.tolist() == [[2, 4], [3, 0]] and cands.classes.tolist() == [[1, 0], [BUCKETS, 0]]
+    assert source.propose(a(0, 1), 2, 0, np.ones((2 * BUCKETS, 2))).count == 0  # limit 0: nothing
 
 
 def test_context_matcher_labels_by_match_length():
@@ -224,3 +255,32 @@ def test_cost_curve_without_a_cache_dir_touches_no_disk(tmp_path, monkeypatch):
     model = tiny_model("llama")
     cost = load_cost_model(model, attention_layout(model.config), 3, 8, 1, "")
     assert cost.rows.tolist() == [1, 2, 3] and os.listdir(tmp_path) == []
+
+
+def test_gain_factor_follows_realised_over_predicted_yield():
+    stats = AcceptanceStats([np.array([0.5])])
+    assert stats.gain_factor() == 1.0  # nothing verified yet
+    for _ in range(60):
+        stats.observe_gain(predicted=2.0, realised=1)  # trees yield half what they promise
+    assert 0.5 <= stats.gain_factor() < 0.55
+    for _ in range(200):
+        stats.observe_gain(predicted=1.0, realised=1)  # calibrated again: the factor follows
+    assert abs(stats.gain_factor() - 1.0) < 0.01
+    for _ in range(200):
+        stats.observe_gain(predicted=1.0, realised=0)
+    assert stats.gain_factor() == 0.2  # clipped: a bad patch never switches speculation off for good
+
+
+def test_planner_scales_its_tree_by_the_gain_factor():
+    config = LookaheadConfig(recycle=False, ngram_pool=False)
+    matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
+    cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.05]))  # a row costs 5% of a step
+    seq = np.array([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], dtype=np.int64)  # "1 2" recurs: "3 4 5 6 7 8" follows
+    sizes = []
+    for factor_steps in (0, 80):
+        stats = AcceptanceStats([matcher.priors])
+        for _ in range(factor_steps):
+            stats.observe_gain(predicted=3.0, realised=0)
+        planner = Planner(config, [matcher], stats, cost, base_rows=1)
+        sizes.append(planner.plan(seq, seq.shape[0]).size)
+    assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid

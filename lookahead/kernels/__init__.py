@@ -24,7 +24,7 @@ def warmup() -> None:
     best_first_order(parents, prob)
     ancestor_mask(parents)
     adj = np.array([[1, -1], [0, -1]], dtype=np.int64)
-    grown = grow_recycled_tree(adj, 0, np.full((2, 2), 0.5), 3)
+    grown = grow_recycled_tree(adj, np.zeros_like(adj), 1, 0, np.full((2, 2), 0.5), 3)
     tree_paths(*grown)
     path_tokens(tokens, parents, depths)
     from ..verify import accept_walk

@@ -5,36 +5,72 @@ Every forward already computes the logits at x, at the window's last level and
 at every tree node, rejected ones included. Their top-R tokens are stored as
 "what follows token t" (the most recent sighting wins) in an adjacency table
 [V, R] that lives as long as the generator, and from x a best-first tree is
-grown over it. Classes are the successor ranks 0 .. R-1.
+grown over it.
+
+Each remembered successor also keeps how sure the model was of it: its
+probability within the top-R (softmax over the R best logits, an upper bound
+of its real probability that costs no pass over the vocabulary), cut into
+``CONFIDENCE_EDGES`` buckets. A node's class is (rank, bucket), so the
+acceptance estimates learn that a rank-0 successor the model gave 0.95 is
+accepted far more often than one it gave 0.3 (under sampling its acceptance
+IS the target's probability of it), and the budget speculates where the
+model was sure, not where the text is open.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..kernels.recycle import grow_recycled_tree, tree_paths
 from .base import Candidates, no_candidates
 
 
+CONFIDENCE_EDGES = (0.25, 0.5, 0.75, 0.9)  # bucket b holds top-R probabilities in [edge b-1, edge b)
+BUCKETS = len(CONFIDENCE_EDGES) + 1
+BUCKET_MIDDLES = np.array([0.12, 0.37, 0.62, 0.82, 0.95])  # a typical probability in each bucket
+
+
 def rank_priors(width: int) -> np.ndarray:
-    """Assumed acceptance of a rank-r successor before any is measured."""
-    return 0.4 / (1.0 + 2.0 * np.arange(width))
+    """Assumed acceptance [R * B] of a successor of rank r in confidence bucket b (class r * B + b)
+    before any is measured: the bucket's typical probability, damped by rank (a remembered
+    successor may be stale)."""
+    damp = 0.8 / (1.0 + np.arange(width))  # [R]
+    return (damp[:, None] * BUCKET_MIDDLES[None, :]).reshape(-1)
+
+
+def top_successors(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """The top-R tokens of every row of logits [K, V] and their confidence buckets, on the device:
+    int64 [K, 2R] (tokens, then buckets).
+
+    A bucket is how many CONFIDENCE_EDGES the token's probability within the
+    top R reaches (softmax over the R best logits).
+    """
+    values, tokens = logits.topk(width, dim=-1)  # [K, R]
+    share = torch.softmax(values.float(), dim=-1)  # [K, R]
+    bucket = torch.zeros_like(tokens)
+    for edge in CONFIDENCE_EDGES:
+        bucket += share >= edge
+    return torch.cat([tokens, bucket], dim=1)  # [K, 2R]
 
 
 class AdjacencyTable:
-    """token -> its most recent top-R successors; -1 = not seen yet."""
+    """token -> its most recent top-R successors (-1 = not seen yet) and their confidence buckets."""
 
     def __init__(self, vocab: int, width: int):
         self.successors = np.full((vocab, width), -1, dtype=np.int64)  # [V, R]
+        self.confidence = np.zeros((vocab, width), dtype=np.int64)  # [V, R] buckets 0 .. B-1
 
     @property
     def width(self) -> int:
         return int(self.successors.shape[1])
 
-    def learn(self, tokens: np.ndarray, top: np.ndarray) -> None:
-        """Row i of a forward carried tokens[i]; the model's top-R there were top[i, :R]."""
+    def learn(self, tokens: np.ndarray, top: np.ndarray, buckets: np.ndarray | None = None) -> None:
+        """Row i of a forward carried tokens[i]; the model's top-R there were top[i, :R], with
+        confidence buckets buckets[i, :R] (None: all 0)."""
         ok = (tokens >= 0) & (tokens < self.successors.shape[0])
         self.successors[tokens[ok]] = top[ok, :self.width]
+        self.confidence[tokens[ok]] = 0 if buckets is None else np.clip(buckets[ok, :self.width], 0, BUCKETS - 1)
 
 
 class RecyclingProposer:
@@ -53,11 +89,11 @@ class RecyclingProposer:
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
         if limit <= 0 or self.nodes <= 0:
             return no_candidates()
-        tokens, parents, depths, ranks = grow_recycled_tree(self.table.successors, int(seq[stop - 1]),
-                                                            estimates, self.nodes)
+        tokens, parents, depths, classes = grow_recycled_tree(
+            self.table.successors, self.table.confidence, BUCKETS, int(seq[stop - 1]), estimates, self.nodes)
         if tokens.shape[0] == 0:
             return no_candidates()
-        return Candidates(*tree_paths(tokens, parents, depths, ranks))
+        return Candidates(*tree_paths(tokens, parents, depths, classes))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Nothing: the table learns from the forward's logits (AdjacencyTable.learn)."""
