@@ -282,5 +282,5 @@ def test_planner_scales_its_tree_by_the_gain_factor():
         for _ in range(factor_steps):
             stats.observe_gain(predicted=3.0, realised=0)
         planner = Planner(config, [matcher], stats, cost, base_rows=1)
-        sizes.append(planner.plan(seq, seq.shape[0]).size)
+        sizes.append(planner.plan(seq, seq.shape[0], room=64).size)
     assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid
