@@ -23,6 +23,7 @@ import torch
 
 from .cache import keep_rows_per_row
 from .processing import Decoding
+from .scores import choose_batch_width
 from .sequence import Sequence, StepPlan
 from .stats import GenerationStats
 from .target import to_device
@@ -83,7 +84,10 @@ class BatchDecoding:
         """One batched step: plan every row, one forward, one transfer, commit every row."""
         began = time.perf_counter()
         seqs = [self.seqs[b] for b in self.active]
-        plans = [seq.plan() for seq in seqs]  # 1. propose, 2. build the trees
+        ranked = [seq.rank() for seq in seqs]  # 1. propose
+        width = choose_batch_width([r.probs for r in ranked], seqs[0].planner.base_rows, seqs[0].planner.cost,
+                                   self.seqs[0].cfg.max_tree_nodes)  # 2. one tree width for the batch
+        plans = [seq.plan(seq.planner.cut(r, width)) for seq, r in zip(seqs, ranked)]
         tokens, q_pos, local = self._rows(plans)  # [A, Q], [A, Q], [A, Q, Q]
         logits = self._forward(tokens, q_pos, local)  # 3. forward: [A, Q, V]
         staged = [seq.stage(logits[a, to_device(p.keep, logits.device)], p)  # 4. verify

@@ -10,6 +10,8 @@ starts from the sources' priors and learns only from steps decoded in it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .config import LookaheadConfig
@@ -31,6 +33,15 @@ def regime(do_sample: bool, temperature: float | None) -> str:
     t = 1.0 if temperature is None else float(temperature)
     band = int(np.searchsorted(TEMPERATURE_BANDS, t, side="right"))
     return f"sample:{band}"
+
+
+@dataclass(frozen=True)
+class RankedTree:
+    """A scored trie, its nodes in best-first order, and their calibrated path probabilities."""
+
+    tree: TokenTree
+    order: np.ndarray  # [M] node indices, best first (every prefix is closed under parents)
+    probs: np.ndarray  # [M] path probability of order[i]: keeping k nodes yields 1 + probs[:k].sum() tokens
 
 
 def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
@@ -68,7 +79,12 @@ class Planner:
             source.begin(seq, stop)
 
     def plan(self, seq: np.ndarray, stop: int, room: int) -> TokenTree:
-        """1. propose, 2. build the scored trie and keep the best-first prefix that pays.
+        """1. propose, 2. build the scored trie and keep the best-first prefix that pays."""
+        ranked = self.rank(seq, stop, room)
+        return self.cut(ranked, choose_tree_size(ranked.probs, self.base_rows, self.cost, self.config.max_tree_nodes))
+
+    def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
+        """1. propose, 2. the scored trie in best-first order with calibrated path probabilities.
 
         ``room`` is how many tokens may still be appended: a node at depth
         >= room only decides tokens past the budget (or the model's context,
@@ -76,19 +92,22 @@ class Planner:
         """
         cap = self.config.max_tree_nodes
         if self.config.candidates == 0 or cap == 0 or room <= 1:
-            return empty_tree()
+            return RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
         estimates = self.acceptance.estimates()  # [C, D]
         cands = self._propose(seq, stop, estimates)
         if cands.count == 0:
-            return empty_tree()
+            return RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
         tree, prob = scored_tree(cands.tokens, cands.lens, cands.classes, estimates, BUILD_SLACK * cap)
         order = best_first_order(tree.parents, prob)  # [M]
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
         probs = prob[order] * self.acceptance.gain_factor()  # [M] calibrated (scores.py)
-        size = choose_tree_size(probs, self.base_rows, self.cost, cap)
-        self.predicted = float(probs[:size].sum())
-        return subtree(tree, order[:size])
+        return RankedTree(tree, order, probs)
+
+    def cut(self, ranked: RankedTree, size: int) -> TokenTree:
+        """The first ``size`` nodes of a ranked trie (closed under parents), as the step's tree."""
+        self.predicted = float(ranked.probs[:size].sum())
+        return subtree(ranked.tree, ranked.order[:size])
 
     def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray) -> Candidates:
         """Candidates from every source (at most G each), classes in the shared table."""

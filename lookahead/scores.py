@@ -93,3 +93,24 @@ def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, 
     gains = 1.0 + np.concatenate([[0.0], np.cumsum(probs[:limit])])  # [limit + 1]
     seconds = cost.step(base_rows + np.arange(limit + 1))  # [limit + 1]
     return int(np.argmax(gains / seconds))
+
+
+def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel | None, cap: int) -> int:
+    """How many tree nodes every row of a batch verifies this step (one width for all).
+
+    A batched step costs what its widest row costs (rows are padded to it), so
+    the rows are not sized one by one: probs[b] holds row b's path
+    probabilities in best-first order, and k maximises the batch's expected
+    tokens, sum over rows of 1 + sum(probs[b][:k]), over the step time of
+    base_rows + k rows per sequence. A row with fewer than k nodes keeps all.
+    k = 0 is a plain decode step for every row.
+    """
+    limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
+    if cost is None or limit == 0:
+        return limit
+    gains = np.full(limit + 1, float(len(probs)))  # [limit + 1]
+    for row in probs:
+        cum = np.concatenate([[0.0], np.cumsum(row[:limit])])  # [min(M_b, limit) + 1]
+        gains += np.concatenate([cum, np.full(limit + 1 - cum.shape[0], cum[-1])])
+    seconds = cost.step(base_rows + np.arange(limit + 1))  # [limit + 1]
+    return int(np.argmax(gains / seconds))

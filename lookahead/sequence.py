@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .output import OutputBuffer
-from .planner import Planner
+from .planner import Planner, RankedTree
 from .processing import Decoding
 from .proposers.context import ContextMatcher
 from .proposers.ngram import NgramPool, NgramProposer
@@ -77,17 +77,26 @@ class Sequence:
         out = self.out
         return out.limit < self.asked and out.new_tokens == out.limit and out.last not in out.eos
 
-    def plan(self) -> StepPlan:
-        """1. propose, 2. build the tree; the step's rows [x | window | tree].
+    def plan(self, tree: TokenTree | None = None) -> StepPlan:
+        """1. propose, 2. build the tree (unless given one); the step's rows [x | window | tree].
 
         Tree nodes stay inside the tokens still allowed (the budget, cut at the
         model's context): no decisive row is fed a position past the context.
         """
-        tree = self.planner.plan(self.out.seq, self.out.stop, self.out.limit - self.out.new_tokens)
+        if tree is None:
+            tree = self.planner.plan(self.out.seq, self.out.stop, self.room())
         layout = step_layout(self.window.layout(), tree)
         tokens = np.concatenate([self.window.rows(self.out.last), tree.tokens])  # [Q]
         keep = np.concatenate([self.window.kept_rows, layout.tree_start + np.arange(tree.size)])  # [K]
         return StepPlan(tree, layout, tokens, keep)
+
+    def room(self) -> int:
+        """Tokens this sequence may still append."""
+        return self.out.limit - self.out.new_tokens
+
+    def rank(self) -> RankedTree:
+        """1. propose, 2. the scored trie in best-first order (a batch cuts every row at one width)."""
+        return self.planner.rank(self.out.seq, self.out.stop, self.room())
 
     def stage(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         """4. verify, device half: what the host needs from the kept rows' logits [K, V]."""

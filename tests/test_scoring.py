@@ -22,7 +22,7 @@ from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
-from lookahead.scores import AcceptanceStats, choose_tree_size
+from lookahead.scores import AcceptanceStats, choose_batch_width, choose_tree_size
 from lookahead.support import attention_layout
 from lookahead.tree import TokenTree, scored_tree, subtree
 
@@ -284,3 +284,16 @@ def test_planner_scales_its_tree_by_the_gain_factor():
         planner = Planner(config, [matcher], stats, cost, base_rows=1)
         sizes.append(planner.plan(seq, seq.shape[0], room=64).size)
     assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid
+
+
+def test_batch_width_weighs_every_row_against_the_padded_step():
+    cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.3]))  # a row costs 30% of a step
+    sure, unsure = np.array([0.9, 0.9, 0.9]), np.array([0.05, 0.05, 0.05])
+    assert choose_tree_size(sure, 1, cost, 8) == 3  # alone, the sure row speculates all three
+    # (1 + 1) / 1 = 2.0 at k = 0; (2 + 0.95) / 1.3 = 2.27 at k = 1; (2 + 1.9) / 1.6 = 2.44; (2 + 2.85) / 1.9 = 2.55
+    assert choose_batch_width([sure, unsure], 1, cost, 8) == 3
+    # four unsure rows pay for the padded width too: (5 + 0.9 + 0.2) / 1.3 = 4.69 < 5 / 1 at k = 0
+    assert choose_batch_width([sure] + [unsure] * 4, 1, cost, 8) == 0
+    assert choose_batch_width([sure, np.zeros(0)], 1, cost, 2) == 2  # a row with no nodes adds only its 1
+    assert choose_batch_width([np.zeros(0), np.zeros(0)], 1, cost, 8) == 0
+    assert choose_batch_width([sure, unsure], 1, None, 2) == 2  # fixed budget: the cap
