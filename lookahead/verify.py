@@ -30,11 +30,12 @@ level (argmax of its last-level rows) and the recycled top-R successors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from numba import njit
+from transformers.generation import logits_process as lp
 
 from .kernels.trie import path_tokens
 from .processing import Decoding, process_rows
@@ -149,6 +150,11 @@ class Verifier:
         self.recycle_width = recycle_width  # R, or None without token recycling
         self.prompt_len = prompt_len
         self.uniforms = PositionUniforms(decoding.generator) if decoding.do_sample else None
+        # Sampling that ends in a top-k warper draws from the top k directly (sample_top_k); the
+        # other processors run as usual. On the CPU only: its fallback looks at the rows on the host.
+        self.top_k = fast_top_k(decoding)
+        self.row_processing = decoding if self.top_k is None else replace(
+            decoding, processors=lp.LogitsProcessorList(decoding.processors[:-1]))
 
     def choose(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int) -> Choice:
         """Verify the tree against logits [K, V] (on the device); one host transfer."""
@@ -162,29 +168,32 @@ class Verifier:
         if self.recycle_width is not None:
             parts.append(top_successors(logits, self.recycle_width).reshape(-1))  # [K * 2R]
         decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
-        scores = self._processed(decide, tree, seq, stop)  # [1 + M, V]
+        fast = self.top_k is not None and decide.device.type == "cpu"
+        scores = self._processed(decide, tree, seq, stop, self.row_processing if fast else self.decoding)
         if self.uniforms is None:
             parts.append(scores.argmax(-1))  # [1 + M]: exactly what greedy decoding picks
         else:
             depths = np.concatenate([[0], tree.depths])  # [1 + M]
             u = self.uniforms.at(stop - self.prompt_len + depths)  # [1 + M]
-            parts.append(sample_rows(scores, to_device(u, scores.device)))  # [1 + M]
+            u = to_device(u, scores.device)
+            parts.append(sample_top_k(scores, self.top_k, u) if fast else sample_rows(scores, u))  # [1 + M]
         return torch.cat(parts)
 
     def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:
         """Length of ``stage``'s tensor for a tree with ``kept`` logit rows."""
         return rows.window + (kept * 2 * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size
 
-    def _processed(self, scores: torch.Tensor, tree: TokenTree, seq: np.ndarray, stop: int) -> torch.Tensor:
-        """The decision rows' scores after the call's logits processors, each with its own prefix."""
-        if not self.decoding.processors:
+    def _processed(self, scores: torch.Tensor, tree: TokenTree, seq: np.ndarray, stop: int,
+                   decoding: Decoding) -> torch.Tensor:
+        """The decision rows' scores after ``decoding``'s logits processors, each with its own prefix."""
+        if not decoding.processors:
             return scores
         paths = np.zeros((1 + tree.size, max(1, int(tree.depths.max(initial=0)))), dtype=np.int64)  # [1 + M, D]
         if tree.size:
             nodes = path_tokens(tree.tokens, tree.parents, tree.depths)  # [M, D]
             paths[1:, :nodes.shape[1]] = nodes
         depths = np.concatenate([[0], tree.depths])  # [1 + M]
-        return process_rows(self.decoding, scores, seq, stop, paths, depths)
+        return process_rows(decoding, scores, seq, stop, paths, depths)
 
     def finish(self, host: np.ndarray, rows: RowMap, tree: TokenTree, kept: int) -> Choice:
         """Split the staged values (now on the host) into window argmax, top-R and the chosen
@@ -203,6 +212,58 @@ class Verifier:
 def accepted_children(tree: TokenTree, chosen: np.ndarray) -> np.ndarray:
     """accept[M]: node i's token is the one chosen at its parent's row (chosen[1 + M], x first)."""
     return tree.tokens == chosen[tree.parents + 1]
+
+
+TOP_K_SPARE = 16  # top entries fetched beyond k, so that ties at the k-th score are kept as transformers keeps them
+
+
+def fast_top_k(decoding: Decoding) -> int | None:
+    """k when sampling ends in transformers' top-k warper (the default when sampling), else None.
+
+    Then the warper's two passes over the vocabulary and the softmax and
+    cumulative sum over it can be replaced by ``sample_top_k`` on the CPU.
+    """
+    procs = decoding.processors
+    if not decoding.do_sample or not procs or type(procs[-1]) is not lp.TopKLogitsWarper:
+        return None
+    last = procs[-1]
+    return int(last.top_k) if last.filter_value == float("-inf") else None
+
+
+def sample_top_k(scores: torch.Tensor, k: int, u: torch.Tensor) -> torch.Tensor:
+    """sample_rows(TopKLogitsWarper(k)(None, scores), u) [R], without passes over the vocabulary.
+
+    transformers keeps every token whose score reaches the k-th largest (ties
+    included) and gives the rest probability 0, which adds nothing to a
+    cumulative sum; so the kept tokens are taken from the top k + TOP_K_SPARE,
+    put back in vocabulary order, and drawn by inverse CDF over them alone. A
+    row whose ties at the k-th score may reach past the spare entries (or
+    whose k-th score is -inf) takes the full path, row by row, so every row's
+    token depends on its own scores and uniform only.
+
+    scores [R, V] = [[1, 5, 3, 4]], k = 2, u = [0.5]: tokens 1 and 3 are kept
+    (probabilities .73 / .27 in vocabulary order) -> token 1.
+    """
+    vocab = scores.shape[1]
+    k = min(k, vocab)
+    wide = min(k + TOP_K_SPARE, vocab)
+    values, index = scores.topk(wide, dim=-1)  # [R, S] best first
+    kth = values[:, k - 1:k]  # [R, 1]
+    order = index.argsort(dim=-1)  # [R, S] back to vocabulary order
+    index, values = index.gather(1, order), values.gather(1, order)
+    kept = values >= kth  # [R, S]
+    probs = torch.softmax(values.float().masked_fill(~kept, float("-inf")), dim=-1)  # [R, S]
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # [R, S]
+    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
+    out = index.gather(1, torch.searchsorted(cdf, target, right=True).clamp_max(wide - 1))[:, 0]  # [R]
+    unsure = torch.isinf(kth[:, 0])
+    if wide < vocab:
+        unsure |= kept.sum(-1) == wide  # every spare entry ties with the k-th: more may follow
+    rows = unsure.nonzero()[:, 0]  # on the CPU only (see Verifier): no device to wait for
+    if rows.numel():
+        full = lp.TopKLogitsWarper(k)(None, scores[rows])
+        out[rows] = sample_rows(full, u[rows])
+    return out
 
 
 def sample_rows(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import transformers
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead import verify
 from lookahead.tree import TokenTree
-from lookahead.verify import accept_walk, accepted_children, sample_rows
+from lookahead.verify import accept_walk, accepted_children, fast_top_k, sample_rows, sample_top_k
 
 VOCAB = 8
 EOS = 7
@@ -385,3 +385,42 @@ def test_processors_see_each_rows_own_prefix(model):
             want = proc(ids, want)
         assert torch.equal(got[row], want[0])
     assert got[3, 6] == -float("inf") or got[3, 6] == scores[3, 6] / 2  # token 6 (depth 2) penalised
+
+
+def test_sample_top_k_docstring_example():
+    u = torch.tensor([0.5, 0.8], dtype=torch.float64)
+    assert sample_top_k(torch.tensor([[1.0, 5, 3, 4], [1.0, 5, 3, 4]]), 2, u).tolist() == [1, 3]  # .73 / .27
+
+
+@pytest.mark.parametrize("case", ["distinct", "ties", "all_tied", "few_finite"])
+def test_sample_top_k_draws_what_the_warper_then_sample_rows_draws(case):
+    """The shortcut equals transformers' TopKLogitsWarper followed by the full inverse-CDF draw,
+    ties at the k-th score included (those rows take the full path)."""
+    gen = torch.Generator().manual_seed(3)
+    for k in (1, 2, 7, 50):
+        scores = torch.randn(9, 500, generator=gen) * 3  # [R, V]
+        if case == "ties":
+            scores = (scores * 2).round() / 2  # many equal scores around the k-th
+        elif case == "all_tied":
+            scores[:] = 1.5
+        elif case == "few_finite":
+            scores[:, 3:] = float("-inf")  # fewer than k finite scores: the k-th is -inf
+        for _ in range(20):
+            u = torch.rand(9, dtype=torch.float64, generator=gen)
+            expect = sample_rows(transformers.generation.TopKLogitsWarper(k)(None, scores), u)
+            assert torch.equal(sample_top_k(scores, k, u), expect)
+
+
+def test_fast_top_k_only_when_sampling_ends_in_top_k():
+    from lookahead.processing import Decoding
+    from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, \
+        TopPLogitsWarper
+
+    def decoding(procs, do_sample=True):
+        return Decoding(do_sample, 0.7, LogitsProcessorList(procs), 8, np.zeros(0, dtype=np.int64), None)
+
+    assert fast_top_k(decoding([TemperatureLogitsWarper(0.7), TopKLogitsWarper(50)])) == 50
+    assert fast_top_k(decoding([TopKLogitsWarper(50), TopPLogitsWarper(0.9)])) is None  # top-p after it
+    assert fast_top_k(decoding([TopKLogitsWarper(5, filter_value=-1e4)])) is None  # not a zero probability
+    assert fast_top_k(decoding([TopKLogitsWarper(5)], do_sample=False)) is None
+    assert fast_top_k(decoding([])) is None
