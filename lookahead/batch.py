@@ -85,8 +85,9 @@ class BatchDecoding:
         began = time.perf_counter()
         seqs = [self.seqs[b] for b in self.active]
         ranked = [seq.rank() for seq in seqs]  # 1. propose
-        width = choose_batch_width([r.probs for r in ranked], seqs[0].planner.base_rows, seqs[0].planner.cost,
-                                   self.seqs[0].cfg.max_tree_nodes)  # 2. one tree width for the batch
+        planner = seqs[0].planner  # every row's planner shares the config, base rows and batched cost
+        width = choose_batch_width([r.probs for r in ranked], planner.base_rows, planner.cost,
+                                   planner.config.max_tree_nodes)  # 2. one tree width for the batch
         plans = [seq.plan(seq.planner.cut(r, width)) for seq, r in zip(seqs, ranked)]
         tokens, q_pos, local = self._rows(plans)  # [A, Q], [A, Q], [A, Q, Q]
         logits = self._forward(tokens, q_pos, local)  # 3. forward: [A, Q, V]

@@ -91,12 +91,13 @@ class Planner:
         whose positions must never be fed), so the trie is cut above it.
         """
         cap = self.config.max_tree_nodes
+        nothing = RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
         if self.config.candidates == 0 or cap == 0 or room <= 1:
-            return RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
+            return nothing
         estimates = self.acceptance.estimates()  # [C, D]
         cands = self._propose(seq, stop, estimates)
         if cands.count == 0:
-            return RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
+            return nothing
         tree, prob = scored_tree(cands.tokens, cands.lens, cands.classes, estimates, BUILD_SLACK * cap)
         order = best_first_order(tree.parents, prob)  # [M]
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)

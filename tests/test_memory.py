@@ -70,7 +70,7 @@ def test_long_generation_memory_is_linear_and_the_cache_holds_the_sequence(gen):
     # call ends there): every earlier step's rejected rows were dropped.
     assert out.stop - 1 <= run.cache.get_seq_length() <= out.stop - 1 + stats.rows_per_step[-1]
     assert out.seq.shape[0] <= out.stop + OutputBuffer.GROWTH + 1  # the buffer grew with the text, no further
-    assert len(stats.rows_per_step) == len(stats.accepted) == len(stats.step_seconds) == stats.steps
+    assert len(stats.rows_per_step) == len(stats.accepted) == stats.steps  # one stats entry per step, no more
     assert stats.steps > LONG // 8  # short steps: a per-step leak would be a per-token one
     for what, growth in (("held", long_held - short_held), ("peak", long_peak - short_peak)):
         assert growth < BYTES_PER_EXTRA_TOKEN * (LONG - SHORT), f"{what}: {growth} bytes for {LONG - SHORT} more tokens"
