@@ -47,6 +47,8 @@ class LookaheadConfig:
     match_length: int = 32  # most tokens proposed after a context match
     recycle: bool = True  # propose the model's own recent top-k successors (token recycling)
     recycle_width: int = 8  # successors remembered per token (R)
+    draft_tokens: int = 8  # longest chain a draft model drafts per step (with LookaheadGenerator(draft_model=))
+    draft_alternatives: int = 1  # greedy: the draft's runner-ups per chain depth, as one-token branches
     max_tree_nodes: int = 32  # cap on verification-tree nodes per step
     budget: str = "adaptive"  # "adaptive": size each step's tree by cost model; "fixed": always the cap
     cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
@@ -65,6 +67,8 @@ class LookaheadConfig:
         _check_int("match_max", self.match_max, self.match_min, 64)
         _check_int("match_length", self.match_length, 1, 256)
         _check_int("max_tree_nodes", self.max_tree_nodes, 0, 4096)
+        _check_int("draft_tokens", self.draft_tokens, 1, 64)
+        _check_int("draft_alternatives", self.draft_alternatives, 0, 8)
         _check_int("recycle_width", self.recycle_width, 1, 64)
         _check_int("calibration_context", self.calibration_context, 1, 65536)
         _check_int("calibration_repeats", self.calibration_repeats, 1, 100)

@@ -21,6 +21,7 @@ import torch
 from .cache import keep_rows
 from .config import LookaheadConfig
 from .costmodel import CostModel, load_cost_model
+from .draftcheck import check_draft
 from .batch import BatchDecoding
 from .inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
 from .kernels import warmup
@@ -32,8 +33,11 @@ from .scores import AcceptanceStats
 from .sequence import Sequence
 from .stats import GenerationStats
 from .target import to_device
-from .support import check_model
+from .support import check_model, context_length
 from .target import Target
+
+
+DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)
 
 
 @dataclass
@@ -58,10 +62,16 @@ class LookaheadGenerator:
     >>> gen = LookaheadGenerator(model, tokenizer, LookaheadConfig())
     >>> out = gen.generate(input_ids, max_new_tokens=64)  # == model.generate(..., do_sample=False)
     >>> out = gen.generate(input_ids, max_new_tokens=64, do_sample=True, temperature=0.7)
+
+    ``draft_model``: an optional small causal LM with the target's vocabulary
+    (same tokenizer), on the target's device unless ``allow_draft_device``;
+    it becomes one more candidate source in the same tree (proposers/draft.py),
+    its forwards counted by the budget. ``draft_tokenizer``, when given, is
+    checked against ``tokenizer``.
     """
 
-    def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None, *,
-                 learned: Learned | None = None):
+    def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None, draft_model=None, *,
+                 learned: Learned | None = None, draft_tokenizer=None, allow_draft_device: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config if config is not None else LookaheadConfig()
@@ -70,6 +80,12 @@ class LookaheadGenerator:
         self.target = Target(model, check_model(model, self.config.allow_untested_models))
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
+        self.draft_model, self.draft_cost = draft_model, None
+        if draft_model is not None:
+            layout = check_draft(model, draft_model, tokenizer, draft_tokenizer, allow_draft_device,
+                                 self.config.allow_untested_models)
+            if self.config.budget == "adaptive":
+                self.draft_cost = self._measure_draft_cost(layout)
         warmup()
         if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):
             raise ValueError("learned state comes from a generator with another config or vocabulary; "
@@ -103,6 +119,16 @@ class LookaheadGenerator:
             context = max(1, min(context, self.target.context - 1))
         return load_cost_model(self.model, self.target.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
                                context, cfg.calibration_repeats, cfg.cost_cache_dir, batch)
+
+    def _measure_draft_cost(self, layout) -> CostModel:
+        """The draft's forward-cost curve over as many rows as it is fed at once (cached on disk)."""
+        cfg = self.config
+        rows = min(DRAFT_COST_ROWS, cfg.max_tree_nodes + 2)
+        context = cfg.calibration_context
+        draft_context = context_length(self.draft_model.config)
+        if draft_context is not None:
+            context = max(1, min(context, draft_context - 1))
+        return load_cost_model(self.draft_model, layout, rows, context, cfg.calibration_repeats, cfg.cost_cache_dir)
 
     def cost_for_batch(self, batch: int) -> CostModel | None:
         """The cost curve of a step over ``batch`` sequences (measured on first use, cached on disk)."""
@@ -164,6 +190,9 @@ class LookaheadGenerator:
 
         The ids are made outside inference mode: an ordinary tensor, as model.generate returns.
         """
+        if len(prompts) > 1 and self.draft_model is not None:
+            raise GenerateInputError("a draft model drafts for one sequence: generate batch size 1 with "
+                                     "draft_model, or a batch without it")
         if len(prompts) > 1 and streamer is not None:
             raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
                                      "or pass streamer=None for a batch")
@@ -191,7 +220,7 @@ class LookaheadGenerator:
 
     def acceptance_for(self, decoding: Decoding, proposers: list) -> AcceptanceStats:
         """The estimate table of this decoding's regime (made from the sources' priors when new)."""
-        key = regime(decoding.do_sample, decoding.temperature)
+        key = regime(decoding.do_sample, decoding.temperature) + ("+draft" if self.draft_model is not None else "")
         if key not in self.acceptance:
             self.acceptance[key] = AcceptanceStats([p.priors for p in proposers], SCORE_DEPTH)
         return self.acceptance[key]
@@ -228,6 +257,7 @@ class _Decoding:
         while not done:
             done = self._step()
         tokens = out.finish()
+        self.seq.count_draft()
         self.stats.wall_time_s = time.perf_counter() - start
         self.stats.new_tokens = out.new_tokens
         return tokens

@@ -13,13 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .config import LookaheadConfig
 from .costmodel import CostModel
 from .kernels.trie import best_first_order
 from .proposers.base import Candidates, no_candidates
 from .scores import AcceptanceStats, choose_tree_size
-from .tree import TokenTree, empty_tree, scored_tree, subtree
+from .tree import TokenTree, append_chain, empty_tree, scored_tree, subtree
+from .verify import DrawnRows
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)
 BUILD_SLACK = 4  # the scored trie may hold this many times max_tree_nodes before pruning
@@ -36,17 +38,43 @@ def regime(do_sample: bool, temperature: float | None) -> str:
 
 
 @dataclass(frozen=True)
+class DrawnChain:
+    """A chain of tokens a draft DREW (sampling), as nodes of a scored trie."""
+
+    tokens: np.ndarray  # [L] c_1 .. c_L
+    nodes: np.ndarray  # [L] their node indices in the trie, in depth order
+    q: torch.Tensor  # [L, V] q[d]: the distribution c_{d+1} was drawn from (at x for d = 0)
+
+
+@dataclass(frozen=True)
 class RankedTree:
     """A scored trie, its nodes in best-first order, and their calibrated path probabilities."""
 
     tree: TokenTree
     order: np.ndarray  # [M] node indices, best first (every prefix is closed under parents)
     probs: np.ndarray  # [M] path probability of order[i]: keeping k nodes yields 1 + probs[:k].sum() tokens
+    drawn: DrawnChain | None = None  # a draft's drawn chain, its own branch of the trie
+    seconds: float = 0.0  # what proposing cost beyond the step's forward (a draft's forwards)
+
+
+def drawn_rows(chain: DrawnChain | None, kept: np.ndarray) -> DrawnRows | None:
+    """The decision rows of a cut tree (kept [k]: the trie's nodes kept, sorted) whose next token
+    was drawn: x with c_1, then every kept chain node c_d with c_{d+1} (when the chain goes on).
+
+    The draws are verified at those rows whether or not the drawn child itself was kept.
+    """
+    if chain is None:
+        return None
+    kept_chain = chain.nodes[np.isin(chain.nodes, kept)]  # a prefix of the chain: kept sets are closed
+    inner = kept_chain[:chain.tokens.shape[0] - 1]  # the last drawn token has no draw after it
+    rows = np.concatenate([[0], 1 + np.searchsorted(kept, inner)]).astype(np.int64)  # [R]
+    return DrawnRows(rows, chain.tokens[:rows.shape[0]], chain.q[:rows.shape[0]])
 
 
 def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
     """Concatenate every source's candidates (in priority order), shifting each
-    source's classes by its offset into the shared estimate table."""
+    source's classes by its offset into the shared estimate table (drawn rows
+    are not merged: see ``Planner.rank``)."""
     groups = [(c, off) for c, off in groups if c.count]
     if not groups:
         return no_candidates()
@@ -72,6 +100,7 @@ class Planner:
         self.cost = cost
         self.base_rows = base_rows  # rows every step has before the tree (x and the window)
         self.predicted = 0.0  # extra tokens the last planned tree was predicted to yield
+        self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -81,7 +110,8 @@ class Planner:
     def plan(self, seq: np.ndarray, stop: int, room: int) -> TokenTree:
         """1. propose, 2. build the scored trie and keep the best-first prefix that pays."""
         ranked = self.rank(seq, stop, room)
-        return self.cut(ranked, choose_tree_size(ranked.probs, self.base_rows, self.cost, self.config.max_tree_nodes))
+        size = choose_tree_size(ranked.probs, self.base_rows, self.cost, self.config.max_tree_nodes, ranked.seconds)
+        return self.cut(ranked, size)
 
     def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
         """1. propose, 2. the scored trie in best-first order with calibrated path probabilities.
@@ -95,29 +125,47 @@ class Planner:
         if self.config.candidates == 0 or cap == 0 or room <= 1:
             return nothing
         estimates = self.acceptance.estimates()  # [C, D]
-        cands = self._propose(seq, stop, estimates)
-        if cands.count == 0:
-            return nothing
-        tree, prob = scored_tree(cands.tokens, cands.lens, cands.classes, estimates, BUILD_SLACK * cap)
+        chosen, drawn, seconds = self._propose(seq, stop, estimates)
+        tree, prob = scored_tree(chosen.tokens, chosen.lens, chosen.classes, estimates, BUILD_SLACK * cap)
+        chain = None
+        if drawn is not None:
+            # A drawn chain is its own branch, never merged with another source's equal tokens,
+            # and scored by classes fixed before each draw: which nodes the budget keeps
+            # cannot depend on which tokens were drawn, so every draw verified at a row is
+            # still a plain draw from that row's q (verify.py's min(1, p/q) needs exactly that).
+            length = int(drawn.lens[0])
+            classes = drawn.classes[0, :length]  # [L] already offset into the shared table
+            cond = estimates[classes, np.minimum(np.arange(length), estimates.shape[1] - 1)]  # [L]
+            tree, prob, nodes = append_chain(tree, prob, drawn.tokens[0, :length], classes, cond)
+            chain = DrawnChain(drawn.tokens[0, :length], nodes, drawn.q)
+        if tree.size == 0:
+            return RankedTree(tree, np.zeros(0, dtype=np.int64), np.zeros(0), None, seconds)
         order = best_first_order(tree.parents, prob)  # [M]
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
         probs = prob[order] * self.acceptance.gain_factor()  # [M] calibrated (scores.py)
-        return RankedTree(tree, order, probs)
+        return RankedTree(tree, order, probs, chain, seconds)
 
     def cut(self, ranked: RankedTree, size: int) -> TokenTree:
         """The first ``size`` nodes of a ranked trie (closed under parents), as the step's tree."""
         self.predicted = float(ranked.probs[:size].sum())
+        self.drawn = drawn_rows(ranked.drawn, np.sort(ranked.order[:size]))
         return subtree(ranked.tree, ranked.order[:size])
 
-    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray) -> Candidates:
-        """Candidates from every source (at most G each), classes in the shared table."""
-        groups = []
+    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray) -> tuple[Candidates, Candidates | None, float]:
+        """Candidates from every source (at most G each), classes in the shared table: the chosen
+        ones merged, a draft's drawn chain (or None), and the seconds the sources spent."""
+        groups, drawn, seconds = [], None, 0.0
         for i, source in enumerate(self.proposers):
             block = self.acceptance.block(i, estimates)  # [C_i, D]
             found = source.propose(seq, stop, self.config.candidates, block)
-            groups.append((found, int(self.acceptance.offsets[i])))
-        return merge_candidates(groups)
+            offset = int(self.acceptance.offsets[i])
+            seconds += found.seconds
+            if found.q is not None and found.count:
+                drawn = Candidates(found.tokens[:1], found.lens[:1], found.classes[:1] + offset, found.q)
+                found = Candidates(found.tokens[1:], found.lens[1:], found.classes[1:])
+            groups.append((found, offset))
+        return merge_candidates(groups), drawn, seconds
 
     def learn(self, tree: TokenTree, path: np.ndarray) -> None:
         """Count the verified nodes into the estimates, and the tree's yield against its prediction."""

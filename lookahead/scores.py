@@ -78,20 +78,23 @@ class AcceptanceStats:
         return float(np.clip(self.realised / self.predicted, *GAIN_RANGE))
 
 
-def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, cap: int) -> int:
+def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, cap: int,
+                     spent: float = 0.0) -> int:
     """How many nodes of a best-first order to verify this step.
 
     probs[M] are the nodes' path probabilities in best-first order, so keeping
     k nodes yields 1 + sum(probs[:k]) tokens on average (the bonus token is
     always produced). With a cost model, k maximises that over the expected
     step time of base_rows + k rows (k = 0 is plain decoding); without one
-    (a fixed budget) k is simply min(M, cap).
+    (a fixed budget) k is simply min(M, cap). ``spent`` seconds were already
+    spent on this step's candidates (a draft's forwards): part of every
+    size's step time.
     """
     limit = min(int(probs.shape[0]), cap)
     if cost is None or limit == 0:
         return limit
     gains = 1.0 + np.concatenate([[0.0], np.cumsum(probs[:limit])])  # [limit + 1]
-    seconds = cost.step(base_rows + np.arange(limit + 1))  # [limit + 1]
+    seconds = cost.step(base_rows + np.arange(limit + 1)) + spent  # [limit + 1]
     return int(np.argmax(gains / seconds))
 
 

@@ -16,12 +16,14 @@ import torch
 from .output import OutputBuffer
 from .planner import Planner, RankedTree
 from .processing import Decoding
+from .drafter import Drafter
 from .proposers.context import ContextMatcher
+from .proposers.draft import DraftProposer
 from .proposers.ngram import NgramPool, NgramProposer
 from .proposers.recycle import RecyclingProposer
 from .stats import GenerationStats
 from .tree import StepLayout, TokenTree, step_layout
-from .verify import RowMap, Verifier
+from .verify import DrawnRows, RowMap, Verifier
 from .window import JacobiWindow
 
 
@@ -33,6 +35,7 @@ class StepPlan:
     layout: StepLayout  # offsets [Q] from x, local mask [Q, Q]
     tokens: np.ndarray  # [Q] input tokens: the window (x first), then the tree
     keep: np.ndarray  # [K] rows whose logits are needed
+    drawn: DrawnRows | None = None  # rows whose next token a draft drew (sampling with a draft)
 
 
 class Sequence:
@@ -43,22 +46,25 @@ class Sequence:
         """``room``: the new tokens the model's context holds after this prompt (None: no limit)."""
         cfg = gen.config
         self.cfg, self.recycled, self.stats = cfg, gen.recycled, stats
+        self.drafter: Drafter | None = None
         self.asked = decoding.max_new_tokens
         limit = self.asked if room is None else min(self.asked, room)  # never past the model's context
         self.out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, gen.target.device)
         self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
         self.rows = RowMap(lead=self.window.kept_rows.shape[0], window=cfg.window, ngram=cfg.ngram)
         self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)
-        proposers = self._proposers()
-        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost,
-                               self.window.size)
         self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
                                  self.out.prompt_len)
+        proposers = self._proposers(gen, decoding, cost)
+        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost,
+                               self.window.size)
 
-    def _proposers(self) -> list:
+    def _proposers(self, gen, decoding: Decoding, cost) -> list:
         """Candidate sources in priority order (the order also fixes their estimate blocks)."""
         cfg = self.cfg
         sources = []
+        if gen.draft_model is not None:
+            sources.append(self._draft_proposer(gen, decoding, cost))
         if cfg.context_match:
             sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
         if cfg.ngram_pool:
@@ -66,6 +72,26 @@ class Sequence:
         if self.recycled is not None:
             sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
         return sources
+
+    def _draft_proposer(self, gen, decoding: Decoding, cost) -> DraftProposer:
+        """The draft model as a source; its chains stop where a draft forward costs more than it yields."""
+        draft_cost, base_rows = gen.draft_cost, self.window.size
+
+        def ratio() -> float:
+            if cost is None or draft_cost is None:  # a fixed budget: draft up to draft_tokens
+                return 0.0
+            return float(draft_cost.step(1)) / float(cost.step(base_rows + 1))
+
+        seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
+        self.drafter = Drafter(gen.draft_model)
+        return DraftProposer(self.drafter, decoding, self.cfg.draft_tokens, self.cfg.draft_alternatives, ratio,
+                             seed)
+
+    def count_draft(self) -> None:
+        """Put the draft model's work into the stats (nothing without a draft)."""
+        if self.drafter is not None:
+            self.stats.draft_forwards = self.drafter.forwards
+            self.stats.drafted = self.planner.proposers[0].drafted
 
     def begin(self) -> None:
         """The prompt is in: start the window and the proposers."""
@@ -83,12 +109,14 @@ class Sequence:
         Tree nodes stay inside the tokens still allowed (the budget, cut at the
         model's context): no decisive row is fed a position past the context.
         """
+        drawn = None
         if tree is None:
             tree = self.planner.plan(self.out.seq, self.out.stop, self.room())
+            drawn = self.planner.drawn
         layout = step_layout(self.window.layout(), tree)
         tokens = np.concatenate([self.window.rows(self.out.last), tree.tokens])  # [Q]
         keep = np.concatenate([self.window.kept_rows, layout.tree_start + np.arange(tree.size)])  # [K]
-        return StepPlan(tree, layout, tokens, keep)
+        return StepPlan(tree, layout, tokens, keep, drawn)
 
     def room(self) -> int:
         """Tokens this sequence may still append."""
@@ -100,7 +128,7 @@ class Sequence:
 
     def stage(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         """4. verify, device half: what the host needs from the kept rows' logits [K, V]."""
-        return self.verifier.stage(logits, self.rows, plan.tree, self.out.seq, self.out.stop)
+        return self.verifier.stage(logits, self.rows, plan.tree, self.out.seq, self.out.stop, plan.drawn)
 
     def staged_size(self, plan: StepPlan) -> int:
         return self.verifier.staged_size(self.rows, plan.tree, plan.keep.shape[0])

@@ -17,6 +17,8 @@ class GenerationStats:
     rows_per_step: list[int] = field(default_factory=list)  # Q of every decode forward
     accepted: list[int] = field(default_factory=list)  # tokens committed by every decode forward
     step_seconds: list[float] = field(default_factory=list)  # wall time of every decode step
+    draft_forwards: int = 0  # forward passes of the draft model (prefill included), if any
+    drafted: int = 0  # tokens the draft model proposed
 
     @property
     def accepted_per_step(self) -> float:

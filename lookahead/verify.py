@@ -22,6 +22,20 @@ parent's row; when no child is, the chosen token ends the step
   only on the output position it decides (``PositionUniforms``), so the
   sampled text is a function of the seed alone: the same under any tree,
   budget or machine timing, and reproducible with ``torch.manual_seed``.
+- Sampling with a draft model (speculative sampling): at a row whose child
+  c was DRAWN from the draft's distribution q (``DrawnRows``), c is
+  accepted with probability min(1, p(c) / q(c)) (a second uniform per
+  position); otherwise the row's token is drawn from max(0, p - q)
+  renormalised, by inverse CDF at the row's uniform, and the row's other
+  children are tried against that draw as above (a draw from the residual
+  either is one of them or stands for "none"). So the row emits c with
+  probability min(p(c), q(c)) summed over the draws and any t with
+  probability p(t) in all (Leviathan et al. 2023; Chen et al. 2023), given
+  that c is a plain draw from q (planner.py keeps the tree independent of
+  it). The test runs at the row whether or not c made it into the tree:
+  an accepted c that is no node simply ends the step. With a draft the
+  text still depends on the seed alone for a fixed tree, but the draft's
+  draws come from its own stream, consumed as drafted.
 
 The softmax, the inverse-CDF draws and the argmaxes run on the device; the
 host receives everything in one transfer, together with the window's next
@@ -118,28 +132,42 @@ class RowMap:
                           self.lead + torch.arange(nodes, device=device)])  # made on the device: no copy
 
 
+@dataclass(frozen=True)
+class DrawnRows:
+    """Decision rows whose next token a draft DREW from its distribution q (sampling)."""
+
+    rows: np.ndarray  # [R] decision rows (0 = x, 1 + i = tree node i)
+    tokens: np.ndarray  # [R] the drawn token after each
+    q: torch.Tensor  # [R, V] the distribution each was drawn from (on the draft's device)
+
+
 class PositionUniforms:
     """u[j]: the uniform that decides the j-th new token of a generate call.
 
     One 63-bit seed is drawn from ``generator`` (or torch's default
-    generator) when the call starts; the uniforms are a numpy PCG64 stream
+    generator) when the call starts; the uniforms are numpy PCG64 streams
     from it, indexed by output position, so they do not depend on how the
-    positions are grouped into steps.
+    positions are grouped into steps. Lane 0 draws the token, lane 1 tests
+    a draft's drawn token (min(1, p/q)).
     """
+
+    LANES = 2
 
     def __init__(self, generator: torch.Generator | None):
         device = generator.device if generator is not None else "cpu"
-        seed = int(torch.randint(0, 2 ** 63 - 1, (1,), generator=generator, device=device))
-        self.rng = np.random.Generator(np.random.PCG64(seed))
-        self.values = np.zeros(0)
+        self.seed = int(torch.randint(0, 2 ** 63 - 1, (1,), generator=generator, device=device))
+        self.rngs = [np.random.Generator(np.random.PCG64(self.seed if lane == 0 else [self.seed, lane]))
+                     for lane in range(self.LANES)]
+        self.values = [np.zeros(0) for _ in range(self.LANES)]
 
-    def at(self, positions: np.ndarray) -> np.ndarray:
+    def at(self, positions: np.ndarray, lane: int = 0) -> np.ndarray:
         """Uniforms [R] in [0, 1) of output positions [R] (>= 0)."""
         need = int(positions.max(initial=-1)) + 1
-        if need > self.values.shape[0]:
-            more = self.rng.random(max(need - self.values.shape[0], 64))
-            self.values = np.concatenate([self.values, more])
-        return self.values[positions]
+        have = self.values[lane]
+        if need > have.shape[0]:
+            more = self.rngs[lane].random(max(need - have.shape[0], 64))
+            self.values[lane] = have = np.concatenate([have, more])
+        return have[positions]
 
 
 class Verifier:
@@ -156,14 +184,17 @@ class Verifier:
         self.row_processing = decoding if self.top_k is None else replace(
             decoding, processors=lp.LogitsProcessorList(decoding.processors[:-1]))
 
-    def choose(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int) -> Choice:
+    def choose(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int,
+               drawn: DrawnRows | None = None) -> Choice:
         """Verify the tree against logits [K, V] (on the device); one host transfer."""
-        host = self.stage(logits, rows, tree, seq, stop).cpu().numpy()  # the step's one host sync
+        host = self.stage(logits, rows, tree, seq, stop, drawn).cpu().numpy()  # the step's one host sync
         return self.finish(host, rows, tree, logits.shape[0])
 
-    def stage(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int) -> torch.Tensor:
+    def stage(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int,
+              drawn: DrawnRows | None = None) -> torch.Tensor:
         """Everything the host needs from logits [K, V], as one int64 tensor on the device
-        (``staged_size`` long): window argmax, top-R, the chosen token of every decision row."""
+        (``staged_size`` long): window argmax, top-R, the chosen token of every decision row
+        (``drawn``: rows whose child a draft drew, sampling only)."""
         parts = [logits[rows.window_rows()].argmax(-1)]  # [W]
         if self.recycle_width is not None:
             parts.append(top_successors(logits, self.recycle_width).reshape(-1))  # [K * 2R]
@@ -174,9 +205,16 @@ class Verifier:
             parts.append(scores.argmax(-1))  # [1 + M]: exactly what greedy decoding picks
         else:
             depths = np.concatenate([[0], tree.depths])  # [1 + M]
-            u = self.uniforms.at(stop - self.prompt_len + depths)  # [1 + M]
-            u = to_device(u, scores.device)
-            parts.append(sample_top_k(scores, self.top_k, u) if fast else sample_rows(scores, u))  # [1 + M]
+            positions = stop - self.prompt_len + depths  # [1 + M] output positions decided
+            u = to_device(self.uniforms.at(positions), scores.device)  # [1 + M]
+            chosen = sample_top_k(scores, self.top_k, u) if fast else sample_rows(scores, u)  # [1 + M]
+            if drawn is not None:
+                full = self.decoding.processors[-1](None, scores[drawn.rows]) if fast else scores[drawn.rows]
+                test = to_device(self.uniforms.at(positions[drawn.rows], lane=1), scores.device)  # [R]
+                picked = speculative_rows(full, drawn.q.to(scores.device), to_device(drawn.tokens, scores.device),
+                                          test, u[drawn.rows])  # [R]
+                chosen = chosen.index_put((to_device(drawn.rows, scores.device),), picked)
+            parts.append(chosen)
         return torch.cat(parts)
 
     def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:
@@ -272,7 +310,35 @@ def sample_rows(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     The first token whose cumulative probability exceeds u; a token of
     probability 0 (filtered by top-k / top-p) is never drawn.
     """
-    probs = torch.softmax(scores.float(), dim=-1)  # [R, V]
-    cdf = probs.cumsum(-1, dtype=torch.float64)  # [R, V] summed in float64: no drift over a large vocabulary
+    return draw_rows(torch.softmax(scores.float(), dim=-1), u)
+
+
+def draw_rows(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw [R] of weights [R, V] (>= 0, not necessarily normalised) at uniforms u [R].
+
+    weights [[0, 2, 1, 1]], u [0.6] -> the cumulative share passes 0.6 at token 2.
+    """
+    cdf = weights.cumsum(-1, dtype=torch.float64)  # [R, V] summed in float64: no drift over a large vocabulary
     target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
-    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_max(scores.shape[1] - 1)  # [R]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_max(weights.shape[1] - 1)  # [R]
+
+
+def speculative_rows(scores: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, test: torch.Tensor,
+                     u: torch.Tensor) -> torch.Tensor:
+    """The token [R] each row emits when a draft drew drawn[R] from q[R, V] (speculative sampling).
+
+    p = softmax(scores [R, V]) (the target's fully processed scores). The
+    drawn token is kept iff test * q(drawn) < p(drawn), i.e. with probability
+    min(1, p/q); otherwise the row's token is the inverse-CDF draw at u of
+    max(0, p - q), which gives the drawn token no mass whenever it can be
+    rejected. On the device, no host sync.
+
+    p [.5 .5 0], q [.9 .1 0], drawn 0: kept with probability .5 / .9; else
+    the residual [0 .4 0] emits token 1.
+    """
+    p = torch.softmax(scores.float(), dim=-1)  # [R, V]
+    q = q.float()
+    index = drawn[:, None]  # [R, 1]
+    keep = test.to(p.dtype) * q.gather(1, index)[:, 0] < p.gather(1, index)[:, 0]  # [R]
+    residual = (p - q).clamp_min(0.0)  # [R, V]
+    return torch.where(keep, drawn, draw_rows(residual, u))  # [R]

@@ -282,9 +282,9 @@ def test_three_tokens_in_one_forward_follow_the_joint_distribution(model, prompt
     assert chi_square_p(counts, exact_distribution(model, prompt, 3, **settings), 1500) > P_MIN
 
 
-def _same_uniform_everywhere(self, positions):
+def _same_uniform_everywhere(self, positions, lane=0):
     """WRONG on purpose: every row of a step decided by the uniform of its first position."""
-    return np.full(positions.shape[0], self.rng.random())
+    return np.full(positions.shape[0], self.rngs[lane].random())
 
 
 @pytest.mark.parametrize("wrong", ["first-child", "same-uniform"])

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
@@ -15,11 +16,19 @@ class Candidates:
     ``classes[g, d]`` is the source's own label of token d of row g (0 ..
     len(Proposer.priors) - 1): acceptance is tracked per (source, class, depth),
     so a source can tell apart e.g. long and short context matches.
+
+    ``q`` is set by a source that DREW row 0's tokens at random (a draft
+    model under sampling): q[d] is the distribution token d was drawn from,
+    on the device. Such a row is verified with min(1, p/q) (verify.py) and
+    stays its own branch of the tree (planner.py). ``seconds`` is what
+    proposing cost beyond host work the loop already times (a draft's forwards).
     """
 
     tokens: np.ndarray  # [G, L] int64
     lens: np.ndarray  # [G] int64, >= 1
     classes: np.ndarray  # [G, L] int64
+    q: torch.Tensor | None = None  # [L, V] distributions row 0 was drawn from, or None (chosen, not drawn)
+    seconds: float = 0.0
 
     @property
     def count(self) -> int:

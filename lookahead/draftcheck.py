@@ -1,0 +1,57 @@
+"""Whether a draft model can propose for a target: a causal LM the engine drives, the same
+vocabulary, on the target's device (unless the caller says otherwise)."""
+
+from __future__ import annotations
+
+import torch
+
+from .support import AttentionLayout, UnsupportedModelError, check_model
+from .target import input_device
+
+
+class DraftModelError(ValueError):
+    """The draft model cannot propose for this target; the message says why and what to do."""
+
+
+def check_draft(target, draft, tokenizer=None, draft_tokenizer=None, allow_other_device: bool = False,
+                allow_untested: bool = False) -> AttentionLayout:
+    """Raise DraftModelError unless ``draft`` can draft for ``target``; its attention layout.
+
+    Token ids pass between the two as they are, so the vocabularies must be
+    the same: the embedding sizes, and the tokenizers' vocabularies when both
+    are given.
+    """
+    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "get_input_embeddings") \
+            or not hasattr(draft, "config"):
+        raise DraftModelError(f"draft_model must be a transformers causal LM (e.g. from load_model or "
+                              f"AutoModelForCausalLM), got {type(draft).__name__}")
+    try:
+        layout = check_model(draft, allow_untested)
+    except UnsupportedModelError as exc:
+        raise DraftModelError(f"draft_model: {exc}") from None
+    target_vocab = int(target.get_input_embeddings().weight.shape[0])
+    draft_vocab = int(draft.get_input_embeddings().weight.shape[0])
+    if target_vocab != draft_vocab:
+        raise DraftModelError(
+            f"the draft's vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab} tokens): "
+            f"token ids cannot pass between them; pick a draft of the target's family with the same tokenizer")
+    _check_tokenizers(tokenizer, draft_tokenizer)
+    where, own = input_device(draft), input_device(target)
+    if where != own and not allow_other_device:
+        raise DraftModelError(
+            f"the draft model is on {where} but the target on {own}; move it with draft_model.to('{own}'), "
+            f"or pass allow_draft_device=True to run it where it is")
+    return layout
+
+
+def _check_tokenizers(tokenizer, draft_tokenizer) -> None:
+    """Raise DraftModelError when both tokenizers are given and their vocabularies differ."""
+    if tokenizer is None or draft_tokenizer is None:
+        return
+    mine, theirs = tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if mine == theirs:
+        return
+    differ = sorted(set(mine.items()) ^ set(theirs.items()))[:3]
+    raise DraftModelError(
+        f"the draft's tokenizer ({len(theirs)} tokens) does not match the target's ({len(mine)} tokens), "
+        f"e.g. {differ}: token ids would mean different text; pick a draft with the target's tokenizer")

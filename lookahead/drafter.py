@@ -1,0 +1,65 @@
+"""The draft model's KV cache, kept in step with the accepted tokens of one sequence.
+
+The draft (a small causal LM sharing the target's vocabulary) runs plain
+causal forwards over its own cache: ``sync`` brings the cache to the
+accepted sequence (crop what was rejected, feed what it has not seen, the
+bonus token included) and returns the draft's logits after x; ``feed``
+appends one drafted token and returns the logits after it. The cache
+remembers which tokens it holds, so a drafted token that the target then
+accepted is never fed twice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from .target import input_device, to_device
+
+
+def common_prefix(held: np.ndarray, seq: np.ndarray) -> int:
+    """Length of the longest common prefix of held[H] and seq[T].
+
+    held [1 2 3 9], seq [1 2 3 4 5] -> 3.
+    """
+    size = min(held.shape[0], seq.shape[0])
+    differ = np.flatnonzero(held[:size] != seq[:size])
+    return int(differ[0]) if differ.shape[0] else size
+
+
+class Drafter:
+    """One sequence's draft-model state: its cache and the tokens [H] it holds."""
+
+    def __init__(self, model):
+        self.model = model
+        self.device = input_device(model)
+        self.cache = DynamicCache()
+        self.held = np.zeros(0, dtype=np.int64)  # [H] tokens whose KV the cache holds
+        self.forwards = 0  # draft forward passes run (prefill included)
+
+    def begin(self, seq: np.ndarray, stop: int) -> None:
+        """Prefill the prompt seq[:stop] but its last token (the first step's x)."""
+        if stop > 1:
+            self._run(seq[:stop - 1])
+
+    def sync(self, seq: np.ndarray, stop: int) -> torch.Tensor:
+        """Bring the cache to seq[:stop] (x last) and return the draft's logits after x: [V]."""
+        keep = min(common_prefix(self.held, seq[:stop]), stop - 1)  # x is always fed: its logits are needed
+        if keep < self.held.shape[0]:
+            self.cache.crop(keep - self.held.shape[0])  # negative: the rows to drop (transformers 5.x)
+            self.held = self.held[:keep]
+        return self._run(seq[keep:stop])
+
+    def feed(self, token: int) -> torch.Tensor:
+        """Append one drafted token; the draft's logits after it: [V]."""
+        return self._run(np.array([token], dtype=np.int64))
+
+    def _run(self, tokens: np.ndarray) -> torch.Tensor:
+        """One causal forward over tokens [T] after the held ones; the last row's logits [V]."""
+        out = self.model(input_ids=to_device(tokens, self.device)[None], past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        logits = out.logits[0, -1]  # [V]
+        self.held = np.concatenate([self.held, tokens])
+        self.forwards += 1
+        return logits

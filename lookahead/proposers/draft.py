@@ -1,0 +1,133 @@
+"""Draft-model proposer: a small causal LM with the target's vocabulary drafts a chain of
+continuations of x, one draft forward per token, for as long as the next token pays.
+
+- Greedy: each chain token is the draft's argmax after the decode's own
+  processors; the runner-ups (``alternatives`` per depth) come free from the
+  same logits and join the tree as one-token branches. Every such token is
+  an ordinary deterministic candidate, merged into the trie like any other.
+- Sampling: each chain token is DRAWN from q, the draft's processed
+  distribution at its prefix (temperature and warpers as the target's), and
+  the Candidates carry q [L, V]. verify.py accepts a drawn token with
+  probability min(1, p/q) and otherwise draws from max(0, p - q)
+  renormalised (speculative sampling); the chain stays its own branch of
+  the tree (see planner.py for why that keeps the output exact).
+
+Classes: a chain token's class is the bucket of the draft's top probability
+at the row it came from (max q, known before the draw: under sampling, the
+tree's shape never depends on which token was drawn); a runner-up's class is
+``BUCKETS`` + the bucket of its own draft probability.
+
+Length: after each drafted token the chain goes on only while the next
+token's expected yield (path probability so far x the estimate at the next
+depth) beats what one more draft forward costs, as a fraction of a target
+step (``cost_ratio``, from both measured cost curves). So a draft that
+agrees with the target drafts long chains, one that does not drafts short
+ones, and ``max_tokens`` caps it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..drafter import Drafter
+from ..processing import Decoding, process_rows
+from .base import Candidates
+
+CONFIDENCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])  # bucket = count of edges <= probability
+BUCKETS = CONFIDENCE_EDGES.shape[0] + 1
+CHAIN_PRIORS = np.array([0.2, 0.4, 0.6, 0.75, 0.88, 0.95])  # assumed acceptance per confidence bucket
+ALTERNATIVE_PRIORS = np.array([0.1, 0.25, 0.3, 0.3, 0.3, 0.3])  # runner-ups: rarely above 0.5
+
+
+def confidence_bucket(prob: float) -> int:
+    """The bucket of a draft probability: 0.2 -> 0, 0.6 -> 2, 0.99 -> 5."""
+    return int(np.searchsorted(CONFIDENCE_EDGES, prob, side="right"))
+
+
+class DraftProposer:
+    """Proposes the draft model's chain (and its runner-ups when greedy) after x."""
+
+    name = "draft"
+    priors = np.concatenate([CHAIN_PRIORS, ALTERNATIVE_PRIORS])
+
+    def __init__(self, drafter: Drafter, decoding: Decoding, max_tokens: int, alternatives: int,
+                 cost_ratio: Callable[[], float], seed: int):
+        """``cost_ratio()``: seconds of one draft forward over those of a plain target step
+        (0 = drafting is free: chains run to max_tokens); ``seed`` seeds the draws when sampling."""
+        self.drafter = drafter
+        self.decoding = decoding
+        self.max_tokens = max_tokens
+        self.alternatives = 0 if decoding.do_sample else alternatives
+        self.cost_ratio = cost_ratio
+        self.rng = np.random.Generator(np.random.PCG64([seed, 2])) if decoding.do_sample else None
+        self.drafted = 0  # draft tokens proposed so far (stats)
+
+    def begin(self, seq: np.ndarray, stop: int) -> None:
+        """Prefill the draft's cache with the prompt."""
+        self.drafter.begin(seq, stop)
+
+    def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
+        """Nothing now: the next ``propose`` syncs the draft's cache with the accepted tokens."""
+
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
+        """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only).
+
+        estimates [2 * BUCKETS, D] are this source's acceptance estimates per class and depth.
+        """
+        began = time.perf_counter()
+        ratio = self.cost_ratio()
+        depth_cap = estimates.shape[1] - 1
+        logits = self.drafter.sync(seq, stop)  # [V]
+        chain, classes, dists, branches = [], [], [], []
+        path = 1.0
+        while True:
+            q = self._distribution(logits, seq, stop, chain)  # [V]
+            token, top, runners = self._pick(q)
+            depth = len(chain)
+            cls = confidence_bucket(top)
+            chain.append(token)
+            classes.append(cls)
+            dists.append(q)
+            for alt, prob in runners:
+                branches.append((chain[:-1] + [alt], classes[:-1] + [BUCKETS + confidence_bucket(prob)]))
+            path *= estimates[cls, min(depth, depth_cap)]
+            if len(chain) >= self.max_tokens or path * estimates[cls, min(depth + 1, depth_cap)] < ratio:
+                break
+            logits = self.drafter.feed(token)
+        self.drafted += len(chain)
+        rows = [(chain, classes)] + branches[:max(0, limit - 1)]
+        q = torch.stack(dists) if self.rng is not None else None  # [L, V] the draws' distributions
+        return _candidates(rows, q, time.perf_counter() - began)
+
+    def _distribution(self, logits: torch.Tensor, seq: np.ndarray, stop: int, chain: list[int]) -> torch.Tensor:
+        """q [V]: the draft's processed distribution after seq[:stop] + chain."""
+        paths = np.array([chain or [0]], dtype=np.int64)  # [1, max(1, d)]
+        scores = process_rows(self.decoding, logits[None], seq, stop, paths, np.array([len(chain)]))
+        return torch.softmax(scores.float(), dim=-1)[0]
+
+    def _pick(self, q: torch.Tensor) -> tuple[int, float, list[tuple[int, float]]]:
+        """(chain token, max q, [(runner-up, its q)]): the argmax when greedy, a draw from q when sampling."""
+        values, index = q.topk(1 + self.alternatives)  # [1 + A]
+        top, best = values.tolist(), index.tolist()  # the draft's host sync
+        if self.rng is None:
+            return best[0], top[0], [(t, p) for t, p in zip(best[1:], top[1:]) if p > 0]
+        cdf = q.cumsum(0, dtype=torch.float64)  # [V]
+        u = float(self.rng.random())
+        drawn = int(torch.searchsorted(cdf, cdf[-1:] * u, right=True).clamp_max(q.shape[0] - 1))
+        return drawn, top[0], []
+
+
+def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float) -> Candidates:
+    """Candidates of token rows with their classes (row 0 the chain), zero-padded."""
+    width = max(len(tokens) for tokens, _ in rows)
+    tokens = np.zeros((len(rows), width), dtype=np.int64)  # [G, L]
+    classes = np.zeros((len(rows), width), dtype=np.int64)  # [G, L]
+    lens = np.array([len(t) for t, _ in rows], dtype=np.int64)  # [G]
+    for g, (toks, cls) in enumerate(rows):
+        tokens[g, :len(toks)] = toks
+        classes[g, :len(cls)] = cls
+    return Candidates(tokens, lens, classes, q=q, seconds=seconds)
