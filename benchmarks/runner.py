@@ -27,6 +27,8 @@ new tokens per second and nothing must match.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import resource
 import time
@@ -145,9 +147,9 @@ def assisted_method(model, draft, sampling: Sampling | None = None) -> Method:
 
 
 def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, name: str = "lookahead",
-                     sampling: Sampling | None = None) -> Method:
+                     sampling: Sampling | None = None, draft=None) -> Method:
     """Exact (must equal greedy) when greedy; sampled outputs only share the distribution."""
-    gen = LookaheadGenerator(model, tokenizer, config or LookaheadConfig())
+    gen = LookaheadGenerator(model, tokenizer, config or LookaheadConfig(), draft)
     kwargs = decode_kwargs(sampling)
     import dataclasses
     return Method(name, lambda ids, m: gen.generate(ids, max_new_tokens=m, **kwargs), exact=sampling is None,
@@ -208,14 +210,22 @@ def parse_config_spec(spec: str, base: LookaheadConfig | None = None) -> tuple[s
 
 def default_methods(model, tokenizer, config: LookaheadConfig | None = None, extra_configs: Iterable[str] = (),
                     draft=None, sampling: Sampling | None = None) -> list[Method]:
-    """greedy (or sampling), prompt-lookup, [assisted], lookahead, then one lookahead method per extra config.
+    """greedy (or sampling), prompt-lookup, [assisted], lookahead, [lookahead+draft, draft-only], then one
+    lookahead method per extra config.
 
     sampling None: every method decodes greedily; else every method samples with these settings.
+    With a draft model: transformers assisted generation with it, lookahead with it as one more
+    source, and lookahead with it as the only source.
     """
     methods = [reference_method(model, sampling), prompt_lookup_method(model, sampling)]
     if draft is not None:
         methods.append(assisted_method(model, draft, sampling))
+    config = config or LookaheadConfig()
     methods.append(lookahead_method(model, tokenizer, config, sampling=sampling))
+    if draft is not None:
+        methods.append(lookahead_method(model, tokenizer, config, "lookahead+draft", sampling, draft))
+        alone = dataclasses.replace(config, context_match=False, ngram_pool=False, recycle=False)
+        methods.append(lookahead_method(model, tokenizer, alone, "draft-only", sampling, draft))
     for spec in extra_configs:
         name, cfg = parse_config_spec(spec, config)
         if name in {m.name for m in methods}:

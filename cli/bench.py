@@ -46,7 +46,9 @@ def require_bench_extra() -> None:
 @click.option("--preset", "presets", multiple=True,
               help="Named extra config (repeatable): lade-gpu, context-only, pool-only, recycle-only, "
                    "fixed-budget, or all.")
-@click.option("--draft", default=None, help="Draft model alias: adds transformers assisted generation.")
+@click.option("--draft-model", "--draft", "draft", default=None,
+              help="Draft model (any name --model takes, same tokenizer): adds transformers assisted generation, "
+                   "lookahead with the draft as one more source (lookahead+draft) and the draft alone (draft-only).")
 @click.option("--cost-curve/--no-cost-curve", default=True, show_default=True,
               help="Measure the forward-cost curve (k = 1..64 new tokens, ~300 context).")
 @click.option("--turn2/--turn1", default=True, show_default=True,

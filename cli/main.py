@@ -125,12 +125,16 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--draft-model", default=None,
+              help="A small model with the target's tokenizer (any name --model takes) that drafts "
+                   "candidates too, on the same device and dtype.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @trust_remote_code_option
 @sampling_options
 @config_options
-def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, trust_remote_code, seed, **values):
+def generate(model_name, prompt, max_new_tokens, chat, as_json, draft_model, device, dtype, trust_remote_code, seed,
+             **values):
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     if not prompt.strip():
         fail("the prompt is empty: pass some text with --prompt")
@@ -140,8 +144,8 @@ def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, t
     config = checked_config(values)
     try:
         with warnings_as_lines():
-            result = _generate(model_name, prompt, max_new_tokens, chat, as_json, (device, dtype, trust_remote_code),
-                               config, sampling, seed)
+            result = _generate(model_name, prompt, max_new_tokens, chat, as_json,
+                               (device, dtype, trust_remote_code, draft_model), config, sampling, seed)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     if as_json:
@@ -149,18 +153,22 @@ def generate(model_name, prompt, max_new_tokens, chat, as_json, device, dtype, t
 
 
 def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config, sampling, seed) -> dict:
-    """Load (device, dtype, trust_remote_code = loading), generate (streaming unless as_json), report stats;
-    the JSON result."""
+    """Load (device, dtype, trust_remote_code, draft model name = loading), generate (streaming unless
+    as_json), report stats; the JSON result."""
     import torch
     from transformers import TextStreamer
 
     from lookahead import LookaheadGenerator, load_model
 
-    device, dtype, trust_remote_code = loading
+    device, dtype, trust_remote_code, draft_name = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
                                   trust_remote_code=trust_remote_code)
+    draft, draft_tokenizer = None, None
+    if draft_name is not None:
+        draft, draft_tokenizer = load_model(draft_name, device=device, dtype=getattr(torch, dtype),
+                                            trust_remote_code=trust_remote_code)
     ids = encode_prompt(tokenizer, prompt, chat).to(device)
-    gen = LookaheadGenerator(model, tokenizer, config)
+    gen = LookaheadGenerator(model, tokenizer, config, draft, draft_tokenizer=draft_tokenizer)
     streamer = None if as_json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     if seed is not None:
         torch.manual_seed(seed)
@@ -168,11 +176,13 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
     stats = gen.last_stats
     text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     click.echo(f"[lookahead] {stats.new_tokens} new tokens in {stats.steps} forward passes after the prefill, "
-               f"{stats.accepted_per_step:.2f} tokens/step, {stats.tokens_per_s:.1f} tokens/s", err=True)
+               f"{stats.accepted_per_step:.2f} tokens/step, {stats.tokens_per_s:.1f} tokens/s"
+               + (f", {stats.draft_forwards} draft forwards" if draft is not None else ""), err=True)
     return {"text": text, "model": model_name, "prompt_tokens": stats.prompt_tokens,
             "new_tokens": stats.new_tokens, "steps": stats.steps,
             "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
             "wall_time_s": stats.wall_time_s, "sampling": {**sampling, "seed": seed},
+            "draft_model": draft_name, "draft_forwards": stats.draft_forwards,
             "config": dataclasses.asdict(config)}
 
 

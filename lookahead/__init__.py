@@ -2,6 +2,7 @@
 
 from .config import ConfigError, LookaheadConfig
 from .device import DeviceError
+from .draftcheck import DraftModelError
 from .engine import Learned, LookaheadGenerator
 from .errors import ModelLoadError
 from .hf import CustomGenerate, custom_generate
@@ -15,6 +16,7 @@ __all__ = [
     "LookaheadGenerator", "LookaheadConfig", "load_model", "DEFAULT_MODEL", "GenerationStats",
     "custom_generate", "CustomGenerate", "LookaheadOutput", "Learned",
     "ConfigError", "GenerateInputError", "ModelLoadError", "UnsupportedModelError", "DeviceError",
+    "DraftModelError",
     "UntestedModelWarning", "ContextLimitWarning",
 ]
 __version__ = "0.1.0"

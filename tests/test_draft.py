@@ -1,0 +1,290 @@
+"""The draft model as one more source: exactness (greedy and sampled), its KV cache, its checks."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead import verify
+from lookahead.draftcheck import DraftModelError
+from lookahead.drafter import Drafter, common_prefix
+from lookahead.inputs import GenerateInputError
+from lookahead.planner import DrawnChain, drawn_rows
+from lookahead.proposers.draft import confidence_bucket
+from lookahead.tree import TokenTree, append_chain
+from lookahead.verify import speculative_rows
+
+from conftest import COMMON, VOCAB
+from test_sampling import (P_MIN, chi_square_p, exact_distribution, sample_runs, tiny_llama)
+
+DRAFT_ONLY = dict(context_match=False, ngram_pool=False, recycle=False)
+
+
+def perturbed(model, scale: float, seed: int = 0):
+    """A copy of model with every weight moved by scale * its own spread: it agrees often, not always."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * scale * param.std().clamp_min(1e-3))
+    return draft.eval()
+
+
+def _tiny(kind: str):
+    torch.manual_seed(0)
+    if kind == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=2, **COMMON)).eval()
+    if kind == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **COMMON)).eval()
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=1024,
+                                  pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+# ------------------------------------------------------------------ pure pieces
+def test_common_prefix():
+    assert common_prefix(np.array([1, 2, 3, 9]), np.array([1, 2, 3, 4, 5])) == 3
+    assert common_prefix(np.array([1, 2]), np.array([1, 2, 3])) == 2
+    assert common_prefix(np.zeros(0, dtype=np.int64), np.array([4])) == 0
+
+
+def test_confidence_bucket():
+    assert [confidence_bucket(p) for p in (0.2, 0.3, 0.6, 0.99)] == [0, 1, 2, 5]
+
+
+def test_append_chain_docstring_example():
+    tree = TokenTree(np.array([4, 5]), np.array([-1, 0]), np.array([1, 2]), np.array([0, 0]))
+    grown, prob, nodes = append_chain(tree, np.array([.9, .45]), np.array([4, 6]), np.array([3, 3]),
+                                      np.array([.5, .5]))
+    assert grown.tokens.tolist() == [4, 5, 4, 6]  # the drawn 4 is NOT merged with the chosen 4
+    assert grown.parents.tolist() == [-1, 0, -1, 2]
+    assert grown.depths.tolist() == [1, 2, 1, 2]
+    assert np.allclose(prob, [.9, .45, .5, .25])
+    assert nodes.tolist() == [2, 3]
+
+
+def test_drawn_rows_follow_the_kept_chain():
+    """Trie nodes 0 1 (chosen) and the chain 2 3 4; the budget kept 0, 2, 3."""
+    chain = DrawnChain(np.array([7, 8, 9]), np.array([2, 3, 4]), torch.eye(10)[:3])
+    rows = drawn_rows(chain, np.array([0, 2, 3]))
+    # x draws c1; the kept node c1 (new index 1) draws c2; c2 (new index 2) draws c3, not kept itself
+    assert rows.rows.tolist() == [0, 2, 3] and rows.tokens.tolist() == [7, 8, 9]
+    rows = drawn_rows(chain, np.array([0]))  # no chain node kept: x still tests c1
+    assert rows.rows.tolist() == [0] and rows.tokens.tolist() == [7]
+    assert drawn_rows(None, np.array([0])) is None
+
+
+def test_speculative_rows_docstring_example():
+    """p [.5 .5 0], q [.9 .1 0], drawn 0: kept with probability 5/9, else token 1."""
+    n = 20000
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.log(torch.tensor([[.5, .5, 1e-30]])).expand(n, -1)
+    q = torch.tensor([[.9, .1, 0.]]).expand(n, -1)
+    out = speculative_rows(scores, q, torch.zeros(n, dtype=torch.long), torch.rand(n, generator=gen),
+                           torch.rand(n, generator=gen))
+    kept = (out == 0).float().mean().item()
+    assert abs(kept - 5 / 9) < 0.02
+    assert set(out.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_speculative_rows_emit_p_whatever_q(seed):
+    """Over draws c ~ q, the emitted token follows p exactly (chi-square), for an unrelated q."""
+    n, vocab = 20000, 6
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(vocab, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(vocab, generator=gen) * 2, -1)
+    drawn = torch.multinomial(q, n, replacement=True, generator=gen)
+    out = speculative_rows(p.log().expand(n, -1), q.expand(n, -1), drawn, torch.rand(n, generator=gen),
+                           torch.rand(n, generator=gen))
+    counts = np.bincount(out.numpy(), minlength=vocab)
+    from collections import Counter
+    assert chi_square_p(Counter(dict(enumerate(counts.tolist()))), dict(enumerate(p.tolist())), n) > P_MIN
+
+
+# ------------------------------------------------------------------ greedy exactness
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("sources", ["draft-only", "all"])
+def test_greedy_with_a_draft_equals_generate(kind, sources):
+    model = _tiny(kind)
+    draft = perturbed(model, 0.05)
+    fields = DRAFT_ONLY if sources == "draft-only" else {}
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", **fields), draft_model=draft)
+    rng = np.random.default_rng(1)
+    steps = tokens = 0
+    for _ in range(3):
+        ids = torch.from_numpy(rng.integers(3, VOCAB, (1, 10)))
+        ref = model.generate(ids, max_new_tokens=40, do_sample=False)
+        out = gen.generate(ids, max_new_tokens=40)
+        assert torch.equal(out, ref)
+        steps += gen.last_stats.steps
+        tokens += gen.last_stats.new_tokens
+    assert tokens / steps > 1.2, f"{kind}/{sources}: {tokens / steps:.2f} tokens per forward"
+
+
+def test_adaptive_budget_with_a_draft_equals_generate():
+    model = _tiny("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig(cost_cache_dir=""), draft_model=perturbed(model, 0.05))
+    ids = torch.tensor([[5, 9, 11, 5, 9, 30, 31]])
+    assert torch.equal(gen.generate(ids, max_new_tokens=30), model.generate(ids, max_new_tokens=30, do_sample=False))
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 17])
+def test_draft_at_max_new_tokens_edges(max_new):
+    model = _tiny("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", **DRAFT_ONLY),
+                             draft_model=perturbed(model, 0.02))
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    assert torch.equal(gen.generate(ids, max_new_tokens=max_new),
+                       model.generate(ids, max_new_tokens=max_new, do_sample=False))
+
+
+def test_draft_stops_at_eos_inside_a_step():
+    """EOS set to a token greedy decoding reaches mid-way: the output ends there, like generate's."""
+    model = _tiny("llama")
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    free = model.generate(ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1]:].tolist()
+    eos = free[12]
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", **DRAFT_ONLY),
+                             draft_model=perturbed(model, 0.01))
+    out = gen.generate(ids, max_new_tokens=30, eos_token_id=eos)
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(out, ref[:, :out.shape[1]]) and out[0, -1].item() == eos
+
+
+# ------------------------------------------------------------------ the draft's cache
+def test_drafter_cache_matches_a_fresh_forward_after_rejections():
+    """After a decode with rejections, the draft's KV rows equal those of one forward over the
+    tokens it says it holds, and those are a prefix of the output."""
+    model = _tiny("llama")
+    draft = perturbed(model, 0.2)  # disagrees often: many rejections
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", **DRAFT_ONLY), draft_model=draft)
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    captured = {}
+    original = Drafter.sync
+
+    def spy(self, seq, stop):
+        captured["drafter"] = self
+        captured["seq"] = seq[:stop].copy()
+        return original(self, seq, stop)
+
+    Drafter.sync = spy
+    try:
+        out = gen.generate(ids, max_new_tokens=40)
+    finally:
+        Drafter.sync = original
+    drafter = captured["drafter"]
+    assert gen.last_stats.accepted_per_step < gen.last_stats.drafted / gen.last_stats.steps  # rejections happened
+    held = drafter.held
+    assert np.array_equal(held[:len(captured["seq"])], captured["seq"])  # in step with the last accepted text
+    assert np.array_equal(captured["seq"], out[0, :len(captured["seq"])].numpy())
+    with torch.inference_mode():
+        fresh = transformers.DynamicCache()
+        draft(input_ids=torch.from_numpy(held)[None], past_key_values=fresh, use_cache=True)
+    assert drafter.cache.get_seq_length() == held.shape[0]
+    for mine, ref in zip(drafter.cache.layers, fresh.layers):
+        assert torch.allclose(mine.keys, ref.keys, atol=1e-5) and torch.allclose(mine.values, ref.values, atol=1e-5)
+
+
+# ------------------------------------------------------------------ sampling exactness
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def draft(model):
+    return perturbed(model, 0.3, seed=5)
+
+
+PROMPT = torch.tensor([[1, 3, 2, 5, 4, 1, 3]])
+T1 = dict(temperature=1.0, top_k=0, top_p=1.0)
+
+
+def _sampler(model, draft, **fields) -> LookaheadGenerator:
+    return LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", max_tree_nodes=12, **fields),
+                              draft_model=draft)
+
+
+@pytest.mark.parametrize("sources", ["draft-only", "all"])
+def test_sampling_with_a_draft_follows_the_exact_distribution(model, draft, sources):
+    gen = _sampler(model, draft, **(DRAFT_ONLY if sources == "draft-only" else {}))
+    counts, one_forward = sample_runs(gen, PROMPT, 2, 2000, seed=21, **T1)
+    assert one_forward > 0.1, f"only {one_forward:.0%} of runs took both tokens in one forward"
+    assert chi_square_p(counts, exact_distribution(model, PROMPT, 2, **T1), 2000) > P_MIN
+
+
+def test_sampling_with_a_draft_and_warpers(model, draft):
+    settings = dict(temperature=0.7, top_k=5, top_p=1.0, repetition_penalty=1.3)
+    gen = _sampler(model, draft)
+    counts, one_forward = sample_runs(gen, PROMPT, 2, 2000, seed=22, **settings)
+    assert one_forward > 0.1
+    assert chi_square_p(counts, exact_distribution(model, PROMPT, 2, **settings), 2000) > P_MIN
+
+
+def _always_keep(scores, q, drawn, test, u):
+    """WRONG on purpose: keep every drawn token (the draft's distribution leaks into the output)."""
+    return drawn
+
+
+def test_harness_catches_a_verifier_that_keeps_every_draw(model, draft, monkeypatch):
+    monkeypatch.setattr(verify, "speculative_rows", _always_keep)
+    gen = _sampler(model, draft, **DRAFT_ONLY)
+    counts, _ = sample_runs(gen, PROMPT, 2, 2000, seed=21, **T1)
+    assert chi_square_p(counts, exact_distribution(model, PROMPT, 2, **T1), 2000) < P_MIN
+
+
+# ------------------------------------------------------------------ refusals
+def test_draft_with_another_vocabulary_is_refused():
+    model = _tiny("llama")
+    cfg = transformers.LlamaConfig(num_key_value_heads=2, **{**COMMON, "vocab_size": VOCAB + 8})
+    other = transformers.LlamaForCausalLM(cfg)
+    with pytest.raises(DraftModelError, match=rf"{VOCAB + 8} tokens\) differs from the target's \({VOCAB} tokens"):
+        LookaheadGenerator(model, draft_model=other)
+
+
+class _Vocab:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+
+def test_draft_tokenizer_mismatch_is_refused():
+    model = _tiny("llama")
+    with pytest.raises(DraftModelError, match="does not match the target's"):
+        LookaheadGenerator(model, _Vocab({"a": 0, "b": 1}), draft_model=perturbed(model, 0.01),
+                           draft_tokenizer=_Vocab({"a": 1, "b": 0}))
+
+
+def test_draft_that_is_not_a_causal_lm_is_refused():
+    model = _tiny("llama")
+    with pytest.raises(DraftModelError, match="must be a transformers causal LM"):
+        LookaheadGenerator(model, draft_model="qwen2.5-coder-0.5b")
+    bert = transformers.BertModel(transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                                                          num_attention_heads=2, intermediate_size=64))
+    with pytest.raises(DraftModelError, match="draft_model: "):
+        LookaheadGenerator(model, draft_model=bert)
+
+
+def test_draft_on_another_device_is_refused(monkeypatch):
+    model = _tiny("llama")
+    draft = perturbed(model, 0.01)
+    import lookahead.draftcheck as check
+    real = check.input_device
+    monkeypatch.setattr(check, "input_device", lambda m: torch.device("meta") if m is draft else real(m))
+    with pytest.raises(DraftModelError, match=r"draft model is on meta but the target on cpu.*allow_draft_device"):
+        LookaheadGenerator(model, draft_model=draft)
+
+
+def test_batch_with_a_draft_is_refused():
+    model = _tiny("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed"), draft_model=perturbed(model, 0.01))
+    with pytest.raises(GenerateInputError, match="batch size 1"):
+        gen.generate(torch.tensor([[4, 5, 6], [7, 8, 9]]), max_new_tokens=4)
