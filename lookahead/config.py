@@ -53,7 +53,7 @@ class LookaheadConfig:
     budget: str = "adaptive"  # "adaptive": size each step's tree by cost model; "fixed": always the cap
     cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
     calibration_context: int = 256  # context tokens behind the cost measurement
-    calibration_repeats: int = 5  # timed passes per row count (median)
+    calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)
     window_seed: int = 0  # RNG seed of the window's initial guesses (sampling uses torch's generator)
     allow_untested_models: bool = False  # drive architectures outside the tested list
 

@@ -52,7 +52,7 @@ class Learned:
     vocab: int
     recycled: AdjacencyTable | None  # the recycled successors
     acceptance: dict[str, AcceptanceStats]  # acceptance estimates, one table per regime (planner.py)
-    cost: CostModel | None  # the step-cost curve and its running overhead
+    cost: CostModel | None  # the step-cost curve, refined by the steps that ran
 
 
 class LookaheadGenerator:

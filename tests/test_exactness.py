@@ -183,7 +183,7 @@ def _with_cost(config: LookaheadConfig, seconds: list[float]) -> LookaheadGenera
 def test_adaptive_budget_decodes_plainly_when_rows_are_dear():
     """Every extra row costs as much as a whole step: no tree can pay, each step is x alone."""
     gen = _with_cost(LookaheadConfig(max_tree_nodes=8), [1.0 + q for q in range(9)])
-    gen.cost.smoothing = 0.0  # keep the hand-made curve: no overhead learned from real steps
+    gen.cost.smoothing = 0.0  # keep the hand-made curve: no refinement from real steps
     for prompt in ("repeat", "copy"):
         out = gen.generate(PROMPTS[prompt], max_new_tokens=NEW, eos_token_id=[VOCAB + 1000])
         assert torch.equal(out, ref_for("llama", prompt))

@@ -1,10 +1,7 @@
-"""Best-first trees, token recycling, acceptance estimates, the step budget and the cost model,
-on tiny hand-written arrays (and one tiny model for the on-disk cost cache)."""
+"""Best-first trees, token recycling, acceptance estimates and the step budget, on tiny
+hand-written arrays (the cost model itself: tests/test_costmodel.py)."""
 
 from __future__ import annotations
-
-import json
-import os
 
 import numpy as np
 import pytest
@@ -12,9 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import tiny_model
 from lookahead.config import LookaheadConfig
-from lookahead.costmodel import CostModel, load_cost_model, row_grid
+from lookahead.costmodel import CostModel
 from lookahead.kernels.recycle import grow_recycled_tree, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie
 from lookahead.planner import Planner
@@ -23,7 +19,6 @@ from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
 from lookahead.scores import AcceptanceStats, choose_batch_width, choose_tree_size
-from lookahead.support import attention_layout
 from lookahead.tree import TokenTree, scored_tree, subtree
 
 
@@ -203,58 +198,6 @@ def test_budget_trades_tokens_against_time():
     assert choose_tree_size(probs, 1, None, 2) == 2  # fixed budget: the cap
     assert choose_tree_size(np.zeros(0), 1, cost, 8) == 0
     assert choose_tree_size(np.array([.01]), 1, cost, 8) == 0  # nothing pays: plain decoding
-
-
-def test_cost_model_interpolates_and_extrapolates():
-    cost = CostModel(np.array([1., 2., 4.]), np.array([1., 0.9, 2.]))  # a dip is kept: it can be real
-    assert np.allclose(cost.forward(np.array([2., 3., 6.])), [0.9, 1.45, 3.1])
-    cost.observe(1, 1.5)
-    assert np.isclose(cost.overhead, 0.05) and np.isclose(float(cost.step(1)), 1.05)
-    for _ in range(100):
-        cost.observe(1, 0.0)  # absurdly fast steps cannot drive the cost below half a row
-    assert cost.overhead >= -0.5 and float(cost.step(1)) > 0
-
-
-def test_row_grid_ends_at_the_largest_step():
-    assert row_grid(5) == (1, 2, 3, 4, 5) and row_grid(33)[-2:] == (32, 33) and row_grid(1) == (1,)
-
-
-def test_cost_curve_is_cached_on_disk(tmp_path, monkeypatch):
-    model = tiny_model("llama")
-    layout = attention_layout(model.config)
-    first = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
-    files = os.listdir(tmp_path)
-    measured = first.seconds  # only its shape and sign are checked, never a duration
-    assert len(files) == 1 and first.rows.tolist() == [1, 2, 3, 4] and (measured > 0).all()
-
-    import lookahead.costmodel as costmodel
-
-    def no_measuring(*args, **kwargs):
-        raise AssertionError("measured again despite the cache")
-
-    monkeypatch.setattr(costmodel, "measure_forward_seconds", no_measuring)
-    again = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
-    read_back = again.seconds
-    assert read_back.tolist() == measured.tolist()  # read from the file, not measured again
-    with pytest.raises(AssertionError, match="measured again"):
-        load_cost_model(model, layout, 5, 8, 1, str(tmp_path))  # other rows: another key
-
-    path = tmp_path / files[0]
-    path.write_text("{not json")
-    monkeypatch.undo()
-    repaired = load_cost_model(model, layout, 4, 8, 1, str(tmp_path))  # corrupt file: measured again
-    saved = json.loads(path.read_text())["seconds"]
-    remeasured = repaired.seconds
-    assert saved == remeasured.tolist()
-    load_cost_model(model, layout, 4, 8, 2, str(tmp_path))  # more passes per size: measured and kept apart
-    assert len(os.listdir(tmp_path)) == 2
-
-
-def test_cost_curve_without_a_cache_dir_touches_no_disk(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    model = tiny_model("llama")
-    cost = load_cost_model(model, attention_layout(model.config), 3, 8, 1, "")
-    assert cost.rows.tolist() == [1, 2, 3] and os.listdir(tmp_path) == []
 
 
 def test_gain_factor_follows_realised_over_predicted_yield():

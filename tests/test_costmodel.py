@@ -1,0 +1,254 @@
+"""The cost model: plausibility of a measured curve, measuring passes and retries, online
+refinement, the on-disk cache and what a measurement says on stderr. Hand-written arrays and
+fake timers (``decode_step_timer`` replaced), plus a tiny random Llama where a real forward is
+timed; no test asserts a duration."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import lookahead.costmodel as costmodel
+from conftest import tiny_model
+from lookahead.costmodel import (ATTEMPTS, CONFIRM_STEPS, MIN_PASSES, TRUST_MEASURED, TRUST_REPAIRED, CostModel,
+                                 implausibility, load_cost_model, measure_curve, repair, row_grid, time_passes)
+from lookahead.support import attention_layout
+
+CPU_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+CPU_SECONDS = (0.020, 0.026, 0.027, 0.029, 0.031, 0.034, 0.040, 0.037, 0.047, 0.055)  # 16 rows < 12: a real dip
+
+
+def cpu_time(q: int) -> float:
+    """The CPU curve above at q rows (interpolated), as a fake decode_step_timer's forward."""
+    return float(np.interp(q, CPU_ROWS, CPU_SECONDS))
+
+
+def fake_timer(times):
+    """A stand-in for costmodel.decode_step_timer: every 'forward' over q rows takes times(q)."""
+    return lambda model, layout, context, seed=0, batch=1: times
+
+
+# ---------------------------------------------------------------- plausibility
+def test_a_real_cpu_curve_with_its_dip_is_plausible():
+    assert implausibility(CPU_ROWS, [CPU_SECONDS]) is None
+    rng = np.random.default_rng(0)
+    passes = np.array(CPU_SECONDS) * rng.uniform(0.85, 1.2, (5, len(CPU_ROWS)))  # [5, S] ordinary noise
+    assert implausibility(CPU_ROWS, passes) is None
+
+
+def test_the_reported_nonsense_curve_is_flagged():
+    """1 row 0.32 s, 3-4 rows 4.5 s, 16 rows 0.16 s (measured while another process held a core)."""
+    rows = (1, 2, 3, 4, 6, 8, 12, 16)
+    nonsense = (0.32, 0.33, 4.5, 4.5, 0.3, 0.3, 0.2, 0.16)
+    assert "3 rows took 28.1x as long as 16 rows" in implausibility(rows, [nonsense])
+    assert "rows took" in implausibility((1, 3, 4, 16), [(0.32, 4.5, 4.5, 0.16)])
+    assert "from 1 to 2 rows the time grew 15.4x" in implausibility((1, 2, 3), [(0.024, 0.37, 0.37)])
+
+
+def test_passes_that_disagree_are_flagged_but_one_stray_pass_is_forgiven():
+    passes = np.tile(CPU_SECONDS, (3, 1))  # [3, S]
+    stray = passes.copy()
+    stray[1, 2] = 0.5  # one pass hit by a burst at 3 rows: the median ignores it
+    assert implausibility(CPU_ROWS, stray) is None
+    twice = stray.copy()
+    twice[2, 2] = 0.4  # two of three passes: the passes disagree
+    assert "passes over 3 rows took from 27 ms to 500 ms" in implausibility(CPU_ROWS, twice)
+    assert implausibility((1, 2), [(0.02, 0.0)]) == "a pass took no time"
+
+
+def test_repair_gives_a_plausible_curve_that_errs_cheap():
+    rows = (1, 2, 3, 4, 6, 8, 12, 16)
+    nonsense = np.array([0.32, 0.33, 4.5, 4.5, 0.3, 0.3, 0.2, 0.16])
+    fixed = repair(rows, nonsense)
+    assert implausibility(rows, [fixed]) is None
+    assert (fixed <= nonsense).all() and fixed[-1] == nonsense[-1]
+    jump = repair((1, 2, 3), [0.024, 0.37, 0.37])  # cheap at 1 row, dear after: capped growth
+    assert implausibility((1, 2, 3), [jump]) is None and jump[0] == 0.024
+    assert repair(CPU_ROWS, CPU_SECONDS)[6] == CPU_SECONDS[7]  # (a plausible curve is never repaired)
+
+
+# ---------------------------------------------------------------- measuring
+def test_passes_alternate_and_stop_once_three_agree():
+    calls = []
+
+    def steady(q):
+        calls.append(q)
+        return cpu_time(q)
+
+    times = time_passes(steady, (1, 2, 4), passes=5)
+    assert times.shape == (MIN_PASSES, 3)  # agreed after three: two passes saved
+    assert calls == [1, 2, 4, 4, 2, 1, 1, 2, 4]  # ascending, descending, ascending
+    jitter = iter(np.tile([1.0, 1.6], 20))
+    assert time_passes(lambda q: cpu_time(q) * next(jitter), (1, 2), passes=5).shape == (5, 2)
+    assert time_passes(steady, (1, 2), passes=1).shape == (1, 2)
+    clock = iter(range(100))
+    assert time_passes(lambda q: 1.0 + q, (1, 2), passes=5, deadline=0.5, clock=lambda: next(clock)).shape == (2, 2)
+
+
+def test_measurement_retries_and_falls_back_to_a_repaired_curve():
+    bursts = iter([4.5] * 3 + [1.0] * 1000)  # the first try's 3 passes hit a burst at 2 rows
+
+    def busy_then_quiet(q):
+        return cpu_time(q) * (next(bursts) if q == 2 else 1.0)
+
+    measured = measure_curve(busy_then_quiet, (1, 2, 3), repeats=3)
+    assert measured.problem is None and measured.tries == 2 and measured.passes == 6
+    assert np.allclose(measured.seconds, [cpu_time(1), cpu_time(2), cpu_time(3)])
+
+    def always_wrong(q):
+        return 0.024 if q == 1 else 0.37
+
+    wrong = measure_curve(always_wrong, (1, 2, 3), repeats=3)
+    assert wrong.problem.startswith("from 1 to 2 rows") and wrong.tries == ATTEMPTS
+    assert implausibility((1, 2, 3), [wrong.seconds]) is None  # repaired for this run
+    now = iter(np.arange(0.0, 1000.0, 10.0))  # every clock read 10 s later: no retry fits in the cap
+    slow = measure_curve(always_wrong, (1, 2, 3), repeats=3, cap_s=30.0, clock=lambda: next(now))
+    assert slow.tries == 1 and slow.problem is not None
+
+
+# ---------------------------------------------------------------- online refinement
+def test_cost_model_interpolates_and_extrapolates():
+    cost = CostModel(np.array([1., 2., 4.]), np.array([1., 0.9, 2.]))  # a dip is kept: it can be real
+    assert np.allclose(cost.step(np.array([2., 3., 6.])), [0.9, 1.45, 3.1])
+
+
+def refine(cost: CostModel, truth, sizes, rounds: int) -> None:
+    """Observe ``rounds`` passes over ``sizes``, each step taking truth(q) seconds."""
+    for _ in range(rounds):
+        for q in sizes:
+            cost.observe(q, truth(q))
+
+
+def test_a_curve_measured_under_load_converges_to_the_real_steps():
+    rows = np.array(CPU_ROWS, dtype=np.float64)
+    truth = np.array(CPU_SECONDS)
+    loaded = CostModel(rows, 5.0 * truth)  # plausible shape, every size 5x too dear
+    refine(loaded, cpu_time, [1], 60)  # only plain steps ever ran ...
+    assert np.allclose(loaded.step(rows), truth, rtol=0.02)  # ... yet every size follows
+    nonsense = np.array([0.32, 0.33, 4.5, 4.5, 0.3, 0.3, 0.2, 0.16, 0.2, 0.25])
+    repaired = CostModel(rows, repair(rows, nonsense), trust=TRUST_REPAIRED)
+    refine(repaired, cpu_time, range(1, 33), 15)
+    assert np.allclose(repaired.step(rows), truth, rtol=0.05)
+    good = CostModel(rows, truth)
+    good.observe(4, 3 * cpu_time(4))  # one step hit by a burst moves a good curve only a little
+    assert (good.step(rows) < 1.6 * truth).all() and (good.step(rows[rows != 4]) < 1.35 * truth[rows != 4]).all()
+    refine(good, cpu_time, range(1, 33), 15)
+    assert np.allclose(good.step(rows), truth, rtol=0.03)
+
+
+def test_refinement_is_bounded_and_can_be_switched_off():
+    frozen = CostModel(np.array([1., 2.]), np.array([1., 2.]), smoothing=0.0)
+    refine(frozen, lambda q: 5.0, [1, 2], 10)
+    assert frozen.step(np.array([1., 2.])).tolist() == [1., 2.] and frozen.steps == 0
+    cost = CostModel(np.array([1., 2.]), np.array([1., 2.]))
+    refine(cost, lambda q: 0.0, [1, 2], 100)  # absurd step times: the curve stays positive and finite
+    assert (cost.step(np.array([1., 2.])) > 0).all() and np.isfinite(cost.seconds).all()
+
+
+# ---------------------------------------------------------------- cache and messages
+@pytest.fixture(scope="module")
+def llama():
+    model = tiny_model("llama")
+    return model, attention_layout(model.config)
+
+
+def test_row_grid_ends_at_the_largest_step():
+    assert row_grid(5) == (1, 2, 3, 4, 5) and row_grid(33)[-2:] == (32, 33) and row_grid(1) == (1,)
+
+
+def test_measuring_talks_and_reading_the_cache_is_silent(llama, tmp_path, monkeypatch, capsys):
+    model, layout = llama
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    first = load_cost_model(model, layout, 4, 8, 5, str(tmp_path))
+    before, after = capsys.readouterr().err.strip().splitlines()
+    assert before.startswith("lookahead: measuring the step cost of") and "1 to 4 rows" in before
+    assert "about" in before and f"once, then read from {tmp_path}" in before
+    assert after.startswith("lookahead: step cost measured in") and f"({MIN_PASSES} passes)" in after
+    assert "1 row 20 ms" in after and "4 rows 1.4x" in after
+    files = os.listdir(tmp_path)
+    assert len(files) == 1 and f"cached in {tmp_path / files[0]}" in after
+    assert first.rows.tolist() == [1, 2, 3, 4] and first.trust == TRUST_MEASURED and first.store is not None
+
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(None))  # would fail if it measured
+    again = load_cost_model(model, layout, 4, 8, 5, str(tmp_path))
+    assert capsys.readouterr().err == "" and again.seconds.tolist() == first.seconds.tolist()
+    assert again.store is None  # a curve read back is refined for this run, not written again
+
+
+def test_a_real_measurement_talks_and_keeps_only_a_plausible_curve(llama, tmp_path, capsys):
+    """A real forward of the tiny Llama is timed: the machine may be busy, so both outcomes are allowed,
+    and each must say what happened."""
+    model, layout = llama
+    cost = load_cost_model(model, layout, 4, 8, 2, str(tmp_path))
+    before, after = capsys.readouterr().err.strip().splitlines()
+    assert before.startswith("lookahead: measuring") and after.startswith("lookahead: step cost measured in")
+    assert cost.rows.tolist() == [1, 2, 3, 4] and (cost.seconds > 0).all()
+    if os.listdir(tmp_path):
+        assert "cached in" in after and cost.trust == TRUST_MEASURED
+        load_cost_model(model, layout, 4, 8, 2, str(tmp_path))
+        assert capsys.readouterr().err == ""
+    else:
+        assert "looks wrong" in after and "not cached" in after and cost.trust == TRUST_REPAIRED
+
+
+def test_an_implausible_curve_is_not_cached_until_real_steps_refine_it(llama, tmp_path, monkeypatch, capsys):
+    model, layout = llama
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(lambda q: 0.024 if q == 1 else 0.37))
+    cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
+    after = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "looks wrong (from 1 to 2 rows the time grew 15.4x" in after and "not cached" in after
+    assert os.listdir(tmp_path) == [] and cost.trust == TRUST_REPAIRED and cost.repaired
+    refine(cost, cpu_time, [1, 2, 4], CONFIRM_STEPS)  # 3 rows never ran: still a guess there
+    assert os.listdir(tmp_path) == [] and cost.store is not None
+    refine(cost, cpu_time, [3], 1)  # every size ran: written back at the next CONFIRM_STEPS
+    refine(cost, cpu_time, [1, 2, 3, 4], CONFIRM_STEPS // 4)
+    files = os.listdir(tmp_path)
+    assert len(files) == 1 and cost.store is None
+    saved = json.loads((tmp_path / files[0]).read_text())["seconds"]
+    assert np.allclose(saved, [cpu_time(q) for q in (1, 2, 3, 4)], rtol=0.1)
+    assert load_cost_model(model, layout, 4, 8, 3, str(tmp_path)).seconds.tolist() == saved
+    assert capsys.readouterr().err == ""
+
+
+def test_a_fresh_curve_is_written_back_refined(llama, tmp_path, monkeypatch):
+    model, layout = llama
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(lambda q: 3 * cpu_time(q)))  # a busy moment
+    cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
+    path = tmp_path / os.listdir(tmp_path)[0]
+    assert np.allclose(json.loads(path.read_text())["seconds"], [3 * cpu_time(q) for q in (1, 2, 3, 4)])
+    refine(cost, cpu_time, [1, 3], CONFIRM_STEPS // 2)
+    assert np.allclose(json.loads(path.read_text())["seconds"], [cpu_time(q) for q in (1, 2, 3, 4)], rtol=0.1)
+
+
+def test_cache_keys_and_damaged_or_implausible_files(llama, tmp_path, monkeypatch, capsys):
+    model, layout = llama
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
+    path = tmp_path / os.listdir(tmp_path)[0]
+    load_cost_model(model, layout, 5, 8, 1, str(tmp_path))  # other rows: another key
+    load_cost_model(model, layout, 4, 8, 2, str(tmp_path))  # more passes per size: kept apart
+    assert len(os.listdir(tmp_path)) == 3
+    capsys.readouterr()
+    path.write_text("{not json")
+    load_cost_model(model, layout, 4, 8, 1, str(tmp_path))  # corrupt file: measured again
+    assert "measuring" in capsys.readouterr().err
+    data = json.loads(path.read_text())
+    assert data["seconds"] == [cpu_time(q) for q in (1, 2, 3, 4)]
+    data["seconds"] = [0.32, 4.5, 4.5, 0.16]  # nonsense cached by an older version: measured again
+    path.write_text(json.dumps(data))
+    assert load_cost_model(model, layout, 4, 8, 1, str(tmp_path)).seconds.tolist() == [cpu_time(q)
+                                                                                      for q in (1, 2, 3, 4)]
+    assert "measuring" in capsys.readouterr().err
+
+
+def test_without_a_cache_dir_nothing_touches_the_disk(llama, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    model, layout = llama
+    cost = load_cost_model(model, layout, 3, 8, 1, "")
+    assert cost.rows.tolist() == [1, 2, 3] and os.listdir(tmp_path) == [] and cost.store is None
+    before, after = capsys.readouterr().err.strip().splitlines()
+    assert "not kept: cost_cache_dir is empty" in before and "not cached" in after
