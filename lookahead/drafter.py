@@ -37,6 +37,7 @@ class Drafter:
         self.cache = DynamicCache()
         self.held = np.zeros(0, dtype=np.int64)  # [H] tokens whose KV the cache holds
         self.forwards = 0  # draft forward passes run (prefill included)
+        self.last_rows = 0  # rows fed by the latest forward
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """Prefill the prompt seq[:stop] but its last token (the first step's x)."""
@@ -62,4 +63,5 @@ class Drafter:
         logits = out.logits[0, -1]  # [V]
         self.held = np.concatenate([self.held, tokens])
         self.forwards += 1
+        self.last_rows = int(tokens.shape[0])
         return logits

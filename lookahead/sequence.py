@@ -85,7 +85,7 @@ class Sequence:
         seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
         self.drafter = Drafter(gen.draft_model)
         return DraftProposer(self.drafter, decoding, self.cfg.draft_tokens, self.cfg.draft_alternatives, ratio,
-                             seed)
+                             seed, draft_cost)
 
     def count_draft(self) -> None:
         """Put the draft model's work into the stats (nothing without a draft)."""

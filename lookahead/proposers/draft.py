@@ -55,10 +55,12 @@ class DraftProposer:
     priors = np.concatenate([CHAIN_PRIORS, ALTERNATIVE_PRIORS])
 
     def __init__(self, drafter: Drafter, decoding: Decoding, max_tokens: int, alternatives: int,
-                 cost_ratio: Callable[[], float], seed: int):
+                 cost_ratio: Callable[[], float], seed: int, cost=None):
         """``cost_ratio()``: seconds of one draft forward over those of a plain target step
-        (0 = drafting is free: chains run to max_tokens); ``seed`` seeds the draws when sampling."""
+        (0 = drafting is free: chains run to max_tokens); ``seed`` seeds the draws when sampling;
+        ``cost``: the draft's CostModel, refined by every draft forward's measured time."""
         self.drafter = drafter
+        self.cost = cost
         self.decoding = decoding
         self.max_tokens = max_tokens
         self.alternatives = 0 if decoding.do_sample else alternatives
@@ -84,9 +86,11 @@ class DraftProposer:
         logits = self.drafter.sync(seq, stop)  # [V]
         chain, classes, dists, branches = [], [], [], []
         path = 1.0
+        tick = began
         while True:
             q = self._distribution(logits, seq, stop, chain)  # [V]
             token, top, runners = self._pick(q)
+            tick = self._observe(self.drafter.last_rows, tick)
             depth = len(chain)
             cls = confidence_bucket(top)
             chain.append(token)
@@ -102,6 +106,13 @@ class DraftProposer:
         rows = [(chain, classes)] + branches[:max(0, limit - 1)]
         q = torch.stack(dists) if self.rng is not None else None  # [L, V] the draws' distributions
         return _candidates(rows, q, time.perf_counter() - began)
+
+    def _observe(self, rows: int, since: float) -> float:
+        """One draft forward over ``rows`` rows (and its read-back) ended now: refine the draft's curve."""
+        now = time.perf_counter()
+        if self.cost is not None:
+            self.cost.observe(rows, now - since)
+        return now
 
     def _distribution(self, logits: torch.Tensor, seq: np.ndarray, stop: int, chain: list[int]) -> torch.Tensor:
         """q [V]: the draft's processed distribution after seq[:stop] + chain."""
