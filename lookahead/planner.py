@@ -20,7 +20,7 @@ from .costmodel import CostModel
 from .kernels.trie import best_first_order
 from .proposers.base import Candidates, no_candidates
 from .scores import AcceptanceStats, choose_tree_size
-from .tree import TokenTree, append_chain, empty_tree, scored_tree, subtree
+from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
 from .verify import DrawnRows
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)
@@ -69,6 +69,17 @@ def drawn_rows(chain: DrawnChain | None, kept: np.ndarray) -> DrawnRows | None:
     inner = kept_chain[:chain.tokens.shape[0] - 1]  # the last drawn token has no draw after it
     rows = np.concatenate([[0], 1 + np.searchsorted(kept, inner)]).astype(np.int64)  # [R]
     return DrawnRows(rows, chain.tokens[:rows.shape[0]], chain.q[:rows.shape[0]])
+
+
+def coverage(depths: np.ndarray, prob: np.ndarray, length: int) -> np.ndarray:
+    """covered [length]: the best path probability among nodes at depth d + 1 (0 where none).
+
+    depths [1 2 1 3], prob [.9 .5 .3 .2], length 4 -> [.9 .5 .2 0].
+    """
+    covered = np.zeros(length)
+    if depths.shape[0]:
+        np.maximum.at(covered, np.minimum(depths, length) - 1, prob)
+    return covered
 
 
 def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
@@ -129,14 +140,14 @@ class Planner:
         tree, prob = scored_tree(chosen.tokens, chosen.lens, chosen.classes, estimates, BUILD_SLACK * cap)
         chain = None
         if drawn is not None:
-            # A drawn chain is its own branch, never merged with another source's equal tokens,
+            # A drawn chain is its own branch (put first), never merged with another source's equal tokens,
             # and scored by classes fixed before each draw: which nodes the budget keeps
             # cannot depend on which tokens were drawn, so every draw verified at a row is
             # still a plain draw from that row's q (verify.py's min(1, p/q) needs exactly that).
             length = int(drawn.lens[0])
             classes = drawn.classes[0, :length]  # [L] already offset into the shared table
             cond = estimates[classes, np.minimum(np.arange(length), estimates.shape[1] - 1)]  # [L]
-            tree, prob, nodes = append_chain(tree, prob, drawn.tokens[0, :length], classes, cond)
+            tree, prob, nodes = prepend_chain(tree, prob, drawn.tokens[0, :length], classes, cond)
             chain = DrawnChain(drawn.tokens[0, :length], nodes, drawn.q)
         if tree.size == 0:
             return RankedTree(tree, np.zeros(0, dtype=np.int64), np.zeros(0), None, seconds)
@@ -154,18 +165,38 @@ class Planner:
 
     def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray) -> tuple[Candidates, Candidates | None, float]:
         """Candidates from every source (at most G each), classes in the shared table: the chosen
-        ones merged, a draft's drawn chain (or None), and the seconds the sources spent."""
-        groups, drawn, seconds = [], None, 0.0
+        ones merged, a draft's drawn chain (or None), and the seconds the sources spent.
+
+        Sources that cost time to ask (``asks_coverage``: a draft model) are asked last, with
+        how far the others' trie already reaches: covered[d] is its best path probability at
+        depth d + 1, so they spend forwards only where the free sources fall short.
+        """
+        found: dict[int, Candidates] = {}
+        later = [i for i, s in enumerate(self.proposers) if getattr(s, "asks_coverage", False)]
         for i, source in enumerate(self.proposers):
-            block = self.acceptance.block(i, estimates)  # [C_i, D]
-            found = source.propose(seq, stop, self.config.candidates, block)
-            offset = int(self.acceptance.offsets[i])
-            seconds += found.seconds
-            if found.q is not None and found.count:
-                drawn = Candidates(found.tokens[:1], found.lens[:1], found.classes[:1] + offset, found.q)
-                found = Candidates(found.tokens[1:], found.lens[1:], found.classes[1:])
-            groups.append((found, offset))
-        return merge_candidates(groups), drawn, seconds
+            if i not in later:
+                found[i] = source.propose(seq, stop, self.config.candidates, self.acceptance.block(i, estimates))
+        if later:
+            free = self._merged([(found[i], i) for i in sorted(found)])
+            tree, prob = scored_tree(free.tokens, free.lens, free.classes, estimates,
+                                     BUILD_SLACK * self.config.max_tree_nodes)
+            covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
+            for i in later:
+                found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
+                                                     self.acceptance.block(i, estimates), covered=covered)
+        drawn, groups = None, []
+        for i in range(len(self.proposers)):
+            cands = found[i]
+            if cands.q is not None and cands.count:
+                offset = int(self.acceptance.offsets[i])
+                drawn = Candidates(cands.tokens[:1], cands.lens[:1], cands.classes[:1] + offset, cands.q)
+                cands = Candidates(cands.tokens[1:], cands.lens[1:], cands.classes[1:])
+            groups.append((cands, i))
+        return self._merged(groups), drawn, sum(c.seconds for c in found.values())
+
+    def _merged(self, groups: list[tuple[Candidates, int]]) -> Candidates:
+        """merge_candidates of (candidates, source number) pairs."""
+        return merge_candidates([(c, int(self.acceptance.offsets[i])) for c, i in groups])
 
     def learn(self, tree: TokenTree, path: np.ndarray) -> None:
         """Count the verified nodes into the estimates, and the tree's yield against its prediction."""

@@ -65,23 +65,25 @@ def tree_from_candidates(cands: np.ndarray, lens: np.ndarray, max_nodes: int) ->
     return scored_tree(cands, lens, classes, np.ones((1, 1)), max_nodes)[0]
 
 
-def append_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes: np.ndarray,
-                 cond: np.ndarray) -> tuple[TokenTree, np.ndarray, np.ndarray]:
-    """The trie with a chain tokens[L] appended below x as its own branch (never merged with
-    existing nodes, even where a token repeats a sibling's), each node scored cond[L] given its
-    parent: (tree, prob [M + L], the chain's node indices [L]).
+def prepend_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes: np.ndarray,
+                  cond: np.ndarray) -> tuple[TokenTree, np.ndarray, np.ndarray]:
+    """The trie with a chain tokens[L] put first, below x, as its own branch (never merged with
+    existing nodes, even where a token repeats a sibling's; being first, it is the child the
+    verification walk takes when both carry the chosen token), each node scored cond[L] given its
+    parent: (tree, prob [L + M], the chain's node indices [L]).
 
     tree tokens [4 5], parents [-1 0], prob [.9 .45]; chain [4 6] with cond [.5 .5]
-    -> tokens [4 5 4 6], parents [-1 0 -1 2], prob [.9 .45 .5 .25], nodes [2 3].
+    -> tokens [4 6 4 5], parents [-1 0 -1 2], prob [.5 .25 .9 .45], nodes [0 1].
     """
-    start, length = tree.size, int(tokens.shape[0])
-    nodes = start + np.arange(length, dtype=np.int64)  # [L]
+    length = int(tokens.shape[0])
+    nodes = np.arange(length, dtype=np.int64)  # [L]
     parents = np.concatenate([[-1], nodes[:-1]]).astype(np.int64)  # [L]
-    grown = TokenTree(np.concatenate([tree.tokens, tokens]).astype(np.int64),
-                      np.concatenate([tree.parents, parents]).astype(np.int64),
-                      np.concatenate([tree.depths, np.arange(1, length + 1)]).astype(np.int64),
-                      np.concatenate([tree.classes, classes]).astype(np.int64))
-    return grown, np.concatenate([prob, np.cumprod(cond)]), nodes
+    shifted = np.where(tree.parents >= 0, tree.parents + length, -1)  # [M]
+    grown = TokenTree(np.concatenate([tokens, tree.tokens]).astype(np.int64),
+                      np.concatenate([parents, shifted]).astype(np.int64),
+                      np.concatenate([np.arange(1, length + 1), tree.depths]).astype(np.int64),
+                      np.concatenate([classes, tree.classes]).astype(np.int64))
+    return grown, np.concatenate([np.cumprod(cond), prob]), nodes
 
 
 def subtree(tree: TokenTree, nodes: np.ndarray) -> TokenTree:

@@ -16,7 +16,7 @@ from lookahead.drafter import Drafter, common_prefix
 from lookahead.inputs import GenerateInputError
 from lookahead.planner import DrawnChain, drawn_rows
 from lookahead.proposers.draft import confidence_bucket
-from lookahead.tree import TokenTree, append_chain
+from lookahead.tree import TokenTree, prepend_chain
 from lookahead.verify import speculative_rows
 
 from conftest import COMMON, VOCAB
@@ -57,24 +57,28 @@ def test_confidence_bucket():
     assert [confidence_bucket(p) for p in (0.2, 0.3, 0.6, 0.99)] == [0, 1, 2, 5]
 
 
-def test_append_chain_docstring_example():
+def test_prepend_chain_docstring_example():
     tree = TokenTree(np.array([4, 5]), np.array([-1, 0]), np.array([1, 2]), np.array([0, 0]))
-    grown, prob, nodes = append_chain(tree, np.array([.9, .45]), np.array([4, 6]), np.array([3, 3]),
-                                      np.array([.5, .5]))
-    assert grown.tokens.tolist() == [4, 5, 4, 6]  # the drawn 4 is NOT merged with the chosen 4
+    grown, prob, nodes = prepend_chain(tree, np.array([.9, .45]), np.array([4, 6]), np.array([3, 3]),
+                                       np.array([.5, .5]))
+    assert grown.tokens.tolist() == [4, 6, 4, 5]  # the drawn 4 is NOT merged with the chosen 4
     assert grown.parents.tolist() == [-1, 0, -1, 2]
     assert grown.depths.tolist() == [1, 2, 1, 2]
-    assert np.allclose(prob, [.9, .45, .5, .25])
-    assert nodes.tolist() == [2, 3]
+    assert grown.classes.tolist() == [3, 3, 0, 0]
+    assert np.allclose(prob, [.5, .25, .9, .45])
+    assert nodes.tolist() == [0, 1]
+    # the walk takes the chain's 4 when x's row chose 4: it comes first among equal children
+    path, new = verify.accept_walk(grown.tokens, grown.parents, grown.tokens == 4, np.array([4, 9, 9, 9, 9]))
+    assert path.tolist()[0] == 0
 
 
 def test_drawn_rows_follow_the_kept_chain():
-    """Trie nodes 0 1 (chosen) and the chain 2 3 4; the budget kept 0, 2, 3."""
-    chain = DrawnChain(np.array([7, 8, 9]), np.array([2, 3, 4]), torch.eye(10)[:3])
-    rows = drawn_rows(chain, np.array([0, 2, 3]))
-    # x draws c1; the kept node c1 (new index 1) draws c2; c2 (new index 2) draws c3, not kept itself
-    assert rows.rows.tolist() == [0, 2, 3] and rows.tokens.tolist() == [7, 8, 9]
-    rows = drawn_rows(chain, np.array([0]))  # no chain node kept: x still tests c1
+    """The chain 0 1 2 and trie nodes 3 4 (chosen); the budget kept 0, 1, 3."""
+    chain = DrawnChain(np.array([7, 8, 9]), np.array([0, 1, 2]), torch.eye(10)[:3])
+    rows = drawn_rows(chain, np.array([0, 1, 3]))
+    # x draws c1; the kept node c1 (new index 0) draws c2; c2 (new index 1) draws c3, not kept itself
+    assert rows.rows.tolist() == [0, 1, 2] and rows.tokens.tolist() == [7, 8, 9]
+    rows = drawn_rows(chain, np.array([3]))  # no chain node kept: x still tests c1
     assert rows.rows.tolist() == [0] and rows.tokens.tolist() == [7]
     assert drawn_rows(None, np.array([0])) is None
 
@@ -288,3 +292,25 @@ def test_batch_with_a_draft_is_refused():
     gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed"), draft_model=perturbed(model, 0.01))
     with pytest.raises(GenerateInputError, match="batch size 1"):
         gen.generate(torch.tensor([[4, 5, 6], [7, 8, 9]]), max_new_tokens=4)
+
+
+def test_coverage_docstring_example():
+    from lookahead.planner import coverage
+    assert coverage(np.array([1, 2, 1, 3]), np.array([.9, .5, .3, .2]), 4).tolist() == [.9, .5, .2, 0.]
+
+
+def test_draft_stays_silent_where_the_free_sources_cover_it():
+    """A copy the context matcher covers with high probability: no draft forward is spent on it."""
+    model = _tiny("llama")
+    from lookahead.drafter import Drafter
+    from lookahead.proposers.draft import DraftProposer
+    from lookahead.processing import resolve_decoding
+    decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
+    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda: 0.3, 0)
+    seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
+    proposer.begin(seq, 6)
+    estimates = np.full((12, 32), 0.9)
+    assert proposer.propose(seq, 6, 4, estimates, covered=np.full(32, 0.95)).count == 0
+    assert proposer.drafter.forwards == 1  # the prefill only
+    found = proposer.propose(seq, 6, 4, estimates, covered=np.zeros(32))
+    assert found.count >= 1 and found.lens[0] == 8  # estimates of .9: the chain runs to max_tokens

@@ -18,11 +18,15 @@ tree's shape never depends on which token was drawn); a runner-up's class is
 ``BUCKETS`` + the bucket of its own draft probability.
 
 Length: after each drafted token the chain goes on only while the next
-token's expected yield (path probability so far x the estimate at the next
-depth) beats what one more draft forward costs, as a fraction of a target
-step (``cost_ratio``, from both measured cost curves). So a draft that
-agrees with the target drafts long chains, one that does not drafts short
-ones, and ``max_tokens`` caps it.
+token's expected yield beats what one more draft forward costs, as a
+fraction of a target step (``cost_ratio``, from both measured cost curves).
+The yield counts only what the free sources do not already offer: the
+planner passes ``covered[d]``, the best path probability of their trie at
+depth d + 1, and a draft token at that depth adds its path probability
+minus that. A step where the free sources already cover the draft's
+typical first token (a long context match) drafts nothing. So a draft that
+agrees with the target drafts long chains where the text is new, short or
+none where it copies, and ``max_tokens`` caps it.
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ import torch
 
 from ..drafter import Drafter
 from ..processing import Decoding, process_rows
-from .base import Candidates
+from .base import Candidates, no_candidates
 
 CONFIDENCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])  # bucket = count of edges <= probability
 BUCKETS = CONFIDENCE_EDGES.shape[0] + 1
 CHAIN_PRIORS = np.array([0.2, 0.4, 0.6, 0.75, 0.88, 0.95])  # assumed acceptance per confidence bucket
 ALTERNATIVE_PRIORS = np.array([0.1, 0.25, 0.3, 0.3, 0.3, 0.3])  # runner-ups: rarely above 0.5
+FIRST_PRIOR = 0.6  # a chain's first token, assumed accepted this often before any draft
+FIRST_DECAY = 0.8  # weight of the past in the running estimate of that (about the last 5 drafts)
 
 
 def confidence_bucket(prob: float) -> int:
@@ -53,6 +59,7 @@ class DraftProposer:
 
     name = "draft"
     priors = np.concatenate([CHAIN_PRIORS, ALTERNATIVE_PRIORS])
+    asks_coverage = True  # the planner asks it last, with the free sources' coverage (planner.py)
 
     def __init__(self, drafter: Drafter, decoding: Decoding, max_tokens: int, alternatives: int,
                  cost_ratio: Callable[[], float], seed: int, cost=None):
@@ -67,6 +74,7 @@ class DraftProposer:
         self.cost_ratio = cost_ratio
         self.rng = np.random.Generator(np.random.PCG64([seed, 2])) if decoding.do_sample else None
         self.drafted = 0  # draft tokens proposed so far (stats)
+        self.first = FIRST_PRIOR  # running estimate of a chain's first token being accepted
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """Prefill the draft's cache with the prompt."""
@@ -75,14 +83,21 @@ class DraftProposer:
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Nothing now: the next ``propose`` syncs the draft's cache with the accepted tokens."""
 
-    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
-        """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only).
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
+                covered: np.ndarray | None = None) -> Candidates:
+        """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only); none
+        when its expected first token adds too little to what is covered.
 
-        estimates [2 * BUCKETS, D] are this source's acceptance estimates per class and depth.
+        estimates [2 * BUCKETS, D] are this source's acceptance estimates per class and depth;
+        covered [D] the other sources' best path probability per depth (None: nothing).
         """
         began = time.perf_counter()
         ratio = self.cost_ratio()
         depth_cap = estimates.shape[1] - 1
+        if covered is None:
+            covered = np.zeros(depth_cap + 1)
+        if self.first - covered[0] < ratio:
+            return no_candidates()
         logits = self.drafter.sync(seq, stop)  # [V]
         chain, classes, dists, branches = [], [], [], []
         path = 1.0
@@ -99,7 +114,10 @@ class DraftProposer:
             for alt, prob in runners:
                 branches.append((chain[:-1] + [alt], classes[:-1] + [BUCKETS + confidence_bucket(prob)]))
             path *= estimates[cls, min(depth, depth_cap)]
-            if len(chain) >= self.max_tokens or path * estimates[cls, min(depth + 1, depth_cap)] < ratio:
+            if depth == 0:
+                self.first = FIRST_DECAY * self.first + (1 - FIRST_DECAY) * path
+            after = min(depth + 1, depth_cap)
+            if len(chain) >= self.max_tokens or path * estimates[cls, after] - covered[after] < ratio:
                 break
             logits = self.drafter.feed(token)
         self.drafted += len(chain)
