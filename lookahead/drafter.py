@@ -44,9 +44,13 @@ class Drafter:
         if stop > 1:
             self._run(seq[:stop - 1])
 
+    def pending(self, seq: np.ndarray, stop: int) -> int:
+        """Rows the next ``sync`` to seq[:stop] feeds."""
+        return stop - min(common_prefix(self.held, seq[:stop]), stop - 1)
+
     def sync(self, seq: np.ndarray, stop: int) -> torch.Tensor:
         """Bring the cache to seq[:stop] (x last) and return the draft's logits after x: [V]."""
-        keep = min(common_prefix(self.held, seq[:stop]), stop - 1)  # x is always fed: its logits are needed
+        keep = stop - self.pending(seq, stop)  # x is always fed: its logits are needed
         if keep < self.held.shape[0]:
             self.cache.crop(keep - self.held.shape[0])  # negative: the rows to drop (transformers 5.x)
             self.held = self.held[:keep]

@@ -77,10 +77,10 @@ class Sequence:
         """The draft model as a source; its chains stop where a draft forward costs more than it yields."""
         draft_cost, base_rows = gen.draft_cost, self.window.size
 
-        def ratio() -> float:
+        def ratio(rows: int) -> float:
             if cost is None or draft_cost is None:  # a fixed budget: draft up to draft_tokens
                 return 0.0
-            return float(draft_cost.step(1)) / float(cost.step(base_rows + 1))
+            return float(draft_cost.step(rows)) / float(cost.step(base_rows + 1))
 
         seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
         self.drafter = Drafter(gen.draft_model)

@@ -47,6 +47,17 @@ def _tiny(kind: str):
 
 
 # ------------------------------------------------------------------ pure pieces
+def test_pending_rows_of_the_next_sync():
+    drafter = Drafter(_tiny("llama"))
+    seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
+    drafter.begin(seq, 4)  # holds 4 8 15
+    assert drafter.pending(seq, 4) == 1 and drafter.pending(seq, 6) == 3
+    drafter.sync(seq, 6)  # holds all six
+    assert drafter.pending(seq, 6) == 1  # x is fed again: its logits are needed
+    other = np.array([4, 8, 99, 16], dtype=np.int64)
+    assert drafter.pending(other, 4) == 2  # rows from the first difference on
+
+
 def test_common_prefix():
     assert common_prefix(np.array([1, 2, 3, 9]), np.array([1, 2, 3, 4, 5])) == 3
     assert common_prefix(np.array([1, 2]), np.array([1, 2, 3])) == 2
@@ -306,7 +317,7 @@ def test_draft_stays_silent_where_the_free_sources_cover_it():
     from lookahead.proposers.draft import DraftProposer
     from lookahead.processing import resolve_decoding
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
-    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda: 0.3, 0)
+    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: 0.3, 0)
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates = np.full((12, 32), 0.9)

@@ -62,8 +62,8 @@ class DraftProposer:
     asks_coverage = True  # the planner asks it last, with the free sources' coverage (planner.py)
 
     def __init__(self, drafter: Drafter, decoding: Decoding, max_tokens: int, alternatives: int,
-                 cost_ratio: Callable[[], float], seed: int, cost=None):
-        """``cost_ratio()``: seconds of one draft forward over those of a plain target step
+                 cost_ratio: Callable[[int], float], seed: int, cost=None):
+        """``cost_ratio(rows)``: seconds of a draft forward over ``rows`` rows over those of a plain target step
         (0 = drafting is free: chains run to max_tokens); ``seed`` seeds the draws when sampling;
         ``cost``: the draft's CostModel, refined by every draft forward's measured time."""
         self.drafter = drafter
@@ -92,12 +92,12 @@ class DraftProposer:
         covered [D] the other sources' best path probability per depth (None: nothing).
         """
         began = time.perf_counter()
-        ratio = self.cost_ratio()
+        ratio = self.cost_ratio(1)
         depth_cap = estimates.shape[1] - 1
         if covered is None:
             covered = np.zeros(depth_cap + 1)
-        if self.first - covered[0] < ratio:
-            return no_candidates()
+        if self.first - covered[0] < self.cost_ratio(self.drafter.pending(seq, stop)):
+            return no_candidates()  # the first forward also feeds every token accepted since the last draft
         logits = self.drafter.sync(seq, stop)  # [V]
         chain, classes, dists, branches = [], [], [], []
         path = 1.0
