@@ -136,8 +136,9 @@ class Planner:
         if self.config.candidates == 0 or cap == 0 or room <= 1:
             return nothing
         estimates = self.acceptance.estimates()  # [C, D]
-        chosen, drawn, seconds = self._propose(seq, stop, estimates)
-        tree, prob = scored_tree(chosen.tokens, chosen.lens, chosen.classes, estimates, BUILD_SLACK * cap)
+        chosen, drawn, seconds, built = self._propose(seq, stop, estimates)
+        tree, prob = built if built is not None else scored_tree(chosen.tokens, chosen.lens, chosen.classes,
+                                                                 estimates, BUILD_SLACK * cap)
         chain = None
         if drawn is not None:
             # A drawn chain is its own branch (put first), never merged with another source's equal tokens,
@@ -163,23 +164,27 @@ class Planner:
         self.drawn = drawn_rows(ranked.drawn, np.sort(ranked.order[:size]))
         return subtree(ranked.tree, ranked.order[:size])
 
-    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray) -> tuple[Candidates, Candidates | None, float]:
+    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray):
         """Candidates from every source (at most G each), classes in the shared table: the chosen
-        ones merged, a draft's drawn chain (or None), and the seconds the sources spent.
+        ones merged, a draft's drawn chain (or None), the seconds the sources spent, and their
+        scored trie when it is already built (the free sources' trie, when the later sources
+        added no chosen rows), else None.
 
         Sources that cost time to ask (``asks_coverage``: a draft model) are asked last, with
         how far the others' trie already reaches: covered[d] is its best path probability at
         depth d + 1, so they spend forwards only where the free sources fall short.
         """
         found: dict[int, Candidates] = {}
+        built = None
         later = [i for i, s in enumerate(self.proposers) if getattr(s, "asks_coverage", False)]
         for i, source in enumerate(self.proposers):
             if i not in later:
                 found[i] = source.propose(seq, stop, self.config.candidates, self.acceptance.block(i, estimates))
         if later:
             free = self._merged([(found[i], i) for i in sorted(found)])
-            tree, prob = scored_tree(free.tokens, free.lens, free.classes, estimates,
-                                     BUILD_SLACK * self.config.max_tree_nodes)
+            built = scored_tree(free.tokens, free.lens, free.classes, estimates,
+                                BUILD_SLACK * self.config.max_tree_nodes)
+            tree, prob = built
             covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
             for i in later:
                 found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
@@ -192,7 +197,9 @@ class Planner:
                 drawn = Candidates(cands.tokens[:1], cands.lens[:1], cands.classes[:1] + offset, cands.q)
                 cands = Candidates(cands.tokens[1:], cands.lens[1:], cands.classes[1:])
             groups.append((cands, i))
-        return self._merged(groups), drawn, sum(c.seconds for c in found.values())
+        if later and any(found[i].count > (1 if found[i].q is not None else 0) for i in later):
+            built = None  # the later sources added chosen rows: the trie is built again with them
+        return self._merged(groups), drawn, sum(c.seconds for c in found.values()), built
 
     def _merged(self, groups: list[tuple[Candidates, int]]) -> Candidates:
         """merge_candidates of (candidates, source number) pairs."""
