@@ -87,7 +87,7 @@ class BatchDecoding:
         ranked = [seq.rank() for seq in seqs]  # 1. propose
         planner = seqs[0].planner  # every row's planner shares the config, base rows and batched cost
         width = choose_batch_width([r.probs for r in ranked], planner.base_rows, planner.cost,
-                                   planner.config.max_tree_nodes)  # 2. one tree width for the batch
+                                   planner.config.max_tree_nodes, planner.acceptance.calibrated)  # 2. one tree width for the batch
         plans = [seq.plan(seq.planner.cut(r, width)) for seq, r in zip(seqs, ranked)]
         tokens, q_pos, local = self._rows(plans)  # [A, Q], [A, Q], [A, Q, Q]
         logits = self._forward(tokens, q_pos, local)  # 3. forward: [A, Q, V]

@@ -52,7 +52,7 @@ class RankedTree:
 
     tree: TokenTree
     order: np.ndarray  # [M] node indices, best first (every prefix is closed under parents)
-    probs: np.ndarray  # [M] path probability of order[i]: keeping k nodes yields 1 + probs[:k].sum() tokens
+    probs: np.ndarray  # [M] path probability of order[i]: keeping k nodes promises 1 + probs[:k].sum() tokens
     drawn: DrawnChain | None = None  # a draft's drawn chain, its own branch of the trie
     seconds: float = 0.0  # what proposing cost beyond the step's forward (a draft's forwards)
 
@@ -110,7 +110,7 @@ class Planner:
         self.acceptance = acceptance
         self.cost = cost
         self.base_rows = base_rows  # rows every step has before the tree (x and the window)
-        self.predicted = 0.0  # extra tokens the last planned tree was predicted to yield
+        self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
@@ -121,7 +121,8 @@ class Planner:
     def plan(self, seq: np.ndarray, stop: int, room: int) -> TokenTree:
         """1. propose, 2. build the scored trie and keep the best-first prefix that pays."""
         ranked = self.rank(seq, stop, room)
-        size = choose_tree_size(ranked.probs, self.base_rows, self.cost, self.config.max_tree_nodes, ranked.seconds)
+        size = choose_tree_size(ranked.probs, self.base_rows, self.cost, self.config.max_tree_nodes, ranked.seconds,
+                                self.acceptance.calibrated)
         return self.cut(ranked, size)
 
     def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
@@ -155,7 +156,7 @@ class Planner:
         order = best_first_order(tree.parents, prob)  # [M]
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
-        probs = prob[order] * self.acceptance.gain_factor()  # [M] calibrated (scores.py)
+        probs = prob[order]  # [M] as the estimates say (choose_tree_size calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
 
     def cut(self, ranked: RankedTree, size: int) -> TokenTree:
@@ -206,10 +207,10 @@ class Planner:
         return merge_candidates([(c, int(self.acceptance.offsets[i])) for c, i in groups])
 
     def learn(self, tree: TokenTree, path: np.ndarray) -> None:
-        """Count the verified nodes into the estimates, and the tree's yield against its prediction."""
+        """Count the verified nodes into the estimates, and the tree's yield against its promise
+        (a step without a tree moves the calibration's window on)."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
-        if tree.size:
-            self.acceptance.observe_gain(self.predicted, int(path.shape[0]))
+        self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """seq[start:stop] was just accepted."""

@@ -7,23 +7,81 @@ a class at a depth is (hits + prior) / (trials + strength): the chance a
 token of that kind is accepted once its parent is. Counts are halved when
 trials pass ``horizon``, so the estimates follow the text being generated.
 
-The estimates run optimistic as a whole: the best-first tree keeps exactly
-the nodes whose estimates came out high (a winner's curse), and a path's
-probability is a product of per-depth averages. So the table also tracks the
-tokens the kept trees were predicted to yield against the tokens they did
-yield, and ``gain_factor`` (realised / predicted, over a decaying window)
-scales every path probability before the budget weighs it against the cost.
+The estimates run optimistic: the best-first tree keeps exactly the nodes
+whose estimates came out high (a winner's curse), and a path's probability
+is a product of per-depth averages. How far off they are depends on how much
+a tree promises: on open text a tree promising 0.7 tokens may yield nothing
+for many steps in a row while trees promising 8 on a copy yield 8. So the
+table also keeps a ``GainCalibration``: per level of promised tokens, the
+tokens kept trees yielded over those they promised, over a window of recent
+steps. The budget weighs every tree size by what trees promising that much
+really yielded lately (``calibrated``), which is what keeps a step where
+nothing pays at the cost of a plain decode step.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
 from .costmodel import CostModel
 
-GAIN_PRIOR = 2.0  # pseudo-tokens on both sides of the gain ratio: starts at 1, moves after a few steps
-GAIN_DECAY = 0.97  # weight of the past per step (about the last 30 trees count)
-GAIN_RANGE = (0.2, 1.5)
+GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated apart
+GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded what they promised
+GAIN_DECAY = 0.98  # weight of the past per step, speculative or not (about the last 50 steps count)
+GAIN_RANGE = (0.1, 1.5)
+
+
+class GainCalibration:
+    """Tokens trees yielded over tokens they promised, per level of promise (GAIN_LEVELS).
+
+    A tree promising p extra tokens counts at the two levels around p (by
+    log distance). Every step decays all levels, so a level that stopped
+    speculating because it never paid drifts back to its prior (trust 1.0)
+    and is tried again after a few dozen steps: the text may have changed.
+    """
+
+    def __init__(self) -> None:
+        self.logs = np.log(GAIN_LEVELS)  # [L]
+        self.prior = GAIN_PRIOR_TREES * GAIN_LEVELS  # [L] pseudo-tokens on both sides of each ratio
+        self.promised = np.zeros(GAIN_LEVELS.shape[0])  # [L] decayed sums
+        self.yielded = np.zeros(GAIN_LEVELS.shape[0])  # [L]
+
+    def observe(self, promised: float, yielded: float) -> None:
+        """One step: its tree promised ``promised`` extra tokens and yielded ``yielded`` (0, 0: no tree)."""
+        self.promised *= GAIN_DECAY
+        self.yielded *= GAIN_DECAY
+        if promised <= 0:
+            return
+        weights = self._weights(promised)  # [L]
+        self.promised += weights * promised
+        self.yielded += weights * yielded
+
+    def factors(self) -> np.ndarray:
+        """[L] yielded / promised per level, with the prior, clipped to GAIN_RANGE."""
+        return np.clip((self.yielded + self.prior) / (self.promised + self.prior), *GAIN_RANGE)
+
+    def calibrated(self, promised: np.ndarray) -> np.ndarray:
+        """What trees promising ``promised`` [k] extra tokens are expected to yield [k].
+
+        Fresh: [0.5, 3.0] -> [0.5, 3.0]; after many trees promising 0.7 that
+        yielded nothing, 0.7 maps to about 0.07 while 8.0 stays near 8.0.
+        """
+        at = np.log(np.maximum(promised, 1e-9))
+        return promised * np.interp(at, self.logs, self.factors())
+
+    def _weights(self, promised: float) -> np.ndarray:
+        """[L] interpolation weights of ``promised`` on the levels (all on an end level beyond it)."""
+        at = float(np.clip(np.log(promised), self.logs[0], self.logs[-1]))
+        hi = int(np.searchsorted(self.logs, at, side="left"))
+        weights = np.zeros(self.logs.shape[0])
+        if hi == 0 or self.logs[hi] == at:
+            weights[hi] = 1.0
+            return weights
+        upper = (at - self.logs[hi - 1]) / (self.logs[hi] - self.logs[hi - 1])
+        weights[hi - 1], weights[hi] = 1.0 - upper, upper
+        return weights
 
 
 class AcceptanceStats:
@@ -37,8 +95,7 @@ class AcceptanceStats:
         self.trials = np.full((prior.shape[0], depth), strength)  # [C, D]
         self.hits = np.repeat(prior[:, None] * strength, depth, axis=1)  # [C, D]
         self.horizon = horizon
-        self.predicted = GAIN_PRIOR  # decayed sum of the extra tokens the kept trees were predicted to yield
-        self.realised = GAIN_PRIOR  # ... and of those they did yield
+        self.gain = GainCalibration()  # what trees yield against what they promise
 
     @property
     def depth(self) -> int:
@@ -69,51 +126,63 @@ class AcceptanceStats:
 
 
     def observe_gain(self, predicted: float, realised: int) -> None:
-        """A tree predicted to add ``predicted`` tokens beyond the bonus one added ``realised``."""
-        self.predicted = GAIN_DECAY * self.predicted + predicted
-        self.realised = GAIN_DECAY * self.realised + realised
+        """A step whose tree promised ``predicted`` tokens beyond the bonus one added ``realised``
+        (0, 0 for a step without a tree: the calibration's window moves on)."""
+        self.gain.observe(predicted, realised)
 
-    def gain_factor(self) -> float:
-        """Realised over predicted extra tokens (1.0 until trees were verified), clipped to GAIN_RANGE."""
-        return float(np.clip(self.realised / self.predicted, *GAIN_RANGE))
+    def calibrated(self, promised: np.ndarray) -> np.ndarray:
+        """Expected extra tokens of trees promising ``promised`` [k] (GainCalibration.calibrated)."""
+        return self.gain.calibrated(promised)
+
+
+Calibrate = Callable[[np.ndarray], np.ndarray]
+
+
+def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -> np.ndarray:
+    """[limit + 1] expected tokens of a step keeping the first k = 0..limit nodes: the bonus
+    token plus the kept path probabilities, as ``calibrate`` maps what they promise."""
+    promised = np.concatenate([[0.0], np.cumsum(probs[:limit])])  # [limit + 1]
+    return 1.0 + (calibrate(promised) if calibrate is not None else promised)
 
 
 def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, cap: int,
-                     spent: float = 0.0) -> int:
+                     spent: float = 0.0, calibrate: Calibrate | None = None) -> int:
     """How many nodes of a best-first order to verify this step.
 
     probs[M] are the nodes' path probabilities in best-first order, so keeping
-    k nodes yields 1 + sum(probs[:k]) tokens on average (the bonus token is
-    always produced). With a cost model, k maximises that over the expected
-    step time of base_rows + k rows (k = 0 is plain decoding); without one
-    (a fixed budget) k is simply min(M, cap). ``spent`` seconds were already
-    spent on this step's candidates (a draft's forwards): part of every
-    size's step time.
+    k nodes promises 1 + sum(probs[:k]) tokens (the bonus token is always
+    produced); ``calibrate`` says what such a promise yields
+    (``AcceptanceStats.calibrated``; None: what it promises). With a cost
+    model, k maximises the expected tokens over the expected step time of
+    base_rows + k rows (k = 0 is plain decoding); without one (a fixed
+    budget) k is simply min(M, cap). ``spent`` seconds were already spent on
+    this step's candidates (a draft's forwards): part of every size's step time.
     """
     limit = min(int(probs.shape[0]), cap)
     if cost is None or limit == 0:
         return limit
-    gains = 1.0 + np.concatenate([[0.0], np.cumsum(probs[:limit])])  # [limit + 1]
+    gains = expected_gains(probs, limit, calibrate)  # [limit + 1]
     seconds = cost.step(base_rows + np.arange(limit + 1)) + spent  # [limit + 1]
     return int(np.argmax(gains / seconds))
 
 
-def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel | None, cap: int) -> int:
+def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel | None, cap: int,
+                       calibrate: Calibrate | None = None) -> int:
     """How many tree nodes every row of a batch verifies this step (one width for all).
 
     A batched step costs what its widest row costs (rows are padded to it), so
     the rows are not sized one by one: probs[b] holds row b's path
     probabilities in best-first order, and k maximises the batch's expected
-    tokens, sum over rows of 1 + sum(probs[b][:k]), over the step time of
+    tokens, sum over rows of 1 + calibrate(sum(probs[b][:k])), over the step time of
     base_rows + k rows per sequence. A row with fewer than k nodes keeps all.
     k = 0 is a plain decode step for every row.
     """
     limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
     if cost is None or limit == 0:
         return limit
-    gains = np.full(limit + 1, float(len(probs)))  # [limit + 1]
+    gains = np.zeros(limit + 1)  # [limit + 1]
     for row in probs:
-        cum = np.concatenate([[0.0], np.cumsum(row[:limit])])  # [min(M_b, limit) + 1]
-        gains += np.concatenate([cum, np.full(limit + 1 - cum.shape[0], cum[-1])])
+        own = expected_gains(row, limit, calibrate)  # [min(M_b, limit) + 1]
+        gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
     seconds = cost.step(base_rows + np.arange(limit + 1))  # [limit + 1]
     return int(np.argmax(gains / seconds))

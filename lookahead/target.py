@@ -86,6 +86,8 @@ class Target:
         # indices: then the model returns every row's logits and the rows are picked here.
         self.select_after = spans_devices(model, self.device)
         self.context = context_length(model.config)  # max_position_embeddings, or None
+        # A one-row step needs no mask when no layer slides: the model's own causal mask is all-visible.
+        self.plain_single_row = layout.sliding_window is None or layout.kinds == frozenset({"full_attention"})
 
     def positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position ids as fed to the model: any past the context as the last one.
@@ -117,9 +119,11 @@ class Target:
         """
         dev = self.device
         offsets_t = to_device(offsets, dev)  # [Q]
-        local = to_device(local_mask, dev)  # [Q, Q]
         keep_t = to_device(keep, dev)  # [K]
-        mask = model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets_t, past, self.dtype)
+        mask = None  # x alone under full attention sees every cached row: a plain decode step, no mask to build
+        if tokens.shape[0] > 1 or not self.plain_single_row:
+            local = to_device(local_mask, dev)  # [Q, Q]
+            mask = model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets_t, past, self.dtype)
         out = self.model(input_ids=to_device(tokens, dev)[None],  # [1, Q]
                          position_ids=self.positions(past + offsets_t)[None],  # [1, Q]
                          attention_mask=mask, past_key_values=cache, use_cache=True,

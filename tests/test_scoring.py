@@ -18,7 +18,8 @@ from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
-from lookahead.scores import AcceptanceStats, choose_batch_width, choose_tree_size
+from lookahead.scores import (GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration, choose_batch_width,
+                              choose_tree_size)
 from lookahead.tree import TokenTree, scored_tree, subtree
 
 
@@ -200,30 +201,61 @@ def test_budget_trades_tokens_against_time():
     assert choose_tree_size(np.array([.01]), 1, cost, 8) == 0  # nothing pays: plain decoding
 
 
-def test_gain_factor_follows_realised_over_predicted_yield():
-    stats = AcceptanceStats([np.array([0.5])])
-    assert stats.gain_factor() == 1.0  # nothing verified yet
+def test_calibration_follows_yield_per_level_of_promise():
+    gain = GainCalibration()
+    assert np.allclose(gain.calibrated(np.array([0.5, 3.0])), [0.5, 3.0])  # nothing verified yet
     for _ in range(60):
-        stats.observe_gain(predicted=2.0, realised=1)  # trees yield half what they promise
-    assert 0.5 <= stats.gain_factor() < 0.55
-    for _ in range(200):
-        stats.observe_gain(predicted=1.0, realised=1)  # calibrated again: the factor follows
-    assert abs(stats.gain_factor() - 1.0) < 0.01
-    for _ in range(200):
-        stats.observe_gain(predicted=1.0, realised=0)
-    assert stats.gain_factor() == 0.2  # clipped: a bad patch never switches speculation off for good
+        gain.observe(0.7, 0)  # trees promising 0.7 tokens yield nothing (open text) ...
+        gain.observe(8.0, 8)  # ... while trees promising 8 (a copy) yield 8
+    low, high = gain.calibrated(np.array([0.7, 8.0]))
+    assert low < 0.7 * 0.25 and 7.5 < high <= 8.0  # the copy keeps its trust
 
 
-def test_planner_scales_its_tree_by_the_gain_factor():
+def test_calibration_forgets_a_bad_patch_after_plain_steps():
+    gain = GainCalibration()
+    for _ in range(30):
+        gain.observe(1.0, 0)
+    assert gain.calibrated(np.array([1.0]))[0] < 0.2  # speculation at this level stops ...
+    for _ in range(300):
+        gain.observe(0.0, 0)  # ... plain steps move the window on ...
+    assert gain.calibrated(np.array([1.0]))[0] > 0.9  # ... and the level is trusted again
+    for _ in range(300):
+        gain.observe(1.0, 0)
+    assert np.isclose(gain.calibrated(np.array([1.0]))[0], GAIN_RANGE[0])  # clipped below
+
+
+def test_calibration_splits_a_promise_between_the_levels_around_it():
+    gain = GainCalibration()
+    for _ in range(40):
+        gain.observe(np.sqrt(2.0), 0)  # halfway (in log) between the levels 1 and 2
+    factors = gain.factors()
+    at = {level: i for i, level in enumerate(GAIN_LEVELS)}
+    assert np.isclose(factors[at[1.0]], factors[at[2.0]], rtol=0.5) and factors[at[2.0]] < 0.5
+    assert factors[at[0.25]] == 1.0 and factors[at[16.0]] == 1.0  # far levels untouched
+
+
+def test_budget_speculates_nothing_where_trees_never_paid():
+    cost = CostModel(np.array([1., 2., 8.]), np.array([1., 1.3, 1.5]))
+    probs = np.array([.5, .3, .2])
+    stats = AcceptanceStats([np.array([0.5])])
+    assert choose_tree_size(probs, 1, cost, 8, calibrate=stats.calibrated) == 3  # 2.0 / 1.5 beats 1 / 1
+    for _ in range(20):
+        for promised in (0.5, 0.8, 1.0):  # the sizes on offer
+            stats.observe_gain(predicted=promised, realised=0)
+    assert choose_tree_size(probs, 1, cost, 8, calibrate=stats.calibrated) == 0  # a plain decode step
+
+
+def test_planner_scales_its_tree_by_the_calibration():
     config = LookaheadConfig(recycle=False, ngram_pool=False)
     matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
     cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.05]))  # a row costs 5% of a step
     seq = np.array([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], dtype=np.int64)  # "1 2" recurs: "3 4 5 6 7 8" follows
     sizes = []
-    for factor_steps in (0, 80):
+    for factor_steps in (0, 20):
         stats = AcceptanceStats([matcher.priors])
         for _ in range(factor_steps):
-            stats.observe_gain(predicted=3.0, realised=0)
+            for promised in GAIN_LEVELS:  # trees of every size
+                stats.observe_gain(predicted=promised, realised=0)
         planner = Planner(config, [matcher], stats, cost, base_rows=1)
         sizes.append(planner.plan(seq, seq.shape[0], room=64).size)
     assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid
