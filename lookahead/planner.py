@@ -19,7 +19,7 @@ from .config import LookaheadConfig
 from .costmodel import CostModel
 from .kernels.trie import best_first_order
 from .proposers.base import Candidates, no_candidates
-from .scores import AcceptanceStats, choose_tree_size
+from .scores import AcceptanceStats, choose_tree_size, expected_gains
 from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
 from .verify import DrawnRows
 
@@ -172,8 +172,9 @@ class Planner:
         added no chosen rows), else None.
 
         Sources that cost time to ask (``asks_coverage``: a draft model) are asked last, with
-        how far the others' trie already reaches: covered[d] is its best path probability at
-        depth d + 1, so they spend forwards only where the free sources fall short.
+        how far the others' trie already reaches (covered[d]: its best path probability at
+        depth d + 1) and what the step would yield and cost with it alone (``plain``), so
+        they spend forwards only where that raises the step's tokens per second.
         """
         found: dict[int, Candidates] = {}
         built = None
@@ -187,9 +188,11 @@ class Planner:
                                 BUILD_SLACK * self.config.max_tree_nodes)
             tree, prob = built
             covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
+            plain = self._plain_step(tree, prob)
             for i in later:
                 found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
-                                                     self.acceptance.block(i, estimates), covered=covered)
+                                                     self.acceptance.block(i, estimates), covered=covered,
+                                                     plain=plain)
         drawn, groups = None, []
         for i in range(len(self.proposers)):
             cands = found[i]
@@ -201,6 +204,18 @@ class Planner:
         if later and any(found[i].count > (1 if found[i].q is not None else 0) for i in later):
             built = None  # the later sources added chosen rows: the trie is built again with them
         return self._merged(groups), drawn, sum(c.seconds for c in found.values()), built
+
+    def _plain_step(self, tree: TokenTree, prob: np.ndarray) -> tuple[float, float]:
+        """(expected tokens, cost in plain steps) of this step if it verified the free sources'
+        trie alone, sized by the budget: what a costly source must beat (1, 1 without a cost model)."""
+        if self.cost is None or tree.size == 0:
+            return 1.0, 1.0
+        probs = prob[best_first_order(tree.parents, prob)]  # [M]
+        size = choose_tree_size(probs, self.base_rows, self.cost, self.config.max_tree_nodes, 0.0,
+                                self.acceptance.calibrated)
+        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size]
+        seconds = self.cost.step(np.array([self.base_rows, self.base_rows + size]))  # [2]
+        return float(tokens), float(seconds[1] / seconds[0])
 
     def _merged(self, groups: list[tuple[Candidates, int]]) -> Candidates:
         """merge_candidates of (candidates, source number) pairs."""

@@ -31,6 +31,8 @@ GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra 
 GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded what they promised
 GAIN_DECAY = 0.98  # weight of the past per step, speculative or not (about the last 50 steps count)
 GAIN_RANGE = (0.1, 1.5)
+MARGIN = 1.05  # speculate only where the best tree is expected to beat a plain step by this factor:
+# the size is the argmax of noisy estimates (biased up), and a step that only breaks even adds variance
 
 
 class GainCalibration:
@@ -154,7 +156,7 @@ def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, 
     produced); ``calibrate`` says what such a promise yields
     (``AcceptanceStats.calibrated``; None: what it promises). With a cost
     model, k maximises the expected tokens over the expected step time of
-    base_rows + k rows (k = 0 is plain decoding); without one (a fixed
+    base_rows + k rows (k = 0 is plain decoding, chosen unless a tree beats it by MARGIN); without one (a fixed
     budget) k is simply min(M, cap). ``spent`` seconds were already spent on
     this step's candidates (a draft's forwards): part of every size's step time.
     """
@@ -163,7 +165,7 @@ def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, 
         return limit
     gains = expected_gains(probs, limit, calibrate)  # [limit + 1]
     seconds = cost.step(base_rows + np.arange(limit + 1)) + spent  # [limit + 1]
-    return int(np.argmax(gains / seconds))
+    return _best_size(gains / seconds)
 
 
 def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel | None, cap: int,
@@ -185,4 +187,11 @@ def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel 
         own = expected_gains(row, limit, calibrate)  # [min(M_b, limit) + 1]
         gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
     seconds = cost.step(base_rows + np.arange(limit + 1))  # [limit + 1]
-    return int(np.argmax(gains / seconds))
+    return _best_size(gains / seconds)
+
+
+def _best_size(rates: np.ndarray) -> int:
+    """The size of the highest expected rate [k + 1], or 0 (plain decoding) unless it beats
+    the plain rate by MARGIN: [1.0, 1.03] -> 0, [1.0, 1.2, 1.1] -> 1."""
+    best = int(np.argmax(rates))
+    return best if rates[best] >= MARGIN * rates[0] else 0

@@ -317,7 +317,7 @@ def test_draft_stays_silent_where_the_free_sources_cover_it():
     from lookahead.proposers.draft import DraftProposer
     from lookahead.processing import resolve_decoding
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
-    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: 0.3, 0)
+    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: 0.1, 0)
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates = np.full((12, 32), 0.9)
@@ -325,3 +325,27 @@ def test_draft_stays_silent_where_the_free_sources_cover_it():
     assert proposer.drafter.forwards == 1  # the prefill only
     found = proposer.propose(seq, 6, 4, estimates, covered=np.zeros(32))
     assert found.count >= 1 and found.lens[0] == 8  # estimates of .9: the chain runs to max_tokens
+
+
+def test_draft_stays_silent_where_the_plain_step_already_yields_more():
+    """The same uncovered first token is worth a draft forward after a one-token step, not after a
+    step whose free tree yields five tokens: it would lower the step's tokens per second."""
+    model = _tiny("llama")
+    from lookahead.drafter import Drafter
+    from lookahead.proposers.draft import DraftProposer
+    from lookahead.processing import resolve_decoding
+    decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
+    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: 0.3, 0)
+    seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
+    proposer.begin(seq, 6)
+    estimates, covered = np.full((12, 32), 0.9), np.full(32, 0.2)
+    assert proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(5.0, 1.5)).count == 0
+    assert proposer.drafter.forwards == 1  # the prefill only
+    found = proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(1.0, 1.0))
+    assert found.count >= 1 and 1 <= found.lens[0] < 8  # stops where one more token lowers the rate
+
+
+def test_pays_docstring_example():
+    from lookahead.proposers.draft import _pays
+    assert _pays(0.5, 0.4, 1.0, 1.0) and not _pays(0.5, 0.4, 4.0, 1.5)
+    assert _pays(0.1, 0.0, 9.0, 1.0) and not _pays(0.0, 0.0, 1.0, 1.0) and not _pays(-0.1, 0.4, 1.0, 1.0)

@@ -272,3 +272,9 @@ def test_batch_width_weighs_every_row_against_the_padded_step():
     assert choose_batch_width([sure, np.zeros(0)], 1, cost, 2) == 2  # a row with no nodes adds only its 1
     assert choose_batch_width([np.zeros(0), np.zeros(0)], 1, cost, 8) == 0
     assert choose_batch_width([sure, unsure], 1, None, 2) == 2  # fixed budget: the cap
+
+
+def test_best_size_docstring_example():
+    from lookahead.scores import _best_size
+    assert _best_size(np.array([1.0, 1.03])) == 0  # within the margin: a plain step
+    assert _best_size(np.array([1.0, 1.2, 1.1])) == 1

@@ -17,16 +17,21 @@ at the row it came from (max q, known before the draw: under sampling, the
 tree's shape never depends on which token was drawn); a runner-up's class is
 ``BUCKETS`` + the bucket of its own draft probability.
 
-Length: after each drafted token the chain goes on only while the next
-token's expected yield beats what one more draft forward costs, as a
-fraction of a target step (``cost_ratio``, from both measured cost curves).
-The yield counts only what the free sources do not already offer: the
-planner passes ``covered[d]``, the best path probability of their trie at
-depth d + 1, and a draft token at that depth adds its path probability
-minus that. A step where the free sources already cover the draft's
-typical first token (a long context match) drafts nothing. So a draft that
-agrees with the target drafts long chains where the text is new, short or
-none where it copies, and ``max_tokens`` caps it.
+Length: drafting trades tokens per step against step time. The planner
+says what the step would be without the draft (``plain``: the tokens the
+free sources' tree is expected to yield, and its cost in plain target
+steps) and how far their trie reaches (``covered[d]``: its best path
+probability at depth d + 1). A draft token at depth d adds its path
+probability minus covered[d]; a draft forward costs ``cost_ratio`` target
+steps (from both measured cost curves; the first one also feeds every
+token accepted since the last draft). Drafting raises tokens per second
+only while what a forward adds, per step it costs, beats the step's tokens
+per step so far: the first forward runs only when the draft's typical
+first token beats the plain step's rate, and the chain stops at the first
+token that would lower the rate. A step where the free sources already
+yield many tokens (a long context match) drafts nothing; a draft that
+agrees with the target drafts long chains where the text is new, and
+``max_tokens`` caps it.
 """
 
 from __future__ import annotations
@@ -84,20 +89,23 @@ class DraftProposer:
         """Nothing now: the next ``propose`` syncs the draft's cache with the accepted tokens."""
 
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
-                covered: np.ndarray | None = None) -> Candidates:
+                covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0)) -> Candidates:
         """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only); none
-        when its expected first token adds too little to what is covered.
+        when its expected first token would lower the step's tokens per second.
 
         estimates [2 * BUCKETS, D] are this source's acceptance estimates per class and depth;
-        covered [D] the other sources' best path probability per depth (None: nothing).
+        covered [D] the other sources' best path probability per depth (None: nothing);
+        plain (tokens, cost in plain target steps) of this step without the draft.
         """
         began = time.perf_counter()
         ratio = self.cost_ratio(1)
         depth_cap = estimates.shape[1] - 1
         if covered is None:
             covered = np.zeros(depth_cap + 1)
-        if self.first - covered[0] < self.cost_ratio(self.drafter.pending(seq, stop)):
-            return no_candidates()  # the first forward also feeds every token accepted since the last draft
+        tokens, steps = plain
+        first_cost = self.cost_ratio(self.drafter.pending(seq, stop))  # also feeds the tokens accepted since
+        if not _pays(self.first - covered[0], first_cost, tokens, steps):
+            return no_candidates()
         logits = self.drafter.sync(seq, stop)  # [V]
         chain, classes, dists, branches = [], [], [], []
         path = 1.0
@@ -116,8 +124,11 @@ class DraftProposer:
             path *= estimates[cls, min(depth, depth_cap)]
             if depth == 0:
                 self.first = FIRST_DECAY * self.first + (1 - FIRST_DECAY) * path
+            tokens += max(0.0, path - covered[min(depth, depth_cap)])
+            steps += first_cost if depth == 0 else ratio
             after = min(depth + 1, depth_cap)
-            if len(chain) >= self.max_tokens or path * estimates[cls, after] - covered[after] < ratio:
+            if len(chain) >= self.max_tokens or not _pays(path * estimates[cls, after] - covered[after], ratio,
+                                                          tokens, steps):
                 break
             logits = self.drafter.feed(token)
         self.drafted += len(chain)
@@ -148,6 +159,17 @@ class DraftProposer:
         u = float(self.rng.random())
         drawn = int(torch.searchsorted(cdf, cdf[-1:] * u, right=True).clamp_max(q.shape[0] - 1))
         return drawn, top[0], []
+
+
+def _pays(gain: float, cost: float, tokens: float, steps: float) -> bool:
+    """Whether ``gain`` more tokens for ``cost`` more target steps raise a step's rate of
+    ``tokens`` per ``steps`` (a free forward pays whenever it adds anything).
+
+    _pays(0.5, 0.4, 1.0, 1.0) -> True (1.25 > 1); _pays(0.5, 0.4, 4.0, 1.5) -> False.
+    """
+    if cost <= 0:
+        return gain > 0
+    return gain > 0 and gain * steps >= cost * tokens
 
 
 def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float) -> Candidates:
