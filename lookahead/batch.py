@@ -23,7 +23,6 @@ import torch
 
 from .cache import keep_rows_per_row
 from .processing import Decoding
-from .scores import choose_batch_width
 from .sequence import Sequence, StepPlan
 from .stats import GenerationStats
 from .target import to_device
@@ -85,10 +84,9 @@ class BatchDecoding:
         began = time.perf_counter()
         seqs = [self.seqs[b] for b in self.active]
         ranked = [seq.rank() for seq in seqs]  # 1. propose
-        planner = seqs[0].planner  # every row's planner shares the config, base rows and batched cost
-        width = choose_batch_width([r.probs for r in ranked], planner.base_rows, planner.cost,
-                                   planner.config.max_tree_nodes, planner.acceptance.calibrated)  # 2. one tree width for the batch
-        plans = [seq.plan(seq.planner.cut(r, width)) for seq, r in zip(seqs, ranked)]
+        planner = seqs[0].planner  # every row's planner shares the config, window options and batched cost
+        columns, size = planner.choose([r.probs for r in ranked])  # 2. one window and tree width for the batch
+        plans = [seq.plan(seq.planner.cut(r, size), columns) for seq, r in zip(seqs, ranked)]
         tokens, q_pos, local = self._rows(plans)  # [A, Q], [A, Q], [A, Q, Q]
         logits = self._forward(tokens, q_pos, local)  # 3. forward: [A, Q, V]
         staged = [seq.stage(logits[a, to_device(p.keep, logits.device)], p)  # 4. verify

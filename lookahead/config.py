@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 
-CHOICES = {"budget": ("adaptive", "fixed")}  # fields with a fixed set of string values
+CHOICES = {"budget": ("adaptive", "fixed"), "budget_curve": ("measured", "flat")}  # fields with a fixed set of string values
 
 
 class ConfigError(ValueError):
@@ -51,6 +51,10 @@ class LookaheadConfig:
     draft_alternatives: int = 1  # greedy: the draft's runner-ups per chain depth, as one-token branches
     max_tree_nodes: int = 32  # cap on verification-tree nodes per step
     budget: str = "adaptive"  # "adaptive": size each step's tree by cost model; "fixed": always the cap
+    # "measured": the budget prices a step by this machine's measured cost curve; "flat": every step
+    # costs the same whatever its rows (what a GPU at batch 1 does up to a few hundred rows): a
+    # simulation that shows what the budget builds where rows are free.
+    budget_curve: str = "measured"
     cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
     calibration_context: int = 256  # context tokens behind the cost measurement
     calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)

@@ -415,6 +415,13 @@ def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int) 
     return fingerprint
 
 
+def flat_curve(curve: CostModel) -> CostModel:
+    """A curve where every step costs what ``curve``'s one-row step costs, never refined:
+    what the budget does where rows are free (a GPU at batch 1), on any machine."""
+    return CostModel(curve.rows.copy(), np.full_like(curve.seconds, float(curve.step(np.array([1.0]))[0])),
+                     smoothing=0.0)
+
+
 def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr) -> CostModel:
     """The cached curve for this model/device/dtype (and batch size); measured when absent.

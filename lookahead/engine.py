@@ -20,7 +20,7 @@ import torch
 
 from .cache import keep_rows
 from .config import LookaheadConfig
-from .costmodel import CostModel, load_cost_model
+from .costmodel import CostModel, flat_curve, load_cost_model
 from .draftcheck import check_draft
 from .batch import BatchDecoding
 from .inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
@@ -117,8 +117,9 @@ class LookaheadGenerator:
         context = cfg.calibration_context  # the synthetic context must fit in the model's own
         if self.target.context is not None:
             context = max(1, min(context, self.target.context - 1))
-        return load_cost_model(self.model, self.target.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
-                               context, cfg.calibration_repeats, cfg.cost_cache_dir, batch)
+        curve = load_cost_model(self.model, self.target.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
+                                context, cfg.calibration_repeats, cfg.cost_cache_dir, batch)
+        return flat_curve(curve) if cfg.budget_curve == "flat" else curve
 
     def _measure_draft_cost(self, layout) -> CostModel:
         """The draft's forward-cost curve over as many rows as it is fed at once (cached on disk)."""

@@ -19,9 +19,10 @@ from .config import LookaheadConfig
 from .costmodel import CostModel
 from .kernels.trie import best_first_order
 from .proposers.base import Candidates, no_candidates
-from .scores import AcceptanceStats, choose_tree_size, expected_gains
+from .scores import AcceptanceStats, choose_step, expected_gains
 from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
 from .verify import DrawnRows
+from .window import window_rows
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)
 BUILD_SLACK = 4  # the scored trie may hold this many times max_tree_nodes before pruning
@@ -100,16 +101,30 @@ def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
     return Candidates(tokens, lens, classes)
 
 
+def window_widths(config: LookaheadConfig, budgeted: bool) -> np.ndarray:
+    """[O] the window widths a step may take, 0 (x alone) first: every width up to W when the
+    budget chooses, else the whole window W (a fixed budget); only 0 when the window is x alone."""
+    if config.lookahead_rows <= 1:
+        return np.zeros(1, dtype=np.int64)
+    if not budgeted:
+        return np.array([config.window], dtype=np.int64)
+    return np.arange(config.window + 1, dtype=np.int64)
+
+
 class Planner:
     """Proposers, acceptance estimates and the cost model of one decode: ``plan`` gives the step's tree."""
 
     def __init__(self, config: LookaheadConfig, proposers: list, acceptance: AcceptanceStats,
-                 cost: CostModel | None, base_rows: int):
+                 cost: CostModel | None):
         self.config = config
         self.proposers = proposers
         self.acceptance = acceptance
         self.cost = cost
-        self.base_rows = base_rows  # rows every step has before the tree (x and the window)
+        self.widths = window_widths(config, cost is not None)  # [O] the window's options, x alone first
+        self.window_rows = np.array([window_rows(w, config.ngram) for w in self.widths])  # [O]
+        self.base_rows = 1  # rows before the tree when the window is not fed: x
+        names = [getattr(source, "name", "") for source in proposers]
+        self.window_source = names.index("window") if "window" in names else None
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
 
@@ -118,12 +133,19 @@ class Planner:
         for source in self.proposers:
             source.begin(seq, stop)
 
-    def plan(self, seq: np.ndarray, stop: int, room: int) -> TokenTree:
-        """1. propose, 2. build the scored trie and keep the best-first prefix that pays."""
+    def plan(self, seq: np.ndarray, stop: int, room: int) -> tuple[TokenTree, int]:
+        """1. propose, 2. build the scored trie; the best-first prefix and the window width that pay."""
         ranked = self.rank(seq, stop, room)
-        size = choose_tree_size(ranked.probs, self.base_rows, self.cost, self.config.max_tree_nodes, ranked.seconds,
-                                self.acceptance.calibrated)
-        return self.cut(ranked, size)
+        width, size = self.choose([ranked.probs], ranked.seconds)
+        return self.cut(ranked, size), width
+
+    def choose(self, probs: list[np.ndarray], spent: float = 0.0) -> tuple[int, int]:
+        """(window width, tree nodes) of the step with the most expected tokens per second for
+        sequences whose ranked path probabilities are ``probs`` (one array per sequence)."""
+        gain = self.widths * self.acceptance.window_value()  # [O] tokens the window's n-grams are worth
+        option, size = choose_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes, spent,
+                                   self.acceptance.calibrated)
+        return int(self.widths[option]), size
 
     def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
         """1. propose, 2. the scored trie in best-first order with calibrated path probabilities.
@@ -211,21 +233,26 @@ class Planner:
         if self.cost is None or tree.size == 0:
             return 1.0, 1.0
         probs = prob[best_first_order(tree.parents, prob)]  # [M]
-        size = choose_tree_size(probs, self.base_rows, self.cost, self.config.max_tree_nodes, 0.0,
-                                self.acceptance.calibrated)
-        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size]
-        seconds = self.cost.step(np.array([self.base_rows, self.base_rows + size]))  # [2]
+        width, size = self.choose([probs])
+        option = int(np.searchsorted(self.widths, width))
+        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + self.acceptance.window_value() * width
+        seconds = self.cost.step(np.array([self.base_rows, self.window_rows[option] + size]))  # [2]
         return float(tokens), float(seconds[1] / seconds[0])
 
     def _merged(self, groups: list[tuple[Candidates, int]]) -> Candidates:
         """merge_candidates of (candidates, source number) pairs."""
         return merge_candidates([(c, int(self.acceptance.offsets[i])) for c, i in groups])
 
-    def learn(self, tree: TokenTree, path: np.ndarray) -> None:
-        """Count the verified nodes into the estimates, and the tree's yield against its promise
-        (a step without a tree moves the calibration's window on)."""
+    def learn(self, tree: TokenTree, path: np.ndarray, width: int = 0) -> None:
+        """Count the verified nodes into the estimates, the tree's yield against its promise
+        (a step without a tree moves the calibration's window on), and what the window's
+        n-grams added against the columns fed (``width`` this step)."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
+        if self.window_source is not None:
+            lo, hi = self.acceptance.offsets[self.window_source:self.window_source + 2]
+            accepted = tree.classes[path]  # [k]
+            self.acceptance.observe_window(width, int(((accepted >= lo) & (accepted < hi)).sum()))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """seq[start:stop] was just accepted."""

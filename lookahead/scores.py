@@ -31,6 +31,7 @@ GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra 
 GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded what they promised
 GAIN_DECAY = 0.98  # weight of the past per step, speculative or not (about the last 50 steps count)
 GAIN_RANGE = (0.1, 1.5)
+WINDOW_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step
 MARGIN = 1.05  # speculate only where the best tree is expected to beat a plain step by this factor:
 # the size is the argmax of noisy estimates (biased up), and a step that only breaks even adds variance
 
@@ -98,6 +99,8 @@ class AcceptanceStats:
         self.hits = np.repeat(prior[:, None] * strength, depth, axis=1)  # [C, D]
         self.horizon = horizon
         self.gain = GainCalibration()  # what trees yield against what they promise
+        self.window_tokens = 0.0  # decayed sum of accepted tokens only the window's n-grams proposed ...
+        self.window_columns = 0.0  # ... and of the window columns fed (window_value)
 
     @property
     def depth(self) -> int:
@@ -136,6 +139,22 @@ class AcceptanceStats:
         """Expected extra tokens of trees promising ``promised`` [k] (GainCalibration.calibrated)."""
         return self.gain.calibrated(promised)
 
+    def observe_window(self, columns: int, tokens: int) -> None:
+        """A step fed ``columns`` window columns, and ``tokens`` accepted tokens came from the
+        window's n-grams alone (nodes of the window source's classes: no earlier source had them)."""
+        self.window_tokens = GAIN_DECAY * self.window_tokens + tokens
+        self.window_columns = GAIN_DECAY * self.window_columns + columns
+
+    def window_value(self) -> float:
+        """Tokens one window column fed for one step is worth (later, through its n-grams).
+
+        A ratio of decayed sums with the prior WINDOW_PRIOR: the window's n-grams
+        pay off steps after the columns that made them, so the value is what
+        they added lately per column fed lately, not per step.
+        """
+        tokens, columns = WINDOW_PRIOR
+        return (self.window_tokens + tokens) / (self.window_columns + columns)
+
 
 Calibrate = Callable[[np.ndarray], np.ndarray]
 
@@ -149,28 +168,26 @@ def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -
 
 def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, cap: int,
                      spent: float = 0.0, calibrate: Calibrate | None = None) -> int:
-    """How many nodes of a best-first order to verify this step.
+    """How many nodes of a best-first order to verify this step (``choose_step`` with one
+    window option of ``base_rows`` rows).
 
     probs[M] are the nodes' path probabilities in best-first order, so keeping
     k nodes promises 1 + sum(probs[:k]) tokens (the bonus token is always
     produced); ``calibrate`` says what such a promise yields
     (``AcceptanceStats.calibrated``; None: what it promises). With a cost
     model, k maximises the expected tokens over the expected step time of
-    base_rows + k rows (k = 0 is plain decoding, chosen unless a tree beats it by MARGIN); without one (a fixed
-    budget) k is simply min(M, cap). ``spent`` seconds were already spent on
-    this step's candidates (a draft's forwards): part of every size's step time.
+    base_rows + k rows (k = 0 is plain decoding, chosen unless a tree beats
+    it by MARGIN); without one (a fixed budget) k is simply min(M, cap).
+    ``spent`` seconds were already spent on this step's candidates (a
+    draft's forwards): part of every size's step time.
     """
-    limit = min(int(probs.shape[0]), cap)
-    if cost is None or limit == 0:
-        return limit
-    gains = expected_gains(probs, limit, calibrate)  # [limit + 1]
-    seconds = cost.step(base_rows + np.arange(limit + 1)) + spent  # [limit + 1]
-    return _best_size(gains / seconds)
+    return choose_step([probs], np.array([base_rows]), np.zeros(1), cost, cap, spent, calibrate)[1]
 
 
 def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel | None, cap: int,
                        calibrate: Calibrate | None = None) -> int:
-    """How many tree nodes every row of a batch verifies this step (one width for all).
+    """How many tree nodes every row of a batch verifies this step (one width for all;
+    ``choose_step`` with one window option of ``base_rows`` rows).
 
     A batched step costs what its widest row costs (rows are padded to it), so
     the rows are not sized one by one: probs[b] holds row b's path
@@ -179,19 +196,43 @@ def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel 
     base_rows + k rows per sequence. A row with fewer than k nodes keeps all.
     k = 0 is a plain decode step for every row.
     """
+    return choose_step(probs, np.array([base_rows]), np.zeros(1), cost, cap, 0.0, calibrate)[1]
+
+
+def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
+                cost: CostModel | None, cap: int, spent: float = 0.0,
+                calibrate: Calibrate | None = None) -> tuple[int, int]:
+    """(window option o, tree nodes k) of the step with the most expected tokens per second.
+
+    probs[b] [M_b]: sequence b's path probabilities in best-first order (one
+    array for a single sequence; a batch pads every row to the same k).
+    Window option o puts window_rows[o] rows before each tree (x included)
+    and adds window_gain[o] expected tokens per sequence (what its n-grams
+    are worth later, ``AcceptanceStats.window_value``); option 0 must be x
+    alone with no gain: option 0 with k = 0 is a plain decode step, chosen
+    unless another beats it by MARGIN. Without a cost model (a fixed budget):
+    the last (widest) option and min(M, cap) nodes.
+
+    probs [[.9, .1]], rows [1, 3], gains [0, .5], a step costing 1 + 0.1 per row past the
+    first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1.
+    """
     limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
-    if cost is None or limit == 0:
-        return limit
-    gains = np.zeros(limit + 1)  # [limit + 1]
+    options = window_rows.shape[0]
+    if cost is None:
+        return options - 1, limit
+    gains = np.zeros(limit + 1)  # [k + 1] summed over the sequences
     for row in probs:
         own = expected_gains(row, limit, calibrate)  # [min(M_b, limit) + 1]
         gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
-    seconds = cost.step(base_rows + np.arange(limit + 1))  # [limit + 1]
-    return _best_size(gains / seconds)
+    tokens = gains[None, :] + len(probs) * window_gain[:, None]  # [O, k + 1]
+    seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :]) + spent  # [O, k + 1]
+    rates = (tokens / seconds).reshape(-1)  # [O * (k + 1)], (option 0, k 0) first
+    best = _best_size(rates)
+    return best // (limit + 1), best % (limit + 1)
 
 
 def _best_size(rates: np.ndarray) -> int:
-    """The size of the highest expected rate [k + 1], or 0 (plain decoding) unless it beats
+    """The index of the highest expected rate, or 0 (plain decoding, rates[0]) unless it beats
     the plain rate by MARGIN: [1.0, 1.03] -> 0, [1.0, 1.2, 1.1] -> 1."""
     best = int(np.argmax(rates))
     return best if rates[best] >= MARGIN * rates[0] else 0

@@ -19,7 +19,7 @@ from .processing import Decoding
 from .drafter import Drafter
 from .proposers.context import ContextMatcher
 from .proposers.draft import DraftProposer
-from .proposers.ngram import NgramPool, NgramProposer
+from .proposers.ngram import NgramPool, NgramProposer, WindowProposer
 from .proposers.recycle import RecyclingProposer
 from .stats import GenerationStats
 from .tree import StepLayout, TokenTree, step_layout
@@ -35,6 +35,7 @@ class StepPlan:
     layout: StepLayout  # offsets [Q] from x, local mask [Q, Q]
     tokens: np.ndarray  # [Q] input tokens: the window (x first), then the tree
     keep: np.ndarray  # [K] rows whose logits are needed
+    rows: RowMap  # where the kept rows come from (the window's columns this step, then the tree)
     drawn: DrawnRows | None = None  # rows whose next token a draft drew (sampling with a draft)
 
 
@@ -51,13 +52,15 @@ class Sequence:
         limit = self.asked if room is None else min(self.asked, room)  # never past the model's context
         self.out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, gen.target.device)
         self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
-        self.rows = RowMap(lead=self.window.kept_rows.shape[0], window=cfg.window, ngram=cfg.ngram)
         self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)
+        # A real window (more than x alone) feeds a pool of its own, proposed as its own source,
+        # so that what its n-grams add is measured apart (planner.py sizes the window by it).
+        self.window_pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys) \
+            if cfg.lookahead_rows > 1 else None
         self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
                                  self.out.prompt_len)
         proposers = self._proposers(gen, decoding, cost)
-        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost,
-                               self.window.size)
+        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost)
 
     def _proposers(self, gen, decoding: Decoding, cost) -> list:
         """Candidate sources in priority order (the order also fixes their estimate blocks)."""
@@ -71,16 +74,19 @@ class Sequence:
             sources.append(NgramProposer(self.pool, cfg.seed_from_prompt, cfg.seed_from_output))
         if self.recycled is not None:
             sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
+        if self.window_pool is not None:
+            sources.append(WindowProposer(self.window_pool))
         return sources
 
     def _draft_proposer(self, gen, decoding: Decoding, cost) -> DraftProposer:
         """The draft model as a source; its chains stop where a draft forward costs more than it yields."""
-        draft_cost, base_rows = gen.draft_cost, self.window.size
+        draft_cost = gen.draft_cost
 
         def ratio(rows: int) -> float:
+            """A draft forward over ``rows`` rows, in plain target steps (x alone: the planner's unit)."""
             if cost is None or draft_cost is None:  # a fixed budget: draft up to draft_tokens
                 return 0.0
-            return float(draft_cost.step(rows)) / float(cost.step(base_rows + 1))
+            return float(draft_cost.step(rows)) / float(cost.step(1))
 
         seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
         self.drafter = Drafter(gen.draft_model)
@@ -103,20 +109,23 @@ class Sequence:
         out = self.out
         return out.limit < self.asked and out.new_tokens == out.limit and out.last not in out.eos
 
-    def plan(self, tree: TokenTree | None = None) -> StepPlan:
-        """1. propose, 2. build the tree (unless given one); the step's rows [x | window | tree].
+    def plan(self, tree: TokenTree | None = None, width: int | None = None) -> StepPlan:
+        """1. propose, 2. build the tree and pick the window's width (unless given both);
+        the step's rows [x | window | tree].
 
         Tree nodes stay inside the tokens still allowed (the budget, cut at the
         model's context): no decisive row is fed a position past the context.
         """
         drawn = None
         if tree is None:
-            tree = self.planner.plan(self.out.seq, self.out.stop, self.room())
+            tree, width = self.planner.plan(self.out.seq, self.out.stop, self.room())
             drawn = self.planner.drawn
-        layout = step_layout(self.window.layout(), tree)
-        tokens = np.concatenate([self.window.rows(self.out.last), tree.tokens])  # [Q]
-        keep = np.concatenate([self.window.kept_rows, layout.tree_start + np.arange(tree.size)])  # [K]
-        return StepPlan(tree, layout, tokens, keep, drawn)
+        layout = step_layout(self.window.layout(width), tree)
+        tokens = np.concatenate([self.window.rows(self.out.last, width), tree.tokens])  # [Q]
+        kept = self.window.kept_rows(width)  # [1 + w] or [w] (or [1]: x alone)
+        keep = np.concatenate([kept, layout.tree_start + np.arange(tree.size)])  # [K]
+        rows = RowMap(lead=kept.shape[0], window=width, ngram=self.cfg.ngram)
+        return StepPlan(tree, layout, tokens, keep, rows, drawn)
 
     def room(self) -> int:
         """Tokens this sequence may still append."""
@@ -128,18 +137,18 @@ class Sequence:
 
     def stage(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         """4. verify, device half: what the host needs from the kept rows' logits [K, V]."""
-        return self.verifier.stage(logits, self.rows, plan.tree, self.out.seq, self.out.stop, plan.drawn)
+        return self.verifier.stage(logits, plan.rows, plan.tree, self.out.seq, self.out.stop, plan.drawn)
 
     def staged_size(self, plan: StepPlan) -> int:
-        return self.verifier.staged_size(self.rows, plan.tree, plan.keep.shape[0])
+        return self.verifier.staged_size(plan.rows, plan.tree, plan.keep.shape[0])
 
     def commit(self, host: np.ndarray, plan: StepPlan) -> tuple[bool, np.ndarray]:
         """4. verify (host half) and 5. commit: append the chosen tokens, learn, feed the pool.
 
         Returns (whether this sequence is done, the step rows [k + 1] whose KV entries to keep).
         """
-        choice = self.verifier.finish(host, self.rows, plan.tree, plan.keep.shape[0])
-        self.planner.learn(plan.tree, choice.path)
+        choice = self.verifier.finish(host, plan.rows, plan.tree, plan.keep.shape[0])
+        self.planner.learn(plan.tree, choice.path, plan.rows.window)
         if self.recycled is not None:
             width = self.recycled.width
             self.recycled.learn(plan.tokens[plan.keep], choice.top[:, :width], choice.top[:, width:])
@@ -149,8 +158,8 @@ class Sequence:
         rows = np.concatenate([[0], plan.layout.tree_start + choice.path])  # [k + 1] step rows to keep
         if done:
             return True, rows
-        grams = self.window.advance(choice.window_next)  # [W, N]
-        if self.cfg.ngram_pool:  # nobody reads the pool otherwise
-            self.pool.insert_grams(grams)
+        grams = self.window.advance(choice.window_next)  # [w, N]
+        if self.window_pool is not None:
+            self.window_pool.insert_grams(grams)
         self.planner.observe(self.out.seq, start, self.out.stop)
         return False, rows

@@ -1,10 +1,15 @@
-"""The Jacobi lookahead window: N-1 levels of W guesses, refined every step.
+"""The Jacobi lookahead window: N-1 levels of W guesses, refined every step it is fed.
 
 Every step the model's argmax at each last-level row becomes the new last
 level; the oldest level drops out. Column i then yields the n-gram
 (level_0[i], ..., level_{N-2}[i], new[i]) for the pool. Level 0, column 0 is
 always the current x. The window owns its rows of the step: their tokens,
 positions (offsets from x) and which of them see which (``window_layout``).
+
+A step may feed only the first w columns (the budget picks w, planner.py):
+those advance, the others keep their guesses until a step feeds them again
+(a stale guess only makes a worse n-gram; n-grams are verified anyway).
+w = 0 feeds x alone: no window at all this step.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 
 @lru_cache(maxsize=64)
 def window_layout(window: int, ngram: int) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets [W*(N-1)] and mask [W*(N-1), W*(N-1)] of the lookahead window.
+    """Offsets [W*(N-1)] and mask [W*(N-1), W*(N-1)] of the lookahead window (W = 0: x alone).
 
     Built once per (W, N) and cached (the decode loop asks every step);
     callers copy the arrays, never write to them.
@@ -25,6 +30,10 @@ def window_layout(window: int, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     l >= 1, column i sits at offset i + l and sees level 0 up to column i plus
     the same column of levels 1..l.
     """
+    if window == 0:
+        offsets, mask = np.zeros(1, dtype=np.int64), np.ones((1, 1), dtype=bool)
+        offsets.flags.writeable = mask.flags.writeable = False
+        return offsets, mask
     levels = ngram - 1
     rows = window * levels
     level = np.repeat(np.arange(levels), window)  # [R]
@@ -38,6 +47,20 @@ def window_layout(window: int, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     return offsets, mask
 
 
+def window_rows(width: int, ngram: int) -> int:
+    """Rows a window of ``width`` columns takes in a step, x included (width 0: x alone)."""
+    return max(1, width * (ngram - 1))
+
+
+def kept_window_rows(width: int, ngram: int) -> np.ndarray:
+    """Rows whose logits a step keeps, x (row 0) first: the last level's ``width`` rows,
+    after x unless the last level holds x (N = 2); [0] for width 0."""
+    if width == 0:
+        return np.zeros(1, dtype=np.int64)
+    last = (ngram - 2) * width + np.arange(width)  # [w] rows of the last level
+    return last if ngram == 2 else np.concatenate([[0], last])  # [w] or [1 + w]
+
+
 class JacobiWindow:
     """State of the 2-D lookahead window; levels[N-1, W] int64."""
 
@@ -46,30 +69,35 @@ class JacobiWindow:
         self.ngram = ngram
         self.rng = np.random.default_rng(seed)
         self.levels = np.zeros((ngram - 1, window), dtype=np.int64)  # [N-1, W]
-        last = (ngram - 2) * window + np.arange(window)  # [W] rows of the last level
-        # Rows whose logits a step keeps, x (row 0) first: the last level, after x unless it holds x.
-        self.kept_rows = last if ngram == 2 else np.concatenate([[0], last])  # [1 + W] or [W]
 
     @property
     def size(self) -> int:
-        """Rows of the window in a step, x included: W * (N - 1)."""
+        """Rows of the whole window in a step, x included: W * (N - 1)."""
         return self.window * (self.ngram - 1)
 
-    def layout(self) -> tuple[np.ndarray, np.ndarray]:
-        """Offsets [W*(N-1)] and local mask of the window's rows (read-only, shared)."""
-        return window_layout(self.window, self.ngram)
+    def kept_rows(self, width: int) -> np.ndarray:
+        """Rows of a ``width``-column step whose logits are kept (``kept_window_rows``)."""
+        return kept_window_rows(width, self.ngram)
+
+    def layout(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Offsets [w*(N-1)] and local mask of the first ``width`` columns' rows (read-only, shared)."""
+        return window_layout(width, self.ngram)
 
     def begin(self, prompt: np.ndarray) -> None:
         """Start from guesses drawn from the prompt's tokens (LADE-style)."""
         self.levels = self.rng.choice(prompt, size=(self.ngram - 1, self.window)).astype(np.int64)
 
-    def rows(self, x: int) -> np.ndarray:
-        """The window's tokens [W*(N-1)], level by level, with x at row 0."""
+    def rows(self, x: int, width: int) -> np.ndarray:
+        """The first ``width`` columns' tokens [w*(N-1)], level by level, with x at row 0 ([x] for width 0)."""
+        if width == 0:
+            return np.array([x], dtype=np.int64)
         self.levels[0, 0] = x
-        return self.levels.reshape(-1)
+        return self.levels[:, :width].reshape(-1)
 
     def advance(self, new_level: np.ndarray) -> np.ndarray:
-        """Shift in the model's argmax new_level[W]; the column n-grams [W, N]."""
-        grams = np.concatenate([self.levels.T, new_level[:, None]], axis=1)  # [W, N]
-        self.levels = np.concatenate([self.levels[1:], new_level[None, :]], axis=0)  # [N-1, W]
+        """Shift the model's argmax new_level[w] into the first w columns; their n-grams [w, N]."""
+        width = new_level.shape[0]
+        fed = self.levels[:, :width]  # [N-1, w]
+        grams = np.concatenate([fed.T, new_level[:, None]], axis=1)  # [w, N]
+        self.levels[:, :width] = np.concatenate([fed[1:], new_level[None, :]], axis=0)
         return grams

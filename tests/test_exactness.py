@@ -225,3 +225,26 @@ def test_any_config_any_prompt_is_exact(window, ngram, candidates, match_length,
     model = model_for("llama")
     gen = LookaheadGenerator(model, config=config)
     assert torch.equal(gen.generate(ids, max_new_tokens=24), reference(model, ids, 24))
+
+
+def test_window_width_changing_every_step_stays_exact(monkeypatch):
+    """The budget feeds 0..W columns of the window, another number every step (x alone, stale
+    columns fed again later): the output stays model.generate's."""
+    import itertools
+    from lookahead.planner import Planner
+
+    original = Planner.choose
+    widths = itertools.cycle([3, 0, 1, 2, 3, 1, 0, 2])
+    seen = []
+
+    def cycling(self, probs, spent=0.0):
+        _, size = original(self, probs, spent)
+        seen.append(next(widths))
+        return seen[-1], size
+
+    monkeypatch.setattr(Planner, "choose", cycling)
+    for arch in ("llama", "gpt2"):
+        gen = LookaheadGenerator(model_for(arch), config=LookaheadConfig(window=3, ngram=4, candidates=4))
+        for name, ids in PROMPTS.items():
+            assert torch.equal(gen.generate(ids, max_new_tokens=NEW), ref_for(arch, name)), (arch, name)
+    assert {0, 1, 2, 3} <= set(seen)

@@ -256,8 +256,8 @@ def test_planner_scales_its_tree_by_the_calibration():
         for _ in range(factor_steps):
             for promised in GAIN_LEVELS:  # trees of every size
                 stats.observe_gain(predicted=promised, realised=0)
-        planner = Planner(config, [matcher], stats, cost, base_rows=1)
-        sizes.append(planner.plan(seq, seq.shape[0], room=64).size)
+        planner = Planner(config, [matcher], stats, cost)
+        sizes.append(planner.plan(seq, seq.shape[0], room=64)[0].size)
     assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid
 
 
@@ -278,3 +278,48 @@ def test_best_size_docstring_example():
     from lookahead.scores import _best_size
     assert _best_size(np.array([1.0, 1.03])) == 0  # within the margin: a plain step
     assert _best_size(np.array([1.0, 1.2, 1.1])) == 1
+
+
+def test_choose_step_docstring_example():
+    from lookahead.scores import choose_step
+    cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.1]), smoothing=0.0)
+    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8) == (1, 1)
+    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), None, 8) == (1, 2)  # fixed
+
+
+def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
+    from lookahead.costmodel import flat_curve
+    from lookahead.scores import choose_step
+    rows = np.array([1, 3, 6, 9])  # x alone, then 1..3 columns of a 4-gram window
+    gain = np.arange(4) * 0.05  # what each width's columns are worth
+    steep = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.2]), smoothing=0.0)
+    probs = [np.array([.8, .6, .3])]
+    assert choose_step(probs, rows, gain, flat_curve(steep), 8) == (3, 3)  # free rows: everything
+    assert choose_step(probs, rows, gain, steep, 8)[0] == 0  # 0.4 of a step for 0.05 tokens a column: shut
+
+
+def test_window_value_follows_what_its_ngrams_added_per_column():
+    from lookahead.scores import WINDOW_PRIOR
+    stats = AcceptanceStats([np.array([0.5])])
+    assert np.isclose(stats.window_value(), WINDOW_PRIOR[0] / WINDOW_PRIOR[1])
+    for _ in range(200):
+        stats.observe_window(columns=4, tokens=2)  # half a token per column fed
+    assert 0.4 < stats.window_value() < 0.5
+    for _ in range(200):
+        stats.observe_window(columns=4, tokens=0)  # its n-grams stopped paying
+    assert stats.window_value() < 0.02
+
+
+def test_planner_credits_accepted_nodes_of_the_window_source_only():
+    from lookahead.proposers.ngram import NgramPool, WindowProposer
+    from lookahead.tree import TokenTree
+    config = LookaheadConfig(window=3, ngram=3, recycle=False, ngram_pool=False)
+    matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
+    window = WindowProposer(NgramPool(64, 3, 4, 64))
+    stats = AcceptanceStats([matcher.priors, window.priors])
+    planner = Planner(config, [matcher, window], stats, None)
+    assert planner.widths.tolist() == [3]  # a fixed budget feeds the whole window
+    off = int(stats.offsets[1])
+    tree = TokenTree(a(5, 6, 7), a(-1, 0, 1), a(1, 2, 3), a(0, off, off + 1))  # a matcher node, then two window nodes
+    planner.learn(tree, a(0, 1), width=3)  # the matcher's node and one window node accepted
+    assert np.isclose(stats.window_tokens, 1.0) and np.isclose(stats.window_columns, 3.0)

@@ -106,3 +106,25 @@ def test_additive_mask_prefix_and_sliding_window():
     assert slide[0].tolist() == [False, False, False, True, True, True, False]
     assert slide[1].tolist() == [False, False, False, False, True, True, True]
     assert full.dtype == torch.float32 and full.min() == torch.finfo(torch.float32).min
+
+
+def test_window_of_width_zero_is_x_alone():
+    from lookahead.window import kept_window_rows, window_rows
+    offsets, mask = window_layout(0, 4)
+    assert offsets.tolist() == [0] and mask.tolist() == [[True]]
+    assert window_rows(0, 4) == 1 and window_rows(3, 4) == 9 and window_rows(2, 2) == 2
+    assert kept_window_rows(0, 4).tolist() == [0]
+    assert kept_window_rows(2, 4).tolist() == [0, 4, 5]  # x, then the last level (level 2) of 2 columns
+    assert kept_window_rows(3, 2).tolist() == [0, 1, 2]  # N = 2: the last level is level 0, x included
+
+
+def test_window_feeding_some_columns_advances_only_those():
+    from lookahead.window import JacobiWindow
+    window = JacobiWindow(3, 3, seed=0)
+    window.levels = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)  # [N-1, W]
+    assert window.rows(9, 2).tolist() == [9, 2, 4, 5]  # x replaces level 0 column 0
+    grams = window.advance(np.array([7, 8]))  # the model's argmax at the 2 fed last-level rows
+    assert grams.tolist() == [[9, 4, 7], [2, 5, 8]]
+    assert window.levels.tolist() == [[4, 5, 3], [7, 8, 6]]  # column 2 kept its stale guesses
+    assert window.rows(1, 0).tolist() == [1]  # width 0: x alone
+    assert window.advance(np.zeros(0, dtype=np.int64)).shape == (0, 3)

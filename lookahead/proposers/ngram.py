@@ -72,3 +72,13 @@ class NgramProposer:
         """Insert the n-grams that end inside the newly accepted tokens."""
         if self.seed_from_output:
             self.pool.insert_sequence(seq, start - self.pool.ngram + 1, stop)
+
+
+class WindowProposer(NgramProposer):
+    """Proposes the n-grams the Jacobi window's columns produced (a pool of their own), so that
+    their acceptance, and with it what feeding the window is worth, is measured apart."""
+
+    name = "window"
+
+    def __init__(self, pool: NgramPool):
+        super().__init__(pool, seed_from_prompt=False, seed_from_output=False)
