@@ -163,7 +163,10 @@ def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -
     """[limit + 1] expected tokens of a step keeping the first k = 0..limit nodes: the bonus
     token plus the kept path probabilities, as ``calibrate`` maps what they promise."""
     promised = np.concatenate([[0.0], np.cumsum(probs[:limit])])  # [limit + 1]
-    return 1.0 + (calibrate(promised) if calibrate is not None else promised)
+    if calibrate is None:
+        return 1.0 + promised
+    # Keeping more nodes never yields less: levels calibrated apart must not say otherwise.
+    return 1.0 + np.maximum.accumulate(calibrate(promised))
 
 
 def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, cap: int,

@@ -323,3 +323,15 @@ def test_planner_credits_accepted_nodes_of_the_window_source_only():
     tree = TokenTree(a(5, 6, 7), a(-1, 0, 1), a(1, 2, 3), a(0, off, off + 1))  # a matcher node, then two window nodes
     planner.learn(tree, a(0, 1), width=3)  # the matcher's node and one window node accepted
     assert np.isclose(stats.window_tokens, 1.0) and np.isclose(stats.window_columns, 3.0)
+
+
+def test_expected_gains_never_fall_as_nodes_are_added():
+    from lookahead.scores import expected_gains
+    stats = AcceptanceStats([np.array([0.5])])
+    for _ in range(40):
+        stats.observe_gain(predicted=2.0, realised=0)  # trees promising 2 tokens yielded nothing
+    probs = np.full(8, 0.3)  # promises 0.3, 0.6, ... 2.4
+    raw = 1.0 + stats.calibrated(np.concatenate([[0.0], np.cumsum(probs)]))
+    assert (np.diff(raw) < 0).any()  # calibrated apart, the levels disagree ...
+    gains = expected_gains(probs, 8, stats.calibrated)
+    assert (np.diff(gains) >= 0).all() and gains[0] == 1.0  # ... but more nodes never yield less
