@@ -49,7 +49,7 @@ class DrawnChain:
 
 @dataclass(frozen=True)
 class RankedTree:
-    """A scored trie, its nodes in best-first order, and their calibrated path probabilities."""
+    """A scored trie, its nodes in best-first order, and their path probabilities (calibrated by the budget, scores.py)."""
 
     tree: TokenTree
     order: np.ndarray  # [M] node indices, best first (every prefix is closed under parents)
@@ -148,7 +148,7 @@ class Planner:
         return int(self.widths[option]), size
 
     def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
-        """1. propose, 2. the scored trie in best-first order with calibrated path probabilities.
+        """1. propose, 2. the scored trie in best-first order with path probabilities.
 
         ``room`` is how many tokens may still be appended: a node at depth
         >= room only decides tokens past the budget (or the model's context,
