@@ -49,7 +49,8 @@ class DrawnChain:
 
 @dataclass(frozen=True)
 class RankedTree:
-    """A scored trie, its nodes in best-first order, and their path probabilities (calibrated by the budget, scores.py)."""
+    """A scored trie, its nodes in best-first order, and their path probabilities
+    (the budget calibrates their sums, scores.py)."""
 
     tree: TokenTree
     order: np.ndarray  # [M] node indices, best first (every prefix is closed under parents)
