@@ -248,3 +248,13 @@ def test_window_width_changing_every_step_stays_exact(monkeypatch):
         for name, ids in PROMPTS.items():
             assert torch.equal(gen.generate(ids, max_new_tokens=NEW), ref_for(arch, name)), (arch, name)
     assert {0, 1, 2, 3} <= set(seen)
+
+
+def test_flat_budget_curve_opens_the_window_and_stays_exact():
+    """budget_curve="flat": every step priced like a one-row step (never refined), so the budget
+    feeds the whole window; the output is still model.generate's."""
+    gen = LookaheadGenerator(model_for("llama"), config=LookaheadConfig(budget_curve="flat", window=3, ngram=3))
+    assert np.ptp(gen.cost.seconds) == 0 and gen.cost.smoothing == 0
+    out = gen.generate(PROMPTS["copy"], max_new_tokens=NEW)
+    assert torch.equal(out, ref_for("llama", "copy"))
+    assert max(gen.last_stats.rows_per_step) >= 3 * 2  # all three columns of two levels were fed
