@@ -32,8 +32,6 @@ GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded wh
 GAIN_DECAY = 0.98  # weight of the past per step, speculative or not (about the last 50 steps count)
 GAIN_RANGE = (0.1, 1.5)
 WINDOW_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step
-MARGIN = 1.05  # speculate only where the best tree is expected to beat a plain step by this factor:
-# the size is the argmax of noisy estimates (biased up), and a step that only breaks even adds variance
 
 
 class GainCalibration:
@@ -179,8 +177,8 @@ def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, 
     produced); ``calibrate`` says what such a promise yields
     (``AcceptanceStats.calibrated``; None: what it promises). With a cost
     model, k maximises the expected tokens over the expected step time of
-    base_rows + k rows (k = 0 is plain decoding, chosen unless a tree beats
-    it by MARGIN); without one (a fixed budget) k is simply min(M, cap).
+    base_rows + k rows (k = 0 is plain decoding); without one (a fixed
+    budget) k is simply min(M, cap).
     ``spent`` seconds were already spent on this step's candidates (a
     draft's forwards): part of every size's step time.
     """
@@ -212,8 +210,8 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
     Window option o puts window_rows[o] rows before each tree (x included)
     and adds window_gain[o] expected tokens per sequence (what its n-grams
     are worth later, ``AcceptanceStats.window_value``); option 0 must be x
-    alone with no gain: option 0 with k = 0 is a plain decode step, chosen
-    unless another beats it by MARGIN. Without a cost model (a fixed budget):
+    alone with no gain: option 0 with k = 0 is a plain decode step. Without
+    a cost model (a fixed budget):
     the last (widest) option and min(M, cap) nodes.
 
     probs [[.9, .1]], rows [1, 3], gains [0, .5], a step costing 1 + 0.1 per row past the
@@ -229,13 +227,5 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
         gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
     tokens = gains[None, :] + len(probs) * window_gain[:, None]  # [O, k + 1]
     seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :]) + spent  # [O, k + 1]
-    rates = (tokens / seconds).reshape(-1)  # [O * (k + 1)], (option 0, k 0) first
-    best = _best_size(rates)
+    best = int(np.argmax(tokens / seconds))  # flat index into [O, k + 1]; ties go to (0, 0), a plain step
     return best // (limit + 1), best % (limit + 1)
-
-
-def _best_size(rates: np.ndarray) -> int:
-    """The index of the highest expected rate, or 0 (plain decoding, rates[0]) unless it beats
-    the plain rate by MARGIN: [1.0, 1.03] -> 0, [1.0, 1.2, 1.1] -> 1."""
-    best = int(np.argmax(rates))
-    return best if rates[best] >= MARGIN * rates[0] else 0

@@ -274,12 +274,6 @@ def test_batch_width_weighs_every_row_against_the_padded_step():
     assert choose_batch_width([sure, unsure], 1, None, 2) == 2  # fixed budget: the cap
 
 
-def test_best_size_docstring_example():
-    from lookahead.scores import _best_size
-    assert _best_size(np.array([1.0, 1.03])) == 0  # within the margin: a plain step
-    assert _best_size(np.array([1.0, 1.2, 1.1])) == 1
-
-
 def test_choose_step_docstring_example():
     from lookahead.scores import choose_step
     cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.1]), smoothing=0.0)
