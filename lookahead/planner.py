@@ -179,7 +179,7 @@ class Planner:
         order = best_first_order(tree.parents, prob)  # [M]
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
-        probs = prob[order]  # [M] as the estimates say (choose_tree_size calibrates their sums)
+        probs = prob[order]  # [M] as the estimates say (choose_step calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
 
     def cut(self, ranked: RankedTree, size: int) -> TokenTree:

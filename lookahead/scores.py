@@ -167,52 +167,24 @@ def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -
     return 1.0 + np.maximum.accumulate(calibrate(promised))
 
 
-def choose_tree_size(probs: np.ndarray, base_rows: int, cost: CostModel | None, cap: int,
-                     spent: float = 0.0, calibrate: Calibrate | None = None) -> int:
-    """How many nodes of a best-first order to verify this step (``choose_step`` with one
-    window option of ``base_rows`` rows).
-
-    probs[M] are the nodes' path probabilities in best-first order, so keeping
-    k nodes promises 1 + sum(probs[:k]) tokens (the bonus token is always
-    produced); ``calibrate`` says what such a promise yields
-    (``AcceptanceStats.calibrated``; None: what it promises). With a cost
-    model, k maximises the expected tokens over the expected step time of
-    base_rows + k rows (k = 0 is plain decoding); without one (a fixed
-    budget) k is simply min(M, cap).
-    ``spent`` seconds were already spent on this step's candidates (a
-    draft's forwards): part of every size's step time.
-    """
-    return choose_step([probs], np.array([base_rows]), np.zeros(1), cost, cap, spent, calibrate)[1]
-
-
-def choose_batch_width(probs: list[np.ndarray], base_rows: int, cost: CostModel | None, cap: int,
-                       calibrate: Calibrate | None = None) -> int:
-    """How many tree nodes every row of a batch verifies this step (one width for all;
-    ``choose_step`` with one window option of ``base_rows`` rows).
-
-    A batched step costs what its widest row costs (rows are padded to it), so
-    the rows are not sized one by one: probs[b] holds row b's path
-    probabilities in best-first order, and k maximises the batch's expected
-    tokens, sum over rows of 1 + calibrate(sum(probs[b][:k])), over the step time of
-    base_rows + k rows per sequence. A row with fewer than k nodes keeps all.
-    k = 0 is a plain decode step for every row.
-    """
-    return choose_step(probs, np.array([base_rows]), np.zeros(1), cost, cap, 0.0, calibrate)[1]
-
-
 def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
                 cost: CostModel | None, cap: int, spent: float = 0.0,
                 calibrate: Calibrate | None = None) -> tuple[int, int]:
     """(window option o, tree nodes k) of the step with the most expected tokens per second.
 
     probs[b] [M_b]: sequence b's path probabilities in best-first order (one
-    array for a single sequence; a batch pads every row to the same k).
+    array for a single sequence). Keeping the first k nodes promises
+    1 + sum(probs[b][:k]) tokens (the bonus token is always produced);
+    ``calibrate`` says what such a promise yields (``AcceptanceStats.calibrated``;
+    None: what it promises). A batch uses one k for every row (a batched step
+    costs what its widest row costs; a row with fewer than k nodes keeps all).
+    ``spent`` seconds were already spent on this step's candidates (a draft's
+    forwards): part of every option's step time.
     Window option o puts window_rows[o] rows before each tree (x included)
     and adds window_gain[o] expected tokens per sequence (what its n-grams
     are worth later, ``AcceptanceStats.window_value``); option 0 must be x
     alone with no gain: option 0 with k = 0 is a plain decode step. Without
-    a cost model (a fixed budget):
-    the last (widest) option and min(M, cap) nodes.
+    a cost model (a fixed budget): the last (widest) option and min(M, cap) nodes.
 
     probs [[.9, .1]], rows [1, 3], gains [0, .5], a step costing 1 + 0.1 per row past the
     first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1.

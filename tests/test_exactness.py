@@ -254,7 +254,7 @@ def test_flat_budget_curve_opens_the_window_and_stays_exact():
     """budget_curve="flat": every step priced like a one-row step (never refined), so the budget
     feeds the whole window; the output is still model.generate's."""
     gen = LookaheadGenerator(model_for("llama"), config=LookaheadConfig(budget_curve="flat", window=3, ngram=3))
-    assert np.ptp(gen.cost.seconds) == 0 and gen.cost.smoothing == 0
+    assert gen.cost.smoothing == 0  # never refined by real steps (flat_curve's own test: test_scoring.py)
     out = gen.generate(PROMPTS["copy"], max_new_tokens=NEW)
     assert torch.equal(out, ref_for("llama", "copy"))
     assert max(gen.last_stats.rows_per_step) >= 3 * 2  # all three columns of two levels were fed

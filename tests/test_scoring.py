@@ -18,9 +18,18 @@ from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
-from lookahead.scores import (GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration, choose_batch_width,
-                              choose_tree_size)
+from lookahead.scores import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration, choose_step
 from lookahead.tree import TokenTree, scored_tree, subtree
+
+
+def choose_tree_size(probs, base_rows, cost, cap, calibrate=None):
+    """Tree nodes of a single sequence's step with one window option of base_rows rows."""
+    return choose_step([probs], np.array([base_rows]), np.zeros(1), cost, cap, 0.0, calibrate)[1]
+
+
+def choose_batch_width(probs, base_rows, cost, cap):
+    """Tree nodes every row of a batch verifies, one window option of base_rows rows."""
+    return choose_step(probs, np.array([base_rows]), np.zeros(1), cost, cap)[1]
 
 
 def a(*values):
@@ -329,3 +338,12 @@ def test_expected_gains_never_fall_as_nodes_are_added():
     assert (np.diff(raw) < 0).any()  # calibrated apart, the levels disagree ...
     gains = expected_gains(probs, 8, stats.calibrated)
     assert (np.diff(gains) >= 0).all() and gains[0] == 1.0  # ... but more nodes never yield less
+
+
+def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
+    from lookahead.costmodel import flat_curve
+    curve = CostModel(np.array([1.0, 4.0, 16.0]), np.array([2.0, 3.0, 5.0]))  # hand-written, not timed
+    flat = flat_curve(curve)
+    assert flat.step(np.array([1.0, 4.0, 16.0, 40.0])).tolist() == [2.0, 2.0, 2.0, 2.0]
+    flat.observe(16, 9.0)
+    assert flat.step(np.array([16.0])).tolist() == [2.0] and curve.seconds.tolist() == [2.0, 3.0, 5.0]
