@@ -132,9 +132,11 @@ class CostModel:
         seen), and what the points agree on (the level) moves every size,
         tried or not, so a curve measured under load is rescaled everywhere
         and a bad point is corrected where steps run. A few floats and a few
-        in-place operations on [S] per call; no device work.
+        in-place operations on [S] per call; no device work. A pass over more rows
+        than the curve spans (a draft catching up on a whole prompt) says nothing about
+        the steps it prices, and is ignored.
         """
-        if self.smoothing <= 0:
+        if self.smoothing <= 0 or q > self.rows[-1]:
             return
         lo, hi, upper = _bracket(self.rows, q)  # q = rows[lo] + upper * (rows[hi] - rows[lo])
         start = (1.0 - upper) * self.start[lo] + upper * self.start[hi]

@@ -6,7 +6,8 @@ accepted sequence (crop what was rejected, feed what it has not seen, the
 bonus token included) and returns the draft's logits after x; ``feed``
 appends one drafted token and returns the logits after it. The cache
 remembers which tokens it holds, so a drafted token that the target then
-accepted is never fed twice.
+accepted is never fed twice. It starts empty: the first ``sync`` feeds the
+prompt.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ class Drafter:
         self.last_rows = 0  # rows fed by the latest forward
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
-        """Prefill the prompt seq[:stop] but its last token (the first step's x)."""
-        if stop > 1:
-            self._run(seq[:stop - 1])
+        """A new sequence whose prompt is seq[:stop]: the cache starts empty, and the first
+        ``sync`` feeds the prompt (a draft that never drafts never reads it)."""
+        self.cache = DynamicCache()
+        self.held = np.zeros(0, dtype=np.int64)
 
     def pending(self, seq: np.ndarray, stop: int) -> int:
         """Rows the next ``sync`` to seq[:stop] feeds."""

@@ -20,7 +20,7 @@ from .costmodel import CostModel
 from .kernels.trie import best_first_order
 from .proposers.base import Candidates, no_candidates
 from .scores import AcceptanceStats, choose_step, expected_gains
-from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
+from .tree import TokenTree, matched_depth, prepend_chain, empty_tree, scored_tree, subtree
 from .verify import DrawnRows
 from .window import window_rows
 
@@ -128,6 +128,8 @@ class Planner:
         self.window_source = names.index("window") if "window" in names else None
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
+        self.asked: tuple[TokenTree, float, int] | None = None  # this step's free trie, its depth-1
+        # coverage and the forwards the costly sources spent past it (None: no costly source)
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -196,8 +198,9 @@ class Planner:
 
         Sources that cost time to ask (``asks_coverage``: a draft model) are asked last, with
         how far the others' trie already reaches (covered[d]: its best path probability at
-        depth d + 1) and what the step would yield and cost with it alone (``plain``), so
-        they spend forwards only where that raises the step's tokens per second.
+        depth d + 1), what the step would yield and cost with it alone (``plain``) and what
+        a draft forward added past such a trie lately (``worth``), so they spend forwards
+        only where that raises the step's tokens per second.
         """
         found: dict[int, Candidates] = {}
         built = None
@@ -212,10 +215,12 @@ class Planner:
             tree, prob = built
             covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
             plain = self._plain_step(tree, prob)
+            worth = self.acceptance.draft.per_forward(float(covered[0]))
             for i in later:
                 found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
                                                      self.acceptance.block(i, estimates), covered=covered,
-                                                     plain=plain)
+                                                     plain=plain, worth=worth)
+            self.asked = (tree, float(covered[0]), sum(found[i].forwards for i in later))
         drawn, groups = None, []
         for i in range(len(self.proposers)):
             cands = found[i]
@@ -246,10 +251,16 @@ class Planner:
 
     def learn(self, tree: TokenTree, path: np.ndarray, width: int = 0) -> None:
         """Count the verified nodes into the estimates, the tree's yield against its promise
-        (a step without a tree moves the calibration's window on), and what the window's
-        n-grams added against the columns fed (``width`` this step)."""
+        (a step without a tree moves the calibration's window on), what the window's
+        n-grams added against the columns fed (``width`` this step), and what a draft's
+        forwards added past the free sources' trie."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
+        if self.asked is not None:  # what the costly sources' forwards added past the free trie
+            free, covered, forwards = self.asked
+            beyond = int(path.shape[0]) - matched_depth(free, tree.tokens[path])
+            self.acceptance.draft.observe(covered, forwards, beyond)
+            self.asked = None
         if self.window_source is not None:
             lo, hi = self.acceptance.offsets[self.window_source:self.window_source + 2]
             accepted = tree.classes[path]  # [k]

@@ -139,6 +139,15 @@ def test_a_curve_measured_under_load_converges_to_the_real_steps():
     assert np.allclose(good.step(rows), truth, rtol=0.03)
 
 
+def test_a_pass_over_more_rows_than_the_curve_spans_is_ignored():
+    """A draft catching up on a 400-token prompt must not be read as a dear 16-row step."""
+    cost = CostModel(np.array([1., 4., 16.]), np.array([1., 1.2, 2.]))
+    cost.observe(400, 30.0)
+    assert cost.step(np.array([1., 4., 16.])).tolist() == [1., 1.2, 2.] and cost.steps == 0
+    cost.observe(16, 2.0)
+    assert cost.steps == 1
+
+
 def test_refinement_is_bounded_and_can_be_switched_off():
     frozen = CostModel(np.array([1., 2.]), np.array([1., 2.]), smoothing=0.0)
     refine(frozen, lambda q: 5.0, [1, 2], 10)

@@ -50,8 +50,10 @@ def _tiny(kind: str):
 def test_pending_rows_of_the_next_sync():
     drafter = Drafter(_tiny("llama"))
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
-    drafter.begin(seq, 4)  # holds 4 8 15
-    assert drafter.pending(seq, 4) == 1 and drafter.pending(seq, 6) == 3
+    drafter.begin(seq, 4)  # holds nothing: the first sync feeds the prompt
+    assert drafter.pending(seq, 4) == 4 and drafter.forwards == 0
+    drafter.sync(seq, 4)  # holds 4 8 15 16
+    assert drafter.pending(seq, 4) == 1 and drafter.pending(seq, 6) == 2  # x again, or 23 42
     drafter.sync(seq, 6)  # holds all six
     assert drafter.pending(seq, 6) == 1  # x is fed again: its logits are needed
     other = np.array([4, 8, 99, 16], dtype=np.int64)
@@ -310,39 +312,60 @@ def test_coverage_docstring_example():
     assert coverage(np.array([1, 2, 1, 3]), np.array([.9, .5, .3, .2]), 4).tolist() == [.9, .5, .2, 0.]
 
 
-def test_draft_stays_silent_where_the_free_sources_cover_it():
-    """A copy the context matcher covers with high probability: no draft forward is spent on it."""
-    model = _tiny("llama")
-    from lookahead.drafter import Drafter
-    from lookahead.proposers.draft import DraftProposer
+def _proposer(model, ratio: float):
     from lookahead.processing import resolve_decoding
+    from lookahead.proposers.draft import DraftProposer
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
-    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: 0.1, 0)
+    return DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: ratio, 0)
+
+
+def test_draft_stays_silent_where_its_forwards_added_nothing_lately():
+    """Where a draft forward lately added next to nothing past the free sources' trie (a copy
+    they cover), no draft forward is spent; where it added much, the chain runs."""
+    proposer = _proposer(_tiny("llama"), 0.1)
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
-    estimates = np.full((12, 32), 0.9)
-    assert proposer.propose(seq, 6, 4, estimates, covered=np.full(32, 0.95)).count == 0
-    assert proposer.drafter.forwards == 1  # the prefill only
-    found = proposer.propose(seq, 6, 4, estimates, covered=np.zeros(32))
-    assert found.count >= 1 and found.lens[0] == 8  # estimates of .9: the chain runs to max_tokens
+    estimates, covered = np.full((12, 32), 0.9), np.full(32, 0.95)
+    assert proposer.propose(seq, 6, 4, estimates, covered=covered, worth=0.05).count == 0
+    assert proposer.drafter.forwards == 0  # not even the prompt was fed
+    found = proposer.propose(seq, 6, 4, estimates, covered=np.zeros(32), worth=0.6)
+    assert found.count >= 1 and found.lens[0] == 8 and found.forwards == 8  # estimates of .9: to max_tokens
+    assert proposer.drafter.held.shape[0] == 6 + 7  # the prompt (x included) and the chain but its last
 
 
 def test_draft_stays_silent_where_the_plain_step_already_yields_more():
-    """The same uncovered first token is worth a draft forward after a one-token step, not after a
-    step whose free tree yields five tokens: it would lower the step's tokens per second."""
-    model = _tiny("llama")
-    from lookahead.drafter import Drafter
-    from lookahead.proposers.draft import DraftProposer
-    from lookahead.processing import resolve_decoding
-    decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
-    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: 0.3, 0)
+    """The same worth of a draft forward pays after a one-token step, not after a step whose
+    free tree yields five tokens: it would lower the step's tokens per second."""
+    proposer = _proposer(_tiny("llama"), 0.3)
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates, covered = np.full((12, 32), 0.9), np.full(32, 0.2)
-    assert proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(5.0, 1.5)).count == 0
-    assert proposer.drafter.forwards == 1  # the prefill only
-    found = proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(1.0, 1.0))
+    assert proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(5.0, 1.5), worth=0.6).count == 0
+    assert proposer.drafter.forwards == 0
+    found = proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(1.0, 1.0), worth=0.6)
     assert found.count >= 1 and 1 <= found.lens[0] < 8  # stops where one more token lowers the rate
+
+
+def test_catch_up_is_not_charged_to_the_drafting_step():
+    """After a silent stretch the draft is many tokens behind; the step that drafts again is
+    charged the rows a drafting step feeds (the tokens the last step accepted), not the
+    catch-up, so a draft silenced once is not silenced for good."""
+    charged = []
+
+    def ratio(rows: int) -> float:
+        charged.append(rows)
+        return 0.1 * rows
+
+    proposer = _proposer(_tiny("llama"), 0.0)
+    proposer.cost_ratio = ratio
+    seq = np.arange(4, 40, dtype=np.int64)
+    proposer.begin(seq, 6)
+    for stop in range(6, 30, 3):  # silent: the plain step yields eight tokens a step
+        assert proposer.propose(seq, stop, 4, np.full((12, 32), 0.9), plain=(8.0, 1.0), worth=0.6).count == 0
+    charged.clear()
+    found = proposer.propose(seq, 31, 4, np.full((12, 32), 0.9), plain=(1.0, 1.0), worth=0.6)
+    assert found.count >= 1 and max(charged) == 31 - 27  # 4 rows charged (0.4 < 0.6), not the 31 it fed (3.1)
+    assert proposer.drafter.held.shape[0] >= 31
 
 
 def test_pays_docstring_example():

@@ -347,3 +347,25 @@ def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
     assert flat.step(np.array([1.0, 4.0, 16.0, 40.0])).tolist() == [2.0, 2.0, 2.0, 2.0]
     flat.observe(16, 9.0)
     assert flat.step(np.array([16.0])).tolist() == [2.0] and curve.seconds.tolist() == [2.0, 3.0, 5.0]
+
+
+def test_draft_worth_docstring_example_and_bands():
+    from lookahead.scores import DRAFT_PRIORS, DraftWorth
+    worth = DraftWorth()
+    assert worth.per_forward(0.3) == pytest.approx(0.6)
+    worth.observe(0.3, 10, 1)  # ten forwards at low coverage added one token
+    assert worth.per_forward(0.3) == pytest.approx((1 + 0.6) / 11)
+    assert worth.per_forward(0.9) == pytest.approx(DRAFT_PRIORS[2])  # another band: untouched
+    assert [DraftWorth.band(c) for c in (0.3, 0.6, 0.9)] == [0, 1, 2]
+
+
+def test_draft_worth_drifts_back_to_its_prior_while_silent():
+    """A band where drafting stopped paying is tried again: half its prior back after about 60 silent steps."""
+    from lookahead.scores import DraftWorth
+    worth = DraftWorth()
+    worth.observe(0.3, 20, 0)
+    low = worth.per_forward(0.3)
+    assert low < 0.05
+    for _ in range(100):
+        worth.observe(0.3, 0, 0)  # silent steps
+    assert worth.per_forward(0.3) > 0.5 > low

@@ -128,3 +128,14 @@ def test_window_feeding_some_columns_advances_only_those():
     assert window.levels.tolist() == [[4, 5, 3], [7, 8, 6]]  # column 2 kept its stale guesses
     assert window.rows(1, 0).tolist() == [1]  # width 0: x alone
     assert window.advance(np.zeros(0, dtype=np.int64)).shape == (0, 3)
+
+
+def test_matched_depth_docstring_example():
+    from lookahead.tree import TokenTree, matched_depth
+    tree = TokenTree(np.array([4, 5, 6, 7]), np.array([-1, 0, 1, 0]), np.array([1, 2, 3, 2]),
+                     np.zeros(4, dtype=np.int64))
+    assert matched_depth(tree, np.array([4, 5, 9])) == 2
+    assert matched_depth(tree, np.array([7])) == 0
+    assert matched_depth(tree, np.array([4, 7, 1])) == 2
+    assert matched_depth(tree, np.array([4, 5, 6])) == 3
+    assert matched_depth(empty_tree(), np.array([4])) == 0
