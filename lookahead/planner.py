@@ -128,8 +128,8 @@ class Planner:
         self.window_source = names.index("window") if "window" in names else None
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
-        self.asked: tuple[TokenTree, float, int] | None = None  # this step's free trie, its depth-1
-        # coverage and the forwards the costly sources spent past it (None: no costly source)
+        self.asked: tuple[TokenTree, float, float] | None = None  # this step's free trie, its depth-1
+        # coverage and the plain steps the costly sources' forwards took (None: no costly source)
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -199,8 +199,8 @@ class Planner:
         Sources that cost time to ask (``asks_coverage``: a draft model) are asked last, with
         how far the others' trie already reaches (covered[d]: its best path probability at
         depth d + 1), what the step would yield and cost with it alone (``plain``) and what
-        a draft forward added past such a trie lately (``worth``), so they spend forwards
-        only where that raises the step's tokens per second.
+        draft steps added past such a trie lately per plain step they took (``rate``), so
+        they spend forwards only where that raises the step's tokens per second.
         """
         found: dict[int, Candidates] = {}
         built = None
@@ -215,12 +215,14 @@ class Planner:
             tree, prob = built
             covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
             plain = self._plain_step(tree, prob)
-            worth = self.acceptance.draft.per_forward(float(covered[0]))
+            step = float(self.cost.step(1)) if self.cost is not None else 0.0  # a plain step's seconds
+            rate = self.acceptance.draft.rate(float(covered[0]), self._forward_ratio(later)) if step else None
             for i in later:
                 found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
                                                      self.acceptance.block(i, estimates), covered=covered,
-                                                     plain=plain, worth=worth)
-            self.asked = (tree, float(covered[0]), sum(found[i].forwards for i in later))
+                                                     plain=plain, rate=rate)
+            spent = sum(found[i].seconds for i in later)
+            self.asked = (tree, float(covered[0]), spent / step if step else 0.0)
         drawn, groups = None, []
         for i in range(len(self.proposers)):
             cands = found[i]
@@ -232,6 +234,10 @@ class Planner:
         if later and any(found[i].count > (1 if found[i].q is not None else 0) for i in later):
             built = None  # the later sources added chosen rows: the trie is built again with them
         return self._merged(groups), drawn, sum(c.seconds for c in found.values()), built
+
+    def _forward_ratio(self, later: list[int]) -> float:
+        """One forward of the costly sources, in plain target steps (the draft worth's prior)."""
+        return max(float(self.proposers[i].cost_ratio(1)) for i in later)
 
     def _plain_step(self, tree: TokenTree, prob: np.ndarray) -> tuple[float, float]:
         """(expected tokens, cost in plain steps) of this step if it verified the free sources'
@@ -257,9 +263,9 @@ class Planner:
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
         if self.asked is not None:  # what the costly sources' forwards added past the free trie
-            free, covered, forwards = self.asked
+            free, covered, cost = self.asked
             beyond = int(path.shape[0]) - matched_depth(free, tree.tokens[path])
-            self.acceptance.draft.observe(covered, forwards, beyond)
+            self.acceptance.draft.observe(covered, cost, beyond)
             self.asked = None
         if self.window_source is not None:
             lo, hi = self.acceptance.offsets[self.window_source:self.window_source + 2]

@@ -33,7 +33,7 @@ GAIN_DECAY = 0.98  # weight of the past per step, speculative or not (about the 
 GAIN_RANGE = (0.1, 1.5)
 WINDOW_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step
 DRAFT_BANDS = np.array([0.5, 0.8])  # edges of the free trie's depth-1 coverage: a draft's worth is learned per band
-DRAFT_PRIORS = np.array([0.6, 0.4, 0.2])  # tokens a draft forward starts worth, per band (one forward's weight)
+DRAFT_PRIORS = np.array([0.6, 0.4, 0.2])  # tokens one draft forward is first assumed to add, per band
 DRAFT_DECAY = 0.95  # weight of the past per step, drafted or not (about the last 20 steps count)
 
 
@@ -89,43 +89,50 @@ class GainCalibration:
 
 
 class DraftWorth:
-    """Tokens a draft model's forwards added that the free sources' trie did not hold, per
-    draft forward, learned apart per band of that trie's depth-1 coverage (DRAFT_BANDS).
+    """Tokens a draft model added that the free sources' trie did not hold, per plain target
+    step its forwards took, learned apart per band of that trie's depth-1 coverage (DRAFT_BANDS).
 
     Measured, not modelled: after a step the draft drafted for, the accepted
     path minus its longest prefix the free trie held is what the draft
     alone added (a chain that repeats the free trie's first tokens and runs
-    on past them counts only what lies past them). Every step decays every
-    band, so a band where drafting stopped because it did not pay drifts
-    back to its prior (half of it within about 60 silent steps) and is tried again.
+    on past them counts only what lies past them), and the draft's measured
+    seconds over a one-row target step are what it cost, catching up on the
+    prompt or on a copy the free sources delivered included. Drafting raises
+    a step's tokens per second exactly when this rate beats the plain step's
+    (tokens over cost in plain steps). Every step decays every band, so a
+    band where drafting stopped because it did not pay drifts back to its
+    prior (half of it within about 60 silent steps) and is tried again.
     """
 
     def __init__(self) -> None:
         self.tokens = np.zeros(DRAFT_PRIORS.shape[0])  # [B] decayed sums
-        self.forwards = np.zeros(DRAFT_PRIORS.shape[0])  # [B]
+        self.cost = np.zeros(DRAFT_PRIORS.shape[0])  # [B] in plain target steps
 
     @staticmethod
     def band(covered: float) -> int:
         """The band of a depth-1 coverage: 0.3 -> 0, 0.6 -> 1, 0.9 -> 2."""
         return int(np.searchsorted(DRAFT_BANDS, covered, side="right"))
 
-    def observe(self, covered: float, forwards: int, tokens: int) -> None:
-        """One step at depth-1 coverage ``covered``: the draft ran ``forwards`` forwards (0: it was
-        silent) and the accepted path held ``tokens`` tokens past the free trie's prefix."""
+    def observe(self, covered: float, cost: float, tokens: int) -> None:
+        """One step at depth-1 coverage ``covered``: the draft's forwards took ``cost`` plain
+        target steps (0: it was silent) and the accepted path held ``tokens`` tokens past the
+        free trie's prefix."""
         self.tokens *= DRAFT_DECAY
-        self.forwards *= DRAFT_DECAY
-        if forwards > 0:
+        self.cost *= DRAFT_DECAY
+        if cost > 0:
             band = self.band(covered)
             self.tokens[band] += tokens
-            self.forwards[band] += forwards
+            self.cost[band] += cost
 
-    def per_forward(self, covered: float) -> float:
-        """Tokens one draft forward is expected to add at depth-1 coverage ``covered``.
+    def rate(self, covered: float, forward: float) -> float:
+        """Tokens per plain step of draft cost expected at depth-1 coverage ``covered``; the
+        prior is one forward costing ``forward`` plain steps that added DRAFT_PRIORS[band].
 
-        Fresh: 0.6 at coverage 0.3; after 10 forwards there that added 1 token in all, about 0.15.
+        Fresh, forward 0.4: 1.5 at coverage 0.3; after draft steps there that cost
+        10 plain steps and added 1 token in all, (1 + 0.6) / (10 + 0.4) = 0.15.
         """
         band = self.band(covered)
-        return float((self.tokens[band] + DRAFT_PRIORS[band]) / (self.forwards[band] + 1.0))
+        return float((self.tokens[band] + DRAFT_PRIORS[band]) / (self.cost[band] + max(forward, 1e-9)))
 
 
 class AcceptanceStats:

@@ -319,53 +319,79 @@ def _proposer(model, ratio: float):
     return DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: ratio, 0)
 
 
-def test_draft_stays_silent_where_its_forwards_added_nothing_lately():
-    """Where a draft forward lately added next to nothing past the free sources' trie (a copy
-    they cover), no draft forward is spent; where it added much, the chain runs."""
+def test_draft_stays_silent_where_its_steps_added_little_lately():
+    """Where draft steps lately added few tokens past the free sources' trie per plain step
+    they cost (a copy the free sources cover), no draft forward is spent, not even on the
+    prompt; where they added many, the chain runs."""
     proposer = _proposer(_tiny("llama"), 0.1)
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates, covered = np.full((12, 32), 0.9), np.full(32, 0.95)
-    assert proposer.propose(seq, 6, 4, estimates, covered=covered, worth=0.05).count == 0
+    assert proposer.propose(seq, 6, 4, estimates, covered=covered, rate=0.5).count == 0
     assert proposer.drafter.forwards == 0  # not even the prompt was fed
-    found = proposer.propose(seq, 6, 4, estimates, covered=np.zeros(32), worth=0.6)
-    assert found.count >= 1 and found.lens[0] == 8 and found.forwards == 8  # estimates of .9: to max_tokens
+    found = proposer.propose(seq, 6, 4, estimates, covered=np.zeros(32), rate=2.0)
+    assert found.count >= 1 and found.lens[0] == 8  # estimates of .9: the chain runs to max_tokens
     assert proposer.drafter.held.shape[0] == 6 + 7  # the prompt (x included) and the chain but its last
 
 
 def test_draft_stays_silent_where_the_plain_step_already_yields_more():
-    """The same worth of a draft forward pays after a one-token step, not after a step whose
-    free tree yields five tokens: it would lower the step's tokens per second."""
+    """The same rate of a draft step pays after a one-token step, not after a step whose free
+    tree yields five tokens for 1.5 plain steps: it would lower the step's tokens per second."""
     proposer = _proposer(_tiny("llama"), 0.3)
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates, covered = np.full((12, 32), 0.9), np.full(32, 0.2)
-    assert proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(5.0, 1.5), worth=0.6).count == 0
+    assert proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(5.0, 1.5), rate=3.0).count == 0
     assert proposer.drafter.forwards == 0
-    found = proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(1.0, 1.0), worth=0.6)
+    found = proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(1.0, 1.0), rate=3.0)
     assert found.count >= 1 and 1 <= found.lens[0] < 8  # stops where one more token lowers the rate
 
 
-def test_catch_up_is_not_charged_to_the_drafting_step():
-    """After a silent stretch the draft is many tokens behind; the step that drafts again is
-    charged the rows a drafting step feeds (the tokens the last step accepted), not the
-    catch-up, so a draft silenced once is not silenced for good."""
-    charged = []
+class _CostlySource:
+    """A draft stand-in: asked last, proposes the chain 7 8 9 in 0.5 s, one forward costs 0.2 steps."""
 
-    def ratio(rows: int) -> float:
-        charged.append(rows)
-        return 0.1 * rows
+    name, priors, asks_coverage = "draft", np.full(12, 0.9), True
 
-    proposer = _proposer(_tiny("llama"), 0.0)
-    proposer.cost_ratio = ratio
-    seq = np.arange(4, 40, dtype=np.int64)
-    proposer.begin(seq, 6)
-    for stop in range(6, 30, 3):  # silent: the plain step yields eight tokens a step
-        assert proposer.propose(seq, stop, 4, np.full((12, 32), 0.9), plain=(8.0, 1.0), worth=0.6).count == 0
-    charged.clear()
-    found = proposer.propose(seq, 31, 4, np.full((12, 32), 0.9), plain=(1.0, 1.0), worth=0.6)
-    assert found.count >= 1 and max(charged) == 31 - 27  # 4 rows charged (0.4 < 0.6), not the 31 it fed (3.1)
-    assert proposer.drafter.held.shape[0] >= 31
+    def __init__(self):
+        self.rates = []
+
+    def cost_ratio(self, rows: int) -> float:
+        return 0.2
+
+    def begin(self, seq, stop):
+        pass
+
+    def observe(self, seq, start, stop):
+        pass
+
+    def propose(self, seq, stop, limit, estimates, covered=None, plain=(1.0, 1.0), rate=None):
+        from lookahead.proposers.base import Candidates
+        self.rates.append(rate)
+        return Candidates(np.array([[7, 8, 9]]), np.array([3]), np.zeros((1, 3), dtype=np.int64), seconds=0.5)
+
+
+def test_the_draft_worth_is_measured_past_the_free_trie():
+    """The context matcher proposes 7 8 (a copy), the draft 7 8 9; with 7 8 9 accepted the draft
+    alone added one token (9), for 0.5 s of forwards: 2.5 plain steps of 0.2 s."""
+    from lookahead.costmodel import CostModel
+    from lookahead.planner import Planner
+    from lookahead.proposers.context import ContextMatcher
+    from lookahead.scores import DRAFT_PRIORS, AcceptanceStats
+    config = LookaheadConfig(match_min=1)
+    matcher, draft = ContextMatcher(1, 4, 2), _CostlySource()
+    stats = AcceptanceStats([draft.priors, matcher.priors])
+    planner = Planner(config, [draft, matcher], stats, CostModel(np.array([1.0, 64.0]), np.array([0.2, 0.4])))
+    seq = np.array([5, 7, 8, 3, 5], dtype=np.int64)  # x = 5 was followed by 7 8 before
+    planner.begin(seq, 5)
+    tree, _ = planner.plan(seq, 5, room=16)
+    covered = planner.asked[1]
+    assert draft.rates == [pytest.approx(DRAFT_PRIORS[stats.draft.band(covered)] / 0.2)]  # the prior: one forward
+    path = np.array([tree.tokens.tolist().index(t) for t in (7, 8, 9)])  # parents come first: 7 -> 8 -> 9
+    assert tree.parents[path].tolist() == [-1, path[0], path[1]]
+    planner.learn(tree, path)
+    band = stats.draft.band(covered)
+    assert stats.draft.tokens[band] == pytest.approx(1.0) and stats.draft.cost[band] == pytest.approx(2.5)
+    assert planner.asked is None
 
 
 def test_pays_docstring_example():

@@ -352,20 +352,22 @@ def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
 def test_draft_worth_docstring_example_and_bands():
     from lookahead.scores import DRAFT_PRIORS, DraftWorth
     worth = DraftWorth()
-    assert worth.per_forward(0.3) == pytest.approx(0.6)
-    worth.observe(0.3, 10, 1)  # ten forwards at low coverage added one token
-    assert worth.per_forward(0.3) == pytest.approx((1 + 0.6) / 11)
-    assert worth.per_forward(0.9) == pytest.approx(DRAFT_PRIORS[2])  # another band: untouched
+    assert worth.rate(0.3, 0.4) == pytest.approx(1.5)
+    worth.observe(0.3, 10.0, 1)  # draft steps costing ten plain steps at low coverage added one token
+    assert worth.rate(0.3, 0.4) == pytest.approx((1 + 0.6) / 10.4)
+    assert worth.rate(0.9, 0.4) == pytest.approx(DRAFT_PRIORS[2] / 0.4)  # another band: untouched
     assert [DraftWorth.band(c) for c in (0.3, 0.6, 0.9)] == [0, 1, 2]
+    worth.observe(0.3, 0.0, 5)  # a silent step only decays
+    assert worth.tokens[0] == pytest.approx(0.95)
 
 
 def test_draft_worth_drifts_back_to_its_prior_while_silent():
     """A band where drafting stopped paying is tried again: half its prior back after about 60 silent steps."""
     from lookahead.scores import DraftWorth
     worth = DraftWorth()
-    worth.observe(0.3, 20, 0)
-    low = worth.per_forward(0.3)
-    assert low < 0.05
+    worth.observe(0.3, 8.0, 0)
+    low = worth.rate(0.3, 0.4)
+    assert low < 0.1
     for _ in range(100):
-        worth.observe(0.3, 0, 0)  # silent steps
-    assert worth.per_forward(0.3) > 0.5 > low
+        worth.observe(0.3, 0.0, 0)  # silent steps
+    assert worth.rate(0.3, 0.4) > 0.75 > low

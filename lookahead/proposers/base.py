@@ -21,8 +21,7 @@ class Candidates:
     model under sampling): q[d] is the distribution token d was drawn from,
     on the device. Such a row is verified with min(1, p/q) (verify.py) and
     stays its own branch of the tree (planner.py). ``seconds`` is what
-    proposing cost beyond host work the loop already times (a draft's forwards),
-    ``forwards`` how many model forwards that was.
+    proposing cost beyond host work the loop already times (a draft's forwards).
     """
 
     tokens: np.ndarray  # [G, L] int64
@@ -30,7 +29,6 @@ class Candidates:
     classes: np.ndarray  # [G, L] int64
     q: torch.Tensor | None = None  # [L, V] distributions row 0 was drawn from, or None (chosen, not drawn)
     seconds: float = 0.0
-    forwards: int = 0
 
     @property
     def count(self) -> int:

@@ -21,24 +21,21 @@ Length: drafting trades tokens per step against step time. The planner
 says what the step would be without the draft (``plain``: the tokens the
 free sources' tree is expected to yield, and its cost in plain target
 steps), how far their trie reaches (``covered[d]``: its best path
-probability at depth d + 1), and what a draft forward has added lately
-beyond that trie where it reached as far at depth 1 (``worth``, measured:
-scores.DraftWorth). A draft forward costs ``cost_ratio`` target steps
-(from both measured cost curves). Drafting raises tokens per second only
-while what a forward adds, per step it costs, beats the step's tokens per
-step so far: the first forward runs only when ``worth`` beats the plain
-step's rate, and the chain stops at the first token whose modelled gain
-(its path probability past ``covered``) would lower the rate. A step where
-the free sources already yield many tokens (a long context match) drafts
-nothing; a draft that agrees with the target drafts long chains where the
-text is new, and ``max_tokens`` caps it.
+probability at depth d + 1), and ``rate``: the tokens draft steps added
+lately past such a trie, per plain target step their forwards took
+(measured: scores.DraftWorth). Drafting raises a step's tokens per second
+only while what it adds, per step it costs, beats the step's tokens per
+step so far: the draft runs only when ``rate`` beats the plain step's, and
+the chain stops at the first token whose modelled gain (its path
+probability past ``covered``) per forward (``cost_ratio`` target steps, from
+both measured cost curves) would lower the rate. A step where the free
+sources already yield many tokens (a long context match) drafts nothing; a
+draft that agrees with the target drafts long chains where the text is
+new, and ``max_tokens`` caps it.
 
 The draft's cache is filled lazily: the prompt is fed by the first forward
 that drafts, and the tokens accepted while the draft was silent by the next
-one. That catch-up is not charged to the step that happens to draft (it is
-the price of having the draft at all, paid once per silent stretch): the
-first forward is charged the rows a drafting step feeds, the tokens the
-last step accepted.
+one. That catch-up is part of the measured cost ``rate`` divides by.
 """
 
 from __future__ import annotations
@@ -85,43 +82,38 @@ class DraftProposer:
         self.cost_ratio = cost_ratio
         self.rng = np.random.Generator(np.random.PCG64([seed, 2])) if decoding.do_sample else None
         self.drafted = 0  # draft tokens proposed so far (stats)
-        self.last_stop = 0  # stop of the previous propose: a drafting step feeds the tokens accepted since
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence: the draft's cache starts empty (the first draft forward feeds the prompt)."""
         self.drafter.begin(seq, stop)
-        self.last_stop = stop - 1
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Nothing now: the next ``propose`` syncs the draft's cache with the accepted tokens."""
 
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0),
-                worth: float | None = None) -> Candidates:
+                rate: float | None = None) -> Candidates:
         """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only); none
-        when a draft forward is expected to lower the step's tokens per second.
+        when drafting is expected to lower the step's tokens per second.
 
         estimates [2 * BUCKETS, D] are this source's acceptance estimates per class and depth;
         covered [D] the other sources' best path probability per depth (None: nothing);
         plain (tokens, cost in plain target steps) of this step without the draft;
-        worth: tokens a draft forward added lately beyond the free trie at this coverage
-        (None: DraftWorth's prior).
+        rate: tokens draft steps added lately past the free trie at this coverage, per plain
+        target step they cost (None: DraftWorth's prior).
         """
         began = time.perf_counter()
         ratio = self.cost_ratio(1)
         depth_cap = estimates.shape[1] - 1
         if covered is None:
             covered = np.zeros(depth_cap + 1)
-        if worth is None:
-            worth = DraftWorth().per_forward(float(covered[0]))
+        if rate is None:
+            rate = DraftWorth().rate(float(covered[0]), ratio)
         tokens, steps = plain
-        fed = max(1, stop - self.last_stop)  # rows a drafting step feeds: what the last step accepted
-        self.last_stop = stop
-        first_cost = self.cost_ratio(min(self.drafter.pending(seq, stop), fed))
-        if not _pays(worth, first_cost, tokens, steps):
+        if ratio > 0 and rate * steps < tokens:  # a free draft (ratio 0: a fixed budget) always drafts
             return no_candidates()
-        logits = self.drafter.sync(seq, stop)  # [V] (also feeds what it has not seen: the prompt at first)
-        forwards = 1
+        first_cost = self.cost_ratio(self.drafter.pending(seq, stop))  # also feeds what it has not seen
+        logits = self.drafter.sync(seq, stop)  # [V] (the prompt too, at first)
         chain, classes, dists, branches = [], [], [], []
         path = 1.0
         tick = began
@@ -144,11 +136,10 @@ class DraftProposer:
                                                           tokens, steps):
                 break
             logits = self.drafter.feed(token)
-            forwards += 1
         self.drafted += len(chain)
         rows = [(chain, classes)] + branches[:max(0, limit - 1)]
         q = torch.stack(dists) if self.rng is not None else None  # [L, V] the draws' distributions
-        return _candidates(rows, q, time.perf_counter() - began, forwards)
+        return _candidates(rows, q, time.perf_counter() - began)
 
     def _observe(self, rows: int, since: float) -> float:
         """One draft forward over ``rows`` rows (and its read-back) ended now: refine the draft's curve."""
@@ -186,8 +177,7 @@ def _pays(gain: float, cost: float, tokens: float, steps: float) -> bool:
     return gain > 0 and gain * steps >= cost * tokens
 
 
-def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float,
-                forwards: int) -> Candidates:
+def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float) -> Candidates:
     """Candidates of token rows with their classes (row 0 the chain), zero-padded."""
     width = max(len(tokens) for tokens, _ in rows)
     tokens = np.zeros((len(rows), width), dtype=np.int64)  # [G, L]
@@ -196,4 +186,4 @@ def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None,
     for g, (toks, cls) in enumerate(rows):
         tokens[g, :len(toks)] = toks
         classes[g, :len(cls)] = cls
-    return Candidates(tokens, lens, classes, q=q, seconds=seconds, forwards=forwards)
+    return Candidates(tokens, lens, classes, q=q, seconds=seconds)
