@@ -128,8 +128,9 @@ class Planner:
         self.window_source = names.index("window") if "window" in names else None
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
-        self.asked: tuple[TokenTree, float, float] | None = None  # this step's free trie, its depth-1
-        # coverage and the plain steps the costly sources' forwards took (None: no costly source)
+        self.asked: tuple[TokenTree, float, float, float] | None = None  # this step's free trie, its
+        # depth-1 coverage, the plain steps the costly sources' forwards took and the free plan's cost
+        # in plain steps (None: no costly source)
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -222,7 +223,7 @@ class Planner:
                                                      self.acceptance.block(i, estimates), covered=covered,
                                                      plain=plain, rate=rate)
             spent = sum(found[i].seconds for i in later)
-            self.asked = (tree, float(covered[0]), spent / step if step else 0.0)
+            self.asked = (tree, float(covered[0]), spent / step if step else 0.0, plain[1])
         drawn, groups = None, []
         for i in range(len(self.proposers)):
             cands = found[i]
@@ -262,9 +263,12 @@ class Planner:
         forwards added past the free sources' trie."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
-        if self.asked is not None:  # what the costly sources' forwards added past the free trie
-            free, covered, cost = self.asked
+        if self.asked is not None:  # what the costly sources added past the free trie, and cost
+            free, covered, cost, plain = self.asked
             beyond = int(path.shape[0]) - matched_depth(free, tree.tokens[path])
+            if cost > 0:  # they ran: their forwards, and the rows the target verified beyond the free plan
+                rows = self.window_rows[int(np.searchsorted(self.widths, width))] + tree.size
+                cost += max(0.0, float(self.cost.step(rows) / self.cost.step(1)) - plain)
             self.acceptance.draft.observe(covered, cost, beyond)
             self.asked = None
         if self.window_source is not None:

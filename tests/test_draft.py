@@ -372,7 +372,8 @@ class _CostlySource:
 
 def test_the_draft_worth_is_measured_past_the_free_trie():
     """The context matcher proposes 7 8 (a copy), the draft 7 8 9; with 7 8 9 accepted the draft
-    alone added one token (9), for 0.5 s of forwards: 2.5 plain steps of 0.2 s."""
+    alone added one token (9), for 0.5 s of forwards (2.5 plain steps of 0.2 s) plus what the
+    target's step cost beyond the free sources' plan."""
     from lookahead.costmodel import CostModel
     from lookahead.planner import Planner
     from lookahead.proposers.context import ContextMatcher
@@ -384,13 +385,15 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     seq = np.array([5, 7, 8, 3, 5], dtype=np.int64)  # x = 5 was followed by 7 8 before
     planner.begin(seq, 5)
     tree, _ = planner.plan(seq, 5, room=16)
-    covered = planner.asked[1]
+    covered, plain = planner.asked[1], planner.asked[3]
     assert draft.rates == [pytest.approx(DRAFT_PRIORS[stats.draft.band(covered)] / 0.2)]  # the prior: one forward
     path = np.array([tree.tokens.tolist().index(t) for t in (7, 8, 9)])  # parents come first: 7 -> 8 -> 9
     assert tree.parents[path].tolist() == [-1, path[0], path[1]]
     planner.learn(tree, path)
     band = stats.draft.band(covered)
-    assert stats.draft.tokens[band] == pytest.approx(1.0) and stats.draft.cost[band] == pytest.approx(2.5)
+    extra = max(0.0, float(planner.cost.step(1 + tree.size) / planner.cost.step(1)) - plain)
+    assert extra > 0  # the merged tree is wider than the free plan
+    assert stats.draft.tokens[band] == pytest.approx(1.0) and stats.draft.cost[band] == pytest.approx(2.5 + extra)
     assert planner.asked is None
 
 
