@@ -20,8 +20,8 @@ from .costmodel import CostModel
 from .kernels.trie import best_first_order
 from .proposers.base import Candidates, no_candidates
 from .scores import AcceptanceStats, choose_step, expected_gains
-from .tree import TokenTree, matched_depth, prepend_chain, empty_tree, scored_tree, subtree
-from .verify import DrawnRows
+from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
+from .verify import DrawnRows, matched_depth
 from .window import window_rows
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)

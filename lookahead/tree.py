@@ -86,21 +86,6 @@ def prepend_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes
     return grown, np.concatenate([np.cumprod(cond), prob]), nodes
 
 
-def matched_depth(tree: TokenTree, tokens: np.ndarray) -> int:
-    """How many of tokens[k] (a path from x down) the tree holds as a path from x.
-
-    tree tokens [4 5 6 7], parents [-1 0 1 0]: [4 5 9] -> 2, [7] -> 0 (7 is not a child of x),
-    [4 7 1] -> 2.
-    """
-    parent = -1
-    for depth, token in enumerate(tokens.tolist()):
-        child = np.flatnonzero((tree.parents == parent) & (tree.tokens == token))
-        if child.shape[0] == 0:
-            return depth
-        parent = int(child[0])
-    return int(tokens.shape[0])
-
-
 def subtree(tree: TokenTree, nodes: np.ndarray) -> TokenTree:
     """The tree of the given nodes (closed under parents), renumbered in their original order."""
     keep = np.sort(nodes)  # [k]; parents keep coming before children

@@ -131,7 +131,8 @@ def test_window_feeding_some_columns_advances_only_those():
 
 
 def test_matched_depth_docstring_example():
-    from lookahead.tree import TokenTree, matched_depth
+    from lookahead.tree import TokenTree
+    from lookahead.verify import matched_depth
     tree = TokenTree(np.array([4, 5, 6, 7]), np.array([-1, 0, 1, 0]), np.array([1, 2, 3, 2]),
                      np.zeros(4, dtype=np.int64))
     assert matched_depth(tree, np.array([4, 5, 9])) == 2
