@@ -127,6 +127,17 @@ class Sequence:
         rows = RowMap(lead=kept.shape[0], window=width, ngram=self.cfg.ngram)
         return StepPlan(tree, layout, tokens, keep, rows, drawn)
 
+    def _previous(self, plan: StepPlan) -> np.ndarray:
+        """[K] the token before each kept row's token, where it is real text: x's predecessor for
+        x, a tree node's parent (x for depth 1); -1 for the window's other rows (guesses)."""
+        seq, stop, tree = self.out.seq, self.out.stop, plan.tree
+        prev = np.full(plan.keep.shape[0], -1, dtype=np.int64)  # [K]
+        x = int(seq[stop - 1])
+        prev[0] = seq[stop - 2] if stop >= 2 else -1  # row 0 is x
+        lead = plan.rows.lead
+        prev[lead:] = np.where(tree.parents >= 0, tree.tokens[np.maximum(tree.parents, 0)], x)  # [M]
+        return prev
+
     def room(self) -> int:
         """Tokens this sequence may still append."""
         return self.out.limit - self.out.new_tokens
@@ -151,7 +162,8 @@ class Sequence:
         self.planner.learn(plan.tree, choice.path, plan.rows.window)
         if self.recycled is not None:
             width = self.recycled.width
-            self.recycled.learn(plan.tokens[plan.keep], choice.top[:, :width], choice.top[:, width:])
+            self.recycled.learn(plan.tokens[plan.keep], choice.top[:, :width], choice.top[:, width:],
+                                self._previous(plan))
         start = self.out.stop
         done = self.out.append(choice.new)
         self.stats.accepted.append(self.out.stop - start)

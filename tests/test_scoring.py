@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lookahead.config import LookaheadConfig
 from lookahead.costmodel import CostModel
-from lookahead.kernels.recycle import grow_recycled_tree, tree_paths
+from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie
 from lookahead.planner import Planner
 from lookahead.proposers.base import Proposer
@@ -98,12 +98,22 @@ def test_scored_tree_of_nothing_is_empty():
 def recycling_example():
     adj = np.full((6, 2), -1, dtype=np.int64)
     adj[1], adj[2] = [2, 3], [4, 5]
-    return adj, np.zeros_like(adj), np.array([[.8, .5], [.3, .2]])
+    return adj, np.zeros_like(adj), np.array([[.8, .5], [.3, .2], [.9, .9], [.1, .1]])
+
+
+def no_pairs(width: int = 2, slots: int = 0):
+    """An empty pair table: keys [S, 2], successors [S, R], confidence [S, R]."""
+    return (np.full((slots, 2), -1, dtype=np.int64), np.full((slots, width), -1, dtype=np.int64),
+            np.zeros((slots, width), dtype=np.int64))
+
+
+def grow(adj, conf, buckets, x, est, max_nodes, pairs=None, before=-1):
+    return grow_recycled_tree(adj, conf, *(pairs or no_pairs(adj.shape[1])), buckets, before, x, est, max_nodes)
 
 
 def test_recycled_tree_docstring_example():
     adj, conf, est = recycling_example()
-    tokens, parents, depths, classes = grow_recycled_tree(adj, conf, 1, 1, est, 3)
+    tokens, parents, depths, classes = grow(adj, conf, 1, 1, est, 3)
     assert tokens.tolist() == [2, 4, 3] and parents.tolist() == [-1, 0, -1]
     assert depths.tolist() == [1, 2, 1] and classes.tolist() == [0, 0, 1]
     cands, lens, labels = tree_paths(tokens, parents, depths, classes)
@@ -114,16 +124,51 @@ def test_recycled_tree_scores_by_rank_and_confidence_bucket():
     adj, conf, _ = recycling_example()
     conf[1] = [0, 1]  # token 1: its rank-0 successor 2 was unsure (bucket 0), rank-1 successor 3 sure (bucket 1)
     est = np.array([[.2, .2], [.9, .9], [.1, .1], [.7, .7]])  # class r * 2 + b, by depth
-    tokens, parents, depths, classes = grow_recycled_tree(adj, conf, 2, 1, est, 1)
-    assert tokens.tolist() == [2] and classes.tolist() == [0]  # only rank 0 is offered first at a node
-    tokens, parents, depths, classes = grow_recycled_tree(adj, conf, 2, 1, est, 2)
-    assert tokens.tolist() == [2, 3] and classes.tolist() == [0, 3]  # 3: rank 1, bucket 1 (p .7 beats 2's child)
+    tokens, parents, depths, classes = grow(adj, conf, 2, 1, est, 1)
+    assert tokens.tolist() == [3] and classes.tolist() == [3]  # the sure rank 1 (.7) before the unsure rank 0 (.2)
+    tokens, parents, depths, classes = grow(adj, conf, 2, 1, est, 2)
+    assert tokens.tolist() == [3, 2] and classes.tolist() == [3, 0]  # then rank 0 (3 has no successors)
+
+
+def test_recycled_tree_docstring_pair_example():
+    adj, conf, est = recycling_example()
+    pairs = no_pairs(slots=11)
+    top = np.array([[5, -1]], dtype=np.int64)
+    pair_learn(a(1), a(2), top, np.zeros_like(top), *pairs)  # after 1 2 the model ranked 5 first
+    assert pair_slot(3, 7, 11) == 8 and pairs[0][pair_slot(1, 2, 11)].tolist() == [1, 2]
+    tokens, parents, depths, classes = grow(adj, conf, 1, 1, est, 3, pairs)
+    assert tokens.tolist() == [2, 5, 4] and parents.tolist() == [-1, 0, 0] and classes.tolist() == [0, 2, 0]
+    tokens, parents, depths, classes = grow(adj, conf, 1, 1, est, 5, pairs)  # 5 is not offered twice
+    assert tokens.tolist() == [2, 5, 4, 3] and classes.tolist() == [0, 2, 0, 1]
+
+
+def test_recycled_tree_uses_x_predecessor_for_the_first_pair():
+    adj, conf, est = recycling_example()
+    pairs = no_pairs(slots=11)
+    top = np.array([[4, -1]], dtype=np.int64)
+    pair_learn(a(0), a(1), top, np.zeros_like(top), *pairs)  # after 0 1: 4
+    assert grow(adj, conf, 1, 1, est, 1, pairs, before=0)[0].tolist() == [4]  # pair rank 0 (.9) beats .8
+    assert grow(adj, conf, 1, 1, est, 1, pairs, before=3)[0].tolist() == [2]  # another predecessor: no pair
+
+
+def test_pair_table_newest_pair_wins_its_slot_and_lookup_checks_the_key():
+    keys, succ, conf = no_pairs(slots=3)
+    top = np.array([[7, 8], [9, 6]], dtype=np.int64)
+    pair_learn(a(1, 3), a(2, 2), top, np.ones_like(top), keys, succ, conf)
+    slot_a, slot_b = pair_slot(1, 2, 3), pair_slot(3, 2, 3)  # 0 and 2
+    assert slot_a != slot_b and keys[slot_b].tolist() == [3, 2] and succ[slot_b].tolist() == [9, 6]
+    pair_learn(a(-1), a(5), top[:1], top[:1], keys, succ, conf)  # unknown predecessor: nothing stored
+    assert keys[slot_a].tolist() == [1, 2]
+    adj = np.full((10, 2), -1, dtype=np.int64)
+    est = np.full((4, 2), 0.5)
+    assert pair_slot(4, 2, 3) == slot_a  # x = 2 after 4 lands on (1, 2)'s slot: the key differs, nothing offered
+    assert grow(adj, np.zeros_like(adj), 1, 2, est, 3, (keys, succ, conf), before=4)[0].shape == (0,)
 
 
 def test_recycled_tree_stops_when_nothing_is_known():
     adj, conf, est = recycling_example()
-    assert grow_recycled_tree(adj, conf, 1, 5, est, 4)[0].shape == (0,)  # token 5 was never seen
-    assert grow_recycled_tree(adj, conf, 1, 1, est, 10)[0].shape == (4,)  # only 2, 3, 4, 5 are reachable
+    assert grow(adj, conf, 1, 5, est, 4)[0].shape == (0,)  # token 5 was never seen
+    assert grow(adj, conf, 1, 1, est, 10)[0].shape == (4,)  # only 2, 3, 4, 5 are reachable
 
 
 def test_adjacency_learns_latest_top_and_ignores_foreign_ids():
@@ -145,7 +190,9 @@ def test_top_successors_buckets_the_share_within_the_top():
 
 
 def test_rank_priors_fall_with_rank_and_rise_with_confidence():
-    priors = rank_priors(3).reshape(3, BUCKETS)
+    single, paired = rank_priors(3).reshape(2, 3, BUCKETS)  # a token's successors, then a pair's
+    assert (single == paired).all()
+    priors = single
     assert (np.diff(priors, axis=0) < 0).all() and (np.diff(priors, axis=1) > 0).all()
     assert ((priors > 0) & (priors < 1)).all()
 
@@ -154,12 +201,18 @@ def test_recycling_proposer_paths_carry_rank_bucket_classes():
     table = AdjacencyTable(vocab=8, width=2)
     table.learn(a(1, 2), np.array([[2, 3], [4, 5]]), np.array([[1, 0], [0, 0]]))
     source = RecyclingProposer(table, nodes=3)
-    assert isinstance(source, Proposer) and source.priors.shape == (2 * BUCKETS,)
-    est = np.full((2 * BUCKETS, 2), 0.05)
+    assert isinstance(source, Proposer) and source.priors.shape == (4 * BUCKETS,)
+    est = np.full((4 * BUCKETS, 2), 0.05)
     est[1], est[0], est[BUCKETS] = [.8, .8], [.5, .5], [.3, .3]  # (rank 0, bucket 1), (0, 0), (1, 0)
     cands = source.propose(a(0, 1), 2, 4, est)
     assert cands.tokens.tolist() == [[2, 4], [3, 0]] and cands.classes.tolist() == [[1, 0], [BUCKETS, 0]]
-    assert source.propose(a(0, 1), 2, 0, np.ones((2 * BUCKETS, 2))).count == 0  # limit 0: nothing
+    assert source.propose(a(0, 1), 2, 0, np.ones((4 * BUCKETS, 2))).count == 0  # limit 0: nothing
+    table.learn(a(1), np.array([[6, 3]]), np.array([[4, 0]]), prev=a(0))  # after 0 1: 6, surely
+    est[2 * BUCKETS + 4] = [.9, .9]  # a pair's rank 0, bucket 4
+    cands = source.propose(a(0, 1), 2, 4, est)  # 6 and 3 offered once each, as the pair's
+    assert cands.tokens.tolist() == [[6], [3]] and cands.classes[:, 0].tolist() == [2 * BUCKETS + 4, 3 * BUCKETS]
+    cands = source.propose(a(5, 1), 2, 4, est)  # another predecessor: the token's own list (6 learned too)
+    assert sorted(zip(cands.tokens[:, 0].tolist(), cands.classes[:, 0].tolist())) == [(3, BUCKETS), (6, 4)]
 
 
 def test_context_matcher_labels_by_match_length():

@@ -6,7 +6,7 @@ import numpy as np
 
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
-from .recycle import grow_recycled_tree, tree_paths
+from .recycle import grow_recycled_tree, pair_learn, tree_paths
 from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
 
 
@@ -24,7 +24,11 @@ def warmup() -> None:
     best_first_order(parents, prob)
     ancestor_mask(parents)
     adj = np.array([[1, -1], [0, -1]], dtype=np.int64)
-    grown = grow_recycled_tree(adj, np.zeros_like(adj), 1, 0, np.full((2, 2), 0.5), 3)
+    keys, pair_adj = np.full((3, 2), -1, dtype=np.int64), np.full((3, 2), -1, dtype=np.int64)
+    pair_learn(np.array([1], dtype=np.int64), np.array([0], dtype=np.int64), adj[:1], np.zeros_like(adj[:1]),
+               keys, pair_adj, np.zeros_like(pair_adj))
+    grown = grow_recycled_tree(adj, np.zeros_like(adj), keys, pair_adj, np.zeros_like(pair_adj), 1, 1, 0,
+                               np.full((4, 2), 0.5), 3)
     tree_paths(*grown)
     path_tokens(tokens, parents, depths)
     from ..verify import accept_walk

@@ -1,18 +1,30 @@
-"""Numba kernels of token recycling: grow a tree from a token -> top-R successors table.
+"""Numba kernels of token recycling: grow a tree from what the model ranked highest after a
+token (and after a pair of tokens), remembered from earlier forwards.
 
 ``adj[V, R]`` holds, for every token, the R tokens the model ranked highest
-right after it the last time it was seen (-1 = never seen). From x the tree
-is grown best-first: the next child added is the one with the highest path
-probability. ``conf[V, R]`` holds the confidence bucket (0 .. B-1) the model
-gave each remembered successor; a child of rank r and bucket b at depth d is
-of class r * B + b and scores est[r * B + b, d - 1].
+right after it the last time it was seen (-1 = never seen); ``conf[V, R]``
+the confidence bucket (0 .. B-1) the model gave each. The pair table does the
+same for the last two tokens: ``pair_keys[S, 2]`` the (previous, token) pair
+a slot holds (-1 = empty; slot = ``pair_slot``, a newer pair overwrites an
+older one), ``pair_adj[S, R]`` and ``pair_conf[S, R]`` its successors. The
+pair's list is more specific (after "the" the model's choice depends on what
+came before it), the single token's is seen more often; a node offers both,
+the token's own successors that the pair's list already holds skipped.
 
-Worked example (B = 1: conf all 0): adj[1] = [2, 3], adj[2] = [4, 5],
-adj[3] = [-1, -1], adj[4] = adj[5] = [-1, -1]; est = [[.8, .5], [.3, .2]]
-(class, depth - 1); x = 1, max_nodes 3 -> node 0 = 2 (p .8), node 1 = 4
-(p .4, child of 0), node 2 = 3 (p .3): tokens [2 4 3], parents [-1 0 -1],
-depths [1 2 1], classes [0 0 1]. As candidate paths (one per leaf):
-[[2 4] [3 0]], lens [2 1].
+From x (whose previous token is ``x_prev``, -1: none) the tree is grown
+best-first: the next child added is the one with the highest path
+probability. A token's successor of rank r and bucket b at depth d is of
+class r * B + b and scores est[r * B + b, d - 1]; a pair's successor is of
+class R * B + r * B + b.
+
+Worked example (B = 1, R = 2, no pairs): adj[1] = [2, 3], adj[2] = [4, 5],
+adj[3] = [-1, -1], adj[4] = adj[5] = [-1, -1]; est = [[.8, .5], [.3, .2],
+[.9, .9], [.1, .1]] (class, depth - 1); x = 1, max_nodes 3 -> node 0 = 2
+(p .8), node 1 = 4 (p .4, child of 0), node 2 = 3 (p .3): tokens [2 4 3],
+parents [-1 0 -1], depths [1 2 1], classes [0 0 1]. As candidate paths (one
+per leaf): [[2 4] [3 0]], lens [2 1]. With the pair (1, 2) remembered as
+followed by [5, -1] (a pair's rank 0: class 2, est .9), node 1 is 5 (p .72)
+and node 2 is 4 (p .4): tokens [2 5 4], classes [0 2 0].
 """
 
 from __future__ import annotations
@@ -22,38 +34,115 @@ from numba import njit
 
 
 @njit(cache=True)
-def grow_recycled_tree(adj, conf, buckets, x, est, max_nodes):
-    """Best-first tree under x from adj[V, R] and conf[V, R] (``buckets`` B per rank);
-    (tokens, parents, depths, classes) of M <= max_nodes nodes."""
+def pair_slot(prev, token, slots):
+    """The pair table's slot of (prev, token) among ``slots`` (a prime, so every bit counts).
+
+    pair_slot(3, 7, 11) = (3 * 1000003 + 7) % 11 = 8.
+    """
+    return (prev * 1000003 + token) % slots
+
+
+@njit(cache=True)
+def pair_learn(prev, tokens, top, buckets, pair_keys, pair_adj, pair_conf):
+    """Row i carried tokens[i] after prev[i] (-1: unknown, skipped); the model's top-R there were
+    top[i, :R] with confidence buckets[i, :R]: remember them for the pair (the newest wins a slot)."""
+    slots = pair_keys.shape[0]
+    width = pair_adj.shape[1]
+    for i in range(tokens.shape[0]):
+        if prev[i] < 0 or tokens[i] < 0:
+            continue
+        s = pair_slot(prev[i], tokens[i], slots)
+        pair_keys[s, 0] = prev[i]
+        pair_keys[s, 1] = tokens[i]
+        for r in range(width):
+            pair_adj[s, r] = top[i, r]
+            pair_conf[s, r] = buckets[i, r]
+
+
+@njit(cache=True)
+def _offers(adj, conf, pair_keys, pair_adj, pair_conf, buckets, prev, token, depth, est, out_tok, out_cls, out_score):
+    """Fill the successors a node (token after prev, at depth ``depth``) offers, best estimate
+    first: the pair's, then the token's own that the pair's list lacks. Returns how many."""
     width = adj.shape[1]
     last = est.shape[1] - 1
+    col = min(depth, last)
+    n = 0
+    if prev >= 0 and pair_keys.shape[0] > 0:
+        s = pair_slot(prev, token, pair_keys.shape[0])
+        if pair_keys[s, 0] == prev and pair_keys[s, 1] == token:
+            for r in range(width):
+                if pair_adj[s, r] < 0:
+                    continue
+                out_tok[n] = pair_adj[s, r]
+                out_cls[n] = width * buckets + r * buckets + pair_conf[s, r]
+                n += 1
+    paired = n
+    if 0 <= token < adj.shape[0]:
+        for r in range(width):
+            t = adj[token, r]
+            if t < 0:
+                continue
+            dup = False
+            for k in range(paired):
+                if out_tok[k] == t:
+                    dup = True
+                    break
+            if dup:
+                continue
+            out_tok[n] = t
+            out_cls[n] = r * buckets + conf[token, r]
+            n += 1
+    for k in range(n):
+        out_score[k] = est[out_cls[k], col]
+    for k in range(1, n):  # insertion sort by falling estimate (stable: pair's first on ties)
+        j = k
+        while j > 0 and out_score[j] > out_score[j - 1]:
+            out_score[j], out_score[j - 1] = out_score[j - 1], out_score[j]
+            out_tok[j], out_tok[j - 1] = out_tok[j - 1], out_tok[j]
+            out_cls[j], out_cls[j - 1] = out_cls[j - 1], out_cls[j]
+            j -= 1
+    return n
+
+
+@njit(cache=True)
+def grow_recycled_tree(adj, conf, pair_keys, pair_adj, pair_conf, buckets, x_prev, x, est, max_nodes):
+    """Best-first tree under x (after x_prev) from the token and pair tables;
+    (tokens, parents, depths, classes) of M <= max_nodes nodes."""
+    offer = 2 * adj.shape[1]
     tokens = np.empty(max_nodes + 1, dtype=np.int64)  # slot 0 is x
     parents = np.empty(max_nodes + 1, dtype=np.int64)
     depths = np.empty(max_nodes + 1, dtype=np.int64)
     classes = np.empty(max_nodes + 1, dtype=np.int64)
     prob = np.empty(max_nodes + 1, dtype=np.float64)
+    offered = np.empty(max_nodes + 1, dtype=np.int64)
+    off_tok = np.empty((max_nodes + 1, offer), dtype=np.int64)
+    off_cls = np.empty((max_nodes + 1, offer), dtype=np.int64)
+    off_score = np.empty((max_nodes + 1, offer), dtype=np.float64)
     next_rank = np.zeros(max_nodes + 1, dtype=np.int64)
     tokens[0], parents[0], depths[0], classes[0], prob[0] = x, -1, 0, 0, 1.0
+    offered[0] = _offers(adj, conf, pair_keys, pair_adj, pair_conf, buckets, x_prev, x, 0, est,
+                         off_tok[0], off_cls[0], off_score[0])
     m = 1
     while m <= max_nodes:
         best, best_score = -1, -1.0
         for node in range(m):
             r = next_rank[node]
-            tok = tokens[node]
-            if r >= width or tok < 0 or tok >= adj.shape[0] or adj[tok, r] < 0:
+            if r >= offered[node]:
                 continue
-            score = prob[node] * est[r * buckets + conf[tok, r], min(depths[node], last)]
+            score = prob[node] * off_score[node, r]
             if score > best_score:
                 best, best_score = node, score
         if best < 0:
             break
         r = next_rank[best]
         next_rank[best] = r + 1
-        tokens[m] = adj[tokens[best], r]
+        tokens[m] = off_tok[best, r]
         parents[m] = best
         depths[m] = depths[best] + 1
-        classes[m] = r * buckets + conf[tokens[best], r]
+        classes[m] = off_cls[best, r]
         prob[m] = best_score
+        offered[m] = _offers(adj, conf, pair_keys, pair_adj, pair_conf, buckets, tokens[best], tokens[m],
+                             depths[m], est, off_tok[m], off_cls[m], off_score[m])
         m += 1
     return tokens[1:m], parents[1:m] - 1, depths[1:m], classes[1:m]
 

@@ -1,11 +1,13 @@
 """Token recycling: the model's own top-R next tokens, remembered per token and
-expanded into a tree (kernels in kernels/recycle.py).
+per pair of tokens, and expanded into a tree (kernels in kernels/recycle.py).
 
 Every forward already computes the logits at x, at the window's last level and
 at every tree node, rejected ones included. Their top-R tokens are stored as
 "what follows token t" (the most recent sighting wins) in an adjacency table
-[V, R] that lives as long as the generator, and from x a best-first tree is
-grown over it.
+[V, R] that lives as long as the generator, and, for x and the tree's rows
+(whose previous token is known: x's predecessor, a node's parent), as "what
+follows the pair (s, t)" in a hashed pair table [S, R]. From x a best-first
+tree is grown over both: a node offers its pair's successors and its token's.
 
 Each remembered successor also keeps how sure the model was of it: its
 probability within the top-R (softmax over the R best logits, an upper bound
@@ -22,21 +24,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..kernels.recycle import grow_recycled_tree, tree_paths
+from ..kernels.recycle import grow_recycled_tree, pair_learn, tree_paths
 from .base import Candidates, no_candidates
 
 
+PAIR_SLOTS = 65521  # slots of the pair table (a prime: kernels/recycle.py's pair_slot)
 CONFIDENCE_EDGES = (0.25, 0.5, 0.75, 0.9)  # bucket b holds top-R probabilities in [edge b-1, edge b)
 BUCKETS = len(CONFIDENCE_EDGES) + 1
 BUCKET_MIDDLES = np.array([0.12, 0.37, 0.62, 0.82, 0.95])  # a typical probability in each bucket
 
 
 def rank_priors(width: int) -> np.ndarray:
-    """Assumed acceptance [R * B] of a successor of rank r in confidence bucket b (class r * B + b)
-    before any is measured: the bucket's typical probability, damped by rank (a remembered
-    successor may be stale)."""
+    """Assumed acceptance [2 * R * B] of a successor of rank r in confidence bucket b (a token's:
+    class r * B + b; a pair's: R * B + r * B + b) before any is measured: the bucket's typical
+    probability, damped by rank (a remembered successor may be stale)."""
     damp = 0.8 / (1.0 + np.arange(width))  # [R]
-    return (damp[:, None] * BUCKET_MIDDLES[None, :]).reshape(-1)
+    single = (damp[:, None] * BUCKET_MIDDLES[None, :]).reshape(-1)  # [R * B]
+    return np.concatenate([single, single])
 
 
 def top_successors(logits: torch.Tensor, width: int) -> torch.Tensor:
@@ -55,26 +59,38 @@ def top_successors(logits: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class AdjacencyTable:
-    """token -> its most recent top-R successors (-1 = not seen yet) and their confidence buckets."""
+    """token -> its most recent top-R successors (-1 = not seen yet) and their confidence buckets;
+    (previous token, token) -> the same, in a hashed table of ``slots`` pairs (0: no pairs)."""
 
-    def __init__(self, vocab: int, width: int):
+    def __init__(self, vocab: int, width: int, slots: int = PAIR_SLOTS):
         self.successors = np.full((vocab, width), -1, dtype=np.int64)  # [V, R]
         self.confidence = np.zeros((vocab, width), dtype=np.int64)  # [V, R] buckets 0 .. B-1
+        self.pair_keys = np.full((slots, 2), -1, dtype=np.int64)  # [S, 2] (previous, token) held
+        self.pair_successors = np.full((slots, width), -1, dtype=np.int64)  # [S, R]
+        self.pair_confidence = np.zeros((slots, width), dtype=np.int64)  # [S, R]
 
     @property
     def width(self) -> int:
         return int(self.successors.shape[1])
 
-    def learn(self, tokens: np.ndarray, top: np.ndarray, buckets: np.ndarray | None = None) -> None:
-        """Row i of a forward carried tokens[i]; the model's top-R there were top[i, :R], with
-        confidence buckets buckets[i, :R] (None: all 0)."""
+    def learn(self, tokens: np.ndarray, top: np.ndarray, buckets: np.ndarray | None = None,
+              prev: np.ndarray | None = None) -> None:
+        """Row i of a forward carried tokens[i] after prev[i] (-1 or None: unknown); the model's
+        top-R there were top[i, :R], with confidence buckets buckets[i, :R] (None: all 0)."""
         ok = (tokens >= 0) & (tokens < self.successors.shape[0])
-        self.successors[tokens[ok]] = top[ok, :self.width]
-        self.confidence[tokens[ok]] = 0 if buckets is None else np.clip(buckets[ok, :self.width], 0, BUCKETS - 1)
+        top = np.ascontiguousarray(top[:, :self.width], dtype=np.int64)  # [K, R]
+        buckets = np.zeros_like(top) if buckets is None else np.clip(buckets[:, :self.width], 0, BUCKETS - 1)
+        self.successors[tokens[ok]] = top[ok]
+        self.confidence[tokens[ok]] = buckets[ok]
+        if prev is not None and self.pair_keys.shape[0]:
+            prev = np.where(ok, prev, -1).astype(np.int64)  # [K]
+            pair_learn(prev, tokens.astype(np.int64), top, np.ascontiguousarray(buckets, dtype=np.int64),
+                       self.pair_keys, self.pair_successors, self.pair_confidence)
 
 
 class RecyclingProposer:
-    """Proposes a best-first tree of up to ``nodes`` recycled successors of x."""
+    """Proposes a best-first tree of up to ``nodes`` recycled successors of x (the planner ranks
+    them among the other sources' candidates and keeps what the budget pays for)."""
 
     name = "recycle"
 
@@ -89,8 +105,11 @@ class RecyclingProposer:
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
         if limit <= 0 or self.nodes <= 0:
             return no_candidates()
+        table = self.table
+        before = int(seq[stop - 2]) if stop >= 2 else -1  # x's previous token
         tokens, parents, depths, classes = grow_recycled_tree(
-            self.table.successors, self.table.confidence, BUCKETS, int(seq[stop - 1]), estimates, self.nodes)
+            table.successors, table.confidence, table.pair_keys, table.pair_successors, table.pair_confidence,
+            BUCKETS, before, int(seq[stop - 1]), estimates, self.nodes)
         if tokens.shape[0] == 0:
             return no_candidates()
         return Candidates(*tree_paths(tokens, parents, depths, classes))
