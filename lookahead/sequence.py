@@ -24,7 +24,7 @@ from .proposers.recycle import RecyclingProposer
 from .stats import GenerationStats
 from .tree import StepLayout, TokenTree, step_layout
 from .verify import DrawnRows, RowMap, Verifier
-from .window import JacobiWindow
+from .window import JacobiWindow, window_previous
 
 
 @dataclass(frozen=True)
@@ -128,13 +128,16 @@ class Sequence:
         return StepPlan(tree, layout, tokens, keep, rows, drawn)
 
     def _previous(self, plan: StepPlan) -> np.ndarray:
-        """[K] the token before each kept row's token, where it is real text: x's predecessor for
-        x, a tree node's parent (x for depth 1); -1 for the window's other rows (guesses)."""
+        """[K] the token before each kept row's token in the text that row sees: x's predecessor
+        for x, the window row's in its column (the level before, or the column before on level 0;
+        ``window_previous``), a tree node's parent (x for depth 1)."""
         seq, stop, tree = self.out.seq, self.out.stop, plan.tree
-        prev = np.full(plan.keep.shape[0], -1, dtype=np.int64)  # [K]
         x = int(seq[stop - 1])
-        prev[0] = seq[stop - 2] if stop >= 2 else -1  # row 0 is x
         lead = plan.rows.lead
+        rows = plan.keep[:lead]  # [lead] window rows kept, x (row 0) first
+        prev = np.empty(plan.keep.shape[0], dtype=np.int64)  # [K]
+        before = window_previous(rows, plan.rows.window)  # [lead] their previous rows (-1: x's)
+        prev[:lead] = np.where(before >= 0, plan.tokens[np.maximum(before, 0)], seq[stop - 2] if stop >= 2 else -1)
         prev[lead:] = np.where(tree.parents >= 0, tree.tokens[np.maximum(tree.parents, 0)], x)  # [M]
         return prev
 

@@ -206,6 +206,9 @@ def test_generator_learns_across_calls_and_stays_exact():
     first = gen.generate(PROMPTS["random"], max_new_tokens=NEW, eos_token_id=[VOCAB + 1000])
     trials = gen.acceptance["greedy"].trials.sum()
     assert (gen.recycled.successors >= 0).any()
+    seq = first[0].tolist()
+    pairs = {tuple(key) for key in gen.recycled.pair_keys.tolist() if key[0] >= 0}
+    assert len(pairs) > 1 and pairs & set(zip(seq, seq[1:]))  # the text's own pairs, among the tree rows'
     again = gen.generate(PROMPTS["random"], max_new_tokens=NEW, eos_token_id=[VOCAB + 1000])
     assert torch.equal(first, again) and torch.equal(again, ref_for("qwen2", "random"))
     assert gen.acceptance["greedy"].trials.sum() != trials

@@ -118,6 +118,18 @@ def test_window_of_width_zero_is_x_alone():
     assert kept_window_rows(3, 2).tolist() == [0, 1, 2]  # N = 2: the last level is level 0, x included
 
 
+def test_window_previous_is_the_row_each_kept_row_follows():
+    from lookahead.window import kept_window_rows, window_layout, window_previous
+    assert window_previous(kept_window_rows(3, 4), 3).tolist() == [-1, 3, 4, 5]  # the level before, same column
+    assert window_previous(kept_window_rows(3, 2), 3).tolist() == [-1, 0, 1]  # level 0: the column before
+    assert window_previous(kept_window_rows(0, 4), 0).tolist() == [-1]  # x alone
+    offsets, mask = window_layout(3, 4)
+    rows = kept_window_rows(3, 4)[1:]
+    before = window_previous(rows, 3)
+    # the row before sits one position earlier and is seen by the kept row
+    assert (offsets[before] == offsets[rows] - 1).all() and mask[rows, before].all()
+
+
 def test_window_feeding_some_columns_advances_only_those():
     from lookahead.window import JacobiWindow
     window = JacobiWindow(3, 3, seed=0)
