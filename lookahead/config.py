@@ -58,6 +58,9 @@ class LookaheadConfig:
     cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
     calibration_context: int = 256  # context tokens behind the cost measurement
     calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)
+    # On the CPU, run the linear layers of a 2-7-row forward as W @ x^T (about the one-row cost there,
+    # against up to 2x through torch's stock kernel; lookahead/fewrows.py). No effect on a GPU.
+    few_row_matmul: bool = True
     window_seed: int = 0  # RNG seed of the window's initial guesses (sampling uses torch's generator)
     allow_untested_models: bool = False  # drive architectures outside the tested list
 
@@ -85,7 +88,7 @@ class LookaheadConfig:
                               f"got {self.cost_cache_dir!r}")
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
-                     "allow_untested_models"):
+                     "few_row_matmul", "allow_untested_models"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -335,7 +335,7 @@ def measure_curve(time_one: Callable[[int], float], rows: tuple[int, ...], repea
 
 
 def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 0,
-                      batch: int = 1) -> Callable[[int], float]:
+                      batch: int = 1, few_row_matmul: bool = True) -> Callable[[int], float]:
     """time_one(q): seconds of one decode-shaped forward over q new rows after ``context`` cached ones.
 
     Each pass goes through ``Target.forward`` exactly as a decode step does
@@ -343,7 +343,7 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
     the step's host sync (an argmax read back), and is cropped away again. A
     synthetic context of random tokens is prefilled here, once.
     """
-    target = Target(model, layout)
+    target = Target(model, layout, few_row_matmul)
     rng = np.random.default_rng(seed)
     cache = target.new_cache()
     prefix = rng.integers(0, target.vocab, (batch, context), dtype=np.int64)  # [B, C]
@@ -366,14 +366,14 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
 
 
 def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...], context: int,
-                            repeats: int, seed: int = 0, batch: int = 1) -> list[float]:
+                            repeats: int, seed: int = 0, batch: int = 1, few_row_matmul: bool = True) -> list[float]:
     """Median seconds of one decode-shaped forward over q new rows, for every q in rows.
 
     ``repeats`` interleaved passes (decode_step_timer, time_passes; fewer once
     MIN_PASSES agree) after one untimed warm-up pass at the largest q. No
     plausibility check: benchmarks/costcurve.py reports what it measures.
     """
-    time_one = decode_step_timer(model, layout, context, seed, batch)
+    time_one = decode_step_timer(model, layout, context, seed, batch, few_row_matmul)
     time_one(rows[-1])  # warm-up
     return np.median(time_passes(time_one, rows, repeats), axis=0).tolist()
 
@@ -395,7 +395,8 @@ def _step_pass(target: Target, tokens: np.ndarray, context: int):
 
 
 # ---------------------------------------------------------------- the cached curve
-def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int) -> dict:
+def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int,
+                      few_row_matmul: bool = True) -> dict:
     """What the measured curve depends on.
 
     The device is where the inputs go (target.input_device: with a device_map
@@ -410,7 +411,7 @@ def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int) 
                    "parameters": int(sum(p.numel() for p in model.parameters())),
                    "dtype": str(model.get_input_embeddings().weight.dtype), "device": name,
                    "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": list(rows),
-                   "context": context, "repeats": repeats}
+                   "context": context, "repeats": repeats, "few_row_matmul": few_row_matmul}
     placement = {module: str(where) for module, where in (getattr(model, "hf_device_map", None) or {}).items()}
     if len(set(placement.values())) > 1:
         fingerprint["device_map"] = placement
@@ -425,7 +426,8 @@ def flat_curve(curve: CostModel) -> CostModel:
 
 
 def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
-                    cache_dir: str, batch: int = 1, say: Say = say_on_stderr) -> CostModel:
+                    cache_dir: str, batch: int = 1, say: Say = say_on_stderr,
+                    few_row_matmul: bool = True) -> CostModel:
     """The cached curve for this model/device/dtype (and batch size); measured when absent.
 
     A measurement says so through ``say`` (a line on stderr): what is
@@ -436,7 +438,7 @@ def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int,
     writing the disk.
     """
     rows = row_grid(max_rows)
-    fingerprint = model_fingerprint(model, rows, context, repeats)
+    fingerprint = model_fingerprint(model, rows, context, repeats, few_row_matmul)
     if batch > 1:
         fingerprint["batch"] = batch
     store = None
@@ -446,7 +448,7 @@ def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int,
         saved = store.read()
         if saved is not None:
             return CostModel(np.array(rows, dtype=np.float64), np.array(saved, dtype=np.float64))
-    time_one = decode_step_timer(model, layout, context, batch=batch)
+    time_one = decode_step_timer(model, layout, context, batch=batch, few_row_matmul=few_row_matmul)
     say(announcement(fingerprint, rows, estimate_seconds(time_one, rows, repeats), store))
     measured = measure_curve(time_one, rows, repeats)
     if measured.problem is None and store is not None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from .fewrows import few_rows
 from .target import input_device, to_device
 
 
@@ -32,8 +33,9 @@ def common_prefix(held: np.ndarray, seq: np.ndarray) -> int:
 class Drafter:
     """One sequence's draft-model state: its cache and the tokens [H] it holds."""
 
-    def __init__(self, model):
+    def __init__(self, model, few_row_matmul: bool = True):
         self.model = model
+        self.few_row_matmul = few_row_matmul  # 2-7-row linears as W @ x^T on the CPU (fewrows.py)
         self.device = input_device(model)
         self.cache = DynamicCache()
         self.held = np.zeros(0, dtype=np.int64)  # [H] tokens whose KV the cache holds
@@ -64,8 +66,9 @@ class Drafter:
 
     def _run(self, tokens: np.ndarray) -> torch.Tensor:
         """One causal forward over tokens [T] after the held ones; the last row's logits [V]."""
-        out = self.model(input_ids=to_device(tokens, self.device)[None], past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1)
+        with few_rows(self.device, int(tokens.shape[0]), self.few_row_matmul):
+            out = self.model(input_ids=to_device(tokens, self.device)[None], past_key_values=self.cache,
+                             use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]  # [V]
         self.held = np.concatenate([self.held, tokens])
         self.forwards += 1

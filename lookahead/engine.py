@@ -77,7 +77,8 @@ class LookaheadGenerator:
         self.config = config if config is not None else LookaheadConfig()
         if not isinstance(self.config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig, got {type(self.config).__name__}")
-        self.target = Target(model, check_model(model, self.config.allow_untested_models))
+        self.target = Target(model, check_model(model, self.config.allow_untested_models),
+                             self.config.few_row_matmul)
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
         self.draft_model, self.draft_cost = draft_model, None
@@ -118,7 +119,8 @@ class LookaheadGenerator:
         if self.target.context is not None:
             context = max(1, min(context, self.target.context - 1))
         curve = load_cost_model(self.model, self.target.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
-                                context, cfg.calibration_repeats, cfg.cost_cache_dir, batch)
+                                context, cfg.calibration_repeats, cfg.cost_cache_dir, batch,
+                                few_row_matmul=cfg.few_row_matmul)
         return flat_curve(curve) if cfg.budget_curve == "flat" else curve
 
     def _measure_draft_cost(self, layout) -> CostModel:
@@ -129,7 +131,8 @@ class LookaheadGenerator:
         draft_context = context_length(self.draft_model.config)
         if draft_context is not None:
             context = max(1, min(context, draft_context - 1))
-        return load_cost_model(self.draft_model, layout, rows, context, cfg.calibration_repeats, cfg.cost_cache_dir)
+        return load_cost_model(self.draft_model, layout, rows, context, cfg.calibration_repeats, cfg.cost_cache_dir,
+                               few_row_matmul=cfg.few_row_matmul)
 
     def cost_for_batch(self, batch: int) -> CostModel | None:
         """The cost curve of a step over ``batch`` sequences (measured on first use, cached on disk)."""

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .cache import new_cache
+from .fewrows import few_rows
 from .mask import batch_model_mask, model_mask
 from .support import AttentionLayout, context_length
 
@@ -75,9 +76,10 @@ def spans_devices(model, main: torch.device) -> bool:
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
-    def __init__(self, model, layout: AttentionLayout):
+    def __init__(self, model, layout: AttentionLayout, few_row_matmul: bool = True):
         self.model = model
         self.layout = layout
+        self.few_row_matmul = few_row_matmul  # 2-7-row linears as W @ x^T on the CPU (fewrows.py)
         embedding = model.get_input_embeddings().weight
         self.device = input_device(model)
         self.dtype = embedding.dtype
@@ -124,10 +126,11 @@ class Target:
         if tokens.shape[0] > 1 or not self.plain_single_row:
             local = to_device(local_mask, dev)  # [Q, Q]
             mask = model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets_t, past, self.dtype)
-        out = self.model(input_ids=to_device(tokens, dev)[None],  # [1, Q]
-                         position_ids=self.positions(past + offsets_t)[None],  # [1, Q]
-                         attention_mask=mask, past_key_values=cache, use_cache=True,
-                         logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
+        with few_rows(dev, int(tokens.shape[0]), self.few_row_matmul):
+            out = self.model(input_ids=to_device(tokens, dev)[None],  # [1, Q]
+                             position_ids=self.positions(past + offsets_t)[None],  # [1, Q]
+                             attention_mask=mask, past_key_values=cache, use_cache=True,
+                             logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
         logits = out.logits[0]  # [K, V], or [Q, V] when select_after
         return logits.index_select(0, keep_t) if self.select_after else logits
 
@@ -140,6 +143,7 @@ class Target:
         position of every key, per row (for sliding windows).
         """
         mask = batch_model_mask(self.layout.kinds, self.layout.sliding_window, visible, q_pos, k_pos, self.dtype)
-        out = self.model(input_ids=tokens, position_ids=self.positions(q_pos), attention_mask=mask,
-                         past_key_values=cache, use_cache=True)
+        with few_rows(self.device, int(tokens.numel()), self.few_row_matmul):
+            out = self.model(input_ids=tokens, position_ids=self.positions(q_pos), attention_mask=mask,
+                             past_key_values=cache, use_cache=True)
         return out.logits  # [A, Q, V]

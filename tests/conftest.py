@@ -203,7 +203,7 @@ def synthetic_cost_curves():
     tests/test_costmodel.py measures real curves through costmodel.load_cost_model itself."""
     import lookahead.engine as engine
 
-    def load(model, layout, max_rows, context, repeats, cache_dir, batch=1):
+    def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, few_row_matmul=True):
         rows = np.array(row_grid(max_rows), dtype=np.float64)
         return CostModel(rows, 0.01 * batch * (1.0 + 0.02 * (rows - 1)), smoothing=0.0)
 
