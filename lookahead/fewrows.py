@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 FEW_ROWS_MAX = 7  # rerouted: 2 .. FEW_ROWS_MAX rows (measured above: from 8 rows the stock kernel holds)
 
 
@@ -45,6 +46,8 @@ class FewRowLinear(TorchFunctionMode):
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [..., I] W[O, I]^T (+ bias [O]) as (W x^T)^T when x holds 2..FEW_ROWS_MAX rows on the CPU
     in W's dtype; None otherwise (the caller runs the stock F.linear)."""
+    if type(x) is not torch.Tensor or type(weight) not in PLAIN or (bias is not None and type(bias) not in PLAIN):
+        return None  # a tensor subclass (quantized weights, ...) keeps its own linear
     if x.device.type != "cpu" or weight.dim() != 2 or x.dtype != weight.dtype or x.shape[-1] != weight.shape[1]:
         return None
     rows = x.numel() // max(x.shape[-1], 1)

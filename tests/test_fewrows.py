@@ -30,6 +30,11 @@ def test_few_row_linear_leaves_other_shapes_to_torch():
     assert few_row_linear(torch.randn(3, 4, dtype=torch.float64), weight) is None  # mixed dtypes: torch says so
     assert few_row_linear(torch.randn(3, 5), weight) is None  # a shape error stays torch's
 
+    class Quantized(torch.Tensor):
+        pass
+
+    assert few_row_linear(torch.randn(3, 4), weight.as_subclass(Quantized)) is None  # a subclass keeps its own
+
 
 def test_the_mode_reroutes_linear_inside_it_only():
     torch.manual_seed(0)
