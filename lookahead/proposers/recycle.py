@@ -4,9 +4,10 @@ per pair of tokens, and expanded into a tree (kernels in kernels/recycle.py).
 Every forward already computes the logits at x, at the window's last level and
 at every tree node, rejected ones included. Their top-R tokens are stored as
 "what follows token t" (the most recent sighting wins) in an adjacency table
-[V, R] that lives as long as the generator, and, for x and the tree's rows
-(whose previous token is known: x's predecessor, a node's parent), as "what
-follows the pair (s, t)" in a hashed pair table [S, R]. From x a best-first
+[V, R] that lives as long as the generator, and, with the token each row
+follows (x's predecessor, a tree node's parent, a window row's neighbour in
+its column: sequence.py), as "what follows the pair (s, t)" in a hashed pair
+table [S, R]. From x a best-first
 tree is grown over both: a node offers its pair's successors and its token's.
 
 Each remembered successor also keeps how sure the model was of it: its
