@@ -7,8 +7,8 @@ at every tree node, rejected ones included. Their top-R tokens are stored as
 [V, R] that lives as long as the generator, and, with the token each row
 follows (x's predecessor, a tree node's parent, a window row's neighbour in
 its column: sequence.py), as "what follows the pair (s, t)" in a hashed pair
-table [S, R]. From x a best-first
-tree is grown over both: a node offers its pair's successors and its token's.
+table [S, R]. From x a best-first tree is grown over both: a node offers its
+pair's successors and its token's.
 
 Each remembered successor also keeps how sure the model was of it: its
 probability within the top-R (softmax over the R best logits, an upper bound
