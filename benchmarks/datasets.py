@@ -319,6 +319,37 @@ def parse_writing(path: str | Path) -> list[Prompt]:
     return prompts
 
 
+def parse_prompt_file(path: str | Path) -> list[Prompt]:
+    """A user's own prompts: a ``.jsonl`` file, one object per line.
+
+    ``{"prompt": "..."}`` is one user message (sent through the chat
+    template); ``{"text": "..."}`` is raw text the model continues (a
+    completion prompt). Optional ``"id"`` names the prompt (default: its line
+    number); the data set is named after the file's stem. Example line::
+
+        {"id": "edit-1", "prompt": "Rename x to count in this function: ..."}
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"prompt file {path} does not exist (option --prompts takes a .jsonl file, "
+                         f'one {{"prompt": ...}} or {{"text": ...}} object per line)')
+    prompts = []
+    for number, r in enumerate(read_jsonl(path), 1):
+        if not isinstance(r, dict) or ("prompt" in r) == ("text" in r):
+            raise ValueError(f'{path}: record {number} needs exactly one of "prompt" (a chat message) '
+                             f'or "text" (raw text to continue)')
+        content = r.get("prompt", r.get("text"))
+        if not isinstance(content, str) or not content.strip():
+            raise ValueError(f"{path}: record {number} has an empty or non-string prompt")
+        pid = str(r.get("id", f"{number:02d}"))
+        chat = "prompt" in r
+        prompts.append(Prompt(path.stem, pid, _user(content) if chat else None, None if chat else content,
+                              r.get("kind"), None))
+    if not prompts:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    return prompts
+
+
 # ---------------------------------------------------------------- registry of data sets
 
 SOURCES: dict[str, tuple[PackagedFile, Callable[[str | Path], list[Prompt]]]] = {

@@ -157,13 +157,17 @@ def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, na
 
 
 # Named configs for `lookahead bench --preset`: LADE's published GPU setting run by our
-# engine, and the ablations (each candidate source alone; all sources with a fixed budget).
+# engine, the ablations (each candidate source alone; all sources with a fixed budget), and
+# the two halves of the gain on the CPU: our kernels without speculation, speculation through
+# torch's own kernels.
 PRESETS = {
     "lade-gpu": "window=15,ngram=5,candidates=15,max_tree_nodes=60,budget=fixed,recycle=false,context_match=false",
     "context-only": "ngram_pool=false,recycle=false",
     "pool-only": "context_match=false,recycle=false",
     "recycle-only": "context_match=false,ngram_pool=false",
     "fixed-budget": "budget=fixed",
+    "no-speculation": "candidates=0",
+    "stock-kernels": "few_row_matmul=false",
 }
 
 

@@ -18,6 +18,7 @@ from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message,
 
 DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
 BENCH_MODULES = ("matplotlib", "tqdm")  # what the [bench] extra installs
+DEFAULT_DATASETS = ("humaneval", "mt-bench")  # --dataset when neither it nor --prompts is given
 
 
 def missing_bench_modules() -> list[str]:
@@ -35,9 +36,13 @@ def require_bench_extra() -> None:
 @click.command()
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True,
               help="Target model: built-in alias, .gguf file, local directory or hub id.")
-@click.option("--dataset", "datasets", multiple=True, default=("humaneval", "mt-bench"), show_default=True,
-              help=f"Data set (repeatable): {', '.join(DATASETS)}.")
-@click.option("--limit", type=int, default=5, show_default=True, help="Prompts per data set.")
+@click.option("--dataset", "datasets", multiple=True, default=(), show_default=", ".join(DEFAULT_DATASETS),
+              help=f"Data set (repeatable; the default applies unless --prompts is given): {', '.join(DATASETS)}.")
+@click.option("--prompts", "prompt_files", multiple=True, type=click.Path(dir_okay=False),
+              help='Your own prompts (repeatable): a .jsonl file, one {"prompt": "..."} (chat message) or '
+                   '{"text": "..."} (raw text to continue) object per line, optional "id"; used whole, '
+                   'reported as a data set named after the file.')
+@click.option("--limit", type=int, default=5, show_default=True, help="Prompts per data set (not per --prompts file).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--out", "out_dir", default="bench-out", show_default=True,
               help="Directory for bench.json, bench.md, bench.png.")
@@ -45,7 +50,8 @@ def require_bench_extra() -> None:
               help="Extra lookahead config (repeatable), e.g. 'wide:window=5,ngram=4,candidates=8'.")
 @click.option("--preset", "presets", multiple=True,
               help="Named extra config (repeatable): lade-gpu, context-only, pool-only, recycle-only, "
-                   "fixed-budget, or all.")
+                   "fixed-budget, no-speculation (one token per step, lookahead's CPU kernels), "
+                   "stock-kernels (torch's own linear kernels), or all.")
 @click.option("--draft-model", "--draft", "draft", default=None,
               help="Draft model (any name --model takes, same tokenizer): adds transformers assisted generation, "
                    "lookahead with the draft as one more source (lookahead+draft) and the draft alone (draft-only).")
@@ -72,7 +78,7 @@ def require_bench_extra() -> None:
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @trust_remote_code_option
 @config_options
-def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
+def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
           sample, temperature, top_k, top_p, seed, ignore_eos, device, dtype, trust_remote_code, **config_values):
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
@@ -89,7 +95,8 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if seed < 0:
         fail(f"--seed must be >= 0, got {seed}")
-    datasets = checked_datasets(datasets)
+    datasets = checked_datasets(datasets or (() if prompt_files else DEFAULT_DATASETS))
+    prompt_sets = checked_prompt_files(prompt_files)
     sampling = checked_sampling(sample, temperature, top_k, top_p, ignore_eos)
     config = checked_config(config_values)
     from lookahead.benchmarks.runner import parse_config_spec, preset_specs
@@ -105,7 +112,7 @@ def bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, p
     checked_out_dir(out_dir)
     try:
         with warnings_as_lines():
-            table, paths, mismatch = _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs,
+            table, paths, mismatch = _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, extra_configs,
                                             draft, cost_curve, turn2, (device, dtype, trust_remote_code), config,
                                             sampling, seed)
     except CLI_ERRORS as exc:
@@ -124,6 +131,20 @@ def checked_datasets(names) -> tuple[str, ...]:
         return tuple(canonical_name(name) for name in names)
     except ValueError as exc:
         fail(f"{exc} (option --dataset)")
+
+
+def checked_prompt_files(paths) -> list:
+    """The prompts of every --prompts file (lists of Prompt), or one line naming the bad file and exit 2,
+    before any model loads."""
+    from lookahead.benchmarks.datasets import parse_prompt_file
+
+    sets = []
+    for path in paths:
+        try:
+            sets.append(parse_prompt_file(path))
+        except (ValueError, OSError) as exc:
+            fail(f"{exc} (option --prompts)")
+    return sets
 
 
 def checked_out_dir(out_dir: str) -> None:
@@ -160,7 +181,7 @@ def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool =
         fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
 
 
-def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
+def _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
            loading, config, sampling, seed):
     """Load (device, dtype, trust_remote_code = loading), run every method on every prompt, write the
     report; (table, paths, mismatch or None)."""
@@ -186,10 +207,11 @@ def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, 
     methods = default_methods(model, tokenizer, config, extra_configs, draft_model, sampling)
 
     prompts = []
-    for name in datasets:
-        raw = load_dataset(name, limit)
-        click.echo(f"[bench] {name}: {len(raw)} prompts" + (" (rendering turn 2 after greedy turn 1)"
-                                                             if turn2 and name == "mt-bench" else ""), err=True)
+    sources = [(name, name, load_dataset(name, limit)) for name in datasets]
+    sources += [(raw[0].dataset, f"{raw[0].dataset} (--prompts)", raw) for raw in prompt_sets]
+    for name, label, raw in sources:
+        click.echo(f"[bench] {label}: {len(raw)} prompts" + (" (rendering turn 2 after greedy turn 1)"
+                                                              if turn2 and name == "mt-bench" else ""), err=True)
         prompts += prepare_prompts(name, raw, model, tokenizer, max_new_tokens, turn2=turn2)
 
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", file=sys.stderr)
@@ -204,7 +226,8 @@ def _bench(model_name, datasets, limit, max_new_tokens, out_dir, extra_configs, 
     if cost_curve:
         click.echo("[bench] measuring the forward-cost curve", err=True)
         cost = measure_cost(model)
-    meta = {"model": model_name, "draft": draft, "datasets": datasets, "limit": limit,
+    meta = {"model": model_name, "draft": draft, "datasets": datasets + [raw[0].dataset for raw in prompt_sets],
+            "limit": limit,
             "max_new_tokens": max_new_tokens, "dtype": dtype, "device": device, "mt_bench_turn": 2 if turn2 else 1,
             "sampling": dataclasses.asdict(sampling) if sampling else None,  # as given; None = model default
             "methods": [{"name": m.name, "must_match": m.exact, "config": m.config} for m in methods],

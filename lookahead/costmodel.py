@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .fewrows import ROUTING as FEW_ROW_ROUTING
 from .support import AttentionLayout
 from .target import Target, input_device
 
@@ -411,7 +412,8 @@ def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int,
                    "parameters": int(sum(p.numel() for p in model.parameters())),
                    "dtype": str(model.get_input_embeddings().weight.dtype), "device": name,
                    "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": list(rows),
-                   "context": context, "repeats": repeats, "few_row_matmul": few_row_matmul}
+                   "context": context, "repeats": repeats,
+                   "few_row_matmul": FEW_ROW_ROUTING if few_row_matmul else False}
     placement = {module: str(where) for module, where in (getattr(model, "hf_device_map", None) or {}).items()}
     if len(set(placement.values())) > 1:
         fingerprint["device_map"] = placement

@@ -1,38 +1,68 @@
-"""Few-row linear layers on the CPU: y = (W x^T)^T instead of x W^T.
+"""Few-row linear layers on the CPU: lookahead's own kernel, or y = (W x^T)^T instead of x W^T.
 
 A decode step feeds 1 row; a speculative step feeds a few more. On the CPU
-torch's ``F.linear`` hands a one-row product to a matrix-vector kernel that
-streams the weights once, but a product over 2 to 7 rows to a general
-matrix-matrix kernel that, for so few rows, costs up to twice as much (MKL,
-2 cores, float32: SmolLM2-135M 54 ms for 1 row, 89 ms for 2, 110 ms for 3,
-83 ms for 4; Qwen2.5-Coder-1.5B 0.39 s, 0.81 s, 1.18 s, 0.76 s). The same
-product written as W @ x^T puts the few rows on the other side of the
-kernel, which then runs at about the one-row cost (SmolLM2: 58, 56, 57 ms
-for 2, 3, 4 rows; Qwen 0.42 s, 0.66 s, 0.62 s). From about 8 rows the stock
-kernel is as fast or faster, so only 2..FEW_ROWS_MAX rows are rerouted.
+torch's ``F.linear`` hands a one-row product to a matrix-vector kernel and a
+product over 2 to 7 rows to a general matrix-matrix kernel; on 2 cores
+(MKL, float32) neither streams the weights at the memory's speed, and the
+second costs up to twice the first. Whole forwards, 256 tokens of context
+(SmolLM2-135M; Qwen2.5-Coder-1.5B):
+
+    rows                      1       2       3       4       8       16
+    torch's F.linear        57 ms  101 ms  125 ms   94 ms  103 ms  119 ms   SmolLM2
+    W @ x^T                 65      64      66      64     112     123
+    kernels/linear.py       30      40      41      44      79     118
+    torch's F.linear       376 ms  813 ms 1182 ms  834 ms  824 ms  955 ms   Qwen
+    W @ x^T                385     439     731     658     899    1009
+    kernels/linear.py      149     192     388     397     600     935
+
+So a forward over 1..KERNEL_ROWS_MAX rows in float32 or float64 runs its
+linear layers through ``kernels.linear.rows_linear`` (one pass over the
+weights, every core); other float dtypes (bfloat16, float16, which numba
+does not compute in) run 2..MM_ROWS_MAX rows as W @ x^T; anything else is
+torch's own.
 
 The rerouting is a ``TorchFunctionMode`` entered around one forward call of
 the model: the model, its modules and transformers are not touched, and
 nothing changes outside the call. It only ever applies to CPU tensors; on a
-GPU (where few rows cost what one costs anyway) no mode is entered. The two
-products differ only in the order floating-point sums are taken, as any two
-matrix kernels do: the verified token is each row's argmax, as before.
+GPU (where few rows cost what one costs anyway) no mode is entered. The
+products differ from torch's only in the order floating-point sums are
+taken, as any two matrix kernels do: the verified token is each row's
+argmax, as before.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 
+import numba
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .kernels.linear import rows_linear
+
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
-FEW_ROWS_MAX = 7  # rerouted: 2 .. FEW_ROWS_MAX rows (measured above: from 8 rows the stock kernel holds)
+KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
+KERNEL_ROWS_MAX = 16  # own kernel: 1 .. KERNEL_ROWS_MAX rows (measured above: at 16 rows torch's catches up)
+MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
+FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
+ROUTING = f"rows_linear 1-{KERNEL_ROWS_MAX}, mm 2-{MM_ROWS_MAX}"  # in cost curves' fingerprints: a change re-measures
 
 
 class FewRowLinear(TorchFunctionMode):
-    """Inside this mode, ``F.linear`` over 2..FEW_ROWS_MAX rows of a CPU tensor runs as W @ x^T."""
+    """Inside this mode, ``F.linear`` over few rows of a CPU tensor runs through ``few_row_linear``.
+
+    numba's threads are capped at torch's (``torch.set_num_threads`` is respected) while inside.
+    """
+
+    def __enter__(self):
+        self._threads = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        numba.set_num_threads(self._threads)
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -44,23 +74,31 @@ class FewRowLinear(TorchFunctionMode):
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x [..., I] W[O, I]^T (+ bias [O]) as (W x^T)^T when x holds 2..FEW_ROWS_MAX rows on the CPU
-    in W's dtype; None otherwise (the caller runs the stock F.linear)."""
+    """x [..., I] W[O, I]^T (+ bias [O]) through lookahead's kernel (1..KERNEL_ROWS_MAX rows, float32
+    or float64, contiguous W) or as (W x^T)^T (2..MM_ROWS_MAX rows, other dtypes), for CPU tensors
+    in W's dtype outside autograd; None otherwise (the caller runs the stock F.linear)."""
     if type(x) is not torch.Tensor or type(weight) not in PLAIN or (bias is not None and type(bias) not in PLAIN):
         return None  # a tensor subclass (quantized weights, ...) keeps its own linear
     if x.device.type != "cpu" or weight.dim() != 2 or x.dtype != weight.dtype or x.shape[-1] != weight.shape[1]:
         return None
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return None  # a product autograd must see
     rows = x.numel() // max(x.shape[-1], 1)
-    if not 2 <= rows <= FEW_ROWS_MAX:
-        return None
     flat = x.reshape(rows, x.shape[-1])  # [R, I]
+    if x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
+        out = torch.from_numpy(rows_linear(weight.detach().numpy(), flat.contiguous().numpy()))  # [R, O]
+        if bias is not None:
+            out += bias
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    if x.dtype in KERNEL_DTYPES or not 2 <= rows <= MM_ROWS_MAX:
+        return None
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())  # [O, R]
     return out.t().reshape(*x.shape[:-1], weight.shape[0])
 
 
 def few_rows(device: torch.device, rows: int, enabled: bool):
     """The context a forward over ``rows`` token rows on ``device`` runs in: FewRowLinear for
-    2..FEW_ROWS_MAX rows on the CPU when ``enabled``, else nothing."""
-    if enabled and device.type == "cpu" and 2 <= rows <= FEW_ROWS_MAX:
+    1..FEW_ROWS_MAX rows on the CPU when ``enabled``, else nothing."""
+    if enabled and device.type == "cpu" and 1 <= rows <= FEW_ROWS_MAX:
         return FewRowLinear()
     return nullcontext()

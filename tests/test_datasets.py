@@ -5,6 +5,7 @@ No network: the registry downloader is replaced where a fetch would happen.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -425,3 +426,64 @@ def test_real_file_when_cached(name, count):
         assert len({p.category for p in prompts[:8]}) == 8 and all(len(p.turns) == 2 for p in prompts)
     if name in ("summarize", "passage-qa"):  # passages cut to PASSAGE_CHARS; instruction + question on top
         assert max(len(p.messages[0]["content"]) for p in prompts) < ds.PASSAGE_CHARS + 300
+
+
+# ---------------------------------------------------------------- the user's own prompts (--prompts)
+
+def _prompt_file(tmp_path, lines, name="mine.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_prompt_file_reads_chat_and_completion_prompts(tmp_path):
+    path = _prompt_file(tmp_path, ['{"id": "edit", "prompt": "Rename x to n."}', "",
+                                   '{"text": "def f(x):\\n"}'])
+    chat, completion = ds.parse_prompt_file(path)
+    assert (chat.dataset, chat.id, chat.messages, chat.text) == ("mine", "edit",
+                                                                   [{"role": "user", "content": "Rename x to n."}],
+                                                                   None)
+    assert (completion.id, completion.messages, completion.text) == ("02", None, "def f(x):\n")
+
+
+@pytest.mark.parametrize("lines, words", [
+    (['{"prompt": "a", "text": "b"}'], "record 1 needs exactly one of"),
+    (['{"question": "a"}'], "record 1 needs exactly one of"),
+    (['{"prompt": "a"}', '{"prompt": "  "}'], "record 2 has an empty or non-string prompt"),
+    (['{"prompt": 3}'], "record 1 has an empty or non-string prompt"),
+    (['["prompt"]'], "record 1 needs exactly one of"),
+    (['{"prompt": "a"', ], "mine.jsonl:1: not a JSON line"),
+    ([""], "holds no prompts"),
+])
+def test_prompt_file_names_the_bad_record(tmp_path, lines, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        ds.parse_prompt_file(_prompt_file(tmp_path, lines))
+
+
+def test_prompt_file_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        ds.parse_prompt_file(tmp_path / "absent.jsonl")
+
+
+def test_bench_cli_runs_a_prompt_file_instead_of_the_default_data_sets(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_bench(model_name, datasets, prompt_sets, *rest):
+        seen.append((datasets, [[p.id for p in prompts] for prompts in prompt_sets]))
+        return "table", {"json": "j", "markdown": "m", "figure": "f"}, None
+
+    invoke, _ = _bench_cli(monkeypatch, fake_bench)
+    path = _prompt_file(tmp_path, ['{"id": "a", "prompt": "Hi."}', '{"id": "b", "text": "Once"}'])
+    assert invoke("--prompts", str(path), "--out", str(tmp_path / "out")).exit_code == 0
+    assert invoke("--prompts", str(path), "--dataset", "gsm8k", "--out", str(tmp_path / "out")).exit_code == 0
+    assert invoke("--out", str(tmp_path / "out")).exit_code == 0
+    assert seen == [((), [["a", "b"]]), (("gsm8k",), [["a", "b"]]), (("humaneval", "mt-bench"), [])]
+
+
+def test_bench_cli_refuses_a_bad_prompt_file_before_loading_anything(tmp_path, monkeypatch):
+    invoke, _ = _bench_cli(monkeypatch, lambda *args: pytest.fail("a model was loaded"))
+    path = _prompt_file(tmp_path, ['{"prompt": ""}'])
+    result = invoke("--prompts", str(path), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "record 1" in lines[0] and "(option --prompts)" in lines[0]

@@ -1,7 +1,10 @@
-"""Few-row linears on the CPU (lookahead/fewrows.py): same products, other kernel, only where asked."""
+"""Few-row linears on the CPU (lookahead/fewrows.py, lookahead/kernels/linear.py): same products,
+other kernels, only where asked."""
 
 from contextlib import nullcontext
 
+import numba
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,26 +12,57 @@ import torch.nn.functional as F
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
-from lookahead.fewrows import FEW_ROWS_MAX, FewRowLinear, few_row_linear, few_rows
+from lookahead.fewrows import (FEW_ROWS_MAX, KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear,
+                               few_rows)
+from lookahead.kernels.linear import rows_linear
 
 
-@pytest.mark.parametrize("rows", range(2, FEW_ROWS_MAX + 1))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_linear_worked_example(dtype):
+    w = np.array([[1, 2], [0, 1], [1, 0]], dtype=dtype)  # [O=3, I=2]
+    x = np.array([[1, 1], [2, 0]], dtype=dtype)  # [R=2, I=2]
+    out = rows_linear(w, x)
+    assert out.dtype == dtype and out.tolist() == [[3, 1, 1], [2, 0, 2]]
+
+
+def test_rows_linear_keeps_nan_and_infinity():
+    w = np.array([[1, 1], [1, 2]], dtype=np.float32)
+    out = rows_linear(w, np.array([[np.inf, 1], [np.nan, 2]], dtype=np.float32))
+    assert (out[0] == np.inf).all() and np.isnan(out[1]).all()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, KERNEL_ROWS_MAX])
 @pytest.mark.parametrize("bias", [False, True])
-def test_few_row_linear_is_the_same_product(rows, bias):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_few_row_linear_is_the_same_product(rows, bias, dtype):
     torch.manual_seed(rows)
-    x = torch.randn(1, rows, 24)  # [B, R, I]
-    weight, b = torch.randn(40, 24), (torch.randn(40) if bias else None)
+    x = torch.randn(1, rows, 24, dtype=dtype)  # [B, R, I]
+    weight, b = torch.randn(40, 24, dtype=dtype), (torch.randn(40, dtype=dtype) if bias else None)
     out = few_row_linear(x, weight, b)
-    assert out is not None and out.shape == (1, rows, 40)
+    assert out is not None and out.shape == (1, rows, 40) and out.dtype == dtype
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
-def test_few_row_linear_leaves_other_shapes_to_torch():
+@pytest.mark.parametrize("rows", range(2, MM_ROWS_MAX + 1))
+def test_other_dtypes_take_the_transposed_product(rows):
+    torch.manual_seed(rows)
+    x, weight, b = torch.randn(rows, 24).bfloat16(), torch.randn(40, 24).bfloat16(), torch.randn(40).bfloat16()
+    out = few_row_linear(x, weight, b)
+    assert out is not None and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, F.linear(x, weight, b), rtol=2e-2, atol=2e-2)
+
+
+def test_few_row_linear_leaves_other_cases_to_torch():
     weight = torch.randn(8, 4)
-    assert few_row_linear(torch.randn(1, 4), weight) is None  # one row: torch's matrix-vector kernel
-    assert few_row_linear(torch.randn(FEW_ROWS_MAX + 1, 4), weight) is None  # many rows: torch's own
+    assert few_row_linear(torch.randn(KERNEL_ROWS_MAX + 1, 4), weight) is None  # many rows: torch's own
+    assert few_row_linear(torch.randn(1, 4).bfloat16(), weight.bfloat16()) is None  # one bf16 row: torch's
+    assert few_row_linear(torch.randn(MM_ROWS_MAX + 1, 4).bfloat16(), weight.bfloat16()) is None
     assert few_row_linear(torch.randn(3, 4, dtype=torch.float64), weight) is None  # mixed dtypes: torch says so
     assert few_row_linear(torch.randn(3, 5), weight) is None  # a shape error stays torch's
+    assert few_row_linear(torch.randn(3, 8), weight.t()) is None  # a transposed (non-contiguous) weight
+    assert few_row_linear(torch.randn(3, 4, requires_grad=True), weight) is None  # autograd must see it
+    with torch.no_grad():
+        assert few_row_linear(torch.randn(3, 4, requires_grad=True), weight) is not None
 
     class Quantized(torch.Tensor):
         pass
@@ -40,18 +74,30 @@ def test_the_mode_reroutes_linear_inside_it_only():
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 32)
     x = torch.randn(3, 16)
-    with FewRowLinear():
-        inside = layer(x)
-    assert torch.equal(inside, few_row_linear(x, layer.weight, layer.bias))  # bit for bit: the rerouted kernel
-    torch.testing.assert_close(inside, F.linear(x, layer.weight, layer.bias))
-    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # outside: untouched
+    with torch.no_grad():
+        with FewRowLinear():
+            inside = layer(x)
+        assert torch.equal(inside, few_row_linear(x, layer.weight, layer.bias))  # bit for bit: the kernel
+        torch.testing.assert_close(inside, F.linear(x, layer.weight, layer.bias))
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # outside: untouched
+
+
+def test_the_mode_caps_numba_threads_at_torch_threads_and_restores_them():
+    before, torch_threads = numba.get_num_threads(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with FewRowLinear():
+            assert numba.get_num_threads() == 1
+        assert numba.get_num_threads() == before
+    finally:
+        torch.set_num_threads(torch_threads)
 
 
 def test_few_rows_enters_the_mode_only_for_few_cpu_rows_when_enabled():
     cpu = torch.device("cpu")
-    assert isinstance(few_rows(cpu, 2, True), FewRowLinear)
+    assert isinstance(few_rows(cpu, 1, True), FewRowLinear)
     assert isinstance(few_rows(cpu, FEW_ROWS_MAX, True), FewRowLinear)
-    for rows, enabled, device in [(1, True, cpu), (FEW_ROWS_MAX + 1, True, cpu), (3, False, cpu),
+    for rows, enabled, device in [(FEW_ROWS_MAX + 1, True, cpu), (3, False, cpu),
                                   (3, True, torch.device("cuda"))]:
         assert isinstance(few_rows(device, rows, enabled), nullcontext)
 
@@ -62,15 +108,26 @@ def test_config_checks_the_switch():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_both_routings_are_exact(arch):
+def test_both_routings_are_exact(arch, monkeypatch):
+    import lookahead.fewrows as fewrows
+
+    calls = []
+
+    def counted(w, x):
+        calls.append(x.shape[0])
+        return rows_linear(w, x)
+
+    monkeypatch.setattr(fewrows, "rows_linear", counted)
     model = tiny_model(arch)
     motif = torch.arange(3, 9)
     prompt = torch.cat([motif, motif, motif[:3]])[None]  # copies: multi-token steps of few rows
     ref = reference(model, prompt, 40, eos_token_id=[VOCAB + 1000])
     for enabled in (False, True):
+        calls.clear()
         gen = LookaheadGenerator(model, config=LookaheadConfig(few_row_matmul=enabled, max_tree_nodes=5,
                                                                budget="fixed"))
         out = gen.generate(prompt, max_new_tokens=40, eos_token_id=[VOCAB + 1000])
         assert torch.equal(out, ref)
         rows = gen.last_stats.rows_per_step
         assert gen.target.few_row_matmul is enabled and max(rows) <= 6 and sum(r > 1 for r in rows) > 3
+        assert bool(calls) is enabled and (not enabled or max(calls) > 1)  # the kernel ran the decode's linears
