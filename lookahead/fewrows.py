@@ -46,7 +46,7 @@ KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py compute
 KERNEL_ROWS_MAX = 16  # own kernel: 1 .. KERNEL_ROWS_MAX rows (measured above: at 16 rows torch's catches up)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
 FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
-ROUTING = f"rows_linear 1-{KERNEL_ROWS_MAX}, mm 2-{MM_ROWS_MAX}"  # in cost curves' fingerprints: a change re-measures
+ROUTING = f"rows_linear 2 (4-row blocks) 1-{KERNEL_ROWS_MAX}, mm 2-{MM_ROWS_MAX}"  # in cost curves' fingerprints: a change re-measures
 
 
 class FewRowLinear(TorchFunctionMode):

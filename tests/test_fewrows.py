@@ -14,15 +14,26 @@ from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
 from lookahead.fewrows import (FEW_ROWS_MAX, KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear,
                                few_rows)
-from lookahead.kernels.linear import rows_linear
+from lookahead.kernels.linear import WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
 
 
+@pytest.mark.parametrize("kernel", [rows_linear, _rows_linear_narrow, _rows_linear_wide])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rows_linear_worked_example(dtype):
+def test_rows_linear_worked_example(kernel, dtype):
     w = np.array([[1, 2], [0, 1], [1, 0]], dtype=dtype)  # [O=3, I=2]
     x = np.array([[1, 1], [2, 0]], dtype=dtype)  # [R=2, I=2]
-    out = rows_linear(w, x)
+    out = kernel(w, x)
     assert out.dtype == dtype and out.tolist() == [[3, 1, 1], [2, 0, 2]]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, WIDE_ROWS, 13, 16])
+@pytest.mark.parametrize("outputs", [1, 4, 7])
+def test_both_kernels_compute_every_block_and_remainder(rows, outputs):
+    """Blocks of 4 rows (and outputs), and what is left over on either side, all summed right."""
+    rng = np.random.default_rng(rows * 10 + outputs)
+    w, x = rng.integers(-3, 4, (outputs, 5)).astype(np.float64), rng.integers(-3, 4, (rows, 5)).astype(np.float64)
+    for kernel in (_rows_linear_narrow, _rows_linear_wide):
+        assert np.array_equal(kernel(w, x), x @ w.T)  # small integers: every order sums exactly
 
 
 def test_rows_linear_keeps_nan_and_infinity():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .linear import rows_linear
+from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, tree_paths
@@ -35,4 +35,5 @@ def warmup() -> None:
     from ..verify import accept_walk
 
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))
-    rows_linear(np.ones((2, 2), dtype=np.float32), np.ones((1, 2), dtype=np.float32))
+    for rows in (1, WIDE_ROWS):  # both kernels behind rows_linear
+        rows_linear(np.ones((2, 2), dtype=np.float32), np.ones((rows, 2), dtype=np.float32))
