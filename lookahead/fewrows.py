@@ -7,13 +7,13 @@ product over 2 to 7 rows to a general matrix-matrix kernel; on 2 cores
 second costs up to twice the first. Whole forwards, 256 tokens of context
 (SmolLM2-135M; Qwen2.5-Coder-1.5B):
 
-    rows                      1       2       3       4       8       16
-    torch's F.linear        57 ms  101 ms  125 ms   94 ms  103 ms  119 ms   SmolLM2
+    rows                      1       2       3       4       8      16      32      64
+    torch's F.linear        57 ms  101 ms  125 ms   94 ms  103 ms  109     141     220   SmolLM2
     W @ x^T                 65      64      66      64     112     123
-    kernels/linear.py       30      40      41      44      79     118
-    torch's F.linear       376 ms  813 ms 1182 ms  834 ms  824 ms  955 ms   Qwen
+    kernels/linear.py       30      37      40      39      51      74     104     173
+    torch's F.linear       370 ms  797 ms 1137 ms  748 ms  786 ms  899    1223    1884   Qwen
     W @ x^T                385     439     731     658     899    1009
-    kernels/linear.py      149     192     388     397     600     935
+    kernels/linear.py      149     227     261     262     312     442     728    1289
 
 So a forward over 1..KERNEL_ROWS_MAX rows in float32 or float64 runs its
 linear layers through ``kernels.linear.rows_linear`` (one pass over the
@@ -43,10 +43,10 @@ from .kernels.linear import rows_linear
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
-KERNEL_ROWS_MAX = 16  # own kernel: 1 .. KERNEL_ROWS_MAX rows (measured above: at 16 rows torch's catches up)
+KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (measured: still ahead at 64 rows, 96 on SmolLM2)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
 FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
-ROUTING = f"rows_linear 2 (4-row blocks) 1-{KERNEL_ROWS_MAX}, mm 2-{MM_ROWS_MAX}"  # in cost curves' fingerprints: a change re-measures
+ROUTING = f"rows_linear 3 (narrow / wide) 1-{KERNEL_ROWS_MAX}, mm 2-{MM_ROWS_MAX}"  # in cost curves' fingerprints: a change re-measures
 
 
 class FewRowLinear(TorchFunctionMode):

@@ -14,7 +14,7 @@ from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
 from lookahead.fewrows import (FEW_ROWS_MAX, KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear,
                                few_rows)
-from lookahead.kernels.linear import WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
+from lookahead.kernels.linear import WIDE_INPUTS, WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
 
 
 @pytest.mark.parametrize("kernel", [rows_linear, _rows_linear_narrow, _rows_linear_wide])
@@ -34,6 +34,16 @@ def test_both_kernels_compute_every_block_and_remainder(rows, outputs):
     w, x = rng.integers(-3, 4, (outputs, 5)).astype(np.float64), rng.integers(-3, 4, (rows, 5)).astype(np.float64)
     for kernel in (_rows_linear_narrow, _rows_linear_wide):
         assert np.array_equal(kernel(w, x), x @ w.T)  # small integers: every order sums exactly
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, WIDE_ROWS, 64])
+@pytest.mark.parametrize("inputs", [5, WIDE_INPUTS])
+def test_rows_linear_picks_a_kernel_and_pads_to_whole_blocks(rows, inputs):
+    """Long weight rows take the wide kernel from 3 rows, padded with zero rows; the padding never shows."""
+    rng = np.random.default_rng(rows + inputs)
+    w, x = rng.integers(-2, 3, (6, inputs)).astype(np.float32), rng.integers(-2, 3, (rows, inputs)).astype(np.float32)
+    out = rows_linear(w, x)
+    assert out.shape == (rows, 6) and np.array_equal(out, x @ w.T)
 
 
 def test_rows_linear_keeps_nan_and_infinity():
