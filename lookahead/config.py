@@ -58,7 +58,7 @@ class LookaheadConfig:
     cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
     calibration_context: int = 256  # context tokens behind the cost measurement
     calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)
-    # On the CPU, run the linear layers of a 1-16-row forward through lookahead's own kernel (one pass
+    # On the CPU, run the linear layers of a 1-64-row forward through lookahead's own kernel (one pass
     # over the weights on every core: SmolLM2-135M 30 ms a one-row forward against 57 ms through
     # torch's; bfloat16 / float16: 2-7 rows as W @ x^T; lookahead/fewrows.py). No effect on a GPU.
     few_row_matmul: bool = True
