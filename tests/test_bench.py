@@ -93,6 +93,8 @@ def test_presets_are_valid_configs():
     lade = configs["lade-gpu"]
     assert (lade.window, lade.ngram, lade.candidates, lade.budget) == (15, 5, 15, "fixed")
     assert not configs["recycle-only"].context_match and not configs["recycle-only"].ngram_pool
+    assert configs["no-speculation"].candidates == 0 and configs["no-speculation"].few_row_matmul
+    assert not configs["stock-kernels"].few_row_matmul and configs["stock-kernels"].candidates > 0
     assert preset_specs(["pool-only"]) == [f"pool-only:{PRESETS['pool-only']}"]
     with pytest.raises(ValueError, match="unknown preset 'lade'"):
         preset_specs(["lade"])
