@@ -35,7 +35,7 @@ class Drafter:
 
     def __init__(self, model, few_row_matmul: bool = True):
         self.model = model
-        self.few_row_matmul = few_row_matmul  # 2-7-row linears as W @ x^T on the CPU (fewrows.py)
+        self.few_row_matmul = few_row_matmul  # 1-64-row linears through kernels/linear.py on the CPU (fewrows.py)
         self.device = input_device(model)
         self.cache = DynamicCache()
         self.held = np.zeros(0, dtype=np.int64)  # [H] tokens whose KV the cache holds

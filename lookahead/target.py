@@ -79,7 +79,7 @@ class Target:
     def __init__(self, model, layout: AttentionLayout, few_row_matmul: bool = True):
         self.model = model
         self.layout = layout
-        self.few_row_matmul = few_row_matmul  # 2-7-row linears as W @ x^T on the CPU (fewrows.py)
+        self.few_row_matmul = few_row_matmul  # 1-64-row linears through kernels/linear.py on the CPU (fewrows.py)
         embedding = model.get_input_embeddings().weight
         self.device = input_device(model)
         self.dtype = embedding.dtype
