@@ -49,6 +49,9 @@ class LookaheadConfig:
     recycle_width: int = 8  # successors remembered per token (R)
     draft_tokens: int = 8  # longest chain a draft model drafts per step (with LookaheadGenerator(draft_model=))
     draft_alternatives: int = 1  # greedy: the draft's runner-ups per chain depth, as one-token branches
+    # Most tokens a draft model reads at once to catch up (the prompt, or text accepted while it was
+    # silent): past that it starts over on the last draft_context tokens (0: it always reads everything).
+    draft_context: int = 64
     max_tree_nodes: int = 32  # cap on verification-tree nodes per step
     budget: str = "adaptive"  # "adaptive": size each step's tree by cost model; "fixed": always the cap
     # "measured": the budget prices a step by this machine's measured cost curve; "flat": every step
@@ -77,6 +80,7 @@ class LookaheadConfig:
         _check_int("max_tree_nodes", self.max_tree_nodes, 0, 4096)
         _check_int("draft_tokens", self.draft_tokens, 1, 64)
         _check_int("draft_alternatives", self.draft_alternatives, 0, 8)
+        _check_int("draft_context", self.draft_context, 0)
         _check_int("recycle_width", self.recycle_width, 1, 64)
         _check_int("calibration_context", self.calibration_context, 1, 65536)
         _check_int("calibration_repeats", self.calibration_repeats, 1, 100)

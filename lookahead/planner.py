@@ -163,7 +163,7 @@ class Planner:
         if self.config.candidates == 0 or cap == 0 or room <= 1:
             return nothing
         estimates = self.acceptance.estimates()  # [C, D]
-        chosen, drawn, seconds, built = self._propose(seq, stop, estimates)
+        chosen, drawn, seconds, built = self._propose(seq, stop, estimates, room)
         tree, prob = built if built is not None else scored_tree(chosen.tokens, chosen.lens, chosen.classes,
                                                                  estimates, BUILD_SLACK * cap)
         chain = None
@@ -191,7 +191,7 @@ class Planner:
         self.drawn = drawn_rows(ranked.drawn, np.sort(ranked.order[:size]))
         return subtree(ranked.tree, ranked.order[:size])
 
-    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray):
+    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray, room: int):
         """Candidates from every source (at most G each), classes in the shared table: the chosen
         ones merged, a draft's drawn chain (or None), the seconds the sources spent, and their
         scored trie when it is already built (the free sources' trie, when the later sources
@@ -200,8 +200,9 @@ class Planner:
         Sources that cost time to ask (``asks_coverage``: a draft model) are asked last, with
         how far the others' trie already reaches (covered[d]: its best path probability at
         depth d + 1), what the step would yield and cost with it alone (``plain``) and what
-        draft steps added past such a trie lately per plain step they took (``rate``), so
-        they spend forwards only where that raises the step's tokens per second.
+        draft steps added past such a trie lately per plain step they took (``rate``) and how
+        many tokens may still come (``room``), so they spend forwards only where that raises
+        the step's tokens per second.
         """
         found: dict[int, Candidates] = {}
         built = None
@@ -221,8 +222,8 @@ class Planner:
             for i in later:
                 found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
                                                      self.acceptance.block(i, estimates), covered=covered,
-                                                     plain=plain, rate=rate)
-            spent = sum(found[i].seconds for i in later)
+                                                     plain=plain, rate=rate, room=room)
+            spent = sum(found[i].seconds - self.proposers[i].catch_up for i in later)  # catch-ups aside
             self.asked = (tree, float(covered[0]), spent / step if step else 0.0, plain[1])
         drawn, groups = None, []
         for i in range(len(self.proposers)):

@@ -96,10 +96,11 @@ class DraftWorth:
     path minus its longest prefix the free trie held is what the draft
     alone added (a chain that repeats the free trie's first tokens and runs
     on past them counts only what lies past them), and what it cost is the
-    draft's measured seconds over a one-row target step (catching up on the
-    prompt or on a copy the free sources delivered included) plus what the
-    target's step cost beyond the free sources' plan (its extra rows, priced
-    by the cost curve: on a CPU a step of 8 rows can cost two of one row). Drafting raises
+    draft's measured seconds over a one-row target step (a catch-up's rows
+    beyond one aside: the draft proposer pays those once, where the steps
+    still to come win them back) plus what the target's step cost beyond the
+    free sources' plan (its extra rows, priced by the cost curve: on a CPU a
+    step of 8 rows can cost two of one row). Drafting raises
     a step's tokens per second exactly when this rate beats the plain step's
     (tokens over cost in plain steps). Every step decays every band, so a
     band where drafting stopped because it did not pay drifts back to its

@@ -30,6 +30,7 @@ def gen():
     (dict(recycle=1), "recycle must be True or False"),
     (dict(cost_cache_dir=None), "cost_cache_dir must be a path string"),
     (dict(calibration_repeats=0), "calibration_repeats"),
+    (dict(draft_context=-1), "draft_context must be >= 0, got -1"),
 ])
 def test_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ConfigError, match=words):

@@ -126,12 +126,14 @@ def test_speculative_rows_emit_p_whatever_q(seed):
 
 # ------------------------------------------------------------------ greedy exactness
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
-@pytest.mark.parametrize("sources", ["draft-only", "all"])
-def test_greedy_with_a_draft_equals_generate(kind, sources):
+@pytest.mark.parametrize("sources,context", [("draft-only", 64), ("all", 64), ("draft-only", 3)])
+def test_greedy_with_a_draft_equals_generate(kind, sources, context):
+    """Context 3: the draft starts over on the last three tokens at almost every step."""
     model = _tiny(kind)
     draft = perturbed(model, 0.05)
     fields = DRAFT_ONLY if sources == "draft-only" else {}
-    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", **fields), draft_model=draft)
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", draft_context=context, **fields),
+                             draft_model=draft)
     rng = np.random.default_rng(1)
     steps = tokens = 0
     for _ in range(3):
@@ -175,20 +177,25 @@ def test_draft_stops_at_eos_inside_a_step():
 
 
 # ------------------------------------------------------------------ the draft's cache
-def test_drafter_cache_matches_a_fresh_forward_after_rejections():
+@pytest.mark.parametrize("context", [0, 4])
+def test_drafter_cache_matches_a_fresh_forward_after_rejections(context):
     """After a decode with rejections, the draft's KV rows equal those of one forward over the
-    tokens it says it holds, and those are a prefix of the output."""
+    tokens it says it holds, and those are the output from where it last started over (with
+    context 4 it starts over whenever more than 4 tokens wait, from the prompt on)."""
     model = _tiny("llama")
     draft = perturbed(model, 0.2)  # disagrees often: many rejections
-    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", **DRAFT_ONLY), draft_model=draft)
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", draft_context=context, **DRAFT_ONLY),
+                             draft_model=draft)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
-    captured = {}
+    captured, starts = {}, set()
     original = Drafter.sync
 
     def spy(self, seq, stop):
         captured["drafter"] = self
         captured["seq"] = seq[:stop].copy()
-        return original(self, seq, stop)
+        logits = original(self, seq, stop)
+        starts.add(self.start)
+        return logits
 
     Drafter.sync = spy
     try:
@@ -197,8 +204,11 @@ def test_drafter_cache_matches_a_fresh_forward_after_rejections():
         Drafter.sync = original
     drafter = captured["drafter"]
     assert gen.last_stats.accepted_per_step < gen.last_stats.drafted / gen.last_stats.steps  # rejections happened
+    assert (starts == {0}) == (context == 0), starts  # a bounded drafter started over, from the prompt on
+    seq = captured["seq"][drafter.start:]  # the last synced text, from where the draft started
     held = drafter.held
-    assert np.array_equal(held[:len(captured["seq"])], captured["seq"])  # in step with the last accepted text
+    assert context == 0 or min(starts) == ids.shape[1] - context  # the prompt alone was cut to 4 tokens
+    assert np.array_equal(held[:len(seq)], seq)  # in step with the last accepted text
     assert np.array_equal(captured["seq"], out[0, :len(captured["seq"])].numpy())
     with torch.inference_mode():
         fresh = transformers.DynamicCache()
@@ -206,6 +216,25 @@ def test_drafter_cache_matches_a_fresh_forward_after_rejections():
     assert drafter.cache.get_seq_length() == held.shape[0]
     for mine, ref in zip(drafter.cache.layers, fresh.layers):
         assert torch.allclose(mine.keys, ref.keys, atol=1e-5) and torch.allclose(mine.values, ref.values, atol=1e-5)
+
+
+def test_bounded_catch_up_starts_over_on_the_recent_text():
+    """The docstring's example: context 4, holding seq[0:2] of nine tokens, the next sync reads
+    seq[5:9] alone, as a fresh forward over those four would."""
+    model = _tiny("llama")
+    seq = np.array([4, 8, 15, 16, 23, 42, 7, 9, 11], dtype=np.int64)
+    drafter = Drafter(model, context=4)
+    drafter.begin(seq, 2)
+    drafter.sync(seq, 2)
+    assert drafter.pending(seq, 9) == 4 and Drafter(model).pending(seq, 9) == 9
+    drafter.sync(seq, 2)  # nothing new: x alone again
+    assert drafter.pending(seq, 9) == 4
+    logits = drafter.sync(seq, 9)
+    assert drafter.start == 5 and np.array_equal(drafter.held, seq[5:9])
+    with torch.inference_mode():
+        ref = model(input_ids=torch.from_numpy(seq[5:9])[None]).logits[0, -1]
+    assert torch.allclose(logits, ref, atol=1e-5)
+    assert drafter.pending(seq, 9) == 1 and drafter.forwards == 3  # then in step as usual
 
 
 # ------------------------------------------------------------------ sampling exactness
@@ -348,12 +377,14 @@ def test_draft_stays_silent_where_the_plain_step_already_yields_more():
 
 
 class _CostlySource:
-    """A draft stand-in: asked last, proposes the chain 7 8 9 in 0.5 s, one forward costs 0.2 steps."""
+    """A draft stand-in: asked last, proposes the chain 7 8 9 in 0.6 s, 0.1 s of them a catch-up;
+    one forward costs 0.2 steps."""
 
     name, priors, asks_coverage = "draft", np.full(12, 0.9), True
 
     def __init__(self):
-        self.rates = []
+        self.rates, self.rooms = [], []
+        self.catch_up = 0.1
 
     def cost_ratio(self, rows: int) -> float:
         return 0.2
@@ -364,16 +395,17 @@ class _CostlySource:
     def observe(self, seq, start, stop):
         pass
 
-    def propose(self, seq, stop, limit, estimates, covered=None, plain=(1.0, 1.0), rate=None):
+    def propose(self, seq, stop, limit, estimates, covered=None, plain=(1.0, 1.0), rate=None, room=None):
         from lookahead.proposers.base import Candidates
         self.rates.append(rate)
-        return Candidates(np.array([[7, 8, 9]]), np.array([3]), np.zeros((1, 3), dtype=np.int64), seconds=0.5)
+        self.rooms.append(room)
+        return Candidates(np.array([[7, 8, 9]]), np.array([3]), np.zeros((1, 3), dtype=np.int64), seconds=0.6)
 
 
 def test_the_draft_worth_is_measured_past_the_free_trie():
     """The context matcher proposes 7 8 (a copy), the draft 7 8 9; with 7 8 9 accepted the draft
-    alone added one token (9), for 0.5 s of forwards (2.5 plain steps of 0.2 s) plus what the
-    target's step cost beyond the free sources' plan."""
+    alone added one token (9), for 0.5 s of forwards beside the catch-up (2.5 plain steps of
+    0.2 s) plus what the target's step cost beyond the free sources' plan."""
     from lookahead.costmodel import CostModel
     from lookahead.planner import Planner
     from lookahead.proposers.context import ContextMatcher
@@ -387,6 +419,7 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     tree, _ = planner.plan(seq, 5, room=16)
     covered, plain = planner.asked[1], planner.asked[3]
     assert draft.rates == [pytest.approx(DRAFT_PRIORS[stats.draft.band(covered)] / 0.2)]  # the prior: one forward
+    assert draft.rooms == [16]  # the tokens still to come, over which a catch-up must pay
     path = np.array([tree.tokens.tolist().index(t) for t in (7, 8, 9)])  # parents come first: 7 -> 8 -> 9
     assert tree.parents[path].tolist() == [-1, path[0], path[1]]
     planner.learn(tree, path)
@@ -395,6 +428,33 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     assert extra > 0  # the merged tree is wider than the free plan
     assert stats.draft.tokens[band] == pytest.approx(1.0) and stats.draft.cost[band] == pytest.approx(2.5 + extra)
     assert planner.asked is None
+
+
+def test_recoups_docstring_example():
+    from lookahead.proposers.draft import _recoups
+    assert _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 100) and not _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 5)
+    assert _recoups(50.0, 0.5, 1.5, 1.0, 1.0, None)  # no end in view
+    assert not _recoups(0.1, 0.5, 0.9, 1.0, 1.0, 1000)  # a rate below the plain step's saves nothing
+
+
+def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back():
+    """Rate 1.5 tokens per plain step, a forward 0.5 steps, a 6-row prompt to read costing
+    3 steps: with 4 tokens to go the draft stays silent (and reads nothing); with 100 it
+    reads the prompt and drafts, and the catch-up's share of its seconds is set apart."""
+    model = _tiny("llama")
+    from lookahead.processing import resolve_decoding
+    from lookahead.proposers.draft import DraftProposer
+    decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
+    proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1,
+                             lambda rows: 0.5 if rows == 1 else 3.0, 0)
+    seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
+    proposer.begin(seq, 6)
+    estimates = np.full((12, 32), 0.9)
+    assert proposer.propose(seq, 6, 4, estimates, rate=1.5, room=4).count == 0
+    assert proposer.drafter.forwards == 0 and proposer.catch_up == 0.0
+    found = proposer.propose(seq, 6, 4, estimates, rate=1.5, room=100)
+    assert found.count >= 1 and proposer.drafter.forwards >= 1
+    assert 0.0 < proposer.catch_up < found.seconds
 
 
 def test_pays_docstring_example():

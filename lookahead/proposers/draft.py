@@ -33,9 +33,16 @@ sources already yield many tokens (a long context match) drafts nothing; a
 draft that agrees with the target drafts long chains where the text is
 new, and ``max_tokens`` caps it.
 
-The draft's cache is filled lazily: the prompt is fed by the first forward
-that drafts, and the tokens accepted while the draft was silent by the next
-one. That catch-up is part of the measured cost ``rate`` divides by.
+Catching up: the draft's cache is filled lazily: the prompt is fed by the
+first forward that drafts, and the tokens accepted while the draft was
+silent by the next one (at most ``draft_context`` rows: drafter.py). That
+catch-up is a one-off, not part of what a drafting step costs from then
+on: ``rate`` measures the draft's forwards as if each read one row, and the
+catch-up's extra rows are paid only when the steps still to come would win
+them back (``_recoups``: the gain ``rate`` promises per one-forward draft,
+over the steps the remaining tokens take). Charging the catch-up to the
+rate instead made every try look bad, so the draft fell silent, so the next
+try had to catch up again.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ class DraftProposer:
         self.cost_ratio = cost_ratio
         self.rng = np.random.Generator(np.random.PCG64([seed, 2])) if decoding.do_sample else None
         self.drafted = 0  # draft tokens proposed so far (stats)
+        self.catch_up = 0.0  # seconds of the last propose's first forward spent on its rows beyond one
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence: the draft's cache starts empty (the first draft forward feeds the prompt)."""
@@ -92,7 +100,7 @@ class DraftProposer:
 
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0),
-                rate: float | None = None) -> Candidates:
+                rate: float | None = None, room: int | None = None) -> Candidates:
         """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only); none
         when drafting is expected to lower the step's tokens per second.
 
@@ -100,9 +108,11 @@ class DraftProposer:
         covered [D] the other sources' best path probability per depth (None: nothing);
         plain (tokens, cost in plain target steps) of this step without the draft;
         rate: tokens draft steps added lately past the free trie at this coverage, per plain
-        target step they cost (None: DraftWorth's prior).
+        target step they cost, catch-ups aside (None: DraftWorth's prior);
+        room: tokens still to generate (None: no end in view), over which a catch-up must pay.
         """
         began = time.perf_counter()
+        self.catch_up = 0.0
         ratio = self.cost_ratio(1)
         depth_cap = estimates.shape[1] - 1
         if covered is None:
@@ -113,6 +123,8 @@ class DraftProposer:
         if ratio > 0 and rate * steps < tokens:  # a free draft (ratio 0: a fixed budget) always drafts
             return no_candidates()
         first_cost = self.cost_ratio(self.drafter.pending(seq, stop))  # also feeds what it has not seen
+        if first_cost > ratio and not _recoups(first_cost - ratio, ratio, rate, tokens, steps, room):
+            return no_candidates()
         logits = self.drafter.sync(seq, stop)  # [V] (the prompt too, at first)
         chain, classes, dists, branches = [], [], [], []
         path = 1.0
@@ -120,6 +132,8 @@ class DraftProposer:
         while True:
             q = self._distribution(logits, seq, stop, chain)  # [V]
             token, top, runners = self._pick(q)
+            if not chain and first_cost > ratio:  # the first forward's rows beyond one: a one-off
+                self.catch_up = (time.perf_counter() - began) * (1.0 - ratio / first_cost)
             tick = self._observe(self.drafter.last_rows, tick)
             depth = len(chain)
             cls = confidence_bucket(top)
@@ -175,6 +189,21 @@ def _pays(gain: float, cost: float, tokens: float, steps: float) -> bool:
     if cost <= 0:
         return gain > 0
     return gain > 0 and gain * steps >= cost * tokens
+
+
+def _recoups(extra: float, forward: float, rate: float, tokens: float, steps: float, room: int | None) -> bool:
+    """Whether a catch-up costing ``extra`` plain steps beyond one draft forward (``forward``
+    plain steps) is won back: each step still to come (``room`` tokens at ``tokens`` per step
+    of ``steps`` plain steps) that drafts one forward adds ``rate * forward`` tokens, which
+    would otherwise take ``rate * forward * steps / tokens`` plain steps; room None: no end in view.
+
+    _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 100) -> True (100 steps x 0.25 = 25 >= 2);
+    _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 5) -> False (1.25 < 2).
+    """
+    if room is None:
+        return True
+    saved = forward * (rate * steps / tokens - 1.0)  # plain steps one drafting step saves
+    return saved * room / tokens >= extra
 
 
 def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float) -> Candidates:
