@@ -223,7 +223,7 @@ class Planner:
                 found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
                                                      self.acceptance.block(i, estimates), covered=covered,
                                                      plain=plain, rate=rate, room=room)
-            spent = sum(found[i].seconds - self.proposers[i].catch_up for i in later)  # catch-ups aside
+            spent = sum(found[i].seconds - found[i].catch_up for i in later)  # catch-ups aside
             self.asked = (tree, float(covered[0]), spent / step if step else 0.0, plain[1])
         drawn, groups = None, []
         for i in range(len(self.proposers)):

@@ -385,7 +385,6 @@ class _CostlySource:
 
     def __init__(self):
         self.rates, self.rooms = [], []
-        self.catch_up = 0.1
 
     def cost_ratio(self, rows: int) -> float:
         return 0.2
@@ -400,7 +399,8 @@ class _CostlySource:
         from lookahead.proposers.base import Candidates
         self.rates.append(rate)
         self.rooms.append(room)
-        return Candidates(np.array([[7, 8, 9]]), np.array([3]), np.zeros((1, 3), dtype=np.int64), seconds=0.6)
+        return Candidates(np.array([[7, 8, 9]]), np.array([3]), np.zeros((1, 3), dtype=np.int64), seconds=0.6,
+                          catch_up=0.1)
 
 
 def test_the_draft_worth_is_measured_past_the_free_trie():
@@ -438,24 +438,32 @@ def test_recoups_docstring_example():
     assert not _recoups(0.1, 0.5, 0.9, 1.0, 1.0, 1000)  # a rate below the plain step's saves nothing
 
 
-def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back():
+def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back(monkeypatch):
     """Rate 1.5 tokens per plain step, a forward 0.5 steps, a 6-row prompt to read costing
     3 steps: with 4 tokens to go the draft stays silent (and reads nothing); with 100 it
-    reads the prompt and drafts, and the catch-up's share of its seconds is set apart."""
+    reads the prompt and drafts, and the catch-up's share of its seconds is set apart.
+
+    The proposer's clock is a counter that reads 0, 1, 2, ... seconds: the first forward ends
+    at the second read, 1 s after the start, and all but 0.5 / 3 of it is the catch-up."""
     model = _tiny("llama")
+    from types import SimpleNamespace
     from lookahead.processing import resolve_decoding
+    from lookahead.proposers import draft as draft_module
     from lookahead.proposers.draft import DraftProposer
+    reads = iter(range(1000))
+    monkeypatch.setattr(draft_module, "time", SimpleNamespace(perf_counter=lambda: float(next(reads))))
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
     proposer = DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1,
                              lambda rows: 0.5 if rows == 1 else 3.0, 0)
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates = np.full((12, 32), 0.9)
-    assert proposer.propose(seq, 6, 4, estimates, rate=1.5, room=4).count == 0
-    assert proposer.drafter.forwards == 0 and proposer.catch_up == 0.0
+    silent = proposer.propose(seq, 6, 4, estimates, rate=1.5, room=4)
+    assert silent.count == 0 and proposer.drafter.forwards == 0 and silent.catch_up == 0.0
     found = proposer.propose(seq, 6, 4, estimates, rate=1.5, room=100)
     assert found.count >= 1 and proposer.drafter.forwards >= 1
-    assert 0.0 < proposer.catch_up < found.seconds
+    assert found.catch_up == pytest.approx(1.0 - 0.5 / 3.0)
+    assert found.seconds > found.catch_up  # the chain's later forwards count as drafting
 
 
 def test_pays_docstring_example():

@@ -21,7 +21,9 @@ class Candidates:
     model under sampling): q[d] is the distribution token d was drawn from,
     on the device. Such a row is verified with min(1, p/q) (verify.py) and
     stays its own branch of the tree (planner.py). ``seconds`` is what
-    proposing cost beyond host work the loop already times (a draft's forwards).
+    proposing cost beyond host work the loop already times (a draft's forwards);
+    ``catch_up`` the part of it that was a one-off (a draft reading text it
+    had not seen, beyond one row), which the draft's measured rate leaves out.
     """
 
     tokens: np.ndarray  # [G, L] int64
@@ -29,6 +31,7 @@ class Candidates:
     classes: np.ndarray  # [G, L] int64
     q: torch.Tensor | None = None  # [L, V] distributions row 0 was drawn from, or None (chosen, not drawn)
     seconds: float = 0.0
+    catch_up: float = 0.0  # of seconds, a one-off catch-up's share
 
     @property
     def count(self) -> int:
@@ -55,6 +58,11 @@ class Proposer(Protocol):
     [classes] is the acceptance rate assumed for each class before any is
     measured; ``estimates`` [classes, D] passed to propose is the current
     estimate per class and depth (a source may use it to shape its tree).
+
+    A source that spends forwards (``asks_coverage = True``, a draft model)
+    also gives ``cost_ratio(rows)``, its forward in plain target steps, and is
+    asked last, with ``covered``, ``plain``, ``rate`` and ``room`` keywords
+    (planner.py, proposers/draft.py).
     """
 
     name: str

@@ -89,7 +89,6 @@ class DraftProposer:
         self.cost_ratio = cost_ratio
         self.rng = np.random.Generator(np.random.PCG64([seed, 2])) if decoding.do_sample else None
         self.drafted = 0  # draft tokens proposed so far (stats)
-        self.catch_up = 0.0  # seconds of the last propose's first forward spent on its rows beyond one
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence: the draft's cache starts empty (the first draft forward feeds the prompt)."""
@@ -112,7 +111,6 @@ class DraftProposer:
         room: tokens still to generate (None: no end in view), over which a catch-up must pay.
         """
         began = time.perf_counter()
-        self.catch_up = 0.0
         ratio = self.cost_ratio(1)
         depth_cap = estimates.shape[1] - 1
         if covered is None:
@@ -127,14 +125,14 @@ class DraftProposer:
             return no_candidates()
         logits = self.drafter.sync(seq, stop)  # [V] (the prompt too, at first)
         chain, classes, dists, branches = [], [], [], []
-        path = 1.0
+        path, catch_up = 1.0, 0.0
         tick = began
         while True:
             q = self._distribution(logits, seq, stop, chain)  # [V]
             token, top, runners = self._pick(q)
-            if not chain and first_cost > ratio:  # the first forward's rows beyond one: a one-off
-                self.catch_up = (time.perf_counter() - began) * (1.0 - ratio / first_cost)
             tick = self._observe(self.drafter.last_rows, tick)
+            if not chain and first_cost > ratio:  # the first forward's rows beyond one: a one-off
+                catch_up = (tick - began) * (1.0 - ratio / first_cost)
             depth = len(chain)
             cls = confidence_bucket(top)
             chain.append(token)
@@ -153,7 +151,7 @@ class DraftProposer:
         self.drafted += len(chain)
         rows = [(chain, classes)] + branches[:max(0, limit - 1)]
         q = torch.stack(dists) if self.rng is not None else None  # [L, V] the draws' distributions
-        return _candidates(rows, q, time.perf_counter() - began)
+        return _candidates(rows, q, time.perf_counter() - began, catch_up)
 
     def _observe(self, rows: int, since: float) -> float:
         """One draft forward over ``rows`` rows (and its read-back) ended now: refine the draft's curve."""
@@ -206,7 +204,8 @@ def _recoups(extra: float, forward: float, rate: float, tokens: float, steps: fl
     return saved * room / tokens >= extra
 
 
-def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float) -> Candidates:
+def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float,
+                catch_up: float) -> Candidates:
     """Candidates of token rows with their classes (row 0 the chain), zero-padded."""
     width = max(len(tokens) for tokens, _ in rows)
     tokens = np.zeros((len(rows), width), dtype=np.int64)  # [G, L]
@@ -215,4 +214,4 @@ def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None,
     for g, (toks, cls) in enumerate(rows):
         tokens[g, :len(toks)] = toks
         classes[g, :len(cls)] = cls
-    return Candidates(tokens, lens, classes, q=q, seconds=seconds)
+    return Candidates(tokens, lens, classes, q=q, seconds=seconds, catch_up=catch_up)
