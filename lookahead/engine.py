@@ -282,5 +282,7 @@ class _Decoding:
         self.stats.steps += 1
         self.stats.rows_per_step.append(int(plan.tokens.shape[0]))
         self.stats.step_seconds.append(seconds)
-        self.seq.planner.observe_step(int(plan.tokens.shape[0]), seconds)
+        # The target's curve learns from the target's share alone: a draft's forwards (a catch-up
+        # over a whole prompt among them) would make every row count look dearer.
+        self.seq.planner.observe_step(int(plan.tokens.shape[0]), max(seconds - plan.spent, 0.0))
         return done

@@ -128,6 +128,7 @@ class Planner:
         self.window_source = names.index("window") if "window" in names else None
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
+        self.spent = 0.0  # seconds the last plan's sources spent on forwards of their own (a draft's)
         self.asked: tuple[TokenTree, float, float, float] | None = None  # this step's free trie, its
         # depth-1 coverage, the plain steps the costly sources' forwards took and the free plan's cost
         # in plain steps (None: no costly source)
@@ -141,6 +142,7 @@ class Planner:
         """1. propose, 2. build the scored trie; the best-first prefix and the window width that pay."""
         ranked = self.rank(seq, stop, room)
         width, size = self.choose([ranked.probs], ranked.seconds)
+        self.spent = ranked.seconds
         return self.cut(ranked, size), width
 
     def choose(self, probs: list[np.ndarray], spent: float = 0.0) -> tuple[int, int]:

@@ -37,6 +37,7 @@ class StepPlan:
     keep: np.ndarray  # [K] rows whose logits are needed
     rows: RowMap  # where the kept rows come from (the window's columns this step, then the tree)
     drawn: DrawnRows | None = None  # rows whose next token a draft drew (sampling with a draft)
+    spent: float = 0.0  # seconds the proposers spent on forwards of their own (a draft's): not the target's
 
 
 class Sequence:
@@ -116,16 +117,16 @@ class Sequence:
         Tree nodes stay inside the tokens still allowed (the budget, cut at the
         model's context): no decisive row is fed a position past the context.
         """
-        drawn = None
+        drawn, spent = None, 0.0
         if tree is None:
             tree, width = self.planner.plan(self.out.seq, self.out.stop, self.room())
-            drawn = self.planner.drawn
+            drawn, spent = self.planner.drawn, self.planner.spent
         layout = step_layout(self.window.layout(width), tree)
         tokens = np.concatenate([self.window.rows(self.out.last, width), tree.tokens])  # [Q]
         kept = self.window.kept_rows(width)  # [1 + w] or [w] (or [1]: x alone)
         keep = np.concatenate([kept, layout.tree_start + np.arange(tree.size)])  # [K]
         rows = RowMap(lead=kept.shape[0], window=width, ngram=self.cfg.ngram)
-        return StepPlan(tree, layout, tokens, keep, rows, drawn)
+        return StepPlan(tree, layout, tokens, keep, rows, drawn, spent)
 
     def _previous(self, plan: StepPlan) -> np.ndarray:
         """[K] the token before each kept row's token in the text that row sees: x's predecessor

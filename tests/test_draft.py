@@ -470,3 +470,40 @@ def test_pays_docstring_example():
     from lookahead.proposers.draft import _pays
     assert _pays(0.5, 0.4, 1.0, 1.0) and not _pays(0.5, 0.4, 4.0, 1.5)
     assert _pays(0.1, 0.0, 9.0, 1.0) and not _pays(0.0, 0.0, 1.0, 1.0) and not _pays(-0.1, 0.4, 1.0, 1.0)
+
+
+def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
+    """A step's seconds include the draft's forwards (a catch-up over the whole prompt among them);
+    the target's cost curve must learn from the rest alone, or the draft's presence makes every
+    row count look dearer and shrinks the trees."""
+    from lookahead.planner import Planner
+    from lookahead.proposers.draft import DraftProposer
+    propose = DraftProposer.propose
+
+    def free_propose(self, *args, **kwargs):  # priced free, the draft drafts every step
+        self.cost_ratio = lambda rows: 0.0
+        return propose(self, *args, **kwargs)
+
+    monkeypatch.setattr(DraftProposer, "propose", free_propose)
+    model = _tiny("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig(cost_cache_dir=""), draft_model=perturbed(model, 0.05))
+    spent, observed = [], []
+    plan, observe_step = Planner.plan, Planner.observe_step
+
+    def recording_plan(self, *args):
+        out = plan(self, *args)
+        spent.append(self.spent)
+        return out
+
+    def recording_observe(self, rows, seconds):
+        observed.append(seconds)
+        observe_step(self, rows, seconds)
+
+    monkeypatch.setattr(Planner, "plan", recording_plan)
+    monkeypatch.setattr(Planner, "observe_step", recording_observe)
+    ids = torch.tensor([[5, 9, 11, 5, 9, 30, 31, 7, 8, 9, 10, 11]])
+    gen.generate(ids, max_new_tokens=30)
+    steps = np.asarray(gen.last_stats.step_seconds)
+    assert len(spent) == len(observed) == steps.shape[0]
+    assert max(spent) > 0, "the draft never ran: the test shows nothing"
+    np.testing.assert_allclose(observed, np.maximum(steps - np.asarray(spent), 0.0))
