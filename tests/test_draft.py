@@ -476,8 +476,14 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     """A step's seconds include the draft's forwards (a catch-up over the whole prompt among them);
     the target's cost curve must learn from the rest alone, or the draft's presence makes every
     row count look dearer and shrinks the trees."""
+    import itertools
+    from types import SimpleNamespace
     from lookahead.planner import Planner
+    from lookahead.proposers import draft as draft_module
     from lookahead.proposers.draft import DraftProposer
+    reads = itertools.count(1)
+    # The draft's clock advances a microsecond a read: its seconds are known to be > 0, not timed.
+    monkeypatch.setattr(draft_module, "time", SimpleNamespace(perf_counter=lambda: next(reads) * 1e-6))
     propose = DraftProposer.propose
 
     def free_propose(self, *args, **kwargs):  # priced free, the draft drafts every step
@@ -505,5 +511,5 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     gen.generate(ids, max_new_tokens=30)
     steps = np.asarray(gen.last_stats.step_seconds)
     assert len(spent) == len(observed) == steps.shape[0]
-    assert max(spent) > 0, "the draft never ran: the test shows nothing"
+    assert gen.last_stats.draft_forwards > 0 and max(spent) > 0, "the draft never ran: the test shows nothing"
     np.testing.assert_allclose(observed, np.maximum(steps - np.asarray(spent), 0.0))
