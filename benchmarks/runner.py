@@ -153,7 +153,7 @@ def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, na
     kwargs = decode_kwargs(sampling)
     import dataclasses
     return Method(name, lambda ids, m: gen.generate(ids, max_new_tokens=m, **kwargs), exact=sampling is None,
-                  generator=gen, config=dataclasses.asdict(gen.config), sampling=sampling)
+                  generator=gen, config=dataclasses.asdict(gen.run_config), sampling=sampling)
 
 
 # Named configs for `lookahead bench --preset`: LADE's published GPU setting run by our
@@ -161,7 +161,7 @@ def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, na
 # the two halves of the gain on the CPU: our kernels without speculation, speculation through
 # torch's own kernels.
 PRESETS = {
-    "lade-gpu": "window=15,ngram=5,candidates=15,max_tree_nodes=60,budget=fixed,recycle=false,context_match=false",
+    "lade-gpu": "window=15,ngram=5,pool_ngram=5,candidates=15,max_tree_nodes=60,budget=fixed,recycle=false,context_match=false",
     "context-only": "ngram_pool=false,recycle=false",
     "pool-only": "context_match=false,recycle=false",
     "recycle-only": "context_match=false,ngram_pool=false",

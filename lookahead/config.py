@@ -30,11 +30,16 @@ class LookaheadConfig:
 
     # With budget="adaptive" (the default) every step verifies exactly as many tree
     # nodes as pay on this machine: it measures the forward-cost curve once (cached on
-    # disk) and tracks acceptance per source, class and depth. The window is not sized
-    # by the budget: on a 2-core CPU (SmolLM2-135M, float32) a wide window never paid,
-    # so it stays at x alone (W=1, N=2: the pool learns from prompt and output).
+    # disk) and tracks acceptance per source, class and depth, and feeds 0 to W of the
+    # window's columns. W=1 (x alone) leaves the window to auto_window.
     window: int = 1  # W: columns of the Jacobi lookahead window (>= 1)
-    ngram: int = 2  # N: n-gram size; the window has N-1 levels (>= 2)
+    ngram: int = 2  # N: n-gram size of the window's columns; the window has N-1 levels (>= 2)
+    pool_ngram: int = 2  # n-gram size of the pool fed by the prompt and the output (its own, not N)
+    # With window=1 and the adaptive budget: open a W=15, N=5 window (its columns then fed step by step
+    # as they pay) where the measured cost curve says rows are nearly free (a step over 1 + max_tree_nodes
+    # rows costs at most 1.3 one-row steps: a GPU at batch 1, or budget_curve="flat"). On a 2-core CPU
+    # (SmolLM2-135M, float32: 33 rows cost 3x one row) it stays x alone, where a window never paid.
+    auto_window: bool = True
     candidates: int = 4  # G: max candidate continuations per source per step (0 = none)
     pool_capacity: int = 4  # n-grams kept per first token in the pool (LRU)
     pool_max_keys: int = 16384  # distinct first tokens kept in the pool (LRU)
@@ -71,6 +76,7 @@ class LookaheadConfig:
     def __post_init__(self) -> None:
         _check_int("window", self.window, 1, 64)
         _check_int("ngram", self.ngram, 2, 16)
+        _check_int("pool_ngram", self.pool_ngram, 2, 16)
         _check_int("candidates", self.candidates, 0, 256)
         _check_int("pool_capacity", self.pool_capacity, 1, 1024)
         _check_int("pool_max_keys", self.pool_max_keys, 1)
@@ -93,7 +99,7 @@ class LookaheadConfig:
                               f"got {self.cost_cache_dir!r}")
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
-                     "few_row_matmul", "allow_untested_models"):
+                     "auto_window", "few_row_matmul", "allow_untested_models"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -33,6 +33,7 @@ from .scores import AcceptanceStats
 from .sequence import Sequence
 from .stats import GenerationStats
 from .target import to_device
+from .window import auto_window
 from .support import check_model, context_length
 from .target import Target
 
@@ -53,6 +54,7 @@ class Learned:
     recycled: AdjacencyTable | None  # the recycled successors
     acceptance: dict[str, AcceptanceStats]  # acceptance estimates, one table per regime (planner.py)
     cost: CostModel | None  # the step-cost curve, refined by the steps that ran
+    run_config: LookaheadConfig | None = None  # the config decodes run with (auto_window's choice); None: config
 
 
 class LookaheadGenerator:
@@ -94,27 +96,33 @@ class LookaheadGenerator:
         if learned is None:
             learned = self._fresh()
         # Learned across generate calls: the recycled successors, the acceptance
-        # estimates (one table per regime, see planner.py) and the step-cost curve.
+        # estimates (one table per regime, see planner.py) and the step-cost curve,
+        # and the config decodes run with (config, or config with the window auto_window opened).
         self.recycled, self.acceptance, self.cost = learned.recycled, learned.acceptance, learned.cost
+        self.run_config = learned.run_config if learned.run_config is not None else self.config
         self.batch_costs: dict[int, CostModel] = {}  # batch size -> curve of a step over that many rows
 
     def _fresh(self) -> Learned:
-        """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it."""
+        """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it,
+        and the window auto_window opens where that curve says rows are nearly free (the curve is
+        then measured again, up to the steps the window makes possible)."""
         cfg = self.config
         recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
-        cost = None
+        cost, run = None, cfg
         if cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0:
-            cost = self._measure_cost()
-        return Learned(cfg, self.vocab, recycled, {}, cost)
+            cost = self._measure_cost(cfg)
+            run = auto_window(cfg, cost)
+            if run is not cfg:
+                cost = self._measure_cost(run)
+        return Learned(cfg, self.vocab, recycled, {}, cost, run)
 
     @property
     def learned(self) -> Learned:
         """The state this generator learned so far (shared, not copied: it keeps learning)."""
-        return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost)
+        return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost, self.run_config)
 
-    def _measure_cost(self, batch: int = 1) -> CostModel:
-        """The forward-cost curve up to the largest step this config can build (cached on disk)."""
-        cfg = self.config
+    def _measure_cost(self, cfg: LookaheadConfig, batch: int = 1) -> CostModel:
+        """The forward-cost curve up to the largest step ``cfg`` can build (cached on disk)."""
         context = cfg.calibration_context  # the synthetic context must fit in the model's own
         if self.target.context is not None:
             context = max(1, min(context, self.target.context - 1))
@@ -139,7 +147,7 @@ class LookaheadGenerator:
         if self.cost is None or batch == 1:
             return self.cost
         if batch not in self.batch_costs:
-            self.batch_costs[batch] = self._measure_cost(batch)
+            self.batch_costs[batch] = self._measure_cost(self.run_config, batch)
         return self.batch_costs[batch]
 
     # ------------------------------------------------------------------ API

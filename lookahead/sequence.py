@@ -46,14 +46,14 @@ class Sequence:
     def __init__(self, gen, prompt: np.ndarray, decoding: Decoding, streamer, stats: GenerationStats,
                  cost, room: int | None = None):
         """``room``: the new tokens the model's context holds after this prompt (None: no limit)."""
-        cfg = gen.config
+        cfg = gen.run_config  # the user's config, or with the window auto_window opened
         self.cfg, self.recycled, self.stats = cfg, gen.recycled, stats
         self.drafter: Drafter | None = None
         self.asked = decoding.max_new_tokens
         limit = self.asked if room is None else min(self.asked, room)  # never past the model's context
         self.out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, gen.target.device)
         self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
-        self.pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys)
+        self.pool = NgramPool(gen.vocab, cfg.pool_ngram, cfg.pool_capacity, cfg.pool_max_keys)
         # A real window (more than x alone) feeds a pool of its own, proposed as its own source,
         # so that what its n-grams add is measured apart (planner.py sizes the window by it).
         self.window_pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys) \

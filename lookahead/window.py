@@ -14,9 +14,30 @@ w = 0 feeds x alone: no window at all this step.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import numpy as np
+
+AUTO_WINDOW = (15, 5)  # (W, N) of the window auto_window opens: LADE's GPU setting
+CHEAP_STEP = 1.3  # auto_window opens it where a step over 1 + max_tree_nodes rows costs at most this many one-row steps
+
+
+def auto_window(config, cost) -> object:
+    """The config a decode runs with: ``config`` itself, or with the AUTO_WINDOW window where
+    ``config.auto_window`` asks for one (window=1 and an adaptive budget) and the cost curve
+    ``cost`` (a CostModel, or None) prices a step over 1 + max_tree_nodes rows at most
+    CHEAP_STEP one-row steps: rows are nearly free there, so the budget may feed the window.
+
+    A 2-core CPU with SmolLM2 (33 rows: 3.0 one-row steps) -> config; a flat curve -> W=15, N=5.
+    """
+    if not config.auto_window or config.window != 1 or config.budget != "adaptive" or cost is None:
+        return config
+    step = cost.step(np.array([1.0, 1.0 + config.max_tree_nodes]))  # [2] seconds
+    if step[1] > CHEAP_STEP * step[0]:
+        return config
+    window, ngram = AUTO_WINDOW
+    return dataclasses.replace(config, window=window, ngram=ngram)
 
 
 @lru_cache(maxsize=64)

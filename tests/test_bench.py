@@ -91,7 +91,7 @@ def test_presets_are_valid_configs():
     assert [s.split(":")[0] for s in specs] == list(PRESETS)
     configs = dict(parse_config_spec(s) for s in specs)
     lade = configs["lade-gpu"]
-    assert (lade.window, lade.ngram, lade.candidates, lade.budget) == (15, 5, 15, "fixed")
+    assert (lade.window, lade.ngram, lade.pool_ngram, lade.candidates, lade.budget) == (15, 5, 5, 15, "fixed")
     assert not configs["recycle-only"].context_match and not configs["recycle-only"].ngram_pool
     assert configs["no-speculation"].candidates == 0 and configs["no-speculation"].few_row_matmul
     assert not configs["stock-kernels"].few_row_matmul and configs["stock-kernels"].candidates > 0
@@ -296,3 +296,33 @@ def test_ignore_eos_decodes_exactly_max_new_tokens(model, prompts):
     records = run_benchmark(model, methods, prompts, MAX_NEW, seed=SEED)
     assert {r["new_tokens"] for r in records} == {MAX_NEW}
     assert all(r["mode"].endswith("EOS ignored") for r in records)
+
+
+def test_acceptance_table_counts_tokens_per_forward_and_exactness(model, prompts):
+    """benchmarks/acceptance.py: new tokens over decode forwards, and outputs checked against generate."""
+    from lookahead import LookaheadGenerator
+    from lookahead.benchmarks.acceptance import greedy_references, markdown, tokens_per_forward
+
+    references = greedy_references(model, prompts, MAX_NEW)
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget_curve="flat"))
+    value, exact = tokens_per_forward(gen, prompts, MAX_NEW, references)
+    assert exact == len(prompts)
+    assert value == pytest.approx(len(prompts) * MAX_NEW / gen_steps(model, prompts))
+    assert value > 1.0  # prompt "a" repeats a 5-token cycle: copies arrive several tokens a forward
+    wrong = [r[:-1] + [r[-1] + 1] for r in references]
+    assert tokens_per_forward(gen, prompts, MAX_NEW, wrong)[1] == 0
+    table = markdown([{"dataset": "tiny", "config": "flat", "tokens_per_forward": value, "exact": 2, "prompts": 2},
+                      {"dataset": "tiny", "config": "win", "tokens_per_forward": 2.5, "exact": 1, "prompts": 2}])
+    assert table.splitlines() == ["| data set | flat | win | exact % |", "|---|---:|---:|---:|",
+                                  f"| tiny | {value:.2f} | 2.50 | 75 |"]
+
+
+def gen_steps(model, prompts) -> int:
+    """Decode forwards of a fresh flat-curve generator over ``prompts`` (one generator, in order)."""
+    from lookahead import LookaheadGenerator
+    gen = LookaheadGenerator(model, config=LookaheadConfig(budget_curve="flat"))
+    steps = 0
+    for prompt in prompts:
+        gen.generate(torch.tensor([prompt.input_ids]), max_new_tokens=MAX_NEW)
+        steps += gen.last_stats.steps
+    return steps

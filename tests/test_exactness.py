@@ -10,6 +10,7 @@ each of the others). The adaptive budget runs on conftest's synthetic cost curve
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from conftest import BUILDERS, ORIGINAL, VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.costmodel import CostModel
+from lookahead.window import AUTO_WINDOW, auto_window
 
 NEW = 48
 
@@ -261,3 +263,36 @@ def test_flat_budget_curve_opens_the_window_and_stays_exact():
     out = gen.generate(PROMPTS["copy"], max_new_tokens=NEW)
     assert torch.equal(out, ref_for("llama", "copy"))
     assert max(gen.last_stats.rows_per_step) >= 3 * 2  # all three columns of two levels were fed
+
+
+def test_auto_window_opens_where_rows_are_nearly_free():
+    """auto_window (pure): the W=15, N=5 window where a step over 1 + max_tree_nodes rows costs at
+    most 1.3 one-row steps, with window=1 and the adaptive budget only."""
+    rows = np.array([1.0, 8.0, 33.0])
+    cheap = CostModel(rows, np.array([1.0, 1.05, 1.2]), smoothing=0.0)
+    dear = CostModel(rows, np.array([1.0, 1.4, 3.0]), smoothing=0.0)  # SmolLM2 on a 2-core CPU
+    config = LookaheadConfig()
+    opened = auto_window(config, cheap)
+    assert (opened.window, opened.ngram) == AUTO_WINDOW == (15, 5)
+    assert opened == dataclasses.replace(config, window=15, ngram=5)  # nothing else changes
+    assert auto_window(config, dear) is config
+    assert auto_window(config, None) is config
+    for kept in (LookaheadConfig(auto_window=False), LookaheadConfig(window=3, ngram=3),
+                 LookaheadConfig(budget="fixed")):
+        assert auto_window(kept, cheap) is kept
+
+
+def test_flat_curve_opens_the_auto_window_and_stays_exact():
+    """The default config on a flat curve decodes with the W=15, N=5 window, feeds it, and stays exact;
+    under the tests' rising curve (2% a row: 33 rows cost 1.64 one-row steps) it stays x alone."""
+    gen = LookaheadGenerator(model_for("llama"), config=LookaheadConfig(budget_curve="flat"))
+    assert (gen.config.window, gen.run_config.window, gen.run_config.ngram) == (1, 15, 5)
+    assert gen.cost.rows[-1] == 15 * 4 + 32  # measured up to the steps the window makes possible
+    rows = []
+    for name in ("copy", "random"):
+        assert torch.equal(gen.generate(PROMPTS[name], max_new_tokens=NEW), ref_for("llama", name)), name
+        rows += gen.last_stats.rows_per_step
+    assert max(rows) > 1 + 32  # window rows beyond any tree
+    again = LookaheadGenerator(model_for("llama"), config=gen.config, learned=gen.learned)
+    assert again.run_config is gen.run_config  # a generator continuing from it keeps the window
+    assert LookaheadGenerator(model_for("llama")).run_config.window == 1
