@@ -79,9 +79,10 @@ class CurveStore:
         """The saved seconds, or None (missing, foreign, corrupt or implausible file)."""
         return _read(self.path, self.fingerprint)
 
-    def save(self, seconds: list[float]) -> None:
-        """Save the seconds atomically (a read-only or full disk only costs a measurement next time)."""
-        _write(self.path, self.fingerprint, seconds)
+    def save(self, seconds: list[float]) -> str | None:
+        """Save the seconds atomically; None when written, else why not (a read-only or full disk only
+        costs a measurement next time)."""
+        return _write(self.path, self.fingerprint, seconds)
 
 
 @dataclass
@@ -453,9 +454,8 @@ def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int,
     time_one = decode_step_timer(model, layout, context, batch=batch, few_row_matmul=few_row_matmul)
     say(announcement(fingerprint, rows, estimate_seconds(time_one, rows, repeats), store))
     measured = measure_curve(time_one, rows, repeats)
-    if measured.problem is None and store is not None:
-        store.save(measured.seconds.tolist())
-    say(outcome(fingerprint, rows, measured, store))
+    unwritten = store.save(measured.seconds.tolist()) if measured.problem is None and store is not None else None
+    say(outcome(fingerprint, rows, measured, store, unwritten))
     wrong = measured.problem is not None
     return CostModel(np.array(rows, dtype=np.float64), measured.seconds, store=store, repaired=wrong,
                      trust=TRUST_REPAIRED if wrong else TRUST_MEASURED)
@@ -489,8 +489,10 @@ def announcement(fingerprint: dict, rows: tuple[int, ...], estimate: tuple[float
             f"over {rows[0]} to {rows[-1]} rows: {duration}, {kept}")
 
 
-def outcome(fingerprint: dict, rows: tuple[int, ...], measured: Measurement, store: CurveStore | None) -> str:
-    """The line said after measuring: the curve in brief and where it is kept (or why not)."""
+def outcome(fingerprint: dict, rows: tuple[int, ...], measured: Measurement, store: CurveStore | None,
+            unwritten: str | None = None) -> str:
+    """The line said after measuring: the curve in brief and where it is kept (or why not: ``unwritten``,
+    why the store could not be written)."""
     tries = f", {measured.tries} tries" if measured.tries > 1 else ""
     done = f"lookahead: step cost measured in {_s(measured.elapsed)} ({_count(measured.passes, 'pass')}{tries})"
     if measured.problem is not None:
@@ -500,6 +502,9 @@ def outcome(fingerprint: dict, rows: tuple[int, ...], measured: Measurement, sto
         return (f"{done} looks wrong ({measured.problem}; {busy}): not cached; this run starts from a "
                 f"repaired curve, refines it from its own steps and caches it only once it looks right")
     kept = f"cached in {store.path}" if store is not None else "not cached"
+    if store is not None and unwritten is not None:
+        kept = (f"not cached: {os.path.dirname(store.path)} cannot be written ({unwritten}); pass a writable "
+                f"--cost-cache-dir DIR (cost_cache_dir), or '' to measure every run without caching")
     return f"{done}: {curve_summary(rows, measured.seconds)}; {kept}"
 
 
@@ -547,13 +552,15 @@ def _read(path: str, fingerprint: dict) -> list[float] | None:
     return seconds
 
 
-def _write(path: str, fingerprint: dict, seconds: list[float]) -> None:
-    """Save atomically; a read-only or full disk only costs a re-measurement next time."""
+def _write(path: str, fingerprint: dict, seconds: list[float]) -> str | None:
+    """Save atomically; None when written, else why not (a read-only or full disk only costs a
+    re-measurement next time)."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
             json.dump({"fingerprint": fingerprint, "seconds": seconds}, handle)
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None

@@ -17,6 +17,7 @@ import lookahead.engine as engine
 from conftest import COMMON, VOCAB, reference, tiny_model
 from lookahead import ContextLimitWarning, CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator
 from lookahead.output import OutputBuffer
+from lookahead.support import attention_layout
 
 NO_EOS = [VOCAB + 1000]
 WIDE = LookaheadConfig(window=3, ngram=4, candidates=8, match_min=1, match_length=12, max_tree_nodes=48,
@@ -214,3 +215,16 @@ def test_cost_curve_is_measured_inside_a_short_context(monkeypatch):
     assert gen.cost is not None
     assert torch.equal(gen.generate(prompt, max_new_tokens=16, eos_token_id=NO_EOS),
                        reference(model, prompt, 16, eos_token_id=NO_EOS))
+
+
+def test_a_cost_cache_dir_that_cannot_be_written_says_why_and_how_to_fix_it(tmp_path, monkeypatch, capsys):
+    """The line after a measurement names the directory, the reason and the option; nothing claims 'cached in'."""
+    monkeypatch.setattr(costmodel, "decode_step_timer", lambda *args, **kwargs: lambda q, route=None: 0.01 + 0.001 * q)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a file where the cache directory should be
+    model = tiny_model("llama")
+    cost = costmodel.load_cost_model(model, attention_layout(model.config), 4, 8, 1, str(blocked / "costs"))
+    after = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"not cached: {blocked / 'costs'} cannot be written (Not a directory)" in after
+    assert "pass a writable --cost-cache-dir DIR (cost_cache_dir), or ''" in after and "cached in" not in after
+    assert cost.rows.tolist() == [1, 2, 3, 4]  # decoding goes on with the measured curve
