@@ -103,6 +103,7 @@ class BatchDecoding:
         seconds = time.perf_counter() - began
         self.stats.step_seconds.append(seconds)
         seqs[0].planner.observe_step(int(tokens.shape[1]), seconds)  # the cost model is shared
+        self.target.observe(int(tokens.shape[0]), int(tokens.shape[1]), seconds)
 
     def _rows(self, plans: list[StepPlan]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every row's step rows padded to the longest: tokens, positions, local masks."""

@@ -23,7 +23,7 @@ def _check_int(name: str, value, low: int, high: int | None = None) -> None:
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """Settings of one LookaheadGenerator (defaults measured on a 2-core CPU, SmolLM2-135M).
+    """Settings of one LookaheadGenerator (hardware choices are measured where it runs, not set here).
 
     Letters used in shape comments: W = window, N = ngram, G = candidates.
     """
@@ -66,9 +66,10 @@ class LookaheadConfig:
     cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
     calibration_context: int = 256  # context tokens behind the cost measurement
     calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)
-    # On the CPU, run the linear layers of a 1-64-row forward through lookahead's own kernel (one pass
-    # over the weights on every core: SmolLM2-135M 30 ms a one-row forward against 57 ms through
-    # torch's; bfloat16 / float16: 2-7 rows as W @ x^T; lookahead/fewrows.py). No effect on a GPU.
+    # On the CPU, let the cost measurement try lookahead's own linear kernel for 1-64-row forwards
+    # (lookahead/fewrows.py) beside torch's, each on torch's threads and on one: every row count then
+    # runs through whichever route was fastest on this machine, re-checked as steps run
+    # (lookahead/routing.py). False: torch's linear only. No effect on a GPU.
     few_row_matmul: bool = True
     window_seed: int = 0  # RNG seed of the window's initial guesses (sampling uses torch's generator)
     allow_untested_models: bool = False  # drive architectures outside the tested list

@@ -36,7 +36,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .fewrows import ROUTING as FEW_ROW_ROUTING
+import platform
+
+import psutil
+
+from .routing import Route, Routing, candidate_routes, kernel_applies, route_mode
 from .support import AttentionLayout
 from .target import Target, input_device
 
@@ -54,6 +58,9 @@ TRUST_REPAIRED = 0.25  # ... a point of an implausible (repaired) curve
 ROUNDING = 1 + 1e-9  # a repaired curve sits exactly at the limits
 CONFIRM_STEPS = 64  # steps observed before a curve measured in this process is written back
 RATIO_LIMIT = 100.0  # a step counts as at most this factor off the starting curve
+PRUNE = 1.25  # a route over this times the fastest at every row count after one pass is measured no further
+LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
+ROUTES_VERSION = 1  # in cost curves' fingerprints: a change to the routes or kernels re-measures
 
 Say = Callable[[str], None]
 
@@ -75,14 +82,15 @@ class CurveStore:
     path: str
     fingerprint: dict
 
-    def read(self) -> list[float] | None:
-        """The saved seconds, or None (missing, foreign, corrupt or implausible file)."""
+    def read(self) -> tuple[list[float], list[list[float]]] | None:
+        """The saved seconds [S] and every route's [R][S], or None (missing, foreign, corrupt or
+        implausible file)."""
         return _read(self.path, self.fingerprint)
 
-    def save(self, seconds: list[float]) -> str | None:
+    def save(self, seconds: list[float], routes: list[list[float]]) -> str | None:
         """Save the seconds atomically; None when written, else why not (a read-only or full disk only
         costs a measurement next time)."""
-        return _write(self.path, self.fingerprint, seconds)
+        return _write(self.path, self.fingerprint, seconds, routes)
 
 
 @dataclass
@@ -100,6 +108,7 @@ class CostModel:
     trust: float = TRUST_MEASURED  # how many observed steps a starting point weighs as much as
     store: CurveStore | None = None  # where the refined curve goes once confirmed (measured in this process)
     repaired: bool = False  # the start is a repaired implausible measurement: kept only once steps covered it
+    routing: Routing | None = None  # how forwards run on this CPU (routing.py), saved beside the curve
     # The curve is kept as measured, dips included: on CPUs a matrix product over 16 rows
     # can be faster than over 12 (seen on SmolLM2 and Qwen2.5-1.5B here), and the budget
     # should use that. Noise is fought with the median of several passes instead, and a
@@ -165,13 +174,9 @@ class CostModel:
         if self.store is None or (self.repaired and (self.seen < 1.0).any()) \
                 or implausibility(self.rows, self.seconds[None]) is not None:
             return False
-        self.store.save(self.seconds.tolist())
+        self.store.save(self.seconds.tolist(), route_seconds(self.routing, self.seconds))
         self.store = None
         return True
-
-    def relative(self) -> np.ndarray:
-        """The curve relative to one row."""
-        return self.seconds / self.seconds[0]
 
 
 def _extend(rows: np.ndarray, seconds: np.ndarray, q) -> np.ndarray:
@@ -336,16 +341,22 @@ def measure_curve(time_one: Callable[[int], float], rows: tuple[int, ...], repea
     return Measurement(repair(rows, every.min(axis=0)), problem, every.shape[0], len(tried), clock() - start)
 
 
+def route_seconds(routing: Routing | None, seconds: np.ndarray) -> list[list[float]]:
+    """What is saved of the routes: every route's measured curve [R][S] (one route, the curve, without)."""
+    return routing.seconds.tolist() if routing is not None else [list(map(float, seconds))]
+
+
 def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 0,
-                      batch: int = 1, few_row_matmul: bool = True) -> Callable[[int], float]:
-    """time_one(q): seconds of one decode-shaped forward over q new rows after ``context`` cached ones.
+                      batch: int = 1) -> Callable[[int, Route | None], float]:
+    """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
+    cached ones, run through ``route`` (routing.py; None: as torch is set).
 
     Each pass goes through ``Target.forward`` exactly as a decode step does
     (``Target.forward_batch`` for a batch of ``batch`` rows of q tokens), plus
     the step's host sync (an argmax read back), and is cropped away again. A
     synthetic context of random tokens is prefilled here, once.
     """
-    target = Target(model, layout, few_row_matmul)
+    target = Target(model, layout)
     rng = np.random.default_rng(seed)
     cache = target.new_cache()
     prefix = rng.integers(0, target.vocab, (batch, context), dtype=np.int64)  # [B, C]
@@ -354,10 +365,10 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
               logits_to_keep=1)
     passes = {}  # q -> the step function over fixed random tokens [B, q]
 
-    def time_one(q: int) -> float:
+    def time_one(q: int, route: Route | None = None) -> float:
         if q not in passes:
             passes[q] = _step_pass(target, rng.integers(0, target.vocab, (batch, q), dtype=np.int64), context)
-        with torch.inference_mode():
+        with torch.inference_mode(), route_mode(route, batch * q):
             began = time.perf_counter()
             passes[q](cache).argmax(-1).cpu()  # the step's host sync
             took = time.perf_counter() - began
@@ -368,16 +379,69 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
 
 
 def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...], context: int,
-                            repeats: int, seed: int = 0, batch: int = 1, few_row_matmul: bool = True) -> list[float]:
-    """Median seconds of one decode-shaped forward over q new rows, for every q in rows.
+                            repeats: int, seed: int = 0, batch: int = 1, route: Route | None = None) -> list[float]:
+    """Median seconds of one decode-shaped forward over q new rows through ``route``, for every q in rows.
 
     ``repeats`` interleaved passes (decode_step_timer, time_passes; fewer once
     MIN_PASSES agree) after one untimed warm-up pass at the largest q. No
     plausibility check: benchmarks/costcurve.py reports what it measures.
     """
-    time_one = decode_step_timer(model, layout, context, seed, batch, few_row_matmul)
-    time_one(rows[-1])  # warm-up
-    return np.median(time_passes(time_one, rows, repeats), axis=0).tolist()
+    time_one = decode_step_timer(model, layout, context, seed, batch)
+    time_one(rows[-1], route)  # warm-up
+    return np.median(time_passes(lambda q: time_one(q, route), rows, repeats), axis=0).tolist()
+
+
+def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list,
+                   repeats: int, cap_s: float = MEASURE_CAP_S,
+                   clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, Measurement]:
+    """(seconds [R, S] of every route, the measurement of the fastest at each row count).
+
+    One pass through every route first; a route PRUNE times slower than the
+    fastest at every row count keeps that pass as its curve, the others are
+    measured to the end (measure_curve, sharing the time cap).
+    """
+    start, several = clock(), len(routes) > 1
+    first = np.array([time_passes(lambda q, r=r: time_one(q, r), rows, 1, clock=clock)[0]
+                      for r in (routes if several else [])]).reshape(-1, len(rows))  # [R, S] or [0, S]
+    kept = [i for i in range(len(routes)) if first.shape[0] == 0 or (first[i] <= PRUNE * first.min(axis=0)).any()]
+    seconds = first.copy() if first.shape[0] else np.zeros((len(routes), len(rows)))
+    parts = []
+    for i in kept:
+        part = measure_curve(lambda q, r=routes[i]: time_one(q, r), rows, repeats, cap_s / len(kept), clock)
+        seconds[i] = part.seconds
+        parts.append(part)
+    best = seconds.min(axis=0)  # [S]
+    problem = next((p.problem for p in parts if p.problem is not None), None) or implausibility(rows, best[None])
+    passes = first.shape[0] + sum(p.passes for p in parts)
+    return seconds, Measurement(best if problem is None else repair(rows, best), problem, passes,
+                                max(p.tries for p in parts), clock() - start)
+
+
+def cpu_name() -> str:
+    """The CPU's model name ('AMD EPYC', 'Intel(R) Xeon(R) ...'), or the machine type where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(a clock, seconds all CPUs have been busy, seconds this process has run): for ``others_busy``."""
+    total = psutil.cpu_times()
+    guest = getattr(total, "guest", 0.0) + getattr(total, "guest_nice", 0.0)  # already counted in user
+    busy = sum(total) - total.idle - getattr(total, "iowait", 0.0) - guest
+    own = psutil.Process().cpu_times()
+    return time.monotonic(), busy, own.user + own.system
+
+
+def others_busy(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """How many cores other processes (or other machines sharing this one) kept busy between two snapshots."""
+    wall = after[0] - before[0]
+    return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall > 0 else 0.0
 
 
 def _step_pass(target: Target, tokens: np.ndarray, context: int):
@@ -397,14 +461,15 @@ def _step_pass(target: Target, tokens: np.ndarray, context: int):
 
 
 # ---------------------------------------------------------------- the cached curve
-def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int,
-                      few_row_matmul: bool = True) -> dict:
+def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int, routes: list = ()) -> dict:
     """What the measured curve depends on.
 
     The device is where the inputs go (target.input_device: with a device_map
     the first parameter may be offloaded to "meta"); a device_map that places
     modules on more than one device (several GPUs, CPU or disk offload) is part
-    of the fingerprint, since it changes the cost of every forward.
+    of the fingerprint, since it changes the cost of every forward. So are the
+    CPU's model name and torch's thread count: nothing measured on one machine
+    is used on another.
     """
     device = input_device(model)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
@@ -414,7 +479,8 @@ def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int,
                    "dtype": str(model.get_input_embeddings().weight.dtype), "device": name,
                    "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": list(rows),
                    "context": context, "repeats": repeats,
-                   "few_row_matmul": FEW_ROW_ROUTING if few_row_matmul else False}
+                   "cpu": cpu_name(), "routes": [r.label if r is not None else "as set" for r in routes],
+                   "routes_version": ROUTES_VERSION}
     placement = {module: str(where) for module, where in (getattr(model, "hf_device_map", None) or {}).items()}
     if len(set(placement.values())) > 1:
         fingerprint["device_map"] = placement
@@ -428,20 +494,33 @@ def flat_curve(curve: CostModel) -> CostModel:
                      smoothing=0.0)
 
 
+def measured_routes(model, few_row_matmul: bool) -> list:
+    """The routes a forward of this model is measured through: on the CPU torch's threads and one,
+    through torch's linear and (``few_row_matmul``) lookahead's; elsewhere [None] (as set)."""
+    device, dtype = input_device(model), model.get_input_embeddings().weight.dtype
+    if device.type != "cpu":
+        return [None]
+    return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype))
+
+
 def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr,
                     few_row_matmul: bool = True) -> CostModel:
-    """The cached curve for this model/device/dtype (and batch size); measured when absent.
+    """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent.
 
-    A measurement says so through ``say`` (a line on stderr): what is
-    measured and for about how long, then the curve and where it is kept.
-    A plausible curve is saved at once and again, refined, after
-    CONFIRM_STEPS real steps; an implausible one is not saved as measured
-    (``measure_curve``). ``cache_dir`` "" measures without reading or
-    writing the disk.
+    On the CPU the curve is measured through every route (``measured_routes``)
+    and its ``routing`` says which one each row count runs through. A
+    measurement says so through ``say`` (a line on stderr): what is measured
+    and for about how long, then the curve, the routes and where it is kept. A
+    plausible curve measured while the machine was otherwise quiet is saved at
+    once and again, refined, after CONFIRM_STEPS real steps; an implausible one
+    (``measure_curve``), or one measured while other processes kept
+    LOAD_LIMIT cores busy, is used for this run and not saved as measured.
+    ``cache_dir`` "" measures without reading or writing the disk.
     """
     rows = row_grid(max_rows)
-    fingerprint = model_fingerprint(model, rows, context, repeats, few_row_matmul)
+    routes = measured_routes(model, few_row_matmul)
+    fingerprint = model_fingerprint(model, rows, context, repeats, routes)
     if batch > 1:
         fingerprint["batch"] = batch
     store = None
@@ -450,29 +529,43 @@ def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int,
         store = CurveStore(os.path.join(os.path.expanduser(cache_dir), f"{key}.json"), fingerprint)
         saved = store.read()
         if saved is not None:
-            return CostModel(np.array(rows, dtype=np.float64), np.array(saved, dtype=np.float64))
-    time_one = decode_step_timer(model, layout, context, batch=batch, few_row_matmul=few_row_matmul)
-    say(announcement(fingerprint, rows, estimate_seconds(time_one, rows, repeats), store))
-    measured = measure_curve(time_one, rows, repeats)
-    unwritten = store.save(measured.seconds.tolist()) if measured.problem is None and store is not None else None
-    say(outcome(fingerprint, rows, measured, store, unwritten))
+            return CostModel(np.array(rows, dtype=np.float64), np.array(saved[0], dtype=np.float64),
+                             routing=_routing(rows, routes, saved[1]))
+    time_one = decode_step_timer(model, layout, context, batch=batch)
+    say(announcement(fingerprint, rows, estimate_seconds(time_one, rows, repeats, routes), store))
+    before = cpu_snapshot()
+    every, measured = measure_routes(time_one, rows, routes, repeats)
+    busy = others_busy(before, cpu_snapshot())
+    routing = _routing(rows, routes, every)
     wrong = measured.problem is not None
-    return CostModel(np.array(rows, dtype=np.float64), measured.seconds, store=store, repaired=wrong,
-                     trust=TRUST_REPAIRED if wrong else TRUST_MEASURED)
+    keep = store is not None and not wrong and busy < LOAD_LIMIT
+    unwritten = store.save(measured.seconds.tolist(), every.tolist()) if keep else None
+    say(outcome(fingerprint, rows, measured, store, routing, busy, unwritten))
+    return CostModel(np.array(rows, dtype=np.float64), measured.seconds, routing=routing, repaired=wrong,
+                     store=store if busy < LOAD_LIMIT else None, trust=TRUST_REPAIRED if wrong else TRUST_MEASURED)
 
 
-def estimate_seconds(time_one: Callable[[int], float], rows: tuple[int, ...], repeats: int) -> tuple[float, float]:
-    """(likely, longest) seconds measure_curve should take, from three forwards.
+def _routing(rows: tuple[int, ...], routes: list, seconds) -> Routing | None:
+    """The Routing over these routes' curves [R][S] (None off the CPU, where forwards run as set)."""
+    return Routing(np.array(rows), routes, np.array(seconds)) if routes != [None] else None
+
+
+def estimate_seconds(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], repeats: int,
+                     routes: list) -> tuple[float, float]:
+    """(likely, longest) seconds measure_routes should take, from three forwards.
 
     One untimed warm-up at the largest size, then one timed forward at the
-    smallest and at the largest; a pass costs their mean at every grid
-    point. Likely: MIN_PASSES passes (they agree); longest: every pass; both
-    no more passes than fit in the time cap, plus the one that crosses it.
+    smallest and at the largest (the first route); a pass costs their mean at
+    every grid point. Likely: one pass per route, then MIN_PASSES passes of
+    two (they agree); longest: every pass of every route; both no more
+    passes than fit in the time cap, plus the one that crosses it.
     """
-    time_one(rows[-1])  # warm-up (first-call allocations, kernels)
-    per_pass = len(rows) * (time_one(rows[0]) + time_one(rows[-1])) / 2
+    time_one(rows[-1], routes[0])  # warm-up (first-call allocations, kernels)
+    per_pass = len(rows) * (time_one(rows[0], routes[0]) + time_one(rows[-1], routes[0])) / 2
     within_cap = max(1, math.ceil(MEASURE_CAP_S / per_pass)) if per_pass > 0 else repeats  # passes
-    return min(MIN_PASSES, repeats, within_cap) * per_pass, min(repeats, within_cap) * per_pass
+    first = len(routes) if len(routes) > 1 else 0
+    likely = first + min(2, len(routes)) * min(MIN_PASSES, repeats, within_cap)
+    return likely * per_pass, (first + min(len(routes) * repeats, within_cap)) * per_pass
 
 
 def announcement(fingerprint: dict, rows: tuple[int, ...], estimate: tuple[float, float],
@@ -490,22 +583,28 @@ def announcement(fingerprint: dict, rows: tuple[int, ...], estimate: tuple[float
 
 
 def outcome(fingerprint: dict, rows: tuple[int, ...], measured: Measurement, store: CurveStore | None,
-            unwritten: str | None = None) -> str:
-    """The line said after measuring: the curve in brief and where it is kept (or why not: ``unwritten``,
-    why the store could not be written)."""
+            routing: Routing | None = None, busy: float = 0.0, unwritten: str | None = None) -> str:
+    """The line said after measuring: the curve in brief, the routes chosen and where it is kept (or why not:
+    ``unwritten``, why the store could not be written)."""
     tries = f", {measured.tries} tries" if measured.tries > 1 else ""
     done = f"lookahead: step cost measured in {_s(measured.elapsed)} ({_count(measured.passes, 'pass')}{tries})"
+    routes = f"; {routing.summary()}" if routing is not None and len(routing.routes) > 1 else ""
     if measured.problem is not None:
-        busy = "is another process busy on this machine?"
+        why = "is another process busy on this machine?"
         if fingerprint["device"] == "cpu" and fingerprint["threads"] > 1:
-            busy += " (on a shared CPU, fewer threads - torch.set_num_threads - can be much faster)"
-        return (f"{done} looks wrong ({measured.problem}; {busy}): not cached; this run starts from a "
-                f"repaired curve, refines it from its own steps and caches it only once it looks right")
-    kept = f"cached in {store.path}" if store is not None else "not cached"
-    if store is not None and unwritten is not None:
-        kept = (f"not cached: {os.path.dirname(store.path)} cannot be written ({unwritten}); pass a writable "
-                f"--cost-cache-dir DIR (cost_cache_dir), or '' to measure every run without caching")
-    return f"{done}: {curve_summary(rows, measured.seconds)}; {kept}"
+            why += " (on a shared CPU, fewer threads - --threads 1 or torch.set_num_threads(1) - can be much faster)"
+        return (f"{done} looks wrong ({measured.problem}; {why}): not cached; this run starts from a "
+                f"repaired curve{routes}, refines it from its own steps and caches it only once it looks right")
+    summary = f"{done}: {curve_summary(rows, measured.seconds)}{routes}"
+    if busy >= LOAD_LIMIT:
+        return (f"{summary}; other processes kept {busy:.1f} of {os.cpu_count()} cores busy meanwhile, so it is "
+                f"used for this run and not cached (the steps re-check it)")
+    if store is None:
+        return f"{summary}; not cached"
+    if unwritten is not None:
+        return (f"{summary}; not cached: {os.path.dirname(store.path)} cannot be written ({unwritten}); pass a "
+                f"writable --cost-cache-dir DIR (cost_cache_dir), or '' to measure every run without caching")
+    return f"{summary}; cached in {store.path}"
 
 
 def curve_summary(rows: tuple[int, ...], seconds: np.ndarray) -> str:
@@ -533,9 +632,9 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 'es' if noun.endswith('s') else 's'}"
 
 
-def _read(path: str, fingerprint: dict) -> list[float] | None:
-    """Saved seconds for exactly this fingerprint, or None (missing, foreign, corrupt or implausible file:
-    a curve cached before plausibility was checked is measured again)."""
+def _read(path: str, fingerprint: dict) -> tuple[list[float], list[list[float]]] | None:
+    """Saved seconds [S] and route curves [R][S] for exactly this fingerprint, or None (missing, foreign,
+    corrupt or implausible file: a curve cached before plausibility was checked is measured again)."""
     try:
         with open(path) as handle:
             data = json.load(handle)
@@ -543,23 +642,29 @@ def _read(path: str, fingerprint: dict) -> list[float] | None:
         return None
     if not isinstance(data, dict) or data.get("fingerprint") != fingerprint:
         return None
-    seconds = data.get("seconds")
-    if not isinstance(seconds, list) or len(seconds) != len(fingerprint["rows"]) \
-            or not all(isinstance(s, float) and s > 0 for s in seconds):
+    seconds, routes = data.get("seconds"), data.get("routes")
+    size = len(fingerprint["rows"])
+    if not _positive_floats(seconds, size) or not isinstance(routes, list) \
+            or len(routes) != len(fingerprint["routes"]) or not all(_positive_floats(r, size) for r in routes):
         return None
     if implausibility(fingerprint["rows"], [seconds]) is not None:
         return None
-    return seconds
+    return seconds, routes
 
 
-def _write(path: str, fingerprint: dict, seconds: list[float]) -> str | None:
+def _positive_floats(values, size: int) -> bool:
+    """Whether values is a list of ``size`` positive floats."""
+    return isinstance(values, list) and len(values) == size and all(isinstance(v, float) and v > 0 for v in values)
+
+
+def _write(path: str, fingerprint: dict, seconds: list[float], routes: list[list[float]]) -> str | None:
     """Save atomically; None when written, else why not (a read-only or full disk only costs a
     re-measurement next time)."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
-            json.dump({"fingerprint": fingerprint, "seconds": seconds}, handle)
+            json.dump({"fingerprint": fingerprint, "seconds": seconds, "routes": routes}, handle)
         os.replace(tmp, path)
     except OSError as exc:
         return exc.strerror or str(exc)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .fewrows import few_rows
+from .routing import Routing, route_mode
 from .target import input_device, to_device
 
 
@@ -41,11 +41,12 @@ def common_prefix(held: np.ndarray, seq: np.ndarray) -> int:
 class Drafter:
     """One sequence's draft-model state: its cache and the tokens [H] it holds."""
 
-    def __init__(self, model, few_row_matmul: bool = True, context: int = 0):
-        """``context``: most rows one catch-up feeds (0: no bound, the whole text)."""
+    def __init__(self, model, routing: Routing | None = None, context: int = 0):
+        """``context``: most rows one catch-up feeds (0: no bound, the whole text). ``routing``: how
+        the draft's forwards run on this CPU, measured with its cost curve (None: as torch is set)."""
         self.model = model
         self.context = context
-        self.few_row_matmul = few_row_matmul  # 1-64-row linears through kernels/linear.py on the CPU (fewrows.py)
+        self.routing = routing
         self.device = input_device(model)
         self.cache = DynamicCache()
         self.held = np.zeros(0, dtype=np.int64)  # [H] tokens whose KV the cache holds: seq[start:start + H]
@@ -98,7 +99,8 @@ class Drafter:
 
     def _run(self, tokens: np.ndarray) -> torch.Tensor:
         """One causal forward over tokens [T] after the held ones; the last row's logits [V]."""
-        with few_rows(self.device, int(tokens.shape[0]), self.few_row_matmul):
+        rows = int(tokens.shape[0])
+        with route_mode(self.routing.route_for(rows) if self.routing is not None else None, rows):
             out = self.model(input_ids=to_device(tokens, self.device)[None], past_key_values=self.cache,
                              use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]  # [V]

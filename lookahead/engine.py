@@ -21,7 +21,9 @@ import torch
 from .cache import keep_rows
 from .config import LookaheadConfig
 from .costmodel import CostModel, flat_curve, load_cost_model
+from .routing import Routing
 from .draftcheck import check_draft
+from .fewrows import start_numba_threads
 from .batch import BatchDecoding
 from .inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
 from .kernels import warmup
@@ -53,8 +55,9 @@ class Learned:
     vocab: int
     recycled: AdjacencyTable | None  # the recycled successors
     acceptance: dict[str, AcceptanceStats]  # acceptance estimates, one table per regime (planner.py)
-    cost: CostModel | None  # the step-cost curve, refined by the steps that ran
+    cost: CostModel | None  # the step-cost curve the budget prices steps by, refined by the steps that ran
     run_config: LookaheadConfig | None = None  # the config decodes run with (auto_window's choice); None: config
+    routing: Routing | None = None  # how forwards run on this CPU (routing.py); None: as torch is set
 
 
 class LookaheadGenerator:
@@ -79,8 +82,7 @@ class LookaheadGenerator:
         self.config = config if config is not None else LookaheadConfig()
         if not isinstance(self.config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig, got {type(self.config).__name__}")
-        self.target = Target(model, check_model(model, self.config.allow_untested_models),
-                             self.config.few_row_matmul)
+        self.target = Target(model, check_model(model, self.config.allow_untested_models))
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
         self.draft_model, self.draft_cost = draft_model, None
@@ -89,6 +91,7 @@ class LookaheadGenerator:
                                  self.config.allow_untested_models)
             if self.config.budget == "adaptive":
                 self.draft_cost = self._measure_draft_cost(layout)
+        start_numba_threads()  # before the kernels' first parallel run: torch's thread count stays the user's
         warmup()
         if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):
             raise ValueError("learned state comes from a generator with another config or vocabulary; "
@@ -96,40 +99,58 @@ class LookaheadGenerator:
         if learned is None:
             learned = self._fresh()
         # Learned across generate calls: the recycled successors, the acceptance
-        # estimates (one table per regime, see planner.py) and the step-cost curve,
-        # and the config decodes run with (config, or config with the window auto_window opened).
+        # estimates (one table per regime, see planner.py), the step-cost curve, how
+        # forwards run on this CPU, and the config decodes run with (config, or config
+        # with the window auto_window opened).
         self.recycled, self.acceptance, self.cost = learned.recycled, learned.acceptance, learned.cost
         self.run_config = learned.run_config if learned.run_config is not None else self.config
-        self.batch_costs: dict[int, CostModel] = {}  # batch size -> curve of a step over that many rows
+        if learned.routing is not None:
+            self.target.routings[1] = learned.routing
+        self.batch_costs: dict[int, CostModel | None] = {}  # batch size -> the budget's curve for that batch
 
     def _fresh(self) -> Learned:
-        """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it,
-        and the window auto_window opens where that curve says rows are nearly free (the curve is
-        then measured again, up to the steps the window makes possible)."""
+        """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it or
+        the model runs on the CPU (where it also chooses how forwards run), and the window auto_window
+        opens where that curve says rows are nearly free (the curve is then measured again, up to the
+        steps the window makes possible)."""
         cfg = self.config
         recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
-        cost, run = None, cfg
-        if cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0:
-            cost = self._measure_cost(cfg)
-            run = auto_window(cfg, cost)
+        cost, run = self._measure_cost(cfg), cfg
+        if cost is not None and self._budgeted(cfg):
+            run = auto_window(cfg, self._priced(cost))
             if run is not cfg:
                 cost = self._measure_cost(run)
-        return Learned(cfg, self.vocab, recycled, {}, cost, run)
+        routing = cost.routing if cost is not None else None
+        return Learned(cfg, self.vocab, recycled, {}, self._priced(cost), run, routing)
+
+    @staticmethod
+    def _budgeted(cfg: LookaheadConfig) -> bool:
+        """Whether the adaptive budget sizes this config's steps (so the curve prices them)."""
+        return cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0
+
+    def _priced(self, curve: CostModel | None) -> CostModel | None:
+        """The curve the budget prices steps by: None without the adaptive budget, flat with budget_curve="flat"."""
+        if curve is None or not self._budgeted(self.config):
+            return None
+        return flat_curve(curve) if self.config.budget_curve == "flat" else curve
 
     @property
     def learned(self) -> Learned:
         """The state this generator learned so far (shared, not copied: it keeps learning)."""
-        return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost, self.run_config)
+        return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost, self.run_config,
+                       self.target.routings.get(1))
 
-    def _measure_cost(self, cfg: LookaheadConfig, batch: int = 1) -> CostModel:
-        """The forward-cost curve up to the largest step ``cfg`` can build (cached on disk)."""
+    def _measure_cost(self, cfg: LookaheadConfig, batch: int = 1) -> CostModel | None:
+        """The forward-cost curve up to the largest step ``cfg`` can build (cached on disk), with the
+        routes forwards run through on the CPU; None where nothing needs it (no adaptive budget, no CPU)."""
+        if not self._budgeted(cfg) and self.target.device.type != "cpu":
+            return None
         context = cfg.calibration_context  # the synthetic context must fit in the model's own
         if self.target.context is not None:
             context = max(1, min(context, self.target.context - 1))
-        curve = load_cost_model(self.model, self.target.layout, cfg.lookahead_rows + cfg.max_tree_nodes,
-                                context, cfg.calibration_repeats, cfg.cost_cache_dir, batch,
-                                few_row_matmul=cfg.few_row_matmul)
-        return flat_curve(curve) if cfg.budget_curve == "flat" else curve
+        rows = cfg.lookahead_rows + cfg.max_tree_nodes if self._budgeted(cfg) else 1
+        return load_cost_model(self.model, self.target.layout, rows, context, cfg.calibration_repeats,
+                               cfg.cost_cache_dir, batch, few_row_matmul=cfg.few_row_matmul)
 
     def _measure_draft_cost(self, layout) -> CostModel:
         """The draft's forward-cost curve over as many rows as it is fed at once (cached on disk)."""
@@ -140,14 +161,18 @@ class LookaheadGenerator:
         if draft_context is not None:
             context = max(1, min(context, draft_context - 1))
         return load_cost_model(self.draft_model, layout, rows, context, cfg.calibration_repeats, cfg.cost_cache_dir,
-                               few_row_matmul=cfg.few_row_matmul)
+                               few_row_matmul=cfg.few_row_matmul)  # with the draft's routes (drafter.py)
 
     def cost_for_batch(self, batch: int) -> CostModel | None:
-        """The cost curve of a step over ``batch`` sequences (measured on first use, cached on disk)."""
-        if self.cost is None or batch == 1:
+        """The budget's curve of a step over ``batch`` sequences (measured on first use, cached on disk),
+        its routes set on the target."""
+        if batch == 1:
             return self.cost
         if batch not in self.batch_costs:
-            self.batch_costs[batch] = self._measure_cost(self.run_config, batch)
+            curve = self._measure_cost(self.run_config, batch)
+            if curve is not None and curve.routing is not None:
+                self.target.routings[batch] = curve.routing
+            self.batch_costs[batch] = self._priced(curve)
         return self.batch_costs[batch]
 
     # ------------------------------------------------------------------ API
@@ -292,5 +317,7 @@ class _Decoding:
         self.stats.step_seconds.append(seconds)
         # The target's curve learns from the target's share alone: a draft's forwards (a catch-up
         # over a whole prompt among them) would make every row count look dearer.
-        self.seq.planner.observe_step(int(plan.tokens.shape[0]), max(seconds - plan.spent, 0.0))
+        target_seconds = max(seconds - plan.spent, 0.0)
+        self.seq.planner.observe_step(int(plan.tokens.shape[0]), target_seconds)
+        self.target.observe(1, int(plan.tokens.shape[0]), target_seconds)
         return done

@@ -2,37 +2,28 @@
 
 A decode step feeds 1 row; a speculative step feeds a few more. On the CPU
 torch's ``F.linear`` hands a one-row product to a matrix-vector kernel and a
-product over 2 to 7 rows to a general matrix-matrix kernel; on 2 cores
-(MKL, float32) neither streams the weights at the memory's speed, and the
-second costs up to twice the first. Whole forwards, 256 tokens of context
-(SmolLM2-135M; Qwen2.5-Coder-1.5B):
+product over 2 to 7 rows to a general matrix-matrix kernel; on some CPUs
+neither streams the weights at the memory's speed, on others they do. So
+this is one route among others (routing.py): the cost measurement times a
+forward through it and through torch's own on this machine, and each row
+count runs through whichever was faster (benchmarks/RESULTS.md has what
+machines measured).
 
-    rows                      1       2       3       4       8      16      32      64
-    torch's F.linear        57 ms  101 ms  125 ms   94 ms  103 ms  109     141     220   SmolLM2
-    W @ x^T                 65      64      66      64     112     123
-    kernels/linear.py       30      37      40      39      51      74     104     173
-    torch's F.linear       370 ms  797 ms 1137 ms  748 ms  786 ms  899    1223    1884   Qwen
-    W @ x^T                385     439     731     658     899    1009
-    kernels/linear.py      149     227     261     262     312     442     728    1289
-
-So a forward over 1..KERNEL_ROWS_MAX rows in float32 or float64 runs its
-linear layers through ``kernels.linear.rows_linear`` (one pass over the
-weights, every core); other float dtypes (bfloat16, float16, which numba
-does not compute in) run 2..MM_ROWS_MAX rows as W @ x^T; anything else is
-torch's own.
+Inside ``FewRowLinear`` a forward over 1..KERNEL_ROWS_MAX rows in float32
+or float64 runs its linear layers through ``kernels.linear.rows_linear``
+(one pass over the weights, every thread); other float dtypes (bfloat16,
+float16, which numba does not compute in) run 2..MM_ROWS_MAX rows as
+W @ x^T; anything else is torch's own.
 
 The rerouting is a ``TorchFunctionMode`` entered around one forward call of
 the model: the model, its modules and transformers are not touched, and
-nothing changes outside the call. It only ever applies to CPU tensors; on a
-GPU (where few rows cost what one costs anyway) no mode is entered. The
+nothing changes outside the call. It only ever applies to CPU tensors. The
 products differ from torch's only in the order floating-point sums are
 taken, as any two matrix kernels do: the verified token is each row's
 argmax, as before.
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import numba
 import torch
@@ -46,16 +37,31 @@ KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py compute
 KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (measured: still ahead at 64 rows, 96 on SmolLM2)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
 FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
-ROUTING = f"rows_linear 3 (narrow / wide) 1-{KERNEL_ROWS_MAX}, mm 2-{MM_ROWS_MAX}"  # in cost curves' fingerprints: a change re-measures
+
+
+def start_numba_threads() -> None:
+    """Start numba's thread pool, keeping torch's thread count as the user set it.
+
+    numba starts its pool on first use; its OpenMP layer shares torch's OpenMP
+    runtime and sets that runtime's thread count to numba's own on the way
+    (OMP_NUM_THREADS=1 or torch.set_num_threads(1) would become 2 here). Idempotent and
+    cheap once started.
+    """
+    threads = torch.get_num_threads()
+    numba.get_num_threads()  # starts the pool
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 class FewRowLinear(TorchFunctionMode):
     """Inside this mode, ``F.linear`` over few rows of a CPU tensor runs through ``few_row_linear``.
 
-    numba's threads are capped at torch's (``torch.set_num_threads`` is respected) while inside.
+    numba runs on as many threads as torch is set to (never more than its pool has) while inside,
+    and its own count is put back on exit.
     """
 
     def __enter__(self):
+        start_numba_threads()
         self._threads = numba.get_num_threads()
         numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
         return super().__enter__()
@@ -95,10 +101,3 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())  # [O, R]
     return out.t().reshape(*x.shape[:-1], weight.shape[0])
 
-
-def few_rows(device: torch.device, rows: int, enabled: bool):
-    """The context a forward over ``rows`` token rows on ``device`` runs in: FewRowLinear for
-    1..FEW_ROWS_MAX rows on the CPU when ``enabled``, else nothing."""
-    if enabled and device.type == "cpu" and 1 <= rows <= FEW_ROWS_MAX:
-        return FewRowLinear()
-    return nullcontext()

@@ -90,7 +90,8 @@ class Sequence:
             return float(draft_cost.step(rows)) / float(cost.step(1))
 
         seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
-        self.drafter = Drafter(gen.draft_model, self.cfg.few_row_matmul, self.cfg.draft_context)
+        self.drafter = Drafter(gen.draft_model, gen.draft_cost.routing if gen.draft_cost is not None else None,
+                               self.cfg.draft_context)
         return DraftProposer(self.drafter, decoding, self.cfg.draft_tokens, self.cfg.draft_alternatives, ratio,
                              seed, draft_cost)
 

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .cache import new_cache
-from .fewrows import few_rows
 from .mask import batch_model_mask, model_mask
+from .routing import Routing, route_mode
 from .support import AttentionLayout, context_length
 
 
@@ -76,10 +76,12 @@ def spans_devices(model, main: torch.device) -> bool:
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
-    def __init__(self, model, layout: AttentionLayout, few_row_matmul: bool = True):
+    def __init__(self, model, layout: AttentionLayout):
         self.model = model
         self.layout = layout
-        self.few_row_matmul = few_row_matmul  # 1-64-row linears through kernels/linear.py on the CPU (fewrows.py)
+        # Batch size -> how its forwards run on this CPU (threads, whose linear kernel), measured with
+        # the cost curve (costmodel.py); without one a forward runs as torch is set.
+        self.routings: dict[int, Routing] = {}
         embedding = model.get_input_embeddings().weight
         self.device = input_device(model)
         self.dtype = embedding.dtype
@@ -100,6 +102,25 @@ class Target:
         tables (GPT-2, OPT) would fail on them otherwise.
         """
         return positions if self.context is None else positions.clamp_max(self.context - 1)
+
+    def routing(self, batch: int) -> Routing | None:
+        """The routing measured for ``batch`` sequences, else for the least larger batch measured (a
+        batch whose rows finished), else None."""
+        if batch in self.routings:
+            return self.routings[batch]
+        larger = [b for b in self.routings if b > batch]
+        return self.routings[min(larger)] if larger else None
+
+    def route(self, batch: int, rows: int):
+        """The route a forward of ``batch`` sequences over ``rows`` rows each runs through (None: torch as set)."""
+        routing = self.routing(batch)
+        return routing.route_for(rows) if routing is not None else None
+
+    def observe(self, batch: int, rows: int, seconds: float) -> None:
+        """A step of ``batch`` sequences over ``rows`` rows each took ``seconds``: re-checks the route."""
+        routing = self.routing(batch)
+        if routing is not None:
+            routing.observe(rows, seconds)
 
     def new_cache(self):
         """An empty KV cache this target can roll back (see cache.py)."""
@@ -126,7 +147,8 @@ class Target:
         if tokens.shape[0] > 1 or not self.plain_single_row:
             local = to_device(local_mask, dev)  # [Q, Q]
             mask = model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets_t, past, self.dtype)
-        with few_rows(dev, int(tokens.shape[0]), self.few_row_matmul):
+        rows = int(tokens.shape[0])
+        with route_mode(self.route(1, rows), rows):
             out = self.model(input_ids=to_device(tokens, dev)[None],  # [1, Q]
                              position_ids=self.positions(past + offsets_t)[None],  # [1, Q]
                              attention_mask=mask, past_key_values=cache, use_cache=True,
@@ -143,7 +165,8 @@ class Target:
         position of every key, per row (for sliding windows).
         """
         mask = batch_model_mask(self.layout.kinds, self.layout.sliding_window, visible, q_pos, k_pos, self.dtype)
-        with few_rows(self.device, int(tokens.numel()), self.few_row_matmul):
+        batch, rows = tokens.shape
+        with route_mode(self.route(batch, rows), int(tokens.numel())):
             out = self.model(input_ids=tokens, position_ids=self.positions(q_pos), attention_mask=mask,
                              past_key_values=cache, use_cache=True)
         return out.logits  # [A, Q, V]

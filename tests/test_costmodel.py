@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 import lookahead.costmodel as costmodel
 from conftest import tiny_model
@@ -26,9 +27,23 @@ def cpu_time(q: int) -> float:
     return float(np.interp(q, CPU_ROWS, CPU_SECONDS))
 
 
+SLOWER = 1.6  # the fake timers' routes other than the kernel on torch's threads
+
+
 def fake_timer(times):
-    """A stand-in for costmodel.decode_step_timer: every 'forward' over q rows takes times(q)."""
-    return lambda model, layout, context, seed=0, batch=1, few_row_matmul=True: times
+    """A stand-in for costmodel.decode_step_timer: every 'forward' over q rows through lookahead's kernel
+    on torch's threads takes times(q), through any other route SLOWER times that."""
+    def time_one(q, route=None):
+        fast = route is None or (route.kernel and route.threads == torch.get_num_threads())
+        return times(q) * (1.0 if fast else SLOWER)
+
+    return lambda model, layout, context, seed=0, batch=1: None if times is None else time_one
+
+
+def first_passes(model) -> int:
+    """Passes of the first round, one per route (none with a single route)."""
+    routes = costmodel.measured_routes(model, True)
+    return len(routes) if len(routes) > 1 else 0
 
 
 # ---------------------------------------------------------------- plausibility
@@ -175,7 +190,8 @@ def test_measuring_talks_and_reading_the_cache_is_silent(llama, tmp_path, monkey
     before, after = capsys.readouterr().err.strip().splitlines()
     assert before.startswith("lookahead: measuring the step cost of") and "1 to 4 rows" in before
     assert "about" in before and f"once, then read from {tmp_path}" in before
-    assert after.startswith("lookahead: step cost measured in") and f"({MIN_PASSES} passes)" in after
+    assert after.startswith("lookahead: step cost measured in")
+    assert f"({first_passes(model) + MIN_PASSES} passes)" in after and "1-4 rows kernel x" in after
     assert "1 row 20 ms" in after and "4 rows 1.4x" in after
     files = os.listdir(tmp_path)
     assert len(files) == 1 and f"cached in {tmp_path / files[0]}" in after
@@ -261,3 +277,60 @@ def test_without_a_cache_dir_nothing_touches_the_disk(llama, tmp_path, monkeypat
     assert cost.rows.tolist() == [1, 2, 3] and os.listdir(tmp_path) == [] and cost.store is None
     before, after = capsys.readouterr().err.strip().splitlines()
     assert "not kept: cost_cache_dir is empty" in before and "not cached" in after
+
+
+# ---------------------------------------------------------------- routes, load, the CPU
+def test_routes_are_measured_chosen_and_cached_with_the_cpu(llama, tmp_path, monkeypatch):
+    model, layout = llama
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
+    routes = costmodel.measured_routes(model, True)
+    fastest = routes.index(next(r for r in routes if r.kernel and r.threads == torch.get_num_threads()))
+    assert cost.routing.choice.tolist() == [fastest] * 4
+    assert np.allclose(cost.routing.seconds[fastest], [cpu_time(q) for q in (1, 2, 3, 4)])
+    assert np.allclose(np.delete(cost.routing.seconds, fastest, axis=0), SLOWER * cost.routing.seconds[fastest])
+    saved = json.loads((tmp_path / os.listdir(tmp_path)[0]).read_text())
+    assert saved["fingerprint"]["cpu"] == costmodel.cpu_name() and saved["fingerprint"]["threads"] == \
+        torch.get_num_threads() and saved["fingerprint"]["routes"] == [r.label for r in routes]
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(None))  # read back, not measured
+    again = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
+    assert np.array_equal(again.routing.seconds, cost.routing.seconds)
+    assert again.routing.choice.tolist() == [fastest] * 4
+
+
+def test_without_the_kernel_only_torch_routes_are_measured(llama, monkeypatch):
+    model, _ = llama
+    assert not any(r.kernel for r in costmodel.measured_routes(model, False))
+    assert any(r.kernel for r in costmodel.measured_routes(model, True))
+    assert {r.threads for r in costmodel.measured_routes(model, True)} == {1, torch.get_num_threads()}
+
+
+def test_a_curve_measured_under_load_is_used_but_not_cached(llama, tmp_path, monkeypatch, capsys):
+    model, layout = llama
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    monkeypatch.setattr(costmodel, "others_busy", lambda before, after: 0.9)
+    cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
+    after = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "other processes kept 0.9 of" in after and "not cached" in after
+    assert os.listdir(tmp_path) == [] and cost.store is None  # nor written back once refined
+    refine(cost, cpu_time, [1, 2, 3, 4], CONFIRM_STEPS)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_cache_dir_that_cannot_be_written_is_named(llama, tmp_path, monkeypatch, capsys):
+    model, layout = llama
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the directory should be
+    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    load_cost_model(model, layout, 4, 8, 3, str(blocked / "costs"))
+    after = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"not cached: {blocked / 'costs'} cannot be written" in after and "cached in" not in after
+
+
+def test_others_busy_counts_only_other_processes():
+    before = (0.0, 10.0, 1.0)
+    assert costmodel.others_busy(before, (2.0, 14.0, 5.0)) == 0.0  # all the busy time was ours
+    assert costmodel.others_busy(before, (2.0, 13.0, 2.0)) == 1.0  # one core busy elsewhere
+    assert costmodel.others_busy(before, before) == 0.0
+    now = costmodel.cpu_snapshot()
+    assert len(now) == 3 and all(v >= 0 for v in now)

@@ -1,7 +1,6 @@
 """Few-row linears on the CPU (lookahead/fewrows.py, lookahead/kernels/linear.py): same products,
 other kernels, only where asked."""
 
-from contextlib import nullcontext
 
 import numba
 import numpy as np
@@ -12,8 +11,8 @@ import torch.nn.functional as F
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
-from lookahead.fewrows import (FEW_ROWS_MAX, KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear,
-                               few_rows)
+from lookahead.fewrows import KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear
+from lookahead.routing import Route, Routing
 from lookahead.kernels.linear import WIDE_INPUTS, WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
 
 
@@ -114,15 +113,6 @@ def test_the_mode_caps_numba_threads_at_torch_threads_and_restores_them():
         torch.set_num_threads(torch_threads)
 
 
-def test_few_rows_enters_the_mode_only_for_few_cpu_rows_when_enabled():
-    cpu = torch.device("cpu")
-    assert isinstance(few_rows(cpu, 1, True), FewRowLinear)
-    assert isinstance(few_rows(cpu, FEW_ROWS_MAX, True), FewRowLinear)
-    for rows, enabled, device in [(FEW_ROWS_MAX + 1, True, cpu), (3, False, cpu),
-                                  (3, True, torch.device("cuda"))]:
-        assert isinstance(few_rows(device, rows, enabled), nullcontext)
-
-
 def test_config_checks_the_switch():
     with pytest.raises(ConfigError, match="few_row_matmul must be True or False"):
         LookaheadConfig(few_row_matmul=1)
@@ -147,8 +137,9 @@ def test_both_routings_are_exact(arch, monkeypatch):
         calls.clear()
         gen = LookaheadGenerator(model, config=LookaheadConfig(few_row_matmul=enabled, max_tree_nodes=5,
                                                                budget="fixed"))
+        gen.target.routings[1] = Routing(np.array([1]), [Route(1, enabled)], np.array([[0.01]]))
         out = gen.generate(prompt, max_new_tokens=40, eos_token_id=[VOCAB + 1000])
         assert torch.equal(out, ref)
         rows = gen.last_stats.rows_per_step
-        assert gen.target.few_row_matmul is enabled and max(rows) <= 6 and sum(r > 1 for r in rows) > 3
+        assert max(rows) <= 6 and sum(r > 1 for r in rows) > 3
         assert bool(calls) is enabled and (not enabled or max(calls) > 1)  # the kernel ran the decode's linears

@@ -1,0 +1,195 @@
+"""How a forward over few rows runs on this CPU: on how many threads, and through whose linear kernel.
+
+Which is fastest depends on the machine and on what else runs on it: on one
+2-core AMD EPYC lookahead's few-row kernel (kernels/linear.py) ran a one-row
+SmolLM2 forward about twice as fast as torch's own, on an Intel Xeon of the
+same size it was slower; and with another process busy on one of two cores,
+a forward on 2 threads waits at every parallel region for the thread that
+shares a core with it (tens of times slower than on 1 thread). So nothing
+here is a default: the cost measurement (costmodel.py) times a decode-shaped
+forward over every row count through every ``Route`` (``candidate_routes``),
+``Routing`` keeps, per row count, the route that was fastest, and the decode
+loop re-checks that choice while it runs:
+
+- every step's time is compared with what the chosen route measured; when
+  steps run ``RECHECK`` times slower or faster than that (the machine got busy
+  or quiet), or every ``PROBE_EVERY`` steps, a ``probe`` (a few linear layers
+  of the model over one row, through every route, a few milliseconds) says
+  how much each route slowed down since the measurement, and the choice is
+  made again from the measured curves scaled by that.
+
+Threads are the user's: a route never runs on more threads than
+``torch.get_num_threads()`` says, and a forward run on fewer puts torch's
+count back when it returns (numba's too).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .fewrows import FEW_ROWS_MAX, FewRowLinear
+
+RECHECK = 1.5  # the chosen route's steps this many times slower or faster than when chosen: try the others
+EXPLORE_FIRST = 32  # steps before the runner-up route is tried again ...
+EXPLORE_LAST = 512  # ... doubling each time it loses, up to this many
+SMOOTHING = 0.3  # weight of a route's newest step in its running log ratio of taken / measured
+
+
+@dataclass(frozen=True)
+class Route:
+    """One way to run a forward: on ``threads`` threads (at most torch's), linears through
+    lookahead's kernel (``kernel``) or torch's own."""
+
+    threads: int
+    kernel: bool
+
+    @property
+    def label(self) -> str:
+        """'kernel x2', 'torch x1'."""
+        return f"{'kernel' if self.kernel else 'torch'} x{self.threads}"
+
+
+def candidate_routes(threads: int, kernel: bool) -> list[Route]:
+    """The routes worth measuring with torch at ``threads`` threads: that count and one thread,
+    each through torch's linear and (when ``kernel``) lookahead's; the first is torch's as it is."""
+    counts = sorted({max(1, threads), 1}, reverse=True)
+    return [Route(t, k) for t in counts for k in ((False, True) if kernel else (False,))]
+
+
+def kernel_applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether lookahead's few-row linears can run for a model on device in dtype (the CPU, float dtypes)."""
+    return device.type == "cpu" and dtype.is_floating_point
+
+
+@contextmanager
+def route_mode(route: Route | None, rows: int):
+    """Run the body (one forward over ``rows`` rows) through ``route``; None: as torch is set.
+
+    Fewer threads than torch's are set for the body and put back after; a
+    kernel route enters fewrows.FewRowLinear, which runs numba on at most
+    those threads and puts numba's count back.
+    """
+    if route is None or rows > FEW_ROWS_MAX:
+        yield
+        return
+    threads = torch.get_num_threads()
+    fewer = route.threads < threads
+    if fewer:
+        torch.set_num_threads(route.threads)
+    try:
+        if route.kernel:
+            with FewRowLinear():
+                yield
+        else:
+            yield
+    finally:
+        if fewer:
+            torch.set_num_threads(threads)
+
+
+@dataclass
+class Routing:
+    """The route each row count runs through: measured, then re-checked by the steps that run.
+
+    ``seconds[r, s]`` is what a forward over rows[s] rows took through
+    routes[r] when measured. Each route keeps a running log ratio of what its
+    steps take now to that (``level``, 0 until it ran); a row count runs the
+    route with the least seconds * exp(level). The steps re-check the choice:
+    when the chosen route's level moves RECHECK away from where it stood when
+    chosen (the machine got busy or quiet), every other route runs one step;
+    and every EXPLORE_FIRST steps (doubling while it loses, up to
+    EXPLORE_LAST) the runner-up as measured runs one (the route that would win
+    if a load had gone). Then the choice is made again.
+    """
+
+    rows: np.ndarray  # [S] row counts measured
+    routes: list[Route]
+    seconds: np.ndarray  # [R, S]
+    level: np.ndarray = field(init=False)  # [R] running log(taken / measured) per route
+    tried: np.ndarray = field(init=False)  # [R] whether the route ran since measuring
+    choice: np.ndarray = field(init=False)  # [S] route index per row count
+    chosen_level: np.ndarray = field(init=False)  # [S] the chosen route's level when it was chosen
+    queue: list[int] = field(init=False, default_factory=list)  # routes to try next, one step each
+    ran: int = field(init=False, default=-1)  # the route the last route_for gave
+    since: int = field(init=False, default=0)  # steps since the runner-up was last tried
+    interval: int = field(init=False, default=EXPLORE_FIRST)  # steps between tries of the runner-up
+    rounds: int = field(init=False, default=0)  # re-checks started (drift or schedule)
+
+    def __post_init__(self) -> None:
+        self.rows = np.asarray(self.rows, dtype=np.float64)
+        self.seconds = np.asarray(self.seconds, dtype=np.float64).reshape(len(self.routes), -1)
+        self.level = np.zeros(len(self.routes))
+        self.tried = np.zeros(len(self.routes), dtype=bool)
+        self._choose()
+
+    def _now(self) -> np.ndarray:
+        """[R, S] what every route should take now."""
+        return self.seconds * np.exp(self.level)[:, None]
+
+    def _choose(self) -> None:
+        self.choice = np.argmin(self._now(), axis=0)  # [S]
+        self.chosen_level = self.level[self.choice]  # [S]
+
+    def _point(self, q: int) -> int:
+        """The grid point that prices a step of q rows (the first at or above q, the last past it)."""
+        return min(int(np.searchsorted(self.rows, q)), self.rows.shape[0] - 1)
+
+    def route_for(self, q: int) -> Route:
+        """The route a forward over q rows runs through now (a route being tried, else the chosen one)."""
+        self.ran = self.queue.pop(0) if self.queue else int(self.choice[self._point(q)])
+        return self.routes[self.ran]
+
+    def best(self) -> np.ndarray:
+        """[S] seconds of every row count through its chosen route, as measured."""
+        return self.seconds[self.choice, np.arange(self.rows.shape[0])]
+
+    def observe(self, q: int, seconds: float) -> None:
+        """The forward route_for gave for q rows took ``seconds`` (its step, host work included)."""
+        r, point = self.ran, self._point(q)
+        if r < 0 or seconds <= 0:
+            return
+        taken = math.log(seconds / self.seconds[r, point])
+        chosen = int(self.choice[point])
+        fresh = r != chosen or not self.tried[r]  # a try: what the route did long ago says little now
+        self.level[r] = taken if fresh else self.level[r] + SMOOTHING * (taken - self.level[r])
+        self.tried[r] = True
+        self.ran = -1
+        if self.queue:
+            return
+        if r != chosen:  # a try ended: choose again; a runner-up that lost waits longer next time
+            before = self.choice.copy()
+            self._choose()
+            self.interval = EXPLORE_FIRST if (self.choice != before).any() else min(2 * self.interval,
+                                                                                     EXPLORE_LAST)
+            return
+        self.since += 1
+        if abs(self.level[r] - self.chosen_level[point]) > math.log(RECHECK):
+            self._recheck([i for i in range(len(self.routes)) if i != r])
+        elif self.since >= self.interval and len(self.routes) > 1:
+            measured = self.seconds[:, point].copy()  # [R] the runner-up where the machine as measured
+            measured[r] = np.inf  # (a route slowed by a load that has gone looks no better now than then)
+            self._recheck([int(np.argmin(measured))])
+
+    def _recheck(self, routes: list[int]) -> None:
+        """Run these routes for one step each, then choose again."""
+        self.queue, self.since = routes, 0
+        self.rounds += 1
+
+    def summary(self) -> str:
+        """'1-4 rows kernel x2, 6-33 rows torch x2': the choice as ranges of row counts."""
+        parts, start = [], 0
+        for s in range(1, self.rows.shape[0] + 1):
+            if s == self.rows.shape[0] or self.choice[s] != self.choice[start]:
+                low, high = int(self.rows[start]), int(self.rows[s - 1])
+                span = f"{low}" if low == high else f"{low}-{high}"
+                parts.append(f"{span} row{'' if span == '1' else 's'} {self.routes[int(self.choice[start])].label}")
+                start = s
+        return ", ".join(parts)
+

@@ -1,0 +1,123 @@
+"""Routes: how a forward runs on this CPU (threads, whose linear kernel), the choice per row count,
+and its re-check by the steps that run. Hand-written curves and step times; threads read back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from lookahead.routing import (EXPLORE_FIRST, RECHECK, Route, Routing, candidate_routes, route_mode)
+import lookahead.fewrows as fewrows
+
+TORCH2, KERNEL2, TORCH1, KERNEL1 = Route(2, False), Route(2, True), Route(1, False), Route(1, True)
+ROWS = np.array([1, 4, 16])
+
+
+def routing() -> Routing:
+    """Kernel x2 fastest up to 4 rows, torch x2 at 16; one-thread routes 1.5x slower."""
+    seconds = np.array([[0.030, 0.050, 0.060],   # torch x2
+                        [0.020, 0.025, 0.070],   # kernel x2
+                        [0.045, 0.075, 0.090],   # torch x1
+                        [0.028, 0.038, 0.105]])  # kernel x1
+    return Routing(ROWS, [TORCH2, KERNEL2, TORCH1, KERNEL1], seconds)
+
+
+def run(r: Routing, q: int, took) -> Route:
+    """One step over q rows through the route r gives, taking took(route) seconds."""
+    route = r.route_for(q)
+    r.observe(q, took(route))
+    return route
+
+
+def test_candidate_routes():
+    assert candidate_routes(2, True) == [TORCH2, KERNEL2, TORCH1, KERNEL1]
+    assert candidate_routes(1, True) == [TORCH1, KERNEL1]
+    assert candidate_routes(4, False) == [Route(4, False), TORCH1]
+
+
+def test_each_row_count_takes_its_fastest_route():
+    r = routing()
+    assert [r.route_for(q) for q in (1, 3, 4, 5, 16, 40)] == [KERNEL2, KERNEL2, KERNEL2, TORCH2, TORCH2, TORCH2]
+    assert r.best().tolist() == [0.020, 0.025, 0.060]
+    assert r.summary() == "1-4 rows kernel x2, 16 rows torch x2"
+
+
+def test_a_machine_that_gets_busy_moves_to_one_thread_and_back_when_quiet():
+    """Another process takes a core: two-thread routes run 3x slower, one-thread ones as measured."""
+    r = routing()
+    busy = lambda route: r.seconds[r.routes.index(route), 0] * (3.0 if route.threads == 2 else 1.0)
+    seen = [run(r, 1, busy) for _ in range(8)]
+    assert seen[0] == KERNEL2 and r.rounds == 1  # the first slow step starts a re-check ...
+    assert set(seen[1:4]) == {TORCH2, TORCH1, KERNEL1}  # ... every other route runs one step ...
+    assert seen[4:] == [KERNEL1] * 4 and r.route_for(1) == KERNEL1  # ... and one thread wins
+    quiet = lambda route: r.seconds[r.routes.index(route), 0]
+    seen = [run(r, 1, quiet) for _ in range(EXPLORE_FIRST + 4)]
+    assert KERNEL2 in seen and r.route_for(1) == KERNEL2  # the runner-up's scheduled try wins it back
+
+
+def test_a_runner_up_that_keeps_losing_is_tried_ever_less_often():
+    r = routing()
+    quiet = lambda route: r.seconds[r.routes.index(route), 0]
+    seen = [run(r, 1, quiet) for _ in range(8 * EXPLORE_FIRST)]
+    tries = [i for i, route in enumerate(seen) if route != KERNEL2]
+    assert len(tries) >= 2 and all(seen[i] == KERNEL1 for i in tries)  # the runner-up at 1 row
+    gaps = np.diff(tries)
+    assert gaps[0] >= EXPLORE_FIRST and (gaps[1:] >= gaps[:-1]).all() and gaps[-1] > gaps[0]
+
+
+def test_noise_within_recheck_changes_nothing():
+    r = routing()
+    rng = np.random.default_rng(0)
+    jitter = lambda route: r.seconds[r.routes.index(route), 1] * rng.uniform(1 / np.sqrt(RECHECK), np.sqrt(RECHECK))
+    seen = [run(r, 4, jitter) for _ in range(EXPLORE_FIRST - 1)]
+    assert seen == [KERNEL2] * (EXPLORE_FIRST - 1) and r.rounds == 0
+
+
+def test_route_mode_runs_on_fewer_threads_and_puts_torch_and_numba_back():
+    import numba
+
+    threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
+    seen = {}
+    with route_mode(Route(1, True), 1):
+        seen["torch"], seen["numba"] = torch.get_num_threads(), numba.get_num_threads()
+    assert seen == {"torch": 1, "numba": 1}
+    assert torch.get_num_threads() == threads and numba.get_num_threads() == numba_threads
+    with route_mode(Route(threads + 4, False), 1):  # never more than torch's
+        assert torch.get_num_threads() == threads
+    with route_mode(Route(1, True), fewrows.FEW_ROWS_MAX + 1):  # too many rows: as torch is set
+        assert torch.get_num_threads() == threads
+    with pytest.raises(RuntimeError):
+        with route_mode(Route(1, False), 1):
+            raise RuntimeError("a forward that fails")
+    assert torch.get_num_threads() == threads
+
+
+THREADS_SCRIPT = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from lookahead import LookaheadConfig, LookaheadGenerator
+{setup}
+before = torch.get_num_threads()
+model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+gen = LookaheadGenerator(model, config=LookaheadConfig(cost_cache_dir="", calibration_repeats=1))
+built = torch.get_num_threads()
+gen.generate(torch.tensor([[1, 2, 3, 1, 2]]), max_new_tokens=8)
+print(before, built, torch.get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("setup, env", [("", {"OMP_NUM_THREADS": "1"}), ("torch.set_num_threads(1)", {})],
+                         ids=["OMP_NUM_THREADS=1", "set_num_threads(1)"])
+def test_the_users_thread_count_survives_construction_and_generate(setup, env, tmp_path):
+    """A fresh process: numba's pool starts inside the generator (it used to set torch to 2 threads)."""
+    import os
+
+    out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT.format(setup=setup)], capture_output=True, text=True,
+                         env={**os.environ, **env, "HOME": str(tmp_path)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1", "1"]
