@@ -204,7 +204,7 @@ def test_measuring_talks_and_reading_the_cache_is_silent(llama, tmp_path, monkey
 
 
 def test_a_real_measurement_talks_and_keeps_only_a_plausible_curve(llama, tmp_path, capsys):
-    """A real forward of the tiny Llama is timed: the machine may be busy, so both outcomes are allowed,
+    """A real forward of the tiny Llama is timed: the machine may be busy, so every outcome is allowed,
     and each must say what happened."""
     model, layout = llama
     cost = load_cost_model(model, layout, 4, 8, 2, str(tmp_path))
@@ -215,8 +215,10 @@ def test_a_real_measurement_talks_and_keeps_only_a_plausible_curve(llama, tmp_pa
         assert "cached in" in after and cost.trust == TRUST_MEASURED
         load_cost_model(model, layout, 4, 8, 2, str(tmp_path))
         assert capsys.readouterr().err == ""
-    else:
-        assert "looks wrong" in after and "not cached" in after and cost.trust == TRUST_REPAIRED
+    elif "looks wrong" in after:
+        assert "not cached" in after and cost.trust == TRUST_REPAIRED
+    else:  # measured while other processes kept the CPU busy
+        assert "cores busy meanwhile" in after and "not cached" in after and cost.store is None
 
 
 def test_an_implausible_curve_is_not_cached_until_real_steps_refine_it(llama, tmp_path, monkeypatch, capsys):
@@ -315,16 +317,6 @@ def test_a_curve_measured_under_load_is_used_but_not_cached(llama, tmp_path, mon
     assert os.listdir(tmp_path) == [] and cost.store is None  # nor written back once refined
     refine(cost, cpu_time, [1, 2, 3, 4], CONFIRM_STEPS)
     assert os.listdir(tmp_path) == []
-
-
-def test_a_cache_dir_that_cannot_be_written_is_named(llama, tmp_path, monkeypatch, capsys):
-    model, layout = llama
-    blocked = tmp_path / "file"
-    blocked.write_text("")  # a file where the directory should be
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
-    load_cost_model(model, layout, 4, 8, 3, str(blocked / "costs"))
-    after = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"not cached: {blocked / 'costs'} cannot be written" in after and "cached in" not in after
 
 
 def test_others_busy_counts_only_other_processes():
