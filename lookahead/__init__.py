@@ -8,6 +8,7 @@ from .errors import ModelLoadError
 from .hf import CustomGenerate, custom_generate
 from .inputs import ContextLimitWarning, GenerateInputError
 from .models import DEFAULT_MODEL, load_model
+from .processing import ProcessorOutputError
 from .result import LookaheadOutput
 from .stats import GenerationStats
 from .support import UnsupportedModelError, UntestedModelWarning
@@ -16,7 +17,7 @@ __all__ = [
     "LookaheadGenerator", "LookaheadConfig", "load_model", "DEFAULT_MODEL", "GenerationStats",
     "custom_generate", "CustomGenerate", "LookaheadOutput", "Learned",
     "ConfigError", "GenerateInputError", "ModelLoadError", "UnsupportedModelError", "DeviceError",
-    "DraftModelError",
+    "DraftModelError", "ProcessorOutputError",
     "UntestedModelWarning", "ContextLimitWarning",
 ]
 __version__ = "0.1.0"

@@ -41,6 +41,10 @@ RANGES = {"temperature": (0.0, float("inf"), True), "top_k": (0, float("inf"), T
           "top_p": (0.0, 1.0, False), "min_p": (0.0, 1.0, True), "repetition_penalty": (0.0, float("inf"), False)}
 
 
+class ProcessorOutputError(GenerateInputError):
+    """The logits processors left a row with nothing to sample from (NaN, +inf, or every score -inf)."""
+
+
 @dataclass(frozen=True)
 class Decoding:
     """The resolved settings of one generate call: how tokens are chosen, where decoding stops,

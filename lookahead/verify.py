@@ -39,7 +39,10 @@ parent's row; when no child is, the chosen token ends the step
 
 The softmax, the inverse-CDF draws and the argmaxes run on the device; the
 host receives everything in one transfer, together with the window's next
-level (argmax of its last-level rows) and the recycled top-R successors.
+level (argmax of its last-level rows) and the recycled top-R successors. A
+row whose processed scores leave nothing to draw from (NaN, +inf, or every
+score -inf: transformers' sampling fails there) draws ``NO_TOKEN``, which
+the host refuses on that same transfer (``check_drawn``): no extra sync.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from numba import njit
 from transformers.generation import logits_process as lp
 
 from .kernels.trie import path_tokens
-from .processing import Decoding, process_rows
+from .processing import Decoding, ProcessorOutputError, process_rows
 from .proposers.recycle import top_successors
 from .target import to_device
 from .tree import TokenTree
@@ -260,7 +263,28 @@ class Verifier:
             at += kept * 2 * self.recycle_width
         chosen = host[at:]  # [1 + M] the target's token after x and after every node
         path, new = accept_walk(tree.tokens, tree.parents, accepted_children(tree, chosen), chosen)
+        check_drawn(int(new[-1]), self.decoding)
         return Choice(path, new, window_next, top)
+
+
+NO_TOKEN = -1  # what a row draws when its scores hold no distribution (NaN, +inf, or every score -inf)
+
+
+def check_drawn(token: int, decoding: Decoding) -> None:
+    """Raise ProcessorOutputError when the token that ends a step is NO_TOKEN.
+
+    Only the row the walk ends at counts: a speculated row off the accepted
+    path may hold scores the real sequence never reaches, and model.generate
+    would never have sampled there (a NO_TOKEN row accepts no child, so the
+    walk ends at the first one it reaches).
+    """
+    if token == NO_TOKEN:
+        names = ", ".join(type(proc).__name__ for proc in decoding.processors)
+        raise ProcessorOutputError(
+            f"sampling has no distribution to draw the next token from: after the logits processors ({names}) "
+            f"the scores hold NaN or +inf, or all are -inf (model.generate fails there too: 'probability tensor "
+            f"contains either inf, nan or element < 0'); fix or drop the logits_processor that produces them "
+            f"(or raise a temperature so low that the scores overflow)")
 
 
 def accepted_children(tree: TokenTree, chosen: np.ndarray) -> np.ndarray:
@@ -310,6 +334,7 @@ def sample_top_k(scores: torch.Tensor, k: int, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(-1, dtype=torch.float64)  # [R, S]
     target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
     out = index.gather(1, torch.searchsorted(cdf, target, right=True).clamp_max(wide - 1))[:, 0]  # [R]
+    out = torch.where(torch.isfinite(cdf[:, -1]), out, NO_TOKEN)  # NaN / +inf scores: nothing to draw
     unsure = torch.isinf(kth[:, 0])
     if wide < vocab:
         unsure |= kept.sum(-1) == wide  # every spare entry ties with the k-th: more may follow
@@ -330,13 +355,15 @@ def sample_rows(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def draw_rows(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The inverse-CDF draw [R] of weights [R, V] (>= 0, not necessarily normalised) at uniforms u [R].
+    """The inverse-CDF draw [R] of weights [R, V] (>= 0, not necessarily normalised) at uniforms u [R];
+    NO_TOKEN for a row whose weights hold NaN or inf (a softmax of NaN, +inf or all -inf scores).
 
     weights [[0, 2, 1, 1]], u [0.6] -> the cumulative share passes 0.6 at token 2.
     """
     cdf = weights.cumsum(-1, dtype=torch.float64)  # [R, V] summed in float64: no drift over a large vocabulary
     target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
-    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_max(weights.shape[1] - 1)  # [R]
+    drawn = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_max(weights.shape[1] - 1)  # [R]
+    return torch.where(torch.isfinite(cdf[:, -1]), drawn, NO_TOKEN)  # on the device: read with the step's data
 
 
 def speculative_rows(scores: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, test: torch.Tensor,

@@ -15,7 +15,8 @@ import transformers
 import lookahead.costmodel as costmodel
 import lookahead.engine as engine
 from conftest import COMMON, VOCAB, reference, tiny_model
-from lookahead import ContextLimitWarning, CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator
+from lookahead import (ContextLimitWarning, CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator,
+                       ProcessorOutputError)
 from lookahead.output import OutputBuffer
 from lookahead.support import attention_layout
 
@@ -228,3 +229,53 @@ def test_a_cost_cache_dir_that_cannot_be_written_says_why_and_how_to_fix_it(tmp_
     assert f"not cached: {blocked / 'costs'} cannot be written (Not a directory)" in after
     assert "pass a writable --cost-cache-dir DIR (cost_cache_dir), or ''" in after and "cached in" not in after
     assert cost.rows.tolist() == [1, 2, 3, 4]  # decoding goes on with the measured curve
+
+
+class FillScores(transformers.LogitsProcessor):
+    """Every score becomes ``value`` (NaN or -inf): no distribution is left to sample from."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def __call__(self, input_ids, scores):
+        return torch.full_like(scores, self.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf")])
+@pytest.mark.parametrize("top_k", [0, 50])  # the full softmax, and the top-k fast path (verify.sample_top_k)
+def test_processor_output_with_nothing_to_sample_is_named(gen, llama, value, top_k):
+    with pytest.raises(RuntimeError, match="probability tensor contains"):  # what model.generate says
+        llama.generate(PROMPT, max_new_tokens=4, do_sample=True, top_k=top_k, logits_processor=[FillScores(value)])
+    with pytest.raises(ProcessorOutputError, match=r"after the logits processors \(FillScores.*the scores hold NaN "
+                                                   r"or \+inf, or all are -inf.*fix or drop the logits_processor"):
+        gen.generate(PROMPT, max_new_tokens=4, do_sample=True, top_k=top_k, logits_processor=[FillScores(value)])
+
+
+def test_processor_output_with_nothing_to_sample_in_a_batch(gen):
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 5, 6, 7, 5]])
+    with pytest.raises(ProcessorOutputError, match="fix or drop the logits_processor"):
+        gen.generate(ids, attention_mask=(ids != 0).long(), max_new_tokens=4, do_sample=True,
+                     logits_processor=[FillScores(float("nan"))])
+
+
+class NaNAfter(transformers.LogitsProcessor):
+    """NaN scores after ``token``, which ``token``'s own score of -inf keeps from ever being sampled."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores):
+        scores = torch.where((input_ids[:, -1] == self.token)[:, None], float("nan"), scores)
+        return scores.index_fill(1, torch.tensor([self.token]), float("-inf"))
+
+
+def test_nan_scores_off_the_sampled_path_are_no_error(llama):
+    """Speculated rows after token 6 hold NaN scores, but 6 is never drawn: model.generate never sees
+    them, so lookahead neither raises nor emits anything but real draws."""
+    gen = LookaheadGenerator(llama, config=WIDE)
+    prompt = torch.tensor([[5, 6, 5, 6, 5, 6, 5]])  # the n-grams propose 6 after 5 at every step
+    out = gen.generate(prompt, max_new_tokens=12, do_sample=True, logits_processor=[NaNAfter(6)],
+                       eos_token_id=NO_EOS)
+    new = out[0, prompt.shape[1]:]
+    assert new.shape[0] == 12 and 6 not in new.tolist() and bool(((new >= 0) & (new < VOCAB)).all())
+    assert gen.last_stats.steps <= 12
