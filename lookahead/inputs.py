@@ -48,8 +48,17 @@ def eos_ids(eos_token_id, generation_config) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+def _check_not_meta(name: str, value) -> None:
+    """Refuse a tensor on the meta device: it has a shape but no values to read."""
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        raise GenerateInputError(f"{name} is on the meta device, which holds shapes but no values: pass real "
+                                 f"token ids on the CPU or the model's device, e.g. "
+                                 f"tokenizer(text, return_tensors='pt').{name}")
+
+
 def _mask_tensor(attention_mask) -> torch.Tensor:
     """attention_mask (a tensor, a numpy array or nested lists of 0s and 1s) as a CPU tensor."""
+    _check_not_meta("attention_mask", attention_mask)
     try:
         return torch.as_tensor(attention_mask).to("cpu")
     except (TypeError, ValueError, RuntimeError):
@@ -62,6 +71,7 @@ def prompt_rows(input_ids, attention_mask, vocab: int) -> tuple[torch.Tensor, to
     """A left-padded batch: (ids [B, T], mask [B, T] int64 on the CPU, each row's prompt without padding)."""
     if not isinstance(input_ids, torch.Tensor):
         raise GenerateInputError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
+    _check_not_meta("input_ids", input_ids)
     ids = input_ids[None] if input_ids.dim() == 1 else input_ids
     if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
         raise GenerateInputError(f"input_ids must be integer token ids [batch, tokens], got shape "

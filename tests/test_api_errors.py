@@ -64,6 +64,10 @@ def test_config_is_frozen():
     (torch.tensor([[1, 2]]), dict(do_sample=True, generator=3), "generator must be a torch.Generator"),
     (torch.tensor([[1, 2]]), dict(logits_processor=[3]), "logits_processor must be a list"),
     (torch.tensor([[1, 2]]), dict(eos_token_id=[-3]), "eos_token_id"),
+    (torch.tensor([[1, 2]], device="meta"), {}, "input_ids is on the meta device, which holds shapes but no "
+                                                "values: pass real token ids"),
+    (torch.tensor([[1, 2]]), dict(attention_mask=torch.ones(1, 2, device="meta")),
+     "attention_mask is on the meta device"),
 ])
 def test_generate_rejects_bad_inputs(gen, ids, kwargs, words):
     with pytest.raises(GenerateInputError, match=words):
