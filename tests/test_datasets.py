@@ -25,9 +25,10 @@ XSUM = FIXTURES / "xsum_mini.jsonl"
 TRANSLATION = FIXTURES / "translation_mini.jsonl"
 QUAC = FIXTURES / "quac_mini.jsonl"
 WRITING = FIXTURES / "longbench_write_mini.jsonl"
+NQ_OPEN = FIXTURES / "nq_open_mini.jsonl"
 FIXTURE_OF = {"humaneval": HUMANEVAL, "humaneval-chat": HUMANEVAL, "humaneval-annotate": HUMANEVAL,
               "mt-bench": MTBENCH, "gsm8k": GSM8K, "summarize": XSUM, "translate": TRANSLATION,
-              "passage-qa": QUAC, "writing": WRITING}
+              "passage-qa": QUAC, "writing": WRITING, "mt-bench-1": MTBENCH, "open-qa": NQ_OPEN}
 SPEC_BENCH_CATEGORIES = ("summarize", "translate", "passage-qa", "writing")
 
 
@@ -103,6 +104,21 @@ def test_mtbench_keeps_both_turns_and_interleaves_categories():
     assert first.turns == ["Write a haiku about rain.", "Now make it about snow."]
     assert first.messages == [{"role": "user", "content": "Write a haiku about rain."}]
     assert first.text is None and first.dataset == "mt-bench"
+
+
+def test_mtbench_first_turns_alone():
+    prompts = ds.parse_mtbench_first(MTBENCH)
+    assert [p.id for p in prompts] == ["1", "3", "4", "2"] and all(p.turns is None for p in prompts)
+    assert prompts[0].messages == [{"role": "user", "content": "Write a haiku about rain."}]
+    assert {p.dataset for p in prompts} == {"mt-bench-1"}
+
+
+def test_open_qa_asks_the_bare_question():
+    prompts = ds.parse_open_qa(NQ_OPEN)
+    assert [p.messages[0]["content"] for p in prompts] == [
+        "On the 6th day of christmas my true love sent to me?", "How many 5 star generals are there in the us?",
+        "Who killed natalie and ann in sharp objects?"]
+    assert all(len(p.messages) == 1 and p.text is None for p in prompts)  # no answer, no passage
 
 
 def test_gsm8k_prompts_are_chat_questions():
