@@ -470,6 +470,7 @@ def test_prompt_file_reads_chat_and_completion_prompts(tmp_path):
     (['["prompt"]'], "record 1 needs exactly one of"),
     (['{"prompt": "a"', ], "mine.jsonl:1: not a JSON line"),
     ([""], "holds no prompts"),
+    (['{"prompt": "caf\\udce9"}'], "record 1 holds an escaped lone surrogate"),
 ])
 def test_prompt_file_names_the_bad_record(tmp_path, lines, words):
     with pytest.raises(ValueError, match=re.escape(words)):
@@ -503,3 +504,15 @@ def test_bench_cli_refuses_a_bad_prompt_file_before_loading_anything(tmp_path, m
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "record 1" in lines[0] and "(option --prompts)" in lines[0]
+
+
+def test_bench_cli_names_the_file_and_line_of_a_prompt_file_that_is_not_utf8(tmp_path, monkeypatch):
+    invoke, _ = _bench_cli(monkeypatch, lambda *args: pytest.fail("a model was loaded"))
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"prompt": "tea"}\n{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    result = invoke("--prompts", str(path), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"{path}:2: not UTF-8 text (byte 0xe9 at column 16); save the file as UTF-8" in lines[0]
+    assert "(option --prompts)" in lines[0]
