@@ -7,8 +7,9 @@ minimum speedup against the reference (greedy; or sampling, where the speedup
 is a ratio of new tokens per second), tokens/s (total new tokens / total wall
 time), mean accepted tokens per decode forward, mean target forwards, exact
 match % against greedy (greedy mode only), peak RSS. A line above it names the
-mode (``greedy`` or ``sampling T=0.7 top_k=50 top_p=1``) and the seed; the
-JSON meta carries both.
+mode (``greedy`` or ``sampling T=0.7 top_k=50 top_p=1``) and the seed, a
+second the CPU, its threads and whether other processes kept cores busy; the
+JSON carries them all.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import os
 import platform
 import sys
 from pathlib import Path
+
+from lookahead.costmodel import cpu_name
 
 
 def environment(dtype: str = "float32") -> dict:
@@ -36,19 +39,17 @@ def environment(dtype: str = "float32") -> dict:
         versions["numba"] = numba.__version__
     except ImportError:  # pragma: no cover
         pass
-    return {"versions": versions, "platform": platform.platform(), "cpu": _cpu_name(),
+    return {"versions": versions, "platform": platform.platform(), "cpu": cpu_name(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cuda": torch.cuda.is_available(), "dtype": dtype}
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def machine_line(env: dict, busy_cores: int = 0) -> str:
+    """'Measured on AMD EPYC (2 cores), torch on 2 threads, 1 core kept busy by another process.'"""
+    busy = f", {busy_cores} core{'s' if busy_cores != 1 else ''} kept busy by other processes" if busy_cores else \
+        ", nothing else running"
+    return (f"Measured on {env['cpu']} ({env['cpu_count']} cores), torch on {env['torch_threads']} "
+            f"thread{'s' if env['torch_threads'] != 1 else ''}{busy}.")
 
 
 def geomean(values: list[float]) -> float:
@@ -165,9 +166,11 @@ def write_report(out_dir: str | Path, records: list[dict], cost: dict | None = N
     rows = summarize(records)
     mode = run_mode(records)
     reference = rows[0]["method"] if rows else "greedy"
-    table = mode_line(mode, reference) + "\n\n" + markdown_table(rows, sampling=mode["mode"] != "greedy")
     meta = {**(meta or {}), **mode}
-    data = {"meta": meta, "environment": environment(meta.get("dtype", "float32")),
+    env = environment(meta.get("dtype", "float32"))
+    table = mode_line(mode, reference) + "\n" + machine_line(env, meta.get("busy_cores", 0)) + "\n\n" + \
+        markdown_table(rows, sampling=mode["mode"] != "greedy")
+    data = {"meta": meta, "environment": env,
             "summary": rows, "records": records, "cost_curve": cost}
     (out / "bench.json").write_text(json.dumps(data, indent=1))
     text = table + ("\n\n" + cost_table(cost) if cost else "") + "\n"

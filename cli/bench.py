@@ -14,7 +14,7 @@ import click
 
 from lookahead.benchmarks.datasets import DATASETS, canonical_name
 from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
-                                trust_remote_code_option, warnings_as_lines)
+                                threads_option, trust_remote_code_option, warnings_as_lines)
 
 DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
 BENCH_MODULES = ("matplotlib", "tqdm")  # what the [bench] extra installs
@@ -74,12 +74,17 @@ def require_bench_extra() -> None:
 @click.option("--ignore-eos", is_flag=True,
               help="With --sample: every method decodes exactly --max-new-tokens (EOS ignored), so that "
                    "tokens/s compare runs of equal length.")
+@click.option("--busy-cores", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Run the whole comparison beside this many processes that keep a core busy each "
+                   "(a machine where something else runs).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @trust_remote_code_option
+@threads_option
 @config_options
 def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
-          sample, temperature, top_k, top_p, seed, ignore_eos, device, dtype, trust_remote_code, **config_values):
+          sample, temperature, top_k, top_p, seed, ignore_eos, busy_cores, device, dtype, trust_remote_code,
+          **config_values):
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
     Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
@@ -110,11 +115,12 @@ def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, ex
         except ValueError as exc:
             fail(f"{exc} (option --config)")
     checked_out_dir(out_dir)
+    from lookahead.benchmarks.busy import busy_cores as busy
     try:
-        with warnings_as_lines():
+        with warnings_as_lines(), busy(busy_cores):
             table, paths, mismatch = _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, extra_configs,
                                             draft, cost_curve, turn2, (device, dtype, trust_remote_code), config,
-                                            sampling, seed)
+                                            sampling, seed, busy_cores)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     click.echo(table)
@@ -182,9 +188,9 @@ def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool =
 
 
 def _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
-           loading, config, sampling, seed):
+           loading, config, sampling, seed, busy_cores=0):
     """Load (device, dtype, trust_remote_code = loading), run every method on every prompt, write the
-    report; (table, paths, mismatch or None)."""
+    report; (table, paths, mismatch or None). ``busy_cores``: spinning processes beside it (recorded)."""
     import torch
     from tqdm import tqdm
 
@@ -231,7 +237,7 @@ def _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, ex
             "max_new_tokens": max_new_tokens, "dtype": dtype, "device": device, "mt_bench_turn": 2 if turn2 else 1,
             "sampling": dataclasses.asdict(sampling) if sampling else None,  # as given; None = model default
             "methods": [{"name": m.name, "must_match": m.exact, "config": m.config} for m in methods],
-            "command": sys.argv, "bench_wall_s": None}
+            "busy_cores": busy_cores, "command": sys.argv, "bench_wall_s": None}
     meta["bench_wall_s"] = time.perf_counter() - started
     paths = write_report(out_dir, records, cost, meta)
     mismatch = None

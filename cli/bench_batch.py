@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
-                                trust_remote_code_option, warnings_as_lines)
+                                threads_option, trust_remote_code_option, warnings_as_lines)
 
 
 @click.command("bench-batch")
@@ -20,6 +20,7 @@ from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message,
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @trust_remote_code_option
+@threads_option
 @config_options
 def bench_batch(model_name, datasets, limit, sizes, max_new_tokens, device, dtype, trust_remote_code,
                 **config_values):

@@ -34,6 +34,24 @@ def config_options(func):
     return func
 
 
+def _set_threads(ctx, param, value):
+    """--threads N: torch.set_num_threads(N) as soon as the option is read (before any model loads)."""
+    if value is not None:
+        import torch
+
+        torch.set_num_threads(value)
+    return value
+
+
+def threads_option(func):
+    """--threads N: the threads torch (and so lookahead) computes on; left out, torch's own choice."""
+    return click.option("--threads", type=click.IntRange(min=1), default=None, expose_value=False,
+                        callback=_set_threads,
+                        help="Threads to compute on (torch.set_num_threads; lookahead never uses more) "
+                             "[default: torch's, i.e. OMP_NUM_THREADS or every core]. On a machine where other "
+                             "work runs, fewer can be much faster.")(func)
+
+
 def trust_remote_code_option(func):
     """--trust-remote-code: load_model(trust_remote_code=True)."""
     return click.option("--trust-remote-code", is_flag=True,
@@ -131,6 +149,7 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @trust_remote_code_option
+@threads_option
 @sampling_options
 @config_options
 def generate(model_name, prompt, max_new_tokens, chat, as_json, draft_model, device, dtype, trust_remote_code, seed,

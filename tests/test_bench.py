@@ -250,7 +250,7 @@ def bench_calls(monkeypatch):
     calls = []
 
     def fake(*args):
-        calls.append({"sampling": args[-2], "seed": args[-1]})
+        calls.append({"sampling": args[-3], "seed": args[-2], "busy_cores": args[-1]})
         return "table", {"json": "j", "markdown": "m", "figure": "f"}, None
 
     monkeypatch.setattr("lookahead.cli.bench._bench", fake)  # lookahead.cli.main imports it
@@ -268,7 +268,7 @@ def bench_calls(monkeypatch):
 def test_bench_cli_parses_sampling_options(bench_calls, args, sampling, seed):
     result = bench_cli(*args)
     assert result.exit_code == 0, result.output
-    assert bench_calls == [{"sampling": sampling, "seed": seed}]
+    assert bench_calls == [{"sampling": sampling, "seed": seed, "busy_cores": 0}]
 
 
 @pytest.mark.parametrize("args, words", [
@@ -326,3 +326,37 @@ def gen_steps(model, prompts) -> int:
         gen.generate(torch.tensor([prompt.input_ids]), max_new_tokens=MAX_NEW)
         steps += gen.last_stats.steps
     return steps
+
+
+def test_bench_passes_busy_cores_and_threads(bench_calls):
+    threads = torch.get_num_threads()
+    try:
+        result = bench_cli("--busy-cores", "1", "--threads", "1")
+        assert result.exit_code == 0, result.output
+        assert bench_calls == [{"sampling": None, "seed": 0, "busy_cores": 1}] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    for bad in (["--busy-cores", "-1"], ["--threads", "0"]):
+        result = bench_cli(*bad)
+        assert result.exit_code == 2 and "range" in result.output
+
+
+def test_busy_cores_spin_while_inside_and_stop_after():
+    from lookahead.benchmarks.busy import busy_cores
+
+    with busy_cores(0) as none:
+        assert none == []
+    with busy_cores(2) as spinners:
+        assert len(spinners) == 2 and all(s.poll() is None for s in spinners)  # running
+    assert all(s.poll() is not None for s in spinners)  # killed on the way out
+
+
+def test_the_report_names_the_machine(tmp_path):
+    from lookahead.benchmarks.report import environment, machine_line
+
+    env = environment()
+    line = machine_line(env, 1)
+    assert line.startswith(f"Measured on {env['cpu']} ({env['cpu_count']} cores), torch on ")
+    assert "1 core kept busy by other processes" in line and "nothing else running" in machine_line(env)
+    paths = write_report(tmp_path, [], meta={"busy_cores": 1})
+    assert "1 core kept busy" in paths["table"]
