@@ -178,12 +178,14 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
     from transformers import TextStreamer
 
     from lookahead import LookaheadGenerator, load_model
+    from lookahead.draftcheck import check_draft_source
 
     device, dtype, trust_remote_code, draft_name = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
                                   trust_remote_code=trust_remote_code)
     draft, draft_tokenizer = None, None
     if draft_name is not None:
+        check_draft_source(model, draft_name)  # its vocabulary, from its config, before its weights load
         draft, draft_tokenizer = load_model(draft_name, device=device, dtype=getattr(torch, dtype),
                                             trust_remote_code=trust_remote_code)
     ids = encode_prompt(tokenizer, prompt, chat).to(device)

@@ -13,6 +13,9 @@ class DraftModelError(ValueError):
     """The draft model cannot propose for this target; the message says why and what to do."""
 
 
+OTHER_VOCABULARY = "token ids cannot pass between them; pick a draft of the target's family with the same tokenizer"
+
+
 def check_draft(target, draft, tokenizer=None, draft_tokenizer=None, allow_other_device: bool = False,
                 allow_untested: bool = False) -> AttentionLayout:
     """Raise DraftModelError unless ``draft`` can draft for ``target``; its attention layout.
@@ -32,9 +35,8 @@ def check_draft(target, draft, tokenizer=None, draft_tokenizer=None, allow_other
     target_vocab = int(target.get_input_embeddings().weight.shape[0])
     draft_vocab = int(draft.get_input_embeddings().weight.shape[0])
     if target_vocab != draft_vocab:
-        raise DraftModelError(
-            f"the draft's vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab} tokens): "
-            f"token ids cannot pass between them; pick a draft of the target's family with the same tokenizer")
+        raise DraftModelError(f"the draft's vocabulary ({draft_vocab} tokens) differs from the target's "
+                              f"({target_vocab} tokens): {OTHER_VOCABULARY}")
     _check_tokenizers(tokenizer, draft_tokenizer)
     where, own = input_device(draft), input_device(target)
     if where != own and not allow_other_device:
@@ -42,6 +44,22 @@ def check_draft(target, draft, tokenizer=None, draft_tokenizer=None, allow_other
             f"the draft model is on {where} but the target on {own}; move it with draft_model.to('{own}'), "
             f"or pass allow_draft_device=True to run it where it is")
     return layout
+
+
+def check_draft_source(target, draft_name: str, cache_dir=None) -> None:
+    """Raise DraftModelError before the draft named draft_name loads when the vocabulary it declares
+    (its config.json or GGUF header: models.declared_vocab_size) differs from the target's embeddings.
+
+    When the vocabulary cannot be read without loading, nothing is said here:
+    ``check_draft`` compares the loaded models.
+    """
+    from .models import declared_vocab_size
+
+    draft_vocab = declared_vocab_size(draft_name, cache_dir)
+    target_vocab = int(target.get_input_embeddings().weight.shape[0])
+    if draft_vocab is not None and draft_vocab != target_vocab:
+        raise DraftModelError(f"the draft model {draft_name} declares a vocabulary of {draft_vocab} tokens (its "
+                              f"config, read before its weights), the target has {target_vocab}: {OTHER_VOCABULARY}")
 
 
 def _check_tokenizers(tokenizer, draft_tokenizer) -> None:

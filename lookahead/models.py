@@ -7,17 +7,20 @@ weights are cached as safetensors, so the next load takes about a second.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .checkpoint import check_checkpoint, read_config_dict
 from .device import resolve_device
 from .errors import ModelLoadError, one_line
-from .registry import PackagedFile, RegistryError, default_cache_dir, fetch_file, sha256_of
+from .registry import PackagedFile, RegistryError, default_cache_dir, fetch_file, local_file, sha256_of
 from .support import MASKED_ATTENTION
 
 
@@ -32,6 +35,7 @@ class ModelAlias:
 
 
 DEFAULT_MODEL = "smollm2-135m"
+ALIAS_TYPO_CUTOFF = 0.7  # difflib ratio from which a bare unknown name is taken for a typo of an alias
 
 ALIASES: dict[str, ModelAlias] = {
     "smollm2-135m": ModelAlias(
@@ -140,23 +144,39 @@ def _cached_model_dir(cache_dir: Path, key: str) -> Path | None:
     return None
 
 
-def _dequantized_dir(gguf: Path, cache_dir: Path, key: str) -> Path:
-    """A directory with float safetensors + tokenizer for a GGUF, built once."""
+def _dequantized_dir(gguf: Path, cache_dir: Path, key: str, refetch: str) -> Path:
+    """A directory with float safetensors + tokenizer for a GGUF, built once. ``refetch``: how to get
+    the GGUF again should it be unreadable."""
     target = cache_dir / "models" / key
     if _cached_model_dir(cache_dir, key) is not None:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"lookahead: de-quantizing {gguf.name} once into {target}", file=sys.stderr)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                 dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    try:
+        gguf_metadata(gguf)  # a damaged header fails here, before the notice
+        print(f"lookahead: de-quantizing {gguf.name} once into {target}", file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                     dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # noqa: BLE001 (a damaged file fails anywhere in the parser: struct.error, ...)
+        raise ModelLoadError(f"cannot read the GGUF file {gguf} ({one_line(exc)}): it is damaged (cut short?) "
+                             f"or no GGUF model; {refetch}") from exc
     partial = target.with_name(target.name + ".partial")
     _plain_copy(model).save_pretrained(str(partial))
     tokenizer.save_pretrained(str(partial))
     if not target.exists():
         partial.replace(target)
     return target
+
+
+def gguf_metadata(gguf: Path) -> dict | None:
+    """A GGUF file's metadata, read from its header alone (string arrays such as the vocabulary left as
+    their lengths); None when this transformers has no header reader."""
+    try:
+        from transformers.integrations.gguf.reader import read_gguf_metadata
+    except ImportError:
+        return None
+    return read_gguf_metadata(str(gguf))[0]
 
 
 def _plain_copy(model):
@@ -187,12 +207,14 @@ def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, 
         cached = _cached_model_dir(cache_dir, alias.name)  # no need for the GGUF once converted
         if cached is not None:
             return cached, tried
-        return _dequantized_dir(assemble_gguf(alias, cache_dir), cache_dir, alias.name), tried
+        gguf = assemble_gguf(alias, cache_dir)
+        return _dequantized_dir(gguf, cache_dir, alias.name, f"delete {gguf} to fetch it again"), tried
     tried.append(f"built-in aliases ({', '.join(sorted(ALIASES))})")
     path = Path(name_or_path).expanduser()
+    check_alias_typo(name_or_path, path)
     if path.suffix == ".gguf":
         if path.is_file():
-            return _dequantized_dir(path, cache_dir, _gguf_key(path)), tried
+            return _dequantized_dir(path, cache_dir, _gguf_key(path), "download it again"), tried
         tried.append(f"GGUF file {path} (not found)")
     elif path.is_dir():
         if not (path / "config.json").is_file():
@@ -205,6 +227,72 @@ def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, 
     else:
         tried.append(f"local directory {path} (not found)")
     return None, tried
+
+
+def check_alias_typo(name: str, path: Path) -> None:
+    """Raise ModelLoadError at once, offline, for a bare name that is no alias but close to one.
+
+    The rule: a name without '/' that is no existing file or directory, and
+    that difflib finds close to an alias, is taken for a typo of that alias
+    instead of being looked up on the hub (retries, then a long error); hub
+    models are named org/name, which is always tried.
+    """
+    if "/" in name or "\\" in name or path.suffix == ".gguf" or path.exists():
+        return
+    close = difflib.get_close_matches(name.lower(), ALIASES, n=1, cutoff=ALIAS_TYPO_CUTOFF)
+    if close:
+        raise ModelLoadError(f"unknown model {name!r}: no built-in alias, file or directory has that name; did you "
+                             f"mean {close[0]}? (a bare name close to an alias is taken for a typo of it, without "
+                             f"asking the hub: name a hub model as org/name)")
+
+
+def declared_vocab_size(name_or_path: str, cache_dir: str | Path | None = None) -> int | None:
+    """The vocabulary size a model declares, read without its weights and without fetching anything.
+
+    From the config.json of a local directory, of a GGUF converted in the
+    cache, or of a hub id the hub's local cache holds; else from a GGUF's
+    header (an alias's only when its GGUF is on this machine already). None
+    when it cannot be known that way.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if name_or_path in ALIASES:
+        alias = ALIASES[name_or_path]
+        cached = _cached_model_dir(cache, alias.name)
+        gguf = _gguf_on_disk(alias, cache) if cached is None else None
+        return _config_vocab(str(cached)) if cached is not None else _gguf_vocab(gguf) if gguf is not None else None
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        cached = _cached_model_dir(cache, _gguf_key(path)) if path.is_file() else None
+        return _config_vocab(str(cached)) if cached is not None else _gguf_vocab(path) if path.is_file() else None
+    return _config_vocab(str(path) if path.is_dir() else name_or_path)
+
+
+def _gguf_on_disk(alias: ModelAlias, cache_dir: Path) -> Path | None:
+    """The alias's GGUF when it is on this machine already (nothing fetched), else None."""
+    if len(alias.parts) == 1:
+        return local_file(alias.parts[0], cache_dir)
+    target = cache_dir / "gguf" / alias.name / alias.gguf_name
+    return target if target.is_file() else None
+
+
+def _config_vocab(source: str) -> int | None:
+    """vocab_size in the config.json of a local directory or a hub id (its local cache only)."""
+    try:
+        config = read_config_dict(source, local_only=True)
+    except (OSError, ValueError):
+        return None
+    value = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return value if isinstance(value, int) else None
+
+
+def _gguf_vocab(gguf: Path) -> int | None:
+    """The vocabulary size in a GGUF's header (what transformers makes the config's vocab_size)."""
+    try:
+        metadata = gguf_metadata(gguf)
+    except Exception:  # noqa: BLE001 (a damaged header: load_model names it)
+        return None
+    tokens = (metadata or {}).get("tokenizer.ggml.tokens")
+    return tokens if isinstance(tokens, int) else None
 
 
 def check_load_arguments(device, dtype, attn_implementation: str | None) -> torch.device:
@@ -252,7 +340,36 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
             local_files_only=local is not None, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local is not None,
                                                   trust_remote_code=trust_remote_code)
+    except SafetensorError as exc:
+        raise ModelLoadError(_damaged_weights(name_or_path, local, cache, exc)) from exc
     except (OSError, ValueError, ImportError, KeyError) as exc:
         tried.append(f"{where} ({type(exc).__name__}: {one_line(exc)})")
-        raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried)) from exc
+        rebuild = f"; {_rebuild_hint(local)}" if _in_cache(local, cache) else ""
+        raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried) + rebuild) from exc
     return model.to(device).eval(), tokenizer
+
+
+def _in_cache(local: Path | None, cache: Path) -> bool:
+    """Whether local is a model directory lookahead built in its cache (from a GGUF)."""
+    return local is not None and local.resolve().parent == (cache / "models").resolve()
+
+
+def _rebuild_hint(local: Path) -> str:
+    return f"delete the directory {local} to rebuild it (lookahead converts the GGUF again)"
+
+
+def _damaged_weights(name: str, local: Path | None, cache: Path, exc: Exception) -> str:
+    """The one line for weights that cannot be read: which file, and how to get a good one."""
+    from safetensors import safe_open
+
+    broken = None
+    for weights in sorted(local.glob("*.safetensors")) if local is not None else ():
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            broken = weights
+            break
+    fix = _rebuild_hint(local) if _in_cache(local, cache) else "save or download the checkpoint again"
+    return (f"cannot load model {name!r}: the weights file {broken or local or name} cannot be read "
+            f"({type(exc).__name__}: {one_line(exc)}): it is damaged (cut short?); {fix}")

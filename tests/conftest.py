@@ -268,6 +268,30 @@ def save_remote_code_dir(path) -> str:
     return str(path)
 
 
+def save_gguf_header(path, vocab: int) -> str:
+    """A GGUF file with a Llama header and a vocabulary of ``vocab`` tokens but no tensors: what a
+    vocabulary check may read; loading it as a model fails."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def truncate_weights(directory) -> str:
+    """Cut a saved model's model.safetensors to half its size (a download cut short); its path."""
+    from pathlib import Path
+
+    weights = Path(directory) / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:len(data) // 2])
+    return str(weights)
+
+
 def reference(model, ids, max_new_tokens, eos_token_id=None):
     """model.generate greedy, the ground truth."""
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)

@@ -10,7 +10,7 @@ import transformers
 from click.testing import CliRunner
 
 from lookahead.cli.main import main
-from conftest import COMMON, save_model_dir, save_remote_code_dir, tiny_model
+from conftest import COMMON, save_gguf_header, save_model_dir, save_remote_code_dir, tiny_model, truncate_weights
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +212,32 @@ def test_trusted_remote_code_runs_from_the_cli_as_an_untested_architecture(tmp_p
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["new_tokens"] >= 1
     assert "lookahead: warning: model type 'tiny_custom_lm' is not among" in result.stderr
+def test_an_alias_typo_fails_at_once_naming_the_alias(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one_clear_line(invoke("--model", "smollm2-13m", "--prompt", "hi"), "did you mean smollm2-135m?")
+
+
+def test_a_corrupt_gguf_gets_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the cache it would convert into
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + bytes(7))
+    one_clear_line(invoke("--model", str(path), "--prompt", "hi"), f"cannot read the GGUF file {path}")
+
+
+def test_truncated_cached_weights_get_one_line_naming_the_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # never the real cache
+    cached = tmp_path / ".cache" / "lookahead" / "models" / "smollm2-135m"
+    save_model_dir(cached, tiny_model("llama"))
+    truncate_weights(cached)
+    one_clear_line(invoke("--prompt", "hi"), f"delete the directory {cached} to rebuild it")
+
+
+def test_a_draft_of_another_vocabulary_is_refused_before_it_loads(model_dir, tmp_path):
+    draft = save_model_dir(tmp_path / "draft", transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**{**COMMON, "vocab_size": 128})))
+    truncate_weights(draft)  # reading its weights would fail with another message
+    one_clear_line(invoke("--model", model_dir, "--draft-model", draft, "--prompt", "w3"),
+                   f"the draft model {draft} declares a vocabulary of 128 tokens")
+    gguf = save_gguf_header(tmp_path / "draft.gguf", 128)  # a header and no weights at all
+    one_clear_line(invoke("--model", model_dir, "--draft-model", gguf, "--prompt", "w3"),
+                   "declares a vocabulary of 128 tokens (its config, read before its weights), the target has 96")

@@ -6,8 +6,10 @@ import pytest
 import torch
 import transformers
 
-from conftest import save_model_dir, save_remote_code_dir, tiny_model
+import lookahead.models as models
+from conftest import COMMON, save_gguf_header, save_model_dir, save_remote_code_dir, tiny_model, truncate_weights
 from lookahead import DeviceError, LookaheadGenerator, ModelLoadError, UnsupportedModelError, load_model
+from lookahead.draftcheck import DraftModelError, check_draft_source
 from lookahead.checkpoint import REMOTE_CODE_FIX
 from lookahead.device import resolve_device
 from lookahead.errors import one_line
@@ -99,3 +101,89 @@ def test_load_errors_keep_the_whole_text_on_one_line(tmp_path):
 def test_one_line_joins_every_line():
     assert one_line(ValueError("first line\n  second line, with the fix\n")) == "first line second line, with the fix"
     assert one_line(ValueError("")) == "ValueError"
+
+
+# ------------------------------------------------------------------ typos, damaged files, vocabularies before weights
+
+
+def no_hub(monkeypatch):
+    """Fail the test if anything reads a config (the first thing a hub lookup does)."""
+    def refuse(*args, **kwargs):
+        pytest.fail("a config was read: the name went on to the hub")
+
+    monkeypatch.setattr(models, "read_config_dict", refuse)
+
+
+@pytest.mark.parametrize("name, alias", [("smollm2-13m", "smollm2-135m"), ("SmolLM2-135M", "smollm2-135m"),
+                                         ("qwen2.5-coder-1.5", "qwen2.5-coder-1.5b"), ("gemma3", "gemma3-270m")])
+def test_an_alias_typo_fails_at_once_naming_the_alias(monkeypatch, tmp_path, name, alias):
+    monkeypatch.chdir(tmp_path)
+    no_hub(monkeypatch)
+    with pytest.raises(ModelLoadError, match=f"unknown model '{name}'.*did you mean {alias}\\?.*name a hub "
+                                             f"model as org/name"):
+        load_model(name, cache_dir=tmp_path)
+
+
+def test_the_typo_rule_leaves_hub_ids_paths_and_unlike_names_alone(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2-13m").mkdir()  # an existing directory is tried as one, however it is spelled
+    for name in ("org/smollm2-13m", "smollm2-13m", "gpt2", "smollm2-13m.gguf"):
+        models.check_alias_typo(name, models.Path(name))
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        load_model("smollm2-13m")
+
+
+def test_a_local_directory_named_like_an_alias_typo_loads(model_dir, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(model_dir, tmp_path / "smollm2-13m")
+    monkeypatch.chdir(tmp_path)
+    model, _ = load_model("smollm2-13m")
+    assert model.config.model_type == "llama"
+
+
+def test_a_corrupt_gguf_is_named(tmp_path):
+    import struct
+
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 5, 10) + b"\x01\x02")  # the header, cut short
+    with pytest.raises(ModelLoadError, match=f"cannot read the GGUF file {path} .*damaged.*download it again"):
+        load_model(str(path), cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").iterdir())
+
+
+def test_truncated_cached_weights_name_the_file_and_the_directory_to_delete(tmp_path):
+    cached = tmp_path / "models" / "smollm2-135m"
+    save_model_dir(cached, tiny_model("llama"))
+    weights = truncate_weights(cached)
+    with pytest.raises(ModelLoadError) as failed:
+        load_model("smollm2-135m", cache_dir=tmp_path)
+    assert f"the weights file {weights} cannot be read" in str(failed.value)
+    assert f"delete the directory {cached} to rebuild it" in str(failed.value)
+
+
+def test_truncated_weights_of_a_local_directory_are_named(tmp_path):
+    save_model_dir(tmp_path / "mine", tiny_model("llama"))
+    weights = truncate_weights(tmp_path / "mine")
+    with pytest.raises(ModelLoadError, match=f"the weights file {weights} cannot be read.*download the checkpoint"):
+        load_model(str(tmp_path / "mine"))
+
+
+def test_declared_vocabulary_is_read_without_weights(tmp_path, model_dir):
+    gguf = save_gguf_header(tmp_path / "draft.gguf", 128)
+    assert models.declared_vocab_size(gguf, cache_dir=tmp_path) == 128  # from the header
+    assert models.declared_vocab_size(model_dir) == 96  # from config.json
+    assert models.declared_vocab_size("qwen2.5-coder-1.5b", cache_dir=tmp_path / "empty") is None  # not assembled
+    assert models.declared_vocab_size("org/not-cached", cache_dir=tmp_path) is None  # the hub is not asked
+
+
+def test_a_draft_of_another_vocabulary_is_refused_before_its_weights_load(tmp_path):
+    target = tiny_model("llama")
+    draft_dir = save_model_dir(tmp_path / "draft", transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**{**COMMON, "vocab_size": 128})))
+    truncate_weights(draft_dir)  # loading it would fail otherwise
+    for name in (draft_dir, save_gguf_header(tmp_path / "draft.gguf", 128)):
+        with pytest.raises(DraftModelError, match="declares a vocabulary of 128 tokens.*the target has 96"):
+            check_draft_source(target, name, cache_dir=tmp_path)
+    check_draft_source(target, save_gguf_header(tmp_path / "same.gguf", 96), cache_dir=tmp_path)  # no objection
+    check_draft_source(target, "org/unknown", cache_dir=tmp_path)  # unknown without loading: check_draft later
