@@ -76,11 +76,43 @@ def sampling_options(func):
         click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
         click.option("--min-p", type=float, default=None, help="Drop tokens below min_p x the top probability."),
         click.option("--repetition-penalty", type=float, default=None, help="> 1 penalises repeated tokens."),
-        click.option("--seed", type=int, default=None, help="torch.manual_seed before generating (reproducible samples)."),
+        click.option("--seed", type=str, default=None,
+                     help="torch.manual_seed before generating (reproducible samples): a whole number from 0 to "
+                          "2**64-1."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+SEED_MAX = 2 ** 64 - 1  # torch.manual_seed takes 0 .. 2**64-1 (negatives only wrap around to those)
+
+
+def checked_seed(text: str | None) -> int | None:
+    """--seed as an int in 0 .. SEED_MAX (None when left out), or one line naming the range and exit status 2."""
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= SEED_MAX:
+        fail(f"--seed must be a whole number from 0 to 2**64-1 ({SEED_MAX}), got {text}")
+    return value
+
+
+def checked_prompt(prompt: str) -> None:
+    """One line and exit status 2 when --prompt is empty or not UTF-8 (bytes the shell handed over
+    undecoded reach Python as lone surrogates, which no tokenizer takes)."""
+    if not prompt.strip():
+        fail("the prompt is empty: pass some text with --prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(prompt[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"character U+{code:04X}"
+        fail(f"--prompt is not UTF-8 text ({what} at character {exc.start + 1}): pass UTF-8 text, e.g. convert "
+             f"it with iconv -f latin1 -t utf-8")
 
 
 def config_from(values: dict) -> LookaheadConfig:
@@ -155,8 +187,8 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
 def generate(model_name, prompt, max_new_tokens, chat, as_json, draft_model, device, dtype, trust_remote_code, seed,
              **values):
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
-    if not prompt.strip():
-        fail("the prompt is empty: pass some text with --prompt")
+    checked_prompt(prompt)
+    seed = checked_seed(seed)
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     sampling = {name: values.pop(name) for name in SAMPLING_FIELDS}

@@ -212,6 +212,30 @@ def test_trusted_remote_code_runs_from_the_cli_as_an_untested_architecture(tmp_p
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["new_tokens"] >= 1
     assert "lookahead: warning: model type 'tiny_custom_lm' is not among" in result.stderr
+
+
+# ------------------------------------------------------------------ bytes, seeds, typos, damaged files
+
+
+def test_a_prompt_that_is_not_utf8_gets_one_line():
+    """Bytes the shell passes undecoded (printf 'caf\\xe9') reach click as surrogate escapes."""
+    one_clear_line(invoke("--prompt", "caf\udce9"),
+                   "--prompt is not UTF-8 text (byte 0xe9 at character 4): pass UTF-8 text")
+
+
+@pytest.mark.parametrize("seed", ["1e23", str(10 ** 23), str(2 ** 64), "-1", "seven"])
+def test_a_seed_out_of_range_gets_one_line(seed):
+    one_clear_line(invoke("--prompt", "hi", "--seed", seed),
+                   f"--seed must be a whole number from 0 to 2**64-1 (18446744073709551615), got {seed}")
+
+
+def test_the_largest_seed_is_taken(model_dir, tmp_path):
+    result = invoke("--model", model_dir, "--prompt", "w3 w4", "--no-chat", "--max-new-tokens", "3", "--sample",
+                    "--seed", str(2 ** 64 - 1), "--json", "--cost-cache-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["sampling"]["seed"] == 2 ** 64 - 1
+
+
 def test_an_alias_typo_fails_at_once_naming_the_alias(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     one_clear_line(invoke("--model", "smollm2-13m", "--prompt", "hi"), "did you mean smollm2-135m?")
@@ -241,3 +265,9 @@ def test_a_draft_of_another_vocabulary_is_refused_before_it_loads(model_dir, tmp
     gguf = save_gguf_header(tmp_path / "draft.gguf", 128)  # a header and no weights at all
     one_clear_line(invoke("--model", model_dir, "--draft-model", gguf, "--prompt", "w3"),
                    "declares a vocabulary of 128 tokens (its config, read before its weights), the target has 96")
+
+
+def test_sampling_scores_that_overflow_get_one_line(model_dir):
+    """A temperature so small that every score overflows leaves nothing to sample (model.generate fails too)."""
+    one_clear_line(invoke("--model", model_dir, "--prompt", "w3 w4", "--no-chat", "--sample", "--temperature", "1e-45",
+                          "--max-new-tokens", "4"), "sampling has no distribution to draw the next token from")
