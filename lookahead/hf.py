@@ -18,7 +18,9 @@ What transformers does NOT hand a callable, and what to pass instead:
 - ``streamer=``: generate pushes the prompt to it and then drops it, so it
   would never see a new token nor ``end()`` (a TextIteratorStreamer would
   wait forever). Pass ``lookahead_streamer=`` instead: it receives the
-  prompt, every accepted token in order, then ``end()``.
+  prompt, every accepted token in order, then ``end()``. A ``streamer=`` is
+  refused (``GenerateInputError``, the streamer ended first); it is seen in
+  generate's own frame, the only place it is left (``streamer_given``).
 - ``tokenizer=``: dropped as well; stop strings need it, so pass
   ``lookahead_tokenizer=``. ``stop_strings`` is one of our keywords (left to
   transformers it would fail for lack of the tokenizer).
@@ -26,6 +28,7 @@ What transformers does NOT hand a callable, and what to pass instead:
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -71,6 +74,24 @@ def prompt_mask(model_kwargs: dict, length: int) -> torch.Tensor | None:
     return mask
 
 
+def streamer_given(frame) -> object | None:
+    """The ``streamer=`` of the model.generate call running in ``frame`` (a custom_generate callable's
+    caller), which transformers does not hand the callable; None when there is none or the frame is
+    not GenerationMixin.generate's."""
+    if frame is None or frame.f_code.co_name != "generate" or "generation_mode_kwargs" not in frame.f_locals:
+        return None
+    return frame.f_locals.get("streamer")
+
+
+def refuse_streamer(streamer) -> None:
+    """End the streamer transformers gave the prompt to (a reader thread stops waiting) and say what to pass."""
+    streamer.end()
+    raise GenerateInputError("streamer=: transformers does not hand a streamer to a custom_generate callable (it "
+                             "would get the prompt and nothing more); pass lookahead_streamer=streamer to "
+                             "model.generate instead, or stream with LookaheadGenerator(model, tokenizer)"
+                             ".generate(..., streamer=streamer)")
+
+
 class CustomGenerate:
     """The callable for ``model.generate(**inputs, custom_generate=...)`` (exported as
     ``lookahead.custom_generate``): greedy output identical to model.generate, sampling with
@@ -107,6 +128,8 @@ class CustomGenerate:
         if generation_config is None:
             raise GenerateInputError("custom_generate is called by model.generate(..., custom_generate=...); "
                                      "to decode directly, use LookaheadGenerator(model).generate")
+        if (dropped := streamer_given(sys._getframe(1))) is not None:  # noqa: SLF001
+            refuse_streamer(dropped)
         mask = prompt_mask(model_kwargs, input_ids.shape[-1])
         criteria = StoppingCriteriaList(stopping_criteria if stopping_criteria is not None else [])
         if stop_strings is not None:

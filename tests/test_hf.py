@@ -218,3 +218,14 @@ def test_pipeline_stop_sequence(pipe):
     got = pipe(TEXT, stop_sequence=stop, custom_generate=custom_generate, lookahead_tokenizer=pipe.tokenizer,
                **settings)[0]["generated_text"]
     assert got == ref
+
+
+def test_a_streamer_is_refused_with_what_to_pass_instead(model):
+    """transformers pushes the prompt to streamer= and never hands it to the callable: refused, and ended
+    so that a reader thread stops waiting."""
+    from transformers import TextIteratorStreamer
+
+    streamer = TextIteratorStreamer(tiny_tokenizer(), skip_prompt=True, timeout=60)  # not ended: queue.Empty
+    with pytest.raises(GenerateInputError, match="pass lookahead_streamer=streamer to model.generate instead"):
+        with_lookahead(model, max_new_tokens=4, streamer=streamer)
+    assert "".join(streamer) == ""  # ended: iterating stops at once
