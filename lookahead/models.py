@@ -215,7 +215,9 @@ def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, 
     if path.suffix == ".gguf":
         if path.is_file():
             return _dequantized_dir(path, cache_dir, _gguf_key(path), "download it again"), tried
-        tried.append(f"GGUF file {path} (not found)")
+        tried.append(f"GGUF file {path} (not found)")  # a .gguf names a file, never a hub id: no hub retries
+        raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried) +
+                             "; pass the path of an existing .gguf file")
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"directory {path} has no config.json, so it is no transformers model directory: "

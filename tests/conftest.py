@@ -196,6 +196,18 @@ def tiny_tokenizer():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """The suite computes on one thread: tiny models gain nothing from two, and with another process
+    busy on one of two cores every parallel region waits for the descheduled thread (on this
+    2-core machine, tests/test_sampling.py took 122 s on 2 threads against 29 s on 1 beside a
+    busy process; idle, the same). The SmolLM2 tests run on one thread too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def synthetic_cost_curves():
     """Generators built by the tests get a fixed, mildly rising cost curve (2% more per row,
     no online refinement) instead of measuring this machine: a test's trees must not depend
