@@ -32,6 +32,7 @@ import dataclasses
 import math
 import resource
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -109,6 +110,7 @@ class Run:
     wall_time_s: float
     forwards: int  # target forward passes, prefill included
     accepted: list[int] = field(default_factory=list)  # tokens per decode forward (lookahead only)
+    routes: dict[str, int] = field(default_factory=dict)  # decode forwards per route (lookahead on a CPU)
 
 
 @dataclass
@@ -271,7 +273,9 @@ def run_method(method: Method, model, ids: torch.Tensor, max_new_tokens: int) ->
         wall = time.perf_counter() - start
     tokens = out[0, ids.shape[1]:].tolist()
     stats = method.generator.last_stats if method.generator is not None else None
-    return Run(tokens, wall, counter.count, list(stats.accepted) if stats is not None else [])
+    if stats is None:
+        return Run(tokens, wall, counter.count)
+    return Run(tokens, wall, counter.count, list(stats.accepted), dict(Counter(r for r in stats.routes if r)))
 
 
 def _accepted_per_step(run: Run) -> float:
@@ -345,6 +349,7 @@ def _record(prompt: BenchPrompt, method: Method, run: Run, reference: Run, mode:
         "prompt_tokens": len(prompt.input_ids), "new_tokens": len(run.tokens), "wall_time_s": run.wall_time_s,
         "tokens_per_s": _tokens_per_s(run), "speedup": _speedup(run, reference, method.sampling is not None),
         "forwards": run.forwards, "accepted_per_step": _accepted_per_step(run), "accepted": run.accepted,
+        "routes": run.routes,
         "exact_match": run.tokens == reference.tokens, "must_match": method.exact,
         "peak_rss_mb": peak_rss_mb(), "tokens": run.tokens,
     }

@@ -236,6 +236,7 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
             "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
             "wall_time_s": stats.wall_time_s, "sampling": {**sampling, "seed": seed},
             "draft_model": draft_name, "draft_forwards": stats.draft_forwards,
+            "routes": {route: stats.routes.count(route) for route in sorted(set(stats.routes)) if route},
             "config": dataclasses.asdict(config),
             "window": [gen.run_config.window, gen.run_config.ngram]}  # (W, N) decoded with: auto_window's choice
 

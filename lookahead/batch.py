@@ -98,6 +98,7 @@ class BatchDecoding:
         self._keep([rows for _, rows in results], past=self.valid.shape[1])
         self._drop([a for a, (done, _) in enumerate(results) if done])
         self.stats.steps += 1
+        self.stats.routes.append(self.target.last_route)
         self.stats.rows_per_step.append(int(tokens.shape[0] * tokens.shape[1]))
         self.stats.accepted.append(sum(s.accepted[-1] for s in (seq.stats for seq in seqs)))
         seconds = time.perf_counter() - began

@@ -313,6 +313,7 @@ class _Decoding:
             keep_rows(self.cache, past, to_device(rows, self.target.device), contiguous=in_place)
         seconds = time.perf_counter() - began
         self.stats.steps += 1
+        self.stats.routes.append(self.target.last_route)
         self.stats.rows_per_step.append(int(plan.tokens.shape[0]))
         self.stats.step_seconds.append(seconds)
         # The target's curve learns from the target's share alone: a draft's forwards (a catch-up

@@ -39,6 +39,7 @@ from .fewrows import FEW_ROWS_MAX, FewRowLinear
 RECHECK = 1.5  # the chosen route's steps this many times slower or faster than when chosen: try the others
 EXPLORE_FIRST = 32  # steps before the runner-up route is tried again ...
 EXPLORE_LAST = 512  # ... doubling each time it loses, up to this many
+EXPLORE_BUSY = 64  # ... or this many while a route other than the measured fastest runs (a load may end)
 SMOOTHING = 0.3  # weight of a route's newest step in its running log ratio of taken / measured
 
 
@@ -105,7 +106,8 @@ class Routing:
     when the chosen route's level moves RECHECK away from where it stood when
     chosen (the machine got busy or quiet), every other route runs one step;
     and every EXPLORE_FIRST steps (doubling while it loses, up to
-    EXPLORE_LAST) the runner-up as measured runs one (the route that would win
+    EXPLORE_LAST, or EXPLORE_BUSY while a load keeps the measured fastest
+    route off) the runner-up as measured runs one (the route that would win
     if a load had gone). Then the choice is made again.
     """
 
@@ -166,8 +168,9 @@ class Routing:
         if r != chosen:  # a try ended: choose again; a runner-up that lost waits longer next time
             before = self.choice.copy()
             self._choose()
-            self.interval = EXPLORE_FIRST if (self.choice != before).any() else min(2 * self.interval,
-                                                                                     EXPLORE_LAST)
+            fallback = self.choice[point] != np.argmin(self.seconds[:, point])  # off the measured best: a load
+            longest = EXPLORE_BUSY if fallback else EXPLORE_LAST  # (whose end is worth noticing soon)
+            self.interval = EXPLORE_FIRST if (self.choice != before).any() else min(2 * self.interval, longest)
             return
         self.since += 1
         if abs(self.level[r] - self.chosen_level[point]) > math.log(RECHECK):

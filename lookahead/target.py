@@ -82,6 +82,7 @@ class Target:
         # Batch size -> how its forwards run on this CPU (threads, whose linear kernel), measured with
         # the cost curve (costmodel.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
+        self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         embedding = model.get_input_embeddings().weight
         self.device = input_device(model)
         self.dtype = embedding.dtype
@@ -114,7 +115,9 @@ class Target:
     def route(self, batch: int, rows: int):
         """The route a forward of ``batch`` sequences over ``rows`` rows each runs through (None: torch as set)."""
         routing = self.routing(batch)
-        return routing.route_for(rows) if routing is not None else None
+        route = routing.route_for(rows) if routing is not None else None
+        self.last_route = route.label if route is not None else ""
+        return route
 
     def observe(self, batch: int, rows: int, seconds: float) -> None:
         """A step of ``batch`` sequences over ``rows`` rows each took ``seconds``: re-checks the route."""

@@ -142,4 +142,5 @@ def test_both_routings_are_exact(arch, monkeypatch):
         assert torch.equal(out, ref)
         rows = gen.last_stats.rows_per_step
         assert max(rows) <= 6 and sum(r > 1 for r in rows) > 3
+        assert set(gen.last_stats.routes) == {Route(1, enabled).label}  # every step ran the route set
         assert bool(calls) is enabled and (not enabled or max(calls) > 1)  # the kernel ran the decode's linears

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lookahead.routing import (EXPLORE_FIRST, RECHECK, Route, Routing, candidate_routes, route_mode)
+from lookahead.routing import (EXPLORE_BUSY, EXPLORE_FIRST, RECHECK, Route, Routing, candidate_routes, route_mode)
 import lookahead.fewrows as fewrows
 
 TORCH2, KERNEL2, TORCH1, KERNEL1 = Route(2, False), Route(2, True), Route(1, False), Route(1, True)
@@ -69,6 +69,15 @@ def test_a_runner_up_that_keeps_losing_is_tried_ever_less_often():
     assert gaps[0] >= EXPLORE_FIRST and (gaps[1:] >= gaps[:-1]).all() and gaps[-1] > gaps[0]
 
 
+def test_under_a_lasting_load_the_fast_route_is_still_tried_often():
+    r = routing()
+    busy = lambda route: r.seconds[r.routes.index(route), 0] * (3.0 if route.threads == 2 else 1.0)
+    seen = [run(r, 1, busy) for _ in range(12 * EXPLORE_BUSY)]
+    tries = [i for i, route in enumerate(seen) if route == KERNEL2][1:]  # after the first step
+    assert len(tries) >= 10 and max(np.diff(tries)) <= EXPLORE_BUSY + 1
+    assert seen[-1] == KERNEL1
+
+
 def test_noise_within_recheck_changes_nothing():
     r = routing()
     rng = np.random.default_rng(0)
@@ -80,6 +89,7 @@ def test_noise_within_recheck_changes_nothing():
 def test_route_mode_runs_on_fewer_threads_and_puts_torch_and_numba_back():
     import numba
 
+    fewrows.start_numba_threads()  # (numba.get_num_threads() alone starts numba's pool and so sets torch's count)
     threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
     seen = {}
     with route_mode(Route(1, True), 1):
