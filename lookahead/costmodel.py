@@ -59,7 +59,9 @@ ROUNDING = 1 + 1e-9  # a repaired curve sits exactly at the limits
 CONFIRM_STEPS = 64  # steps observed before a curve measured in this process is written back
 RATIO_LIMIT = 100.0  # a step counts as at most this factor off the starting curve
 PRUNE = 1.25  # a route over this times the fastest at every row count after one pass is measured no further
+HOPELESS = 3.0  # ... and one over this times the fastest at one row count is not even timed at the others
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
+LOAD_SPAN_S = 0.25  # ... counted over at least this long (a shorter measurement is taken as quiet)
 ROUTES_VERSION = 1  # in cost curves' fingerprints: a change to the routes or kernels re-measures
 
 Say = Callable[[str], None]
@@ -391,18 +393,37 @@ def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...
     return np.median(time_passes(lambda q: time_one(q, route), rows, repeats), axis=0).tolist()
 
 
+def first_pass(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list) -> np.ndarray:
+    """[R, S] one forward per route and row count, row counts ascending, every route at one row count
+    before the next. A route HOPELESS times slower than the fastest at a row count is timed no further
+    (a 2-thread forward beside a busy core can take seconds): its later points are the fastest route's
+    times that factor slower."""
+    first = np.zeros((len(routes), len(rows)))  # [R, S]
+    alive, dropped = list(range(len(routes))), {}  # dropped: route -> (row count index, factor)
+    for s, q in enumerate(rows):
+        for i in alive:
+            first[i, s] = time_one(q, routes[i])
+        best = min(first[i, s] for i in alive)
+        for i in [i for i in alive if first[i, s] > HOPELESS * best]:
+            alive.remove(i)
+            dropped[i] = (s, first[i, s] / best)
+    fastest = first[alive].min(axis=0)  # [S]
+    for i, (s, factor) in dropped.items():
+        first[i, s + 1:] = factor * fastest[s + 1:]
+    return first
+
+
 def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list,
                    repeats: int, cap_s: float = MEASURE_CAP_S,
                    clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, Measurement]:
     """(seconds [R, S] of every route, the measurement of the fastest at each row count).
 
-    One pass through every route first; a route PRUNE times slower than the
-    fastest at every row count keeps that pass as its curve, the others are
-    measured to the end (measure_curve, sharing the time cap).
+    One pass through every route first (``first_pass``); a route PRUNE times
+    slower than the fastest at every row count keeps that pass as its curve,
+    the others are measured to the end (measure_curve, sharing the time cap).
     """
-    start, several = clock(), len(routes) > 1
-    first = np.array([time_passes(lambda q, r=r: time_one(q, r), rows, 1, clock=clock)[0]
-                      for r in (routes if several else [])]).reshape(-1, len(rows))  # [R, S] or [0, S]
+    start = clock()
+    first = first_pass(time_one, rows, routes) if len(routes) > 1 else np.zeros((0, len(rows)))  # [R, S]
     kept = [i for i in range(len(routes)) if first.shape[0] == 0 or (first[i] <= PRUNE * first.min(axis=0)).any()]
     seconds = first.copy() if first.shape[0] else np.zeros((len(routes), len(rows)))
     parts = []
@@ -412,7 +433,7 @@ def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[i
         parts.append(part)
     best = seconds.min(axis=0)  # [S]
     problem = next((p.problem for p in parts if p.problem is not None), None) or implausibility(rows, best[None])
-    passes = first.shape[0] + sum(p.passes for p in parts)
+    passes = min(first.shape[0], 1) + sum(p.passes for p in parts)
     return seconds, Measurement(best if problem is None else repair(rows, best), problem, passes,
                                 max(p.tries for p in parts), clock() - start)
 
@@ -440,8 +461,8 @@ def cpu_snapshot() -> tuple[float, float, float]:
 
 def others_busy(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
     """How many cores other processes (or other machines sharing this one) kept busy between two snapshots."""
-    wall = after[0] - before[0]
-    return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall > 0 else 0.0
+    wall = after[0] - before[0]  # (CPU times tick every 10 ms: a shorter span cannot tell)
+    return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall >= LOAD_SPAN_S else 0.0
 
 
 def _step_pass(target: Target, tokens: np.ndarray, context: int):

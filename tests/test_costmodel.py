@@ -41,9 +41,8 @@ def fake_timer(times):
 
 
 def first_passes(model) -> int:
-    """Passes of the first round, one per route (none with a single route)."""
-    routes = costmodel.measured_routes(model, True)
-    return len(routes) if len(routes) > 1 else 0
+    """Passes of the first round: one over every route (none with a single route)."""
+    return int(len(costmodel.measured_routes(model, True)) > 1)
 
 
 # ---------------------------------------------------------------- plausibility
@@ -324,5 +323,25 @@ def test_others_busy_counts_only_other_processes():
     assert costmodel.others_busy(before, (2.0, 14.0, 5.0)) == 0.0  # all the busy time was ours
     assert costmodel.others_busy(before, (2.0, 13.0, 2.0)) == 1.0  # one core busy elsewhere
     assert costmodel.others_busy(before, before) == 0.0
+    assert costmodel.others_busy(before, (0.1, 10.5, 1.0)) == 0.0  # too short a span to tell
     now = costmodel.cpu_snapshot()
     assert len(now) == 3 and all(v >= 0 for v in now)
+
+
+def test_a_hopeless_route_is_timed_once_and_extrapolated():
+    from lookahead.routing import Route
+
+    calls = []
+
+    def time_one(q, route):
+        calls.append((q, route))
+        return cpu_time(q) * (20.0 if route.threads == 2 else 1.0)  # two threads beside a busy core
+
+    routes = [Route(2, False), Route(2, True), Route(1, False), Route(1, True)]
+    first = costmodel.first_pass(time_one, (1, 2, 4), routes)
+    assert [c for c in calls if c[1].threads == 2] == [(1, routes[0]), (1, routes[1])]  # one forward each
+    assert np.allclose(first[0], 20 * first[2]) and np.allclose(first[3], [cpu_time(q) for q in (1, 2, 4)])
+    calls.clear()
+    seconds, measured = costmodel.measure_routes(time_one, (1, 2, 4), routes, 3)
+    assert measured.problem is None and np.allclose(measured.seconds, [cpu_time(q) for q in (1, 2, 4)])
+    assert all(c[1].threads == 1 for c in calls[len(routes) + 4:])  # only one-thread routes measured on
