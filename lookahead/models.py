@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path

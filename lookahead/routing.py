@@ -26,13 +26,11 @@ count back when it returns (numba's too).
 from __future__ import annotations
 
 import math
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .fewrows import FEW_ROWS_MAX, FewRowLinear
 
