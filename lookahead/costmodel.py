@@ -578,14 +578,14 @@ def estimate_seconds(time_one: Callable[[int, Route | None], float], rows: tuple
     One untimed warm-up at the largest size, then one timed forward at the
     smallest and at the largest (the first route); a pass costs their mean at
     every grid point. Likely: one pass per route, then MIN_PASSES passes of
-    two (they agree); longest: every pass of every route; both no more
+    one (they agree); longest: every pass of every route; both no more
     passes than fit in the time cap, plus the one that crosses it.
     """
     time_one(rows[-1], routes[0])  # warm-up (first-call allocations, kernels)
     per_pass = len(rows) * (time_one(rows[0], routes[0]) + time_one(rows[-1], routes[0])) / 2
     within_cap = max(1, math.ceil(MEASURE_CAP_S / per_pass)) if per_pass > 0 else repeats  # passes
     first = len(routes) if len(routes) > 1 else 0
-    likely = first + min(2, len(routes)) * min(MIN_PASSES, repeats, within_cap)
+    likely = first + min(MIN_PASSES, repeats, within_cap)  # usually one route is measured on
     return likely * per_pass, (first + min(len(routes) * repeats, within_cap)) * per_pass
 
 

@@ -148,7 +148,7 @@ class LookaheadGenerator:
         context = cfg.calibration_context  # the synthetic context must fit in the model's own
         if self.target.context is not None:
             context = max(1, min(context, self.target.context - 1))
-        rows = cfg.lookahead_rows + cfg.max_tree_nodes if self._budgeted(cfg) else 1
+        rows = cfg.lookahead_rows + (cfg.max_tree_nodes if cfg.candidates > 0 else 0)  # the largest step
         return load_cost_model(self.model, self.target.layout, rows, context, cfg.calibration_repeats,
                                cfg.cost_cache_dir, batch, few_row_matmul=cfg.few_row_matmul)
 
