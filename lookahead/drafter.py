@@ -20,6 +20,8 @@ never changes the output, only how often it is right).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from transformers import DynamicCache
@@ -100,9 +102,12 @@ class Drafter:
     def _run(self, tokens: np.ndarray) -> torch.Tensor:
         """One causal forward over tokens [T] after the held ones; the last row's logits [V]."""
         rows = int(tokens.shape[0])
+        began = time.perf_counter()
         with route_mode(self.routing.route_for(rows) if self.routing is not None else None, rows):
             out = self.model(input_ids=to_device(tokens, self.device)[None], past_key_values=self.cache,
                              use_cache=True, logits_to_keep=1)
+        if self.routing is not None:  # (only on the CPU, where a forward has run when it returns)
+            self.routing.observe(rows, time.perf_counter() - began)
         logits = out.logits[0, -1]  # [V]
         self.held = np.concatenate([self.held, tokens])
         self.forwards += 1

@@ -153,14 +153,14 @@ class Routing:
     def observe(self, q: int, seconds: float) -> None:
         """The forward route_for gave for q rows took ``seconds`` (its step, host work included)."""
         r, point = self.ran, self._point(q)
-        if r < 0 or seconds <= 0:
+        self.ran = -1
+        if r < 0 or seconds <= 0 or q > self.rows[-1]:  # (a forward over more rows than measured says little)
             return
         taken = math.log(seconds / self.seconds[r, point])
         chosen = int(self.choice[point])
         fresh = r != chosen or not self.tried[r]  # a try: what the route did long ago says little now
         self.level[r] = taken if fresh else self.level[r] + SMOOTHING * (taken - self.level[r])
         self.tried[r] = True
-        self.ran = -1
         if self.queue:
             return
         if r != chosen:  # a try ended: choose again; a runner-up that lost waits longer next time

@@ -78,6 +78,12 @@ def test_under_a_lasting_load_the_fast_route_is_still_tried_often():
     assert seen[-1] == KERNEL1
 
 
+def test_a_forward_over_more_rows_than_measured_is_not_counted():
+    r = routing()
+    seen = [run(r, 64, lambda route: 10.0) for _ in range(4)]  # a draft catching up on a whole prompt
+    assert seen == [TORCH2] * 4 and r.rounds == 0 and not r.tried.any()  # the largest size's route, no re-check
+
+
 def test_noise_within_recheck_changes_nothing():
     r = routing()
     rng = np.random.default_rng(0)
