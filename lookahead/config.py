@@ -67,9 +67,10 @@ class LookaheadConfig:
     calibration_context: int = 256  # context tokens behind the cost measurement
     calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)
     # On the CPU, let the cost measurement try lookahead's own linear kernel for 1-64-row forwards
-    # (lookahead/fewrows.py) beside torch's, each on torch's threads and on one: every row count then
-    # runs through whichever route was fastest on this machine, re-checked as steps run
-    # (lookahead/routing.py). False: torch's linear only. No effect on a GPU.
+    # (lookahead/fewrows.py) beside torch's (F.linear, and W @ x^T for 2-7 rows), each on torch's
+    # threads and on one: every row count then runs through whichever route was fastest on this
+    # machine, re-checked as steps run (lookahead/routing.py). False: torch's kernels only. No effect
+    # on a GPU.
     few_row_matmul: bool = True
     window_seed: int = 0  # RNG seed of the window's initial guesses (sampling uses torch's generator)
     allow_untested_models: bool = False  # drive architectures outside the tested list

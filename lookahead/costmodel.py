@@ -62,7 +62,7 @@ PRUNE = 1.25  # a route over this times the fastest at every row count after one
 HOPELESS = 3.0  # ... and one over this times the fastest at one row count is not even timed at the others
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
 LOAD_SPAN_S = 0.25  # ... counted over at least this long (a shorter measurement is taken as quiet)
-ROUTES_VERSION = 1  # in cost curves' fingerprints: a change to the routes or kernels re-measures
+ROUTES_VERSION = 2  # in cost curves' fingerprints: a change to the routes or kernels re-measures
 
 Say = Callable[[str], None]
 

@@ -54,11 +54,16 @@ def start_numba_threads() -> None:
 
 
 class FewRowLinear(TorchFunctionMode):
-    """Inside this mode, ``F.linear`` over few rows of a CPU tensor runs through ``few_row_linear``.
+    """Inside this mode, ``F.linear`` over few rows of a CPU tensor runs through ``few_row_linear``
+    (``kernel`` False: only its W @ x^T part, for 2..MM_ROWS_MAX rows of any float dtype).
 
     numba runs on as many threads as torch is set to (never more than its pool has) while inside,
     and its own count is put back on exit.
     """
+
+    def __init__(self, kernel: bool = True):
+        super().__init__()
+        self.kernel = kernel
 
     def __enter__(self):
         start_numba_threads()
@@ -73,16 +78,18 @@ class FewRowLinear(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
-            routed = few_row_linear(*args, **kwargs)
+            routed = few_row_linear(*args, **kwargs, kernel=self.kernel)
             if routed is not None:
                 return routed
         return func(*args, **kwargs)
 
 
-def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x [..., I] W[O, I]^T (+ bias [O]) through lookahead's kernel (1..KERNEL_ROWS_MAX rows, float32
-    or float64, contiguous W) or as (W x^T)^T (2..MM_ROWS_MAX rows, other dtypes), for CPU tensors
-    in W's dtype outside autograd; None otherwise (the caller runs the stock F.linear)."""
+def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   kernel: bool = True) -> torch.Tensor | None:
+    """x [..., I] W[O, I]^T (+ bias [O]) through lookahead's kernel (``kernel``: 1..KERNEL_ROWS_MAX
+    rows, float32 or float64, contiguous W) or as (W x^T)^T (2..MM_ROWS_MAX rows: other dtypes, or
+    every float dtype without ``kernel``), for CPU tensors in W's dtype outside autograd; None
+    otherwise (the caller runs the stock F.linear)."""
     if type(x) is not torch.Tensor or type(weight) not in PLAIN or (bias is not None and type(bias) not in PLAIN):
         return None  # a tensor subclass (quantized weights, ...) keeps its own linear
     if x.device.type != "cpu" or weight.dim() != 2 or x.dtype != weight.dtype or x.shape[-1] != weight.shape[1]:
@@ -91,12 +98,12 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         return None  # a product autograd must see
     rows = x.numel() // max(x.shape[-1], 1)
     flat = x.reshape(rows, x.shape[-1])  # [R, I]
-    if x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
+    if kernel and x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
         out = torch.from_numpy(rows_linear(weight.detach().numpy(), flat.contiguous().numpy()))  # [R, O]
         if bias is not None:
             out += bias
         return out.reshape(*x.shape[:-1], weight.shape[0])
-    if x.dtype in KERNEL_DTYPES or not 2 <= rows <= MM_ROWS_MAX:
+    if (kernel and x.dtype in KERNEL_DTYPES) or not x.dtype.is_floating_point or not 2 <= rows <= MM_ROWS_MAX:
         return None
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())  # [O, R]
     return out.t().reshape(*x.shape[:-1], weight.shape[0])

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .fewrows import FEW_ROWS_MAX, FewRowLinear
+from .fewrows import FEW_ROWS_MAX, KERNEL_DTYPES, FewRowLinear
 
 RECHECK = 1.5  # the chosen route's steps this many times slower or faster than when chosen: try the others
 EXPLORE_FIRST = 32  # steps before the runner-up route is tried again ...
@@ -41,30 +41,35 @@ EXPLORE_BUSY = 64  # ... or this many while a route other than the measured fast
 SMOOTHING = 0.3  # weight of a route's newest step in its running log ratio of taken / measured
 
 
+LINEARS = ("torch", "kernel", "mm")  # torch's F.linear; lookahead's few-row kernel; torch's W @ x^T (2-7 rows)
+
+
 @dataclass(frozen=True)
 class Route:
     """One way to run a forward: on ``threads`` threads (at most torch's), linears through
-    lookahead's kernel (``kernel``) or torch's own."""
+    ``linear``: "torch" (F.linear as it is), "kernel" (lookahead's few-row kernel, fewrows.py) or
+    "mm" (2..7 rows as W @ x^T: torch's own kernels, which on 2 cores ran 2-4-row SmolLM2 forwards
+    1.3x faster than F.linear on one machine)."""
 
     threads: int
-    kernel: bool
+    linear: str
 
     @property
     def label(self) -> str:
-        """'kernel x2', 'torch x1'."""
-        return f"{'kernel' if self.kernel else 'torch'} x{self.threads}"
+        """'kernel x2', 'torch x1', 'mm x2'."""
+        return f"{self.linear} x{self.threads}"
 
 
 def candidate_routes(threads: int, kernel: bool) -> list[Route]:
     """The routes worth measuring with torch at ``threads`` threads: that count and one thread,
-    each through torch's linear and (when ``kernel``) lookahead's; the first is torch's as it is."""
+    each through every linear (lookahead's kernel only when ``kernel``); the first is torch as set."""
     counts = sorted({max(1, threads), 1}, reverse=True)
-    return [Route(t, k) for t in counts for k in ((False, True) if kernel else (False,))]
+    return [Route(t, linear) for t in counts for linear in LINEARS if kernel or linear != "kernel"]
 
 
 def kernel_applies(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether lookahead's few-row linears can run for a model on device in dtype (the CPU, float dtypes)."""
-    return device.type == "cpu" and dtype.is_floating_point
+    """Whether lookahead's few-row kernel can run for a model on device in dtype (the CPU, float32/64)."""
+    return device.type == "cpu" and dtype in KERNEL_DTYPES
 
 
 @contextmanager
@@ -83,8 +88,8 @@ def route_mode(route: Route | None, rows: int):
     if fewer:
         torch.set_num_threads(route.threads)
     try:
-        if route.kernel:
-            with FewRowLinear():
+        if route.linear != "torch":
+            with FewRowLinear(kernel=route.linear == "kernel"):
                 yield
         else:
             yield

@@ -34,7 +34,7 @@ def fake_timer(times):
     """A stand-in for costmodel.decode_step_timer: every 'forward' over q rows through lookahead's kernel
     on torch's threads takes times(q), through any other route SLOWER times that."""
     def time_one(q, route=None):
-        fast = route is None or (route.kernel and route.threads == torch.get_num_threads())
+        fast = route is None or (route.linear == "kernel" and route.threads == torch.get_num_threads())
         return times(q) * (1.0 if fast else SLOWER)
 
     return lambda model, layout, context, seed=0, batch=1: None if times is None else time_one
@@ -286,7 +286,7 @@ def test_routes_are_measured_chosen_and_cached_with_the_cpu(llama, tmp_path, mon
     monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
     cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
     routes = costmodel.measured_routes(model, True)
-    fastest = routes.index(next(r for r in routes if r.kernel and r.threads == torch.get_num_threads()))
+    fastest = routes.index(next(r for r in routes if r.linear == "kernel" and r.threads == torch.get_num_threads()))
     assert cost.routing.choice.tolist() == [fastest] * 4
     assert np.allclose(cost.routing.seconds[fastest], [cpu_time(q) for q in (1, 2, 3, 4)])
     assert np.allclose(np.delete(cost.routing.seconds, fastest, axis=0), SLOWER * cost.routing.seconds[fastest])
@@ -301,8 +301,8 @@ def test_routes_are_measured_chosen_and_cached_with_the_cpu(llama, tmp_path, mon
 
 def test_without_the_kernel_only_torch_routes_are_measured(llama, monkeypatch):
     model, _ = llama
-    assert not any(r.kernel for r in costmodel.measured_routes(model, False))
-    assert any(r.kernel for r in costmodel.measured_routes(model, True))
+    assert {r.linear for r in costmodel.measured_routes(model, False)} == {"torch", "mm"}
+    assert {r.linear for r in costmodel.measured_routes(model, True)} == {"torch", "mm", "kernel"}
     assert {r.threads for r in costmodel.measured_routes(model, True)} == {1, torch.get_num_threads()}
 
 
@@ -337,7 +337,7 @@ def test_a_hopeless_route_is_timed_once_and_extrapolated():
         calls.append((q, route))
         return cpu_time(q) * (20.0 if route.threads == 2 else 1.0)  # two threads beside a busy core
 
-    routes = [Route(2, False), Route(2, True), Route(1, False), Route(1, True)]
+    routes = [Route(2, "torch"), Route(2, "kernel"), Route(1, "torch"), Route(1, "kernel")]
     first = costmodel.first_pass(time_one, (1, 2, 4), routes)
     assert [c for c in calls if c[1].threads == 2] == [(1, routes[0]), (1, routes[1])]  # one forward each
     assert np.allclose(first[0], 20 * first[2]) and np.allclose(first[3], [cpu_time(q) for q in (1, 2, 4)])

@@ -137,10 +137,29 @@ def test_both_routings_are_exact(arch, monkeypatch):
         calls.clear()
         gen = LookaheadGenerator(model, config=LookaheadConfig(few_row_matmul=enabled, max_tree_nodes=5,
                                                                budget="fixed"))
-        gen.target.routings[1] = Routing(np.array([1]), [Route(1, enabled)], np.array([[0.01]]))
+        route = Route(1, "kernel" if enabled else "torch")
+        gen.target.routings[1] = Routing(np.array([1]), [route], np.array([[0.01]]))
         out = gen.generate(prompt, max_new_tokens=40, eos_token_id=[VOCAB + 1000])
         assert torch.equal(out, ref)
         rows = gen.last_stats.rows_per_step
         assert max(rows) <= 6 and sum(r > 1 for r in rows) > 3
-        assert set(gen.last_stats.routes) == {Route(1, enabled).label}  # every step ran the route set
+        assert set(gen.last_stats.routes) == {route.label}  # every step ran the route set
         assert bool(calls) is enabled and (not enabled or max(calls) > 1)  # the kernel ran the decode's linears
+
+
+def test_without_the_kernel_only_two_to_seven_rows_go_through_w_times_x():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(32, 16), torch.randn(32)
+    for rows in (2, 3, MM_ROWS_MAX):
+        x = torch.randn(rows, 16)
+        out = few_row_linear(x, weight, bias, kernel=False)
+        assert torch.equal(out, torch.addmm(bias[:, None], weight, x.t()).t())  # W @ x^T, bit for bit
+        torch.testing.assert_close(out, F.linear(x, weight, bias))
+    for rows in (1, MM_ROWS_MAX + 1):
+        assert few_row_linear(torch.randn(rows, 16), weight, kernel=False) is None  # torch's own
+    with torch.no_grad():
+        layer = torch.nn.Linear(16, 32)
+        x = torch.randn(3, 16)
+        with FewRowLinear(kernel=False):
+            inside = layer(x)
+        assert torch.equal(inside, torch.addmm(layer.bias[:, None], layer.weight, x.t()).t())

@@ -13,7 +13,8 @@ import torch
 from lookahead.routing import (EXPLORE_BUSY, EXPLORE_FIRST, RECHECK, Route, Routing, candidate_routes, route_mode)
 import lookahead.fewrows as fewrows
 
-TORCH2, KERNEL2, TORCH1, KERNEL1 = Route(2, False), Route(2, True), Route(1, False), Route(1, True)
+TORCH2, KERNEL2, TORCH1, KERNEL1 = Route(2, "torch"), Route(2, "kernel"), Route(1, "torch"), Route(1, "kernel")
+MM2, MM1 = Route(2, "mm"), Route(1, "mm")
 ROWS = np.array([1, 4, 16])
 
 
@@ -34,9 +35,9 @@ def run(r: Routing, q: int, took) -> Route:
 
 
 def test_candidate_routes():
-    assert candidate_routes(2, True) == [TORCH2, KERNEL2, TORCH1, KERNEL1]
-    assert candidate_routes(1, True) == [TORCH1, KERNEL1]
-    assert candidate_routes(4, False) == [Route(4, False), TORCH1]
+    assert candidate_routes(2, True) == [TORCH2, KERNEL2, MM2, TORCH1, KERNEL1, MM1]
+    assert candidate_routes(1, True) == [TORCH1, KERNEL1, MM1]
+    assert candidate_routes(4, False) == [Route(4, "torch"), Route(4, "mm"), TORCH1, MM1]
 
 
 def test_each_row_count_takes_its_fastest_route():
@@ -98,16 +99,16 @@ def test_route_mode_runs_on_fewer_threads_and_puts_torch_and_numba_back():
     fewrows.start_numba_threads()  # (numba.get_num_threads() alone starts numba's pool and so sets torch's count)
     threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
     seen = {}
-    with route_mode(Route(1, True), 1):
+    with route_mode(KERNEL1, 1):
         seen["torch"], seen["numba"] = torch.get_num_threads(), numba.get_num_threads()
     assert seen == {"torch": 1, "numba": 1}
     assert torch.get_num_threads() == threads and numba.get_num_threads() == numba_threads
-    with route_mode(Route(threads + 4, False), 1):  # never more than torch's
+    with route_mode(Route(threads + 4, "torch"), 1):  # never more than torch's
         assert torch.get_num_threads() == threads
-    with route_mode(Route(1, True), fewrows.FEW_ROWS_MAX + 1):  # too many rows: as torch is set
+    with route_mode(KERNEL1, fewrows.FEW_ROWS_MAX + 1):  # too many rows: as torch is set
         assert torch.get_num_threads() == threads
     with pytest.raises(RuntimeError):
-        with route_mode(Route(1, False), 1):
+        with route_mode(TORCH1, 1):
             raise RuntimeError("a forward that fails")
     assert torch.get_num_threads() == threads
 
