@@ -110,8 +110,9 @@ class Routing:
     chosen (the machine got busy or quiet), every other route runs one step;
     and every EXPLORE_FIRST steps (doubling while it loses, up to
     EXPLORE_LAST, or EXPLORE_BUSY while a load keeps the measured fastest
-    route off) the runner-up as measured runs one (the route that would win
-    if a load had gone). Then the choice is made again.
+    route off) the runner-up runs one: as measured (the route that would win
+    if a load had gone) and as estimated now, in turn. Then the choice is
+    made again.
     """
 
     rows: np.ndarray  # [S] row counts measured
@@ -126,6 +127,7 @@ class Routing:
     since: int = field(init=False, default=0)  # steps since the runner-up was last tried
     interval: int = field(init=False, default=EXPLORE_FIRST)  # steps between tries of the runner-up
     rounds: int = field(init=False, default=0)  # re-checks started (drift or schedule)
+    scheduled: int = field(init=False, default=0)  # scheduled tries of a runner-up so far
 
     def __post_init__(self) -> None:
         self.rows = np.asarray(self.rows, dtype=np.float64)
@@ -179,9 +181,13 @@ class Routing:
         if abs(self.level[r] - self.chosen_level[point]) > math.log(RECHECK):
             self._recheck([i for i in range(len(self.routes)) if i != r])
         elif self.since >= self.interval and len(self.routes) > 1:
-            measured = self.seconds[:, point].copy()  # [R] the runner-up where the machine as measured
-            measured[r] = np.inf  # (a route slowed by a load that has gone looks no better now than then)
-            self._recheck([int(np.argmin(measured))])
+            # The runner-up as measured (a route slowed by a load that has gone looks no better now than
+            # then) and, every other time, as estimated now (one unlucky step may have sunk it).
+            ahead = self.seconds[:, point] if self.scheduled % 2 == 0 else self._now()[:, point]  # [R]
+            ahead = ahead.copy()
+            ahead[r] = np.inf
+            self.scheduled += 1
+            self._recheck([int(np.argmin(ahead))])
 
     def _recheck(self, routes: list[int]) -> None:
         """Run these routes for one step each, then choose again."""

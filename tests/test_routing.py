@@ -75,8 +75,24 @@ def test_under_a_lasting_load_the_fast_route_is_still_tried_often():
     busy = lambda route: r.seconds[r.routes.index(route), 0] * (3.0 if route.threads == 2 else 1.0)
     seen = [run(r, 1, busy) for _ in range(12 * EXPLORE_BUSY)]
     tries = [i for i, route in enumerate(seen) if route == KERNEL2][1:]  # after the first step
-    assert len(tries) >= 10 and max(np.diff(tries)) <= EXPLORE_BUSY + 1
+    assert len(tries) >= 5 and max(np.diff(tries)) <= 2 * (EXPLORE_BUSY + 1)  # every other scheduled try
     assert seen[-1] == KERNEL1
+
+
+def test_one_unlucky_try_is_corrected_by_a_later_one():
+    r = routing()
+    unlucky = [True]
+
+    def busy(route):
+        slow = 3.0 if route.threads == 2 else 1.0
+        if route == KERNEL1 and unlucky[0]:  # its one step in the re-check hit a burst
+            unlucky[0], slow = False, 2.0
+        return r.seconds[r.routes.index(route), 0] * slow
+
+    seen = [run(r, 1, busy) for _ in range(8)]
+    assert seen[-1] == TORCH1  # chosen on the unlucky try
+    seen = [run(r, 1, busy) for _ in range(4 * EXPLORE_BUSY)]
+    assert seen[-1] == KERNEL1  # the estimated runner-up's scheduled try won it back
 
 
 def test_a_forward_over_more_rows_than_measured_is_not_counted():
