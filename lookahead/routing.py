@@ -11,12 +11,17 @@ forward over every row count through every ``Route`` (``candidate_routes``),
 ``Routing`` keeps, per row count, the route that was fastest, and the decode
 loop re-checks that choice while it runs:
 
-- every step's time is compared with what the chosen route measured; when
-  steps run ``RECHECK`` times slower or faster than that (the machine got busy
-  or quiet), or every ``PROBE_EVERY`` steps, a ``probe`` (a few linear layers
-  of the model over one row, through every route, a few milliseconds) says
-  how much each route slowed down since the measurement, and the choice is
-  made again from the measured curves scaled by that.
+- each route keeps a running ratio of what its steps take now to what it
+  measured; when the chosen route's steps run ``RECHECK`` times slower or
+  faster than when it was chosen (the machine got busy or quiet), every other
+  route runs one real step and the choice is made again;
+- a runner-up also runs one step on a schedule (``EXPLORE_FIRST`` steps,
+  doubling while it loses), so a load that ended, or one unlucky step, does
+  not keep a fast route off for good.
+
+(A probe of a few layers was tried first and dropped: a sub-millisecond probe
+fits between the time slices another process takes, so it did not see the
+slowdown whole forwards saw.)
 
 Threads are the user's: a route never runs on more threads than
 ``torch.get_num_threads()`` says, and a forward run on fewer puts torch's
