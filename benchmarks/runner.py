@@ -320,7 +320,7 @@ def run_benchmark(model, methods: list[Method], prompts: list[BenchPrompt], max_
         ids = torch.tensor([prompt.input_ids])  # [1, T]
         reference: Run | None = None
         for method in methods:
-            torch.manual_seed(seed + index)
+            torch.manual_seed((seed + index) % 2**64)  # (a seed near 2**64 - 1 wraps around)
             run = run_method(method, model, ids, max_new_tokens)
             reference = reference or run
             records.append(_record(prompt, method, run, reference, mode, seed + index))

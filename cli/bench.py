@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from lookahead.benchmarks.datasets import DATASETS, canonical_name
-from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
+from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, checked_seed, cli_message, config_options, fail,
                                 threads_option, trust_remote_code_option, warnings_as_lines)
 
 DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
@@ -68,7 +68,7 @@ def require_bench_extra() -> None:
               help="Sampling top-k (0 = off; --sample only) [default: the model's generation_config].")
 @click.option("--top-p", type=float, default=None,
               help="Sampling top-p in (0, 1] (--sample only) [default: the model's generation_config].")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", default="0", show_default=True,
               help="torch.manual_seed(seed + prompt index) before every method's run on a prompt "
                    "(lookahead's sampled text depends on the seed alone).")
 @click.option("--ignore-eos", is_flag=True,
@@ -98,8 +98,7 @@ def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, ex
         fail(f"--limit must be >= 1, got {limit}")
     if max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if seed < 0:
-        fail(f"--seed must be >= 0, got {seed}")
+    seed = checked_seed(seed)
     datasets = checked_datasets(datasets or (() if prompt_files else DEFAULT_DATASETS))
     prompt_sets = checked_prompt_files(prompt_files)
     sampling = checked_sampling(sample, temperature, top_k, top_p, ignore_eos)

@@ -278,7 +278,8 @@ def test_bench_cli_parses_sampling_options(bench_calls, args, sampling, seed):
     (["--sample", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5 (option --top-p)"),
     (["--temperature", "0.5"], "--temperature only applies with --sample"),
     (["--top-p", "0.5"], "--top-p only applies with --sample"),
-    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to 2**64-1"),
+    (["--seed", "1e23"], "--seed must be a whole number from 0 to 2**64-1 (18446744073709551615), got 1e23"),
     (["--ignore-eos"], "--ignore-eos only applies with --sample"),
 ])
 def test_bench_cli_bad_sampling_option_gets_one_line(bench_calls, args, words):
