@@ -265,6 +265,11 @@ def test_a_draft_of_another_vocabulary_is_refused_before_it_loads(model_dir, tmp
     gguf = save_gguf_header(tmp_path / "draft.gguf", 128)  # a header and no weights at all
     one_clear_line(invoke("--model", model_dir, "--draft-model", gguf, "--prompt", "w3"),
                    "declares a vocabulary of 128 tokens (its config, read before its weights), the target has 96")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w3 w4"}\n')
+    bench = CliRunner().invoke(main, ["bench", "--model", model_dir, "--draft", draft, "--prompts", str(prompts),
+                                      "--out", str(tmp_path / "out"), "--no-cost-curve"])
+    one_clear_line(bench, f"the draft model {draft} declares a vocabulary of 128 tokens")  # bench --draft too
 
 
 def test_sampling_scores_that_overflow_get_one_line(model_dir):
