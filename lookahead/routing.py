@@ -159,10 +159,6 @@ class Routing:
         self.ran = self.queue.pop(0) if self.queue else int(self.choice[self._point(q)])
         return self.routes[self.ran]
 
-    def best(self) -> np.ndarray:
-        """[S] seconds of every row count through its chosen route, as measured."""
-        return self.seconds[self.choice, np.arange(self.rows.shape[0])]
-
     def observe(self, q: int, seconds: float) -> None:
         """The forward route_for gave for q rows took ``seconds`` (its step, host work included)."""
         r, point = self.ran, self._point(q)
