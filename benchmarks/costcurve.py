@@ -8,8 +8,8 @@ speculation spends.
 
 from __future__ import annotations
 
-from lookahead.costmodel import measure_forward_seconds
-from lookahead.support import attention_layout
+from lookahead.cost.model import measure_forward_seconds
+from lookahead.model.support import attention_layout
 
 KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 

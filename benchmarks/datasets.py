@@ -59,7 +59,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Callable
 
-from lookahead.registry import PackagedFile, RegistryError, fetch_file
+from lookahead.loading.registry import PackagedFile, RegistryError, fetch_file
 
 
 class DatasetUnavailableError(RegistryError):

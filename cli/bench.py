@@ -208,7 +208,7 @@ def _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, ex
     if model.generation_config.pad_token_id is None and tokenizer.eos_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     if draft:
-        from lookahead.draftcheck import check_draft_source
+        from lookahead.proposers.draft.checks import check_draft_source
 
         check_draft_source(model, draft)  # a draft of another vocabulary is refused before its weights load
     draft_model = (load_model(draft, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code)[0]

@@ -210,7 +210,7 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
     from transformers import TextStreamer
 
     from lookahead import LookaheadGenerator, load_model
-    from lookahead.draftcheck import check_draft_source
+    from lookahead.proposers.draft.checks import check_draft_source
 
     device, dtype, trust_remote_code, draft_name = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),

@@ -1,17 +1,13 @@
 """lookahead: model-free lookahead / n-gram decoding with exactly the target's greedy output."""
 
-from .config import ConfigError, LookaheadConfig
-from .device import DeviceError
-from .draftcheck import DraftModelError
-from .engine import Learned, LookaheadGenerator
-from .errors import ModelLoadError
+from .call.result import LookaheadOutput
+from .call.stats import GenerationStats
+from .config import LookaheadConfig
+from .errors import (ConfigError, ContextLimitWarning, DeviceError, DraftModelError, GenerateInputError,
+                     ModelLoadError, ProcessorOutputError, UnsupportedModelError, UntestedModelWarning)
+from .generator import Learned, LookaheadGenerator
 from .hf import CustomGenerate, custom_generate
-from .inputs import ContextLimitWarning, GenerateInputError
-from .models import DEFAULT_MODEL, load_model
-from .processing import ProcessorOutputError
-from .result import LookaheadOutput
-from .stats import GenerationStats
-from .support import UnsupportedModelError, UntestedModelWarning
+from .loading.models import DEFAULT_MODEL, load_model
 
 __all__ = [
     "LookaheadGenerator", "LookaheadConfig", "load_model", "DEFAULT_MODEL", "GenerationStats",

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from .errors import ConfigError
 
 
 CHOICES = {"budget": ("adaptive", "fixed"), "budget_curve": ("measured", "flat")}  # fields with fixed string values
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of range; the message names the field and the fix."""
 
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> None:

@@ -1,4 +1,5 @@
-"""Errors whose fix is one option: the message names it for Python callers, ``cli_text`` for the CLI."""
+"""Every error and warning lookahead raises, and errors whose fix is one option (the message names it
+for Python callers, ``cli_text`` for the CLI)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,39 @@ def with_fix(error_type: type[Exception], problem: str, fix: OptionFix) -> Excep
 
 class ModelLoadError(RuntimeError):
     """A model name or path could not be resolved or loaded."""
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the field and the fix."""
+
+
+class GenerateInputError(ValueError):
+    """An argument of generate() is unusable; the message names it and the fix."""
+
+
+class ProcessorOutputError(GenerateInputError):
+    """The logits processors left a row with nothing to sample from (NaN, +inf, or every score -inf)."""
+
+
+class ContextLimitWarning(UserWarning):
+    """Generation stopped at the model's context (max_position_embeddings) before max_new_tokens."""
+
+
+class UnsupportedModelError(ValueError):
+    """The engine cannot drive this model exactly; the message says why and what to do."""
+
+
+class UntestedModelWarning(UserWarning):
+    """The model's architecture is driven on request, without an exactness test behind it."""
+
+
+class DraftModelError(ValueError):
+    """The draft model cannot propose for this target; the message says why and what to do."""
+
+
+class DeviceError(ValueError):
+    """The device names nothing usable on this machine; the message says what is there instead."""
+
+
+class RegistryError(RuntimeError):
+    """A packaged file could not be found, fetched or verified."""

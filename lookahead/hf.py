@@ -35,10 +35,10 @@ import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
 from .config import LookaheadConfig
-from .engine import Learned, LookaheadGenerator
-from .inputs import GenerateInputError
-from .processing import stop_string_list
-from .result import LookaheadOutput
+from .generator import Learned, LookaheadGenerator
+from .call.inputs import GenerateInputError
+from .call.decoding import stop_string_list
+from .call.result import LookaheadOutput
 
 # model_kwargs that only say how transformers would run its own forward passes (we run ours)
 FORWARD_SETTINGS = ("logits_to_keep", "use_cache")

@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from lookahead.costmodel import CostModel, row_grid
+from lookahead.cost.model import CostModel, row_grid
 
 VOCAB = 96
 
@@ -213,7 +213,7 @@ def synthetic_cost_curves():
     no online refinement) instead of measuring this machine: a test's trees must not depend
     on how busy the CPU is (a curve measured under load can make every tree unprofitable).
     tests/test_costmodel.py measures real curves through costmodel.load_cost_model itself."""
-    import lookahead.engine as engine
+    import lookahead.generator as engine
 
     def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, few_row_matmul=True):
         rows = np.array(row_grid(max_rows), dtype=np.float64)

@@ -9,7 +9,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 from conftest import tiny_model
 from lookahead import (ConfigError, GenerateInputError, LookaheadConfig, LookaheadGenerator,
                        UnsupportedModelError)
-from lookahead.support import attention_layout
+from lookahead.model.support import attention_layout
 
 
 @pytest.fixture(scope="module")

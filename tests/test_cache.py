@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from lookahead.cache import keep_rows
+from lookahead.model.cache import keep_rows
 
 
 def filled(past: int, rows: int, layers: int = 2) -> DynamicCache:

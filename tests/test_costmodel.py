@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import lookahead.costmodel as costmodel
+import lookahead.cost.model as costmodel
 from conftest import tiny_model
-from lookahead.costmodel import (ATTEMPTS, CONFIRM_STEPS, MIN_PASSES, TRUST_MEASURED, TRUST_REPAIRED, CostModel,
+from lookahead.cost.model import (ATTEMPTS, CONFIRM_STEPS, MIN_PASSES, TRUST_MEASURED, TRUST_REPAIRED, CostModel,
                                  implausibility, load_cost_model, measure_curve, repair, row_grid, time_passes)
-from lookahead.support import attention_layout
+from lookahead.model.support import attention_layout
 
 CPU_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 CPU_SECONDS = (0.020, 0.026, 0.027, 0.029, 0.031, 0.034, 0.040, 0.037, 0.047, 0.055)  # 16 rows < 12: a real dip
@@ -329,7 +329,7 @@ def test_others_busy_counts_only_other_processes():
 
 
 def test_a_hopeless_route_is_timed_once_and_extrapolated():
-    from lookahead.routing import Route
+    from lookahead.model.routing import Route
 
     calls = []
 

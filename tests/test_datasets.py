@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lookahead.benchmarks import datasets as ds
-from lookahead import registry
+from lookahead.loading import registry
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HUMANEVAL = FIXTURES / "humaneval_mini.jsonl.gz"

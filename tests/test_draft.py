@@ -10,14 +10,14 @@ import torch
 import transformers
 
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead import verify
-from lookahead.draftcheck import DraftModelError
-from lookahead.drafter import Drafter, common_prefix
-from lookahead.inputs import GenerateInputError
-from lookahead.planner import DrawnChain, drawn_rows
-from lookahead.proposers.draft import confidence_bucket
-from lookahead.tree import TokenTree, prepend_chain
-from lookahead.verify import speculative_rows
+from lookahead.verify import verifier as verify
+from lookahead.proposers.draft.checks import DraftModelError
+from lookahead.proposers.draft.drafter import Drafter, common_prefix
+from lookahead.call.inputs import GenerateInputError
+from lookahead.plan.planner import DrawnChain, drawn_rows
+from lookahead.proposers.draft.proposer import confidence_bucket
+from lookahead.plan.tree import TokenTree, prepend_chain
+from lookahead.verify.verifier import speculative_rows
 
 from conftest import COMMON, VOCAB
 from test_sampling import (P_MIN, chi_square_p, exact_distribution, sample_runs, tiny_llama)
@@ -323,7 +323,7 @@ def test_draft_that_is_not_a_causal_lm_is_refused():
 def test_draft_on_another_device_is_refused(monkeypatch):
     model = _tiny("llama")
     draft = perturbed(model, 0.01)
-    import lookahead.draftcheck as check
+    import lookahead.proposers.draft.checks as check
     real = check.input_device
     monkeypatch.setattr(check, "input_device", lambda m: torch.device("meta") if m is draft else real(m))
     with pytest.raises(DraftModelError, match=r"draft model is on meta but the target on cpu.*allow_draft_device"):
@@ -338,13 +338,13 @@ def test_batch_with_a_draft_is_refused():
 
 
 def test_coverage_docstring_example():
-    from lookahead.planner import coverage
+    from lookahead.plan.planner import coverage
     assert coverage(np.array([1, 2, 1, 3]), np.array([.9, .5, .3, .2]), 4).tolist() == [.9, .5, .2, 0.]
 
 
 def _proposer(model, ratio: float):
-    from lookahead.processing import resolve_decoding
-    from lookahead.proposers.draft import DraftProposer
+    from lookahead.call.decoding import resolve_decoding
+    from lookahead.proposers.draft.proposer import DraftProposer
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
     return DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: ratio, 0)
 
@@ -407,10 +407,10 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     """The context matcher proposes 7 8 (a copy), the draft 7 8 9; with 7 8 9 accepted the draft
     alone added one token (9), for 0.5 s of forwards beside the catch-up (2.5 plain steps of
     0.2 s) plus what the target's step cost beyond the free sources' plan."""
-    from lookahead.costmodel import CostModel
-    from lookahead.planner import Planner
+    from lookahead.cost.model import CostModel
+    from lookahead.plan.planner import Planner
     from lookahead.proposers.context import ContextMatcher
-    from lookahead.scores import DRAFT_PRIORS, AcceptanceStats
+    from lookahead.plan.scores import DRAFT_PRIORS, AcceptanceStats
     config = LookaheadConfig(match_min=1)
     matcher, draft = ContextMatcher(1, 4, 2), _CostlySource()
     stats = AcceptanceStats([draft.priors, matcher.priors])
@@ -432,7 +432,7 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
 
 
 def test_recoups_docstring_example():
-    from lookahead.proposers.draft import _recoups
+    from lookahead.proposers.draft.proposer import _recoups
     assert _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 100) and not _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 5)
     assert _recoups(50.0, 0.5, 1.5, 1.0, 1.0, None)  # no end in view
     assert not _recoups(0.1, 0.5, 0.9, 1.0, 1.0, 1000)  # a rate below the plain step's saves nothing
@@ -447,9 +447,9 @@ def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back(monkeypa
     at the second read, 1 s after the start, and all but 0.5 / 3 of it is the catch-up."""
     model = _tiny("llama")
     from types import SimpleNamespace
-    from lookahead.processing import resolve_decoding
-    from lookahead.proposers import draft as draft_module
-    from lookahead.proposers.draft import DraftProposer
+    from lookahead.call.decoding import resolve_decoding
+    from lookahead.proposers.draft import proposer as draft_module
+    from lookahead.proposers.draft.proposer import DraftProposer
     reads = iter(range(1000))
     monkeypatch.setattr(draft_module, "time", SimpleNamespace(perf_counter=lambda: float(next(reads))))
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
@@ -467,7 +467,7 @@ def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back(monkeypa
 
 
 def test_pays_docstring_example():
-    from lookahead.proposers.draft import _pays
+    from lookahead.proposers.draft.proposer import _pays
     assert _pays(0.5, 0.4, 1.0, 1.0) and not _pays(0.5, 0.4, 4.0, 1.5)
     assert _pays(0.1, 0.0, 9.0, 1.0) and not _pays(0.0, 0.0, 1.0, 1.0) and not _pays(-0.1, 0.4, 1.0, 1.0)
 
@@ -478,9 +478,9 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     row count look dearer and shrinks the trees."""
     import itertools
     from types import SimpleNamespace
-    from lookahead.planner import Planner
-    from lookahead.proposers import draft as draft_module
-    from lookahead.proposers.draft import DraftProposer
+    from lookahead.plan.planner import Planner
+    from lookahead.proposers.draft import proposer as draft_module
+    from lookahead.proposers.draft.proposer import DraftProposer
     reads = itertools.count(1)
     # The draft's clock advances a microsecond a read: its seconds are known to be > 0, not timed.
     monkeypatch.setattr(draft_module, "time", SimpleNamespace(perf_counter=lambda: next(reads) * 1e-6))

@@ -12,13 +12,13 @@ import pytest
 import torch
 import transformers
 
-import lookahead.costmodel as costmodel
-import lookahead.engine as engine
+import lookahead.cost.model as costmodel
+import lookahead.generator as engine
 from conftest import COMMON, VOCAB, reference, tiny_model
 from lookahead import (ContextLimitWarning, CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator,
                        ProcessorOutputError)
-from lookahead.output import OutputBuffer
-from lookahead.support import attention_layout
+from lookahead.call.output import OutputBuffer
+from lookahead.model.support import attention_layout
 
 NO_EOS = [VOCAB + 1000]
 WIDE = LookaheadConfig(window=3, ngram=4, candidates=8, match_min=1, match_length=12, max_tree_nodes=48,

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from conftest import BUILDERS, ORIGINAL, VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead.costmodel import CostModel
-from lookahead.window import AUTO_WINDOW, auto_window
+from lookahead.cost.model import CostModel
+from lookahead.plan.window import AUTO_WINDOW, auto_window
 
 NEW = 48
 
@@ -237,7 +237,7 @@ def test_window_width_changing_every_step_stays_exact(monkeypatch):
     """The budget feeds 0..W columns of the window, another number every step (x alone, stale
     columns fed again later): the output stays model.generate's."""
     import itertools
-    from lookahead.planner import Planner
+    from lookahead.plan.planner import Planner
 
     original = Planner.choose
     widths = itertools.cycle([3, 0, 1, 2, 3, 1, 0, 2])

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
-from lookahead.fewrows import KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear
-from lookahead.routing import Route, Routing
+from lookahead.model.fewrows import KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear
+from lookahead.model.routing import Route, Routing
 from lookahead.kernels.linear import WIDE_INPUTS, WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
 
 
@@ -120,7 +120,7 @@ def test_config_checks_the_switch():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_both_routings_are_exact(arch, monkeypatch):
-    import lookahead.fewrows as fewrows
+    import lookahead.model.fewrows as fewrows
 
     calls = []
 

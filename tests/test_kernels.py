@@ -6,7 +6,7 @@ import numpy as np
 
 from lookahead.kernels.match import match_continuations
 from lookahead.proposers.ngram import NgramPool
-from lookahead.verify import accept_walk, greedy_accept
+from lookahead.verify.verifier import accept_walk, greedy_accept
 
 
 def a(*values):

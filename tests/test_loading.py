@@ -6,12 +6,12 @@ import pytest
 import torch
 import transformers
 
-import lookahead.models as models
+import lookahead.loading.models as models
 from conftest import COMMON, save_gguf_header, save_model_dir, save_remote_code_dir, tiny_model, truncate_weights
 from lookahead import DeviceError, LookaheadGenerator, ModelLoadError, UnsupportedModelError, load_model
-from lookahead.draftcheck import DraftModelError, check_draft_source
-from lookahead.checkpoint import REMOTE_CODE_FIX
-from lookahead.device import resolve_device
+from lookahead.proposers.draft.checks import DraftModelError, check_draft_source
+from lookahead.loading.checkpoint import REMOTE_CODE_FIX
+from lookahead.loading.device import resolve_device
 from lookahead.errors import one_line
 
 @pytest.fixture(scope="module")

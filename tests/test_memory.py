@@ -19,9 +19,9 @@ import transformers
 
 from conftest import reference
 from lookahead import LookaheadGenerator
-from lookahead.engine import _Decoding
-from lookahead.output import OutputBuffer
-from lookahead.processing import resolve_decoding
+from lookahead.generator import _Decoding
+from lookahead.call.output import OutputBuffer
+from lookahead.call.decoding import resolve_decoding
 
 VOCAB = 2048  # a leaked logits row per step would be 8 KB: far above the allowance below
 SHORT, LONG = 300, 1500

@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead.costmodel import model_fingerprint
-from lookahead.support import check_model
-from lookahead.target import Target, input_device, spans_devices
+from lookahead.cost.model import model_fingerprint
+from lookahead.model.support import check_model
+from lookahead.model.target import Target, input_device, spans_devices
 
 NEW = 40
 NO_EOS = [VOCAB + 1000]  # an id that never occurs

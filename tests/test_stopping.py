@@ -15,7 +15,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from lookahead import CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator, LookaheadOutput
-from lookahead.stopping import _per_token, _stop_strings, first_hit, split_criteria
+from lookahead.call.stopping import _per_token, _stop_strings, first_hit, split_criteria
 
 NEW = 40
 NO_EOS = [VOCAB + 1000]

@@ -18,7 +18,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from conftest import BUILDERS, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator, UnsupportedModelError, UntestedModelWarning
-from lookahead.support import (TESTED_MODEL_TYPES, UNTESTED_FIX, bidirectional_attention, check_architecture,
+from lookahead.model.support import (TESTED_MODEL_TYPES, UNTESTED_FIX, bidirectional_attention, check_architecture,
                                check_model, context_length)
 
 ALLOW = LookaheadConfig(allow_untested_models=True, budget="fixed")  # fixed: no cost curve to measure

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead.mask import additive_mask
-from lookahead.tree import empty_tree, step_layout, tree_from_candidates
-from lookahead.window import window_layout
+from lookahead.model.mask import additive_mask
+from lookahead.plan.tree import empty_tree, step_layout, tree_from_candidates
+from lookahead.plan.window import window_layout
 
 DESIGN_DRAWING = """
 1 . . . . . . . . .
@@ -109,7 +109,7 @@ def test_additive_mask_prefix_and_sliding_window():
 
 
 def test_window_of_width_zero_is_x_alone():
-    from lookahead.window import kept_window_rows, window_rows
+    from lookahead.plan.window import kept_window_rows, window_rows
     offsets, mask = window_layout(0, 4)
     assert offsets.tolist() == [0] and mask.tolist() == [[True]]
     assert window_rows(0, 4) == 1 and window_rows(3, 4) == 9 and window_rows(2, 2) == 2
@@ -119,7 +119,7 @@ def test_window_of_width_zero_is_x_alone():
 
 
 def test_window_previous_is_the_row_each_kept_row_follows():
-    from lookahead.window import kept_window_rows, window_layout, window_previous
+    from lookahead.plan.window import kept_window_rows, window_layout, window_previous
     assert window_previous(kept_window_rows(3, 4), 3).tolist() == [-1, 3, 4, 5]  # the level before, same column
     assert window_previous(kept_window_rows(3, 2), 3).tolist() == [-1, 0, 1]  # level 0: the column before
     assert window_previous(kept_window_rows(0, 4), 0).tolist() == [-1]  # x alone
@@ -131,7 +131,7 @@ def test_window_previous_is_the_row_each_kept_row_follows():
 
 
 def test_window_feeding_some_columns_advances_only_those():
-    from lookahead.window import JacobiWindow
+    from lookahead.plan.window import JacobiWindow
     window = JacobiWindow(3, 3, seed=0)
     window.levels = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)  # [N-1, W]
     assert window.rows(9, 2).tolist() == [9, 2, 4, 5]  # x replaces level 0 column 0
@@ -143,8 +143,8 @@ def test_window_feeding_some_columns_advances_only_those():
 
 
 def test_matched_depth_docstring_example():
-    from lookahead.tree import TokenTree
-    from lookahead.verify import matched_depth
+    from lookahead.plan.tree import TokenTree
+    from lookahead.verify.verifier import matched_depth
     tree = TokenTree(np.array([4, 5, 6, 7]), np.array([-1, 0, 1, 0]), np.array([1, 2, 3, 2]),
                      np.zeros(4, dtype=np.int64))
     assert matched_depth(tree, np.array([4, 5, 9])) == 2

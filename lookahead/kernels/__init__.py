@@ -8,6 +8,7 @@ from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, tree_paths
+from .walk import accept_walk
 from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
 
 
@@ -32,7 +33,6 @@ def warmup() -> None:
                                np.full((4, 2), 0.5), 3)
     tree_paths(*grown)
     path_tokens(tokens, parents, depths)
-    from ..verify import accept_walk
 
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))
     for rows in (1, WIDE_ROWS):  # both kernels behind rows_linear

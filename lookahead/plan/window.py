@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .config import LookaheadConfig
+from ..config import LookaheadConfig
 
 AUTO_WINDOW = (15, 5)  # (W, N) of the window auto_window opens: LADE's GPU setting
 CHEAP_STEP = 1.3  # auto_window opens it where a step over 1 + max_tree_nodes rows costs at most this many one-row steps

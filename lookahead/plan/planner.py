@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import LookaheadConfig
-from .costmodel import CostModel
-from .kernels.trie import best_first_order
-from .proposers.base import Candidates, no_candidates
+from ..config import LookaheadConfig
+from ..cost.model import CostModel
+from ..kernels.trie import best_first_order
+from ..proposers.base import Candidates, no_candidates
 from .scores import AcceptanceStats, choose_step, expected_gains
 from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
-from .verify import DrawnRows, matched_depth
+from ..verify.verifier import DrawnRows, matched_depth
 from .window import window_rows
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)

@@ -18,9 +18,9 @@ from safetensors import SafetensorError
 
 from .checkpoint import check_checkpoint, read_config_dict
 from .device import resolve_device
-from .errors import ModelLoadError, one_line
+from ..errors import ModelLoadError, one_line
 from .registry import PackagedFile, RegistryError, default_cache_dir, fetch_file, local_file, sha256_of
-from .support import MASKED_ATTENTION
+from ..model.support import MASKED_ATTENTION
 
 
 @dataclass(frozen=True)

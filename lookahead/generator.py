@@ -18,26 +18,26 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .cache import keep_rows
+from .model.cache import keep_rows
 from .config import LookaheadConfig
-from .costmodel import CostModel, flat_curve, load_cost_model
-from .routing import Routing
-from .draftcheck import check_draft
-from .fewrows import start_numba_threads
-from .batch import BatchDecoding
-from .inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
+from .cost.model import CostModel, flat_curve, load_cost_model
+from .model.routing import Routing
+from .proposers.draft.checks import check_draft
+from .model.fewrows import start_numba_threads
+from .decode.batch import BatchDecoding
+from .call.inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
 from .kernels import warmup
-from .planner import SCORE_DEPTH, regime
-from .processing import Decoding, prepared_decoding, resolve_decoding
+from .plan.planner import SCORE_DEPTH, regime
+from .call.decoding import Decoding, prepared_decoding, resolve_decoding
 from .proposers.recycle import AdjacencyTable
-from .result import LookaheadOutput, generate_output
-from .scores import AcceptanceStats
-from .sequence import Sequence
-from .stats import GenerationStats
-from .target import to_device
-from .window import auto_window
-from .support import check_model, context_length
-from .target import Target
+from .call.result import LookaheadOutput, generate_output
+from .plan.scores import AcceptanceStats
+from .decode.sequence import Sequence
+from .call.stats import GenerationStats
+from .model.target import to_device
+from .plan.window import auto_window
+from .model.support import check_model, context_length
+from .model.target import Target
 
 
 DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)

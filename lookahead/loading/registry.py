@@ -17,10 +17,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
-
-class RegistryError(RuntimeError):
-    """A packaged file could not be found, fetched or verified."""
+from ..errors import RegistryError
 
 
 @dataclass(frozen=True)

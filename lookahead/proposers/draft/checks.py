@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .support import AttentionLayout, UnsupportedModelError, check_model
-from .target import input_device
-
-
-class DraftModelError(ValueError):
-    """The draft model cannot propose for this target; the message says why and what to do."""
+from ...model.support import AttentionLayout, UnsupportedModelError, check_model
+from ...model.target import input_device
+from ...errors import DraftModelError
 
 
 OTHER_VOCABULARY = "token ids cannot pass between them; pick a draft of the target's family with the same tokenizer"
@@ -53,7 +50,7 @@ def check_draft_source(target, draft_name: str, cache_dir=None) -> None:
     When the vocabulary cannot be read without loading, nothing is said here:
     ``check_draft`` compares the loaded models.
     """
-    from .models import declared_vocab_size
+    from ...loading.models import declared_vocab_size
 
     draft_vocab = declared_vocab_size(draft_name, cache_dir)
     target_vocab = int(target.get_input_embeddings().weight.shape[0])

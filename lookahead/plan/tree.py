@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels.trie import ancestor_mask, build_scored_trie
+from ..kernels.trie import ancestor_mask, build_scored_trie
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-
-class DeviceError(ValueError):
-    """The device names nothing usable on this machine; the message says what is there instead."""
+from ..errors import DeviceError
 
 
 def _backend_available(kind: str) -> tuple[bool, int | None]:

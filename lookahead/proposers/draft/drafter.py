@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .routing import Routing, route_mode
-from .target import input_device, to_device
+from ...model.routing import Routing, route_mode
+from ...model.target import input_device, to_device
 
 
 def common_prefix(held: np.ndarray, seq: np.ndarray) -> int:

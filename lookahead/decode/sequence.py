@@ -13,18 +13,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .output import OutputBuffer
-from .planner import Planner, RankedTree
-from .processing import Decoding
-from .drafter import Drafter
-from .proposers.context import ContextMatcher
-from .proposers.draft import DraftProposer
-from .proposers.ngram import NgramPool, NgramProposer, WindowProposer
-from .proposers.recycle import RecyclingProposer
-from .stats import GenerationStats
-from .tree import StepLayout, TokenTree, step_layout
-from .verify import DrawnRows, RowMap, Verifier
-from .window import JacobiWindow, window_previous
+from ..call.output import OutputBuffer
+from ..plan.planner import Planner, RankedTree
+from ..call.decoding import Decoding
+from ..proposers.draft.drafter import Drafter
+from ..proposers.context import ContextMatcher
+from ..proposers.draft.proposer import DraftProposer
+from ..proposers.ngram import NgramPool, NgramProposer, WindowProposer
+from ..proposers.recycle import RecyclingProposer
+from ..call.stats import GenerationStats
+from ..plan.tree import StepLayout, TokenTree, step_layout
+from ..verify.verifier import DrawnRows, RowMap, Verifier
+from ..plan.window import JacobiWindow, window_previous
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import time
 import numpy as np
 import torch
 
-from .cache import keep_rows_per_row
-from .processing import Decoding
+from ..model.cache import keep_rows_per_row
+from ..call.decoding import Decoding
 from .sequence import Sequence, StepPlan
-from .stats import GenerationStats
-from .target import to_device
+from ..call.stats import GenerationStats
+from ..model.target import to_device
 
 
 class BatchDecoding:

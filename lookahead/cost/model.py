@@ -40,9 +40,9 @@ import platform
 
 import psutil
 
-from .routing import Route, Routing, candidate_routes, kernel_applies, route_mode
-from .support import AttentionLayout
-from .target import Target, input_device
+from ..model.routing import Route, Routing, candidate_routes, kernel_applies, route_mode
+from ..model.support import AttentionLayout
+from ..model.target import Target, input_device
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 MIN_PASSES = 3  # measuring stops once this many passes in a row agree ...

@@ -5,7 +5,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from .errors import OptionFix, with_fix
+from ..errors import OptionFix, with_fix
+from ..errors import UnsupportedModelError, UntestedModelWarning
 
 # Architectures whose greedy output is proven identical to model.generate by
 # tests/test_exactness.py (a custom 4-D mask passes through transformers'
@@ -20,14 +21,6 @@ MASKED_ATTENTION = frozenset({"eager", "sdpa"})
 KNOWN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 ALIBI_MODEL_TYPES = frozenset({"bloom"})  # ALiBi always, with no switch in the config
 UNTESTED_FIX = OptionFix("allow_untested_models", "LookaheadConfig(allow_untested_models=True)", "to try it anyway")
-
-
-class UnsupportedModelError(ValueError):
-    """The engine cannot drive this model exactly; the message says why and what to do."""
-
-
-class UntestedModelWarning(UserWarning):
-    """The model's architecture is driven on request, without an exactness test behind it."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import ModelLoadError, OptionFix, with_fix
+from ..errors import ModelLoadError, OptionFix, with_fix
 
 REMOTE_CODE_FIX = OptionFix("trust_remote_code", "trust_remote_code=True to load_model",
                             "if you trust that code (it runs on this machine)")

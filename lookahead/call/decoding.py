@@ -30,7 +30,8 @@ from transformers.generation import logits_process as lp
 
 from .inputs import GenerateInputError, budget, eos_ids
 from .stopping import split_criteria
-from .target import to_device
+from ..model.target import to_device
+from ..errors import ProcessorOutputError
 
 # Processors whose output row depends on the scores row alone (not on input_ids).
 ROW_WISE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
@@ -39,10 +40,6 @@ ROW_WISE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper
 # Ranges of the sampling arguments: (low, high, low itself allowed).
 RANGES = {"temperature": (0.0, float("inf"), True), "top_k": (0, float("inf"), True),
           "top_p": (0.0, 1.0, False), "min_p": (0.0, 1.0, True), "repetition_penalty": (0.0, float("inf"), False)}
-
-
-class ProcessorOutputError(GenerateInputError):
-    """The logits processors left a row with nothing to sample from (NaN, +inf, or every score -inf)."""
 
 
 @dataclass(frozen=True)

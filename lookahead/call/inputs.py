@@ -6,14 +6,7 @@ import numbers
 
 import numpy as np
 import torch
-
-
-class GenerateInputError(ValueError):
-    """An argument of generate() is unusable; the message names it and the fix."""
-
-
-class ContextLimitWarning(UserWarning):
-    """Generation stopped at the model's context (max_position_embeddings) before max_new_tokens."""
+from ..errors import GenerateInputError, ContextLimitWarning
 
 
 def _integer(value) -> int | None:

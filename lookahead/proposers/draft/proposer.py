@@ -53,10 +53,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..drafter import Drafter
-from ..processing import Decoding, process_rows
-from ..scores import DraftWorth
-from .base import Candidates, no_candidates
+from .drafter import Drafter
+from ...call.decoding import Decoding, process_rows
+from ...plan.scores import DraftWorth
+from ..base import Candidates, no_candidates
 
 CONFIDENCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])  # bucket = count of edges <= probability
 BUCKETS = CONFIDENCE_EDGES.shape[0] + 1
