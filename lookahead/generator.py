@@ -20,7 +20,7 @@ import torch
 
 from .model.cache import keep_rows
 from .config import LookaheadConfig
-from .cost.model import CostModel, flat_curve, load_cost_model
+from .cost import CostModel, flat_curve, load_cost_model
 from .model.routing import Routing
 from .proposers.draft.checks import check_draft
 from .model.fewrows import start_numba_threads

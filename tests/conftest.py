@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from lookahead.cost.model import CostModel, row_grid
+from lookahead.cost import CostModel, row_grid
 
 VOCAB = 96
 

@@ -17,7 +17,8 @@ from lookahead.call.inputs import GenerateInputError
 from lookahead.plan.planner import DrawnChain, drawn_rows
 from lookahead.proposers.draft.proposer import confidence_bucket
 from lookahead.plan.tree import TokenTree, prepend_chain
-from lookahead.verify.verifier import speculative_rows
+from lookahead.kernels.walk import accept_walk
+from lookahead.verify.sampling import speculative_rows
 
 from conftest import COMMON, VOCAB
 from test_sampling import (P_MIN, chi_square_p, exact_distribution, sample_runs, tiny_llama)
@@ -81,7 +82,7 @@ def test_prepend_chain_docstring_example():
     assert np.allclose(prob, [.5, .25, .9, .45])
     assert nodes.tolist() == [0, 1]
     # the walk takes the chain's 4 when x's row chose 4: it comes first among equal children
-    path, new = verify.accept_walk(grown.tokens, grown.parents, grown.tokens == 4, np.array([4, 9, 9, 9, 9]))
+    path, new = accept_walk(grown.tokens, grown.parents, grown.tokens == 4, np.array([4, 9, 9, 9, 9]))
     assert path.tolist()[0] == 0
 
 
@@ -407,7 +408,7 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     """The context matcher proposes 7 8 (a copy), the draft 7 8 9; with 7 8 9 accepted the draft
     alone added one token (9), for 0.5 s of forwards beside the catch-up (2.5 plain steps of
     0.2 s) plus what the target's step cost beyond the free sources' plan."""
-    from lookahead.cost.model import CostModel
+    from lookahead.cost import CostModel
     from lookahead.plan.planner import Planner
     from lookahead.proposers.context import ContextMatcher
     from lookahead.plan.scores import DRAFT_PRIORS, AcceptanceStats

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import BUILDERS, ORIGINAL, VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead.cost.model import CostModel
+from lookahead.cost import CostModel
 from lookahead.plan.window import AUTO_WINDOW, auto_window
 
 NEW = 48

@@ -6,7 +6,17 @@ import numpy as np
 
 from lookahead.kernels.match import match_continuations
 from lookahead.proposers.ngram import NgramPool
-from lookahead.verify.verifier import accept_walk, greedy_accept
+from lookahead.kernels.walk import accept_walk
+
+
+def greedy_accept(tokens: np.ndarray, parents: np.ndarray, root_next: int, node_next: np.ndarray):
+    """Greedy verification (a test helper) from argmaxes: root_next at x, node_next[M] at the nodes.
+
+    tokens [4 5 6 7], parents [-1 0 1 0], root_next 4, node_next [7 9 1 3]
+    -> path [0 3], new [4 7 3].
+    """
+    best = np.concatenate([[root_next], node_next]).astype(np.int64)  # [1 + M]
+    return accept_walk(tokens, parents, tokens == best[parents + 1], best)
 
 
 def a(*values):

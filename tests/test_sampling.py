@@ -23,7 +23,9 @@ import transformers
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.verify import verifier as verify
 from lookahead.plan.tree import TokenTree
-from lookahead.verify.verifier import accept_walk, accepted_children, fast_top_k, sample_rows, sample_top_k
+from lookahead.kernels.walk import accept_walk
+from lookahead.verify.sampling import fast_top_k, sample_rows, sample_top_k
+from lookahead.verify.verifier import accepted_children
 
 VOCAB = 8
 EOS = 7
@@ -369,7 +371,8 @@ def test_processors_see_each_rows_own_prefix(model):
     depth are processed exactly as transformers processes that full sequence alone."""
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
 
-    from lookahead.call.decoding import Decoding, process_rows
+    from lookahead.call.decoding import Decoding
+    from lookahead.verify.processing import process_rows
 
     procs = [RepetitionPenaltyLogitsProcessor(2.0), TopKLogitsWarper(4)]
     decoding = Decoding(True, 1.0, procs, 8, np.zeros(0, dtype=np.int64), None)

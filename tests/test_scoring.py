@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lookahead.config import LookaheadConfig
-from lookahead.cost.model import CostModel
+from lookahead.cost import CostModel
 from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie
 from lookahead.plan.planner import Planner
@@ -344,7 +344,7 @@ def test_choose_step_docstring_example():
 
 
 def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
-    from lookahead.cost.model import flat_curve
+    from lookahead.cost import flat_curve
     from lookahead.plan.scores import choose_step
     rows = np.array([1, 3, 6, 9])  # x alone, then 1..3 columns of a 4-gram window
     gain = np.arange(4) * 0.05  # what each width's columns are worth
@@ -394,7 +394,7 @@ def test_expected_gains_never_fall_as_nodes_are_added():
 
 
 def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
-    from lookahead.cost.model import flat_curve
+    from lookahead.cost import flat_curve
     curve = CostModel(np.array([1.0, 4.0, 16.0]), np.array([2.0, 3.0, 5.0]))  # hand-written, not timed
     flat = flat_curve(curve)
     assert flat.step(np.array([1.0, 4.0, 16.0, 40.0])).tolist() == [2.0, 2.0, 2.0, 2.0]

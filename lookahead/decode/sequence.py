@@ -16,11 +16,8 @@ import torch
 from ..call.output import OutputBuffer
 from ..plan.planner import Planner, RankedTree
 from ..call.decoding import Decoding
-from ..proposers.draft.drafter import Drafter
-from ..proposers.context import ContextMatcher
-from ..proposers.draft.proposer import DraftProposer
-from ..proposers.ngram import NgramPool, NgramProposer, WindowProposer
-from ..proposers.recycle import RecyclingProposer
+from ..proposers.ngram import NgramPool
+from .sources import build_proposers
 from ..call.stats import GenerationStats
 from ..plan.tree import StepLayout, TokenTree, step_layout
 from ..verify.verifier import DrawnRows, RowMap, Verifier
@@ -48,7 +45,6 @@ class Sequence:
         """``room``: the new tokens the model's context holds after this prompt (None: no limit)."""
         cfg = gen.run_config  # the user's config, or with the window auto_window opened
         self.cfg, self.recycled, self.stats = cfg, gen.recycled, stats
-        self.drafter: Drafter | None = None
         self.asked = decoding.max_new_tokens
         limit = self.asked if room is None else min(self.asked, room)  # never past the model's context
         self.out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, gen.target.device)
@@ -60,40 +56,10 @@ class Sequence:
             if cfg.lookahead_rows > 1 else None
         self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
                                  self.out.prompt_len)
-        proposers = self._proposers(gen, decoding, cost)
-        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost)
-
-    def _proposers(self, gen, decoding: Decoding, cost) -> list:
-        """Candidate sources in priority order (the order also fixes their estimate blocks)."""
-        cfg = self.cfg
-        sources = []
-        if gen.draft_model is not None:
-            sources.append(self._draft_proposer(gen, decoding, cost))
-        if cfg.context_match:
-            sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
-        if cfg.ngram_pool:
-            sources.append(NgramProposer(self.pool, cfg.seed_from_prompt, cfg.seed_from_output))
-        if self.recycled is not None:
-            sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
-        if self.window_pool is not None:
-            sources.append(WindowProposer(self.window_pool))
-        return sources
-
-    def _draft_proposer(self, gen, decoding: Decoding, cost) -> DraftProposer:
-        """The draft model as a source; its chains stop where a draft forward costs more than it yields."""
-        draft_cost = gen.draft_cost
-
-        def ratio(rows: int) -> float:
-            """A draft forward over ``rows`` rows, in plain target steps (x alone: the planner's unit)."""
-            if cost is None or draft_cost is None:  # a fixed budget: draft up to draft_tokens
-                return 0.0
-            return float(draft_cost.step(rows)) / float(cost.step(1))
-
         seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
-        self.drafter = Drafter(gen.draft_model, gen.draft_cost.routing if gen.draft_cost is not None else None,
-                               self.cfg.draft_context)
-        return DraftProposer(self.drafter, decoding, self.cfg.draft_tokens, self.cfg.draft_alternatives, ratio,
-                             seed, draft_cost)
+        proposers, self.drafter = build_proposers(gen, cfg, decoding, cost, self.pool, self.window_pool,
+                                                  self.recycled, seed)
+        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost)
 
     def count_draft(self) -> None:
         """Put the draft model's work into the stats (nothing without a draft)."""

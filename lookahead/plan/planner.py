@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..config import LookaheadConfig
-from ..cost.model import CostModel
+from ..cost import CostModel
 from ..kernels.trie import best_first_order
 from ..proposers.base import Candidates, no_candidates
 from .scores import AcceptanceStats, choose_step, expected_gains

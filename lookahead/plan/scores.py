@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..cost.model import CostModel
+from ..cost import CostModel
 
 GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated apart
 GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded what they promised

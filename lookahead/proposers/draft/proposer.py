@@ -54,7 +54,8 @@ import numpy as np
 import torch
 
 from .drafter import Drafter
-from ...call.decoding import Decoding, process_rows
+from ...call.decoding import Decoding
+from ...verify.processing import process_rows
 from ...plan.scores import DraftWorth
 from ..base import Candidates, no_candidates
 
