@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -30,9 +30,3 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         """New tokens per second of wall time, prefill included."""
         return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        """Plain dict with the derived numbers too (for JSON)."""
-        data = asdict(self)
-        data.update(accepted_per_step=self.accepted_per_step, tokens_per_s=self.tokens_per_s)
-        return data
