@@ -1,14 +1,14 @@
 """Forward-cost curve for the report: time of one forward over k new tokens, relative to k = 1.
 
 The same decode-shaped measurement the engine's cost model makes
-(lookahead.costmodel.measure_forward_seconds), over a wider k range. On a
+(lookahead.cost.measure_forward_seconds), over a wider k range. On a
 memory-bound machine the curve stays near 1 for small k: that slack is what
 speculation spends.
 """
 
 from __future__ import annotations
 
-from lookahead.cost.model import measure_forward_seconds
+from lookahead.cost import measure_forward_seconds
 from lookahead.model.support import attention_layout
 
 KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

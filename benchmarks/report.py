@@ -21,7 +21,7 @@ import platform
 import sys
 from pathlib import Path
 
-from lookahead.cost.model import cpu_name
+from lookahead.cost import cpu_name
 
 
 def environment(dtype: str = "float32") -> dict:

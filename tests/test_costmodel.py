@@ -1,5 +1,5 @@
-"""The cost model: plausibility of a measured curve, measuring passes and retries, online
-refinement, the on-disk cache and what a measurement says on stderr. Hand-written arrays and
+"""The cost model (lookahead/cost/): plausibility of a measured curve, measuring passes and retries,
+online refinement, the on-disk cache and what a measurement says on stderr. Hand-written arrays and
 fake timers (``decode_step_timer`` replaced), plus a tiny random Llama where a real forward is
 timed; no test asserts a duration."""
 
@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-import lookahead.cost.model as costmodel
+import lookahead.cost.measure as measure
+import lookahead.cost.store as store
 from conftest import tiny_model
-from lookahead.cost.model import (ATTEMPTS, CONFIRM_STEPS, MIN_PASSES, TRUST_MEASURED, TRUST_REPAIRED, CostModel,
-                                 implausibility, load_cost_model, measure_curve, repair, row_grid, time_passes)
+from lookahead.cost.curve import CONFIRM_STEPS, TRUST_MEASURED, TRUST_REPAIRED, CostModel, row_grid
+from lookahead.cost.measure import ATTEMPTS, MIN_PASSES, implausibility, measure_curve, repair, time_passes
+from lookahead.cost.store import load_cost_model
 from lookahead.model.support import attention_layout
 
 CPU_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -31,8 +33,9 @@ SLOWER = 1.6  # the fake timers' routes other than the kernel on torch's threads
 
 
 def fake_timer(times):
-    """A stand-in for costmodel.decode_step_timer: every 'forward' over q rows through lookahead's kernel
-    on torch's threads takes times(q), through any other route SLOWER times that."""
+    """A stand-in for decode_step_timer (patched in store.py, where load_cost_model looks it up): every
+    'forward' over q rows through lookahead's kernel on torch's threads takes times(q), through any other
+    route SLOWER times that."""
     def time_one(q, route=None):
         fast = route is None or (route.linear == "kernel" and route.threads == torch.get_num_threads())
         return times(q) * (1.0 if fast else SLOWER)
@@ -42,7 +45,7 @@ def fake_timer(times):
 
 def first_passes(model) -> int:
     """Passes of the first round: one over every route (none with a single route)."""
-    return int(len(costmodel.measured_routes(model, True)) > 1)
+    return int(len(measure.measured_routes(model, True)) > 1)
 
 
 # ---------------------------------------------------------------- plausibility
@@ -184,7 +187,7 @@ def test_row_grid_ends_at_the_largest_step():
 
 def test_measuring_talks_and_reading_the_cache_is_silent(llama, tmp_path, monkeypatch, capsys):
     model, layout = llama
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
     first = load_cost_model(model, layout, 4, 8, 5, str(tmp_path))
     before, after = capsys.readouterr().err.strip().splitlines()
     assert before.startswith("lookahead: measuring the step cost of") and "1 to 4 rows" in before
@@ -196,7 +199,7 @@ def test_measuring_talks_and_reading_the_cache_is_silent(llama, tmp_path, monkey
     assert len(files) == 1 and f"cached in {tmp_path / files[0]}" in after
     assert first.rows.tolist() == [1, 2, 3, 4] and first.trust == TRUST_MEASURED and first.store is not None
 
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(None))  # would fail if it measured
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(None))  # would fail if it measured
     again = load_cost_model(model, layout, 4, 8, 5, str(tmp_path))
     assert capsys.readouterr().err == "" and again.seconds.tolist() == first.seconds.tolist()
     assert again.store is None  # a curve read back is refined for this run, not written again
@@ -222,7 +225,7 @@ def test_a_real_measurement_talks_and_keeps_only_a_plausible_curve(llama, tmp_pa
 
 def test_an_implausible_curve_is_not_cached_until_real_steps_refine_it(llama, tmp_path, monkeypatch, capsys):
     model, layout = llama
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(lambda q: 0.024 if q == 1 else 0.37))
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(lambda q: 0.024 if q == 1 else 0.37))
     cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
     after = capsys.readouterr().err.strip().splitlines()[-1]
     assert "looks wrong (from 1 to 2 rows the time grew 15.4x" in after and "not cached" in after
@@ -241,7 +244,7 @@ def test_an_implausible_curve_is_not_cached_until_real_steps_refine_it(llama, tm
 
 def test_a_fresh_curve_is_written_back_refined(llama, tmp_path, monkeypatch):
     model, layout = llama
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(lambda q: 3 * cpu_time(q)))  # a busy moment
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(lambda q: 3 * cpu_time(q)))  # a busy moment
     cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
     path = tmp_path / os.listdir(tmp_path)[0]
     assert np.allclose(json.loads(path.read_text())["seconds"], [3 * cpu_time(q) for q in (1, 2, 3, 4)])
@@ -251,7 +254,7 @@ def test_a_fresh_curve_is_written_back_refined(llama, tmp_path, monkeypatch):
 
 def test_cache_keys_and_damaged_or_implausible_files(llama, tmp_path, monkeypatch, capsys):
     model, layout = llama
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
     load_cost_model(model, layout, 4, 8, 1, str(tmp_path))
     path = tmp_path / os.listdir(tmp_path)[0]
     load_cost_model(model, layout, 5, 8, 1, str(tmp_path))  # other rows: another key
@@ -272,7 +275,7 @@ def test_cache_keys_and_damaged_or_implausible_files(llama, tmp_path, monkeypatc
 
 def test_without_a_cache_dir_nothing_touches_the_disk(llama, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
     model, layout = llama
     cost = load_cost_model(model, layout, 3, 8, 1, "")
     assert cost.rows.tolist() == [1, 2, 3] and os.listdir(tmp_path) == [] and cost.store is None
@@ -283,17 +286,17 @@ def test_without_a_cache_dir_nothing_touches_the_disk(llama, tmp_path, monkeypat
 # ---------------------------------------------------------------- routes, load, the CPU
 def test_routes_are_measured_chosen_and_cached_with_the_cpu(llama, tmp_path, monkeypatch):
     model, layout = llama
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
     cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
-    routes = costmodel.measured_routes(model, True)
+    routes = measure.measured_routes(model, True)
     fastest = routes.index(next(r for r in routes if r.linear == "kernel" and r.threads == torch.get_num_threads()))
     assert cost.routing.choice.tolist() == [fastest] * 4
     assert np.allclose(cost.routing.seconds[fastest], [cpu_time(q) for q in (1, 2, 3, 4)])
     assert np.allclose(np.delete(cost.routing.seconds, fastest, axis=0), SLOWER * cost.routing.seconds[fastest])
     saved = json.loads((tmp_path / os.listdir(tmp_path)[0]).read_text())
-    assert saved["fingerprint"]["cpu"] == costmodel.cpu_name() and saved["fingerprint"]["threads"] == \
+    assert saved["fingerprint"]["cpu"] == measure.cpu_name() and saved["fingerprint"]["threads"] == \
         torch.get_num_threads() and saved["fingerprint"]["routes"] == [r.label for r in routes]
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(None))  # read back, not measured
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(None))  # read back, not measured
     again = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
     assert np.array_equal(again.routing.seconds, cost.routing.seconds)
     assert again.routing.choice.tolist() == [fastest] * 4
@@ -301,15 +304,15 @@ def test_routes_are_measured_chosen_and_cached_with_the_cpu(llama, tmp_path, mon
 
 def test_without_the_kernel_only_torch_routes_are_measured(llama, monkeypatch):
     model, _ = llama
-    assert {r.linear for r in costmodel.measured_routes(model, False)} == {"torch", "mm"}
-    assert {r.linear for r in costmodel.measured_routes(model, True)} == {"torch", "mm", "kernel"}
-    assert {r.threads for r in costmodel.measured_routes(model, True)} == {1, torch.get_num_threads()}
+    assert {r.linear for r in measure.measured_routes(model, False)} == {"torch", "mm"}
+    assert {r.linear for r in measure.measured_routes(model, True)} == {"torch", "mm", "kernel"}
+    assert {r.threads for r in measure.measured_routes(model, True)} == {1, torch.get_num_threads()}
 
 
 def test_a_curve_measured_under_load_is_used_but_not_cached(llama, tmp_path, monkeypatch, capsys):
     model, layout = llama
-    monkeypatch.setattr(costmodel, "decode_step_timer", fake_timer(cpu_time))
-    monkeypatch.setattr(costmodel, "others_busy", lambda before, after: 0.9)
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
+    monkeypatch.setattr(store, "others_busy", lambda before, after: 0.9)
     cost = load_cost_model(model, layout, 4, 8, 3, str(tmp_path))
     after = capsys.readouterr().err.strip().splitlines()[-1]
     assert "other processes kept 0.9 of" in after and "not cached" in after
@@ -320,11 +323,11 @@ def test_a_curve_measured_under_load_is_used_but_not_cached(llama, tmp_path, mon
 
 def test_others_busy_counts_only_other_processes():
     before = (0.0, 10.0, 1.0)
-    assert costmodel.others_busy(before, (2.0, 14.0, 5.0)) == 0.0  # all the busy time was ours
-    assert costmodel.others_busy(before, (2.0, 13.0, 2.0)) == 1.0  # one core busy elsewhere
-    assert costmodel.others_busy(before, before) == 0.0
-    assert costmodel.others_busy(before, (0.1, 10.5, 1.0)) == 0.0  # too short a span to tell
-    now = costmodel.cpu_snapshot()
+    assert measure.others_busy(before, (2.0, 14.0, 5.0)) == 0.0  # all the busy time was ours
+    assert measure.others_busy(before, (2.0, 13.0, 2.0)) == 1.0  # one core busy elsewhere
+    assert measure.others_busy(before, before) == 0.0
+    assert measure.others_busy(before, (0.1, 10.5, 1.0)) == 0.0  # too short a span to tell
+    now = measure.cpu_snapshot()
     assert len(now) == 3 and all(v >= 0 for v in now)
 
 
@@ -338,10 +341,10 @@ def test_a_hopeless_route_is_timed_once_and_extrapolated():
         return cpu_time(q) * (20.0 if route.threads == 2 else 1.0)  # two threads beside a busy core
 
     routes = [Route(2, "torch"), Route(2, "kernel"), Route(1, "torch"), Route(1, "kernel")]
-    first = costmodel.first_pass(time_one, (1, 2, 4), routes)
+    first = measure.first_pass(time_one, (1, 2, 4), routes)
     assert [c for c in calls if c[1].threads == 2] == [(1, routes[0]), (1, routes[1])]  # one forward each
     assert np.allclose(first[0], 20 * first[2]) and np.allclose(first[3], [cpu_time(q) for q in (1, 2, 4)])
     calls.clear()
-    seconds, measured = costmodel.measure_routes(time_one, (1, 2, 4), routes, 3)
+    seconds, measured = measure.measure_routes(time_one, (1, 2, 4), routes, 3)
     assert measured.problem is None and np.allclose(measured.seconds, [cpu_time(q) for q in (1, 2, 4)])
     assert all(c[1].threads == 1 for c in calls[len(routes) + 4:])  # only one-thread routes measured on

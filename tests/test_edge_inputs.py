@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-import lookahead.cost.model as costmodel
+import lookahead.cost.store as cost_store
 import lookahead.generator as engine
 from conftest import COMMON, VOCAB, reference, tiny_model
 from lookahead import (ContextLimitWarning, CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator,
@@ -209,7 +209,7 @@ def test_prompt_that_fills_the_context_is_refused(length):
 def test_cost_curve_is_measured_inside_a_short_context(monkeypatch):
     """The adaptive budget's calibration context (256 by default) is cut to fit a 40-position model;
     the rows measured after it are fed positions clamped to the context."""
-    monkeypatch.setattr(engine, "load_cost_model", costmodel.load_cost_model)  # measure for real here
+    monkeypatch.setattr(engine, "load_cost_model", cost_store.load_cost_model)  # measure for real here
     model = short_context("gpt2", 40)
     gen = LookaheadGenerator(model, config=LookaheadConfig(cost_cache_dir=""))
     prompt = torch.arange(3, 27)[None]
@@ -220,11 +220,11 @@ def test_cost_curve_is_measured_inside_a_short_context(monkeypatch):
 
 def test_a_cost_cache_dir_that_cannot_be_written_says_why_and_how_to_fix_it(tmp_path, monkeypatch, capsys):
     """The line after a measurement names the directory, the reason and the option; nothing claims 'cached in'."""
-    monkeypatch.setattr(costmodel, "decode_step_timer", lambda *args, **kwargs: lambda q, route=None: 0.01 + 0.001 * q)
+    monkeypatch.setattr(cost_store, "decode_step_timer", lambda *args, **kwargs: lambda q, route=None: 0.01 + 0.001 * q)
     blocked = tmp_path / "a-file"
     blocked.write_text("")  # a file where the cache directory should be
     model = tiny_model("llama")
-    cost = costmodel.load_cost_model(model, attention_layout(model.config), 4, 8, 1, str(blocked / "costs"))
+    cost = cost_store.load_cost_model(model, attention_layout(model.config), 4, 8, 1, str(blocked / "costs"))
     after = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"not cached: {blocked / 'costs'} cannot be written (Not a directory)" in after
     assert "pass a writable --cost-cache-dir DIR (cost_cache_dir), or ''" in after and "cached in" not in after

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead.cost.model import model_fingerprint
+from lookahead.cost import model_fingerprint
 from lookahead.model.support import check_model
 from lookahead.model.target import Target, input_device, spans_devices
 

@@ -1,6 +1,9 @@
 """What a step costs on this machine: the curve the budget prices steps by (curve), how it is measured
-(measure) and where it is kept between runs (store)."""
+(measure) and where it is kept between runs (store: ``load_cost_model`` reads it or measures it)."""
 
-from .model import CostModel, flat_curve, load_cost_model, row_grid
+from .curve import CostModel, flat_curve, row_grid
+from .measure import cpu_name, measure_forward_seconds
+from .store import load_cost_model, model_fingerprint
 
-__all__ = ["CostModel", "flat_curve", "load_cost_model", "row_grid"]
+__all__ = ["CostModel", "cpu_name", "flat_curve", "load_cost_model", "measure_forward_seconds", "model_fingerprint",
+           "row_grid"]

@@ -1,0 +1,340 @@
+"""Timing decode-shaped forwards and checking what they say: the measurement a cost curve starts from.
+
+Measured once, the first time a model is decoded with the adaptive budget:
+passes over the grid of row counts up to the largest step, each pass timing
+one decode-shaped forward per row count (explicit positions, a 4-D mask,
+logits only for the kept rows, the host sync) after a synthetic context. The
+passes are interleaved, so a burst of load elsewhere on the machine hits one
+pass rather than one row count, and measuring stops once three passes agree.
+The curve is checked for plausibility (``implausibility``: passes that
+disagree far beyond noise, a step over fewer rows costing far more than one
+over more, a cost growing far faster than the rows) and measured again a
+bounded number of times, within a time cap; one that still looks wrong comes
+out repaired (``repair``). On the CPU every route (lookahead/model/routing.py)
+is timed (``measure_routes``), and what other processes kept the cores busy
+with meanwhile is counted (``others_busy``). Keeping the curve and saying what
+was measured: store.py.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import psutil
+import torch
+
+from ..model.routing import Route, candidate_routes, kernel_applies, route_mode
+from ..model.support import AttentionLayout
+from ..model.target import Target, input_device
+
+MIN_PASSES = 3  # measuring stops once this many passes in a row agree ...
+AGREE = 1.25  # ... every row count's slowest within this factor of its fastest
+SPREAD_LIMIT = 3.0  # slowest / fastest pass at one row count beyond this: the passes disagree
+DIP_LIMIT = 3.0  # fewer rows costing more than this times more rows is no CPU dip: a disturbance
+# (fewer rows can measure well over 1x more rows again and again on a loaded CPU: hence a generous limit)
+GROWTH_LIMIT = 1.5  # from one grid point to the next the cost grows at most this times the rows
+ROUNDING = 1 + 1e-9  # a repaired curve sits exactly at the limits
+ATTEMPTS = 3  # measurements of one curve at most (the first and two retries) ...
+MEASURE_CAP_S = 30.0  # ... and a retry only when it should end within this many seconds of the start
+
+
+# ---------------------------------------------------------------- plausibility
+def implausibility(rows, times) -> str | None:
+    """Why a measured curve cannot be what steps cost, or None when it looks plausible.
+
+    times [P, S] holds P passes over the row counts rows [S] (with one pass only
+    the shape is checked). Flagged: a row count whose passes disagree far beyond
+    noise (the second slowest over SPREAD_LIMIT times the fastest: one stray
+    pass is forgiven, the median ignores it); a size costing over DIP_LIMIT
+    times a larger one (the median curve; a CPU's dips, e.g. 16 rows a few
+    percent faster than 12, pass); a cost growing from one grid point to the
+    next over GROWTH_LIMIT times as fast as the rows (a forward's work grows
+    at most about linearly in its rows).
+    """
+    rows = np.asarray(rows, dtype=np.float64)  # [S]
+    times = np.asarray(times, dtype=np.float64).reshape(-1, rows.shape[0])  # [P, S]
+    if not (np.isfinite(times).all() and (times > 0).all()):
+        return "a pass took no time"
+    ordered = np.sort(times, axis=0)  # [P, S]
+    if ordered.shape[0] >= 2:
+        spread = ordered[-2 if ordered.shape[0] >= 3 else -1] / ordered[0]  # [S]
+        worst = int(np.argmax(spread))
+        if spread[worst] > SPREAD_LIMIT:
+            return f"passes over {rows[worst]:.0f} rows took from {short_duration(ordered[0, worst])} to " \
+                   f"{short_duration(ordered[-1, worst])}"
+    seconds = np.median(times, axis=0)  # [S]
+    if rows.shape[0] < 2:
+        return None
+    cheapest_after = np.minimum.accumulate(seconds[::-1])[::-1][1:]  # [S-1] least cost at more rows
+    dip = seconds[:-1] / cheapest_after  # [S-1]
+    if dip.max() > DIP_LIMIT * ROUNDING:
+        small = int(np.argmax(dip))
+        large = small + 1 + int(np.argmin(seconds[small + 1:]))
+        return f"{rows[small]:.0f} rows took {dip[small]:.1f}x as long as {rows[large]:.0f} rows"
+    growth = (seconds[1:] / seconds[:-1]) / (rows[1:] / rows[:-1])  # [S-1]
+    if growth.max() > GROWTH_LIMIT * ROUNDING:
+        at = int(np.argmax(growth))
+        return f"from {rows[at]:.0f} to {rows[at + 1]:.0f} rows the time grew " \
+               f"{seconds[at + 1] / seconds[at]:.1f}x"
+    return None
+
+
+def repair(rows, seconds) -> np.ndarray:
+    """A plausible curve [S] near an implausible one, for this run only (never cached).
+
+    No size may cost more than a larger one (a spike drops to the cheapest
+    larger size) nor grow faster than GROWTH_LIMIT times the rows; where the
+    measurement erred, the curve errs cheap, so the budget tries those sizes
+    and their real step times correct it.
+    """
+    rows = np.asarray(rows, dtype=np.float64)  # [S]
+    fixed = np.minimum.accumulate(np.asarray(seconds, dtype=np.float64)[::-1])[::-1].copy()  # [S]
+    for at in range(1, fixed.shape[0]):
+        fixed[at] = min(fixed[at], fixed[at - 1] * GROWTH_LIMIT * rows[at] / rows[at - 1])
+    return fixed
+
+
+def short_duration(seconds: float) -> str:
+    """A short duration for a message (here and in store.py's): '21 ms', '1.3 ms', '4.5 s'."""
+    if seconds >= 1.0:
+        return f"{seconds:.1f} s"
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
+
+
+# ---------------------------------------------------------------- passes
+def passes_agree(times: np.ndarray) -> bool:
+    """Whether at every row count the slowest of these passes [P, S] is within AGREE of the fastest."""
+    return bool((times.max(axis=0) <= AGREE * times.min(axis=0)).all())
+
+
+def time_passes(time_one: Callable[[int], float], rows: tuple[int, ...], passes: int,
+                deadline: float = float("inf"), clock: Callable[[], float] = time.perf_counter) -> np.ndarray:
+    """[P, S] seconds of time_one(rows[s]) in pass p, 1 <= P <= passes.
+
+    Each pass times every row count once, ascending and descending in turn,
+    so a burst of load elsewhere lands on one pass, not on one row count.
+    Stops early once the last MIN_PASSES passes agree, or after the pass
+    that ends past ``deadline`` (a clock() value).
+    """
+    times: list[list[float]] = []
+    for index in range(passes):
+        order = rows if index % 2 == 0 else rows[::-1]
+        took = {q: time_one(q) for q in order}
+        times.append([took[q] for q in rows])
+        recent = np.array(times[-MIN_PASSES:])  # [<= MIN_PASSES, S]
+        if (recent.shape[0] == MIN_PASSES and passes_agree(recent)) or clock() > deadline:
+            break
+    return np.array(times)
+
+
+@dataclass
+class Measurement:
+    """A measured curve: seconds [S], why it looks wrong (None: plausible), passes and tries it took."""
+
+    seconds: np.ndarray  # [S]
+    problem: str | None
+    passes: int
+    tries: int
+    elapsed: float
+
+
+def measure_curve(time_one: Callable[[int], float], rows: tuple[int, ...], repeats: int,
+                  cap_s: float = MEASURE_CAP_S, clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """Measure the curve (time_passes) until it looks plausible, ATTEMPTS times at most.
+
+    A retry starts only when it should end within cap_s of the start (the
+    last try's duration is the guess), and no try runs passes past cap_s.
+    A plausible try gives the median of its passes; if none is, the fastest
+    time seen at each size (load only ever adds time), repaired.
+    """
+    start = clock()
+    tried = []  # [P, S] arrays of the implausible tries
+    problem = None
+    for _ in range(ATTEMPTS):
+        began = clock()
+        times = time_passes(time_one, rows, repeats, start + cap_s, clock)  # [P, S]
+        problem = implausibility(rows, times)
+        if problem is None:
+            return Measurement(np.median(times, axis=0), None, sum(t.shape[0] for t in tried) + times.shape[0],
+                               len(tried) + 1, clock() - start)
+        tried.append(times)
+        now = clock()
+        if now + (now - began) > start + cap_s:
+            break
+    every = np.concatenate(tried)  # [P_all, S]
+    return Measurement(repair(rows, every.min(axis=0)), problem, every.shape[0], len(tried), clock() - start)
+
+
+# ---------------------------------------------------------------- one decode-shaped forward
+def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 0,
+                      batch: int = 1) -> Callable[[int, Route | None], float]:
+    """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
+    cached ones, run through ``route`` (model/routing.py; None: as torch is set).
+
+    Each pass goes through ``Target.forward`` exactly as a decode step does
+    (``Target.forward_batch`` for a batch of ``batch`` rows of q tokens), plus
+    the step's host sync (an argmax read back), and is cropped away again. A
+    synthetic context of random tokens is prefilled here, once.
+    """
+    target = Target(model, layout)
+    rng = np.random.default_rng(seed)
+    cache = target.new_cache()
+    prefix = rng.integers(0, target.vocab, (batch, context), dtype=np.int64)  # [B, C]
+    with torch.inference_mode():
+        model(input_ids=torch.from_numpy(prefix).to(target.device), past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+    passes = {}  # q -> the step function over fixed random tokens [B, q]
+
+    def time_one(q: int, route: Route | None = None) -> float:
+        if q not in passes:
+            passes[q] = _step_pass(target, rng.integers(0, target.vocab, (batch, q), dtype=np.int64), context)
+        with torch.inference_mode(), route_mode(route, batch * q):
+            began = time.perf_counter()
+            passes[q](cache).argmax(-1).cpu()  # the step's host sync
+            took = time.perf_counter() - began
+            cache.crop(-q)
+        return took
+
+    return time_one
+
+
+def _step_pass(target: Target, tokens: np.ndarray, context: int):
+    """A function cache -> logits running one causal step over tokens [B, q] after ``context`` slots."""
+    batch, q = tokens.shape
+    offsets = np.arange(q, dtype=np.int64)  # [q]
+    local = np.tril(np.ones((q, q), dtype=bool))  # [q, q]
+    if batch == 1:
+        return lambda cache: target.forward(cache, tokens[0], offsets, local, context, offsets)
+    dev = target.device
+    tokens_t = torch.from_numpy(tokens).to(dev)  # [B, q]
+    q_pos = torch.from_numpy(context + offsets).to(dev)[None].expand(batch, -1)  # [B, q]
+    visible = torch.cat([torch.ones(batch, q, context, dtype=torch.bool, device=dev),
+                         torch.from_numpy(local).to(dev)[None].expand(batch, -1, -1)], dim=2)  # [B, q, C+q]
+    k_pos = torch.cat([torch.arange(context, device=dev)[None].expand(batch, -1), q_pos], dim=1)  # [B, C+q]
+    return lambda cache: target.forward_batch(cache, tokens_t, q_pos, visible, k_pos)
+
+
+def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...], context: int,
+                            repeats: int, seed: int = 0, batch: int = 1, route: Route | None = None) -> list[float]:
+    """Median seconds of one decode-shaped forward over q new rows through ``route``, for every q in rows.
+
+    ``repeats`` interleaved passes (decode_step_timer, time_passes; fewer once
+    MIN_PASSES agree) after one untimed warm-up pass at the largest q. No
+    plausibility check: benchmarks/costcurve.py reports what it measures.
+    """
+    time_one = decode_step_timer(model, layout, context, seed, batch)
+    time_one(rows[-1], route)  # warm-up
+    return np.median(time_passes(lambda q: time_one(q, route), rows, repeats), axis=0).tolist()
+
+
+# ---------------------------------------------------------------- routes
+PRUNE = 1.25  # a route over this times the fastest at every row count after one pass is measured no further
+HOPELESS = 3.0  # ... and one over this times the fastest at one row count is not even timed at the others
+
+
+def measured_routes(model, few_row_matmul: bool) -> list:
+    """The routes a forward of this model is measured through: on the CPU torch's threads and one,
+    through torch's linear and (``few_row_matmul``) lookahead's; elsewhere [None] (as set)."""
+    device, dtype = input_device(model), model.get_input_embeddings().weight.dtype
+    if device.type != "cpu":
+        return [None]
+    return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype))
+
+
+def estimate_seconds(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], repeats: int,
+                     routes: list) -> tuple[float, float]:
+    """(likely, longest) seconds measure_routes should take, from three forwards.
+
+    One untimed warm-up at the largest size, then one timed forward at the
+    smallest and at the largest (the first route); a pass costs their mean at
+    every grid point. Likely: one pass per route, then MIN_PASSES passes of
+    one (they agree); longest: every pass of every route; both no more
+    passes than fit in the time cap, plus the one that crosses it.
+    """
+    time_one(rows[-1], routes[0])  # warm-up (first-call allocations, kernels)
+    per_pass = len(rows) * (time_one(rows[0], routes[0]) + time_one(rows[-1], routes[0])) / 2
+    within_cap = max(1, math.ceil(MEASURE_CAP_S / per_pass)) if per_pass > 0 else repeats  # passes
+    first = len(routes) if len(routes) > 1 else 0
+    likely = first + min(MIN_PASSES, repeats, within_cap)  # usually one route is measured on
+    return likely * per_pass, (first + min(len(routes) * repeats, within_cap)) * per_pass
+
+
+def first_pass(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list) -> np.ndarray:
+    """[R, S] one forward per route and row count, row counts ascending, every route at one row count
+    before the next. A route HOPELESS times slower than the fastest at a row count is timed no further
+    (a 2-thread forward beside a busy core can take seconds): its later points are the fastest route's
+    times that factor slower."""
+    first = np.zeros((len(routes), len(rows)))  # [R, S]
+    alive, dropped = list(range(len(routes))), {}  # dropped: route -> (row count index, factor)
+    for s, q in enumerate(rows):
+        for i in alive:
+            first[i, s] = time_one(q, routes[i])
+        best = min(first[i, s] for i in alive)
+        for i in [i for i in alive if first[i, s] > HOPELESS * best]:
+            alive.remove(i)
+            dropped[i] = (s, first[i, s] / best)
+    fastest = first[alive].min(axis=0)  # [S]
+    for i, (s, factor) in dropped.items():
+        first[i, s + 1:] = factor * fastest[s + 1:]
+    return first
+
+
+def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list,
+                   repeats: int, cap_s: float = MEASURE_CAP_S,
+                   clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, Measurement]:
+    """(seconds [R, S] of every route, the measurement of the fastest at each row count).
+
+    One pass through every route first (``first_pass``); a route PRUNE times
+    slower than the fastest at every row count keeps that pass as its curve,
+    the others are measured to the end (measure_curve, sharing the time cap).
+    """
+    start = clock()
+    first = first_pass(time_one, rows, routes) if len(routes) > 1 else np.zeros((0, len(rows)))  # [R, S]
+    kept = [i for i in range(len(routes)) if first.shape[0] == 0 or (first[i] <= PRUNE * first.min(axis=0)).any()]
+    seconds = first.copy() if first.shape[0] else np.zeros((len(routes), len(rows)))
+    parts = []
+    for i in kept:
+        part = measure_curve(lambda q, r=routes[i]: time_one(q, r), rows, repeats, cap_s / len(kept), clock)
+        seconds[i] = part.seconds
+        parts.append(part)
+    best = seconds.min(axis=0)  # [S]
+    problem = next((p.problem for p in parts if p.problem is not None), None) or implausibility(rows, best[None])
+    passes = min(first.shape[0], 1) + sum(p.passes for p in parts)
+    return seconds, Measurement(best if problem is None else repair(rows, best), problem, passes,
+                                max(p.tries for p in parts), clock() - start)
+
+
+# ---------------------------------------------------------------- other processes' load
+LOAD_SPAN_S = 0.25  # others_busy counts over at least this long (a shorter measurement is taken as quiet)
+
+
+def cpu_name() -> str:
+    """The CPU's model name ('AMD EPYC', 'Intel(R) Xeon(R) ...'), or the machine type where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(a clock, seconds all CPUs have been busy, seconds this process has run): for ``others_busy``."""
+    total = psutil.cpu_times()
+    guest = getattr(total, "guest", 0.0) + getattr(total, "guest_nice", 0.0)  # already counted in user
+    busy = sum(total) - total.idle - getattr(total, "iowait", 0.0) - guest
+    own = psutil.Process().cpu_times()
+    return time.monotonic(), busy, own.user + own.system
+
+
+def others_busy(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """How many cores other processes (or other machines sharing this one) kept busy between two snapshots."""
+    wall = after[0] - before[0]  # (CPU times tick every 10 ms: a shorter span cannot tell)
+    return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall >= LOAD_SPAN_S else 0.0
