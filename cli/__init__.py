@@ -1,1 +1,2 @@
-"""The `lookahead` command (installed as lookahead.cli): main.py (generate) and bench.py (bench)."""
+"""The `lookahead` command (installed as lookahead.cli): main.py (generate), bench.py (bench), bench_batch.py
+(bench-batch)."""

@@ -34,8 +34,8 @@ class LookaheadConfig:
     pool_ngram: int = 2  # n-gram size of the pool fed by the prompt and the output (its own, not N)
     # With window=1 and the adaptive budget: open a W=15, N=5 window (its columns then fed step by step
     # as they pay) where the measured cost curve says rows are nearly free (a step over 1 + max_tree_nodes
-    # rows costs at most 1.3 one-row steps: a GPU at batch 1, or budget_curve="flat"). On a 2-core CPU
-    # (SmolLM2-135M, float32: 33 rows cost 3x one row) it stays x alone, where a window never paid.
+    # rows costs at most 1.3 one-row steps: a GPU at batch 1, or budget_curve="flat"). Where rows cost
+    # more (a CPU, typically) it stays x alone: there a window has not paid (benchmarks/RESULTS.md).
     auto_window: bool = True
     candidates: int = 4  # G: max candidate continuations per source per step (0 = none)
     pool_capacity: int = 4  # n-grams kept per first token in the pool (LRU)
@@ -64,9 +64,9 @@ class LookaheadConfig:
     calibration_context: int = 256  # context tokens behind the cost measurement
     calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)
     # On the CPU, let the cost measurement try lookahead's own linear kernel for 1-64-row forwards
-    # (lookahead/fewrows.py) beside torch's (F.linear, and W @ x^T for 2-7 rows), each on torch's
+    # (lookahead/model/fewrows.py) beside torch's (F.linear, and W @ x^T for 2-7 rows), each on torch's
     # threads and on one: every row count then runs through whichever route was fastest on this
-    # machine, re-checked as steps run (lookahead/routing.py). False: torch's kernels only. No effect
+    # machine, re-checked as steps run (lookahead/model/routing.py). False: torch's kernels only. No effect
     # on a GPU.
     few_row_matmul: bool = True
     window_seed: int = 0  # RNG seed of the window's initial guesses (sampling uses torch's generator)

@@ -1,4 +1,4 @@
-"""How tokens are chosen in one generate call (the scores at every tree row: verify/processing.py).
+"""How tokens are chosen in one generate call (the scores at every tree row: lookahead/verify/processing.py).
 
 ``resolve_decoding`` reads the call's arguments over the model's own
 ``generation_config`` the way ``model.generate`` does (transformers'
@@ -8,7 +8,7 @@ min-p warpers when sampling; and its StoppingCriteriaList: length, max_time,
 stop strings, EOS, user criteria), so the same arguments mean the same
 distribution and the same stop in both. ``prepared_decoding`` takes a config
 and lists transformers has already prepared (the custom_generate path,
-hf.py) and uses them as they are.
+lookahead/hf.py) and uses them as they are.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Decoding:
     max_new_tokens: int
     eos: np.ndarray  # [E] end-of-sequence ids
     generator: torch.Generator | None  # random source when sampling (None: torch's default)
-    criteria: tuple = ()  # stopping criteria asked after every new token (stopping.py), EOS / length aside
+    criteria: tuple = ()  # stopping criteria asked after every new token (call/stopping.py), EOS / length aside
     return_dict: bool = False  # return a LookaheadOutput (sequences + stats) instead of the ids
     pad_token_id: int | None = None  # fills finished rows of a batch (the EOS id when the model has none)
 
@@ -194,7 +194,7 @@ def prepared_decoding(config, processors, criteria, prompt_len: int, generator=N
     The lists are used as they are (model.generate hands a custom_generate
     callable exactly these, already complete): nothing is added to them, so
     nothing is applied twice. The length limit and EOS ids are read from the
-    criteria (stopping.py), like every other reason to stop.
+    criteria (call/stopping.py), like every other reason to stop.
     """
     check_supported(config)
     limit, eos, rest = split_criteria(criteria, prompt_len)

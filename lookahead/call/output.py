@@ -1,7 +1,7 @@
 """The sequence being generated: prompt + accepted tokens, the stop cut, the streamer.
 
 A step's tokens are cut at the first EOS, at the budget, or right after the
-first token at which a stopping criterion fires (stopping.py): exactly where
+first token at which a stopping criterion fires (call/stopping.py): exactly where
 model.generate, which asks after every token, would have stopped. Only the
 kept tokens reach the streamer, in order.
 """

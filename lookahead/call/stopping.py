@@ -8,7 +8,7 @@ model.generate stops.
 transformers' ``StoppingCriteriaList`` is split once per call
 (``split_criteria``): the length limit (``MaxLengthCriteria``) and the EOS ids
 (``EosTokenCriteria``) become the token budget and the EOS set that
-output.py cuts at in numpy; stop strings are checked over all of a step's
+call/output.py cuts at in numpy; stop strings are checked over all of a step's
 tokens in one batched call (only the last ``maximum_token_len`` tokens
 matter to them); any other criterion (``MaxTimeCriteria``, user criteria) is
 called once per new token with that token's prefix, like model.generate.

@@ -5,9 +5,10 @@ each layer's product is a matrix times one or a few vectors: it streams the
 weights once and does little arithmetic per weight. Written as one loop over
 the output features, split between the CPU's threads, that streams each
 weight row once while the few input rows stay in cache (several sums
-kept in registers), the product runs at the memory's speed on
-every core (torch's own kernels, MKL on 2 cores:
-about 2.5x slower for one row, up to 6x for 2-3 rows; see lookahead/fewrows.py).
+kept in registers), the product runs at the memory's speed on every core,
+where a general BLAS kernel may not over so few rows. Whether it beats
+torch's own on a given CPU is measured there (lookahead/model/fewrows.py,
+lookahead/model/routing.py; measurements in benchmarks/RESULTS.md).
 
 Worked example: w = [[1 2] [0 1] [1 0]] (O = 3 outputs, I = 2 inputs),
 x = [[1 1] [2 0]] (R = 2 rows) -> [[3 1 1] [2 0 2]].
@@ -35,10 +36,9 @@ def rows_linear(w, x):
     Narrow kernel: each thread streams its weight rows one at a time (one stream per core),
     BLOCK input rows at a time sharing each weight load. Wide kernel: BLOCK weight rows by
     BLOCK input rows at a time (16 running sums; the rows padded with zeros to a multiple of
-    BLOCK), which halves the input loads but keeps BLOCK weight streams per core. Measured on
-    2 cores, whole forwards: SmolLM2-135M (I = 576 or 1536) 1 / 4 / 8 / 16 rows 29 / 41 / 57 /
-    100 ms narrow, 30 / 49 / 57 / 79 wide; on Qwen2.5-Coder-1.5B's layers (I = 1536 or 8960)
-    the wide kernel is 1.3-1.9x faster from 4 rows, and with the padding from 3.
+    BLOCK), which halves the input loads but keeps BLOCK weight streams per core. The wide kernel
+    pays from WIDE_ROWS rows, and from 3 rows (with the padding) on long weight rows
+    (WIDE_INPUTS); the measurements behind these thresholds are in benchmarks/RESULTS.md.
     """
     rows, inputs = x.shape
     if rows >= WIDE_ROWS or (rows >= 3 and inputs >= WIDE_INPUTS):

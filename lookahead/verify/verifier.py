@@ -31,7 +31,7 @@ parent's row; when no child is, the chosen token ends the step
   either is one of them or stands for "none"). So the row emits c with
   probability min(p(c), q(c)) summed over the draws and any t with
   probability p(t) in all (Leviathan et al. 2023; Chen et al. 2023), given
-  that c is a plain draw from q (planner.py keeps the tree independent of
+  that c is a plain draw from q (plan/planner.py keeps the tree independent of
   it). The test runs at the row whether or not c made it into the tree:
   an accepted c that is no node simply ends the step. With a draft the
   text still depends on the seed alone for a fixed tree, but the draft's
