@@ -1,40 +1,31 @@
-"""LookaheadGenerator and its decode loop: plan -> forward -> verify -> commit.
-
-One target forward per step over [x | lookahead window | token tree] with a
-block-structured 4-D mask and explicit positions (tree.py, mask.py,
-target.py). Every candidate source feeds one scored trie; the best-first
-prefix that maximises expected tokens per second is verified (planner.py);
-verify.py chooses every token, greedy or sampled.
-Shape letters: Q rows this step, P cached rows, W window, N n-gram, M tree
-nodes, K logit rows kept, R recycled successors, V vocab.
+"""LookaheadGenerator: the public face. It checks the model and the call's arguments, holds what is
+learned across calls (``Learned``) and runs each call's decode loop (decode/loop.py: propose ->
+build the tree -> one forward -> verify -> commit -> learn).
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .model.cache import keep_rows
 from .config import LookaheadConfig
 from .cost import CostModel, flat_curve, load_cost_model
 from .model.routing import Routing
 from .proposers.draft.checks import check_draft
 from .model.fewrows import start_numba_threads
-from .decode.batch import BatchDecoding
 from .call.inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
 from .kernels import warmup
 from .plan.planner import SCORE_DEPTH, regime
 from .call.decoding import Decoding, prepared_decoding, resolve_decoding
 from .proposers.recycle import AdjacencyTable
 from .call.result import LookaheadOutput, generate_output
-from .plan.scores import AcceptanceStats
-from .decode.sequence import Sequence
+from .plan.acceptance import AcceptanceStats
+from .decode.loop import DecodeRun
 from .call.stats import GenerationStats
-from .model.target import to_device
+from .decode.sequence import Sequence
 from .plan.window import auto_window
 from .model.support import check_model, context_length
 from .model.target import Target
@@ -54,7 +45,7 @@ class Learned:
     config: LookaheadConfig
     vocab: int
     recycled: AdjacencyTable | None  # the recycled successors
-    acceptance: dict[str, AcceptanceStats]  # acceptance estimates, one table per regime (planner.py)
+    acceptance: dict[str, AcceptanceStats]  # acceptance estimates, one table per regime (plan/planner.py)
     cost: CostModel | None  # the step-cost curve the budget prices steps by, refined by the steps that ran
     run_config: LookaheadConfig | None = None  # the config decodes run with (auto_window's choice); None: config
     routing: Routing | None = None  # how forwards run on this CPU (routing.py); None: as torch is set
@@ -99,7 +90,7 @@ class LookaheadGenerator:
         if learned is None:
             learned = self._fresh()
         # Learned across generate calls: the recycled successors, the acceptance
-        # estimates (one table per regime, see planner.py), the step-cost curve, how
+        # estimates (one table per regime, see plan/planner.py), the step-cost curve, how
         # forwards run on this CPU, and the config decodes run with (config, or config
         # with the window auto_window opened).
         self.recycled, self.acceptance, self.cost = learned.recycled, learned.acceptance, learned.cost
@@ -192,7 +183,7 @@ class LookaheadGenerator:
         from exactly the target's processed distribution, with random numbers
         from ``generator`` or torch's default generator (``torch.manual_seed``).
         A left-padded batch [B, T] with its attention_mask decodes every row at
-        once (batch.py). Decoding stops where model.generate would: EOS,
+        once (decode/loop.py). Decoding stops where model.generate would: EOS,
         max_new_tokens, ``stopping_criteria``, ``stop_strings`` (decoded with
         ``tokenizer``, else the generator's) or ``max_time`` seconds, even inside
         a multi-token step. With ``return_dict_in_generate`` the result is a
@@ -235,13 +226,8 @@ class LookaheadGenerator:
                                      "or pass streamer=None for a batch")
         rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
         with torch.inference_mode():
-            if len(prompts) > 1:
-                run = BatchDecoding(self, ids, mask, prompts, decoding, decoding.pad_token_id, rooms)
-                out = run.decode()
-            else:
-                run = _Decoding(self, prompts[0], decoding, streamer, rooms[0])
-                padding = ids[0, :ids.shape[1] - prompts[0].shape[0]]  # left padding stays in the output
-                out = torch.cat([padding, torch.from_numpy(run.decode())])[None]
+            run = DecodeRun(self, ids, mask, prompts, decoding, streamer, rooms)
+            out = run.decode()
         self.last_stats = run.stats
         self._warn_context_cut(run.seqs)
         return generate_output(out.clone().to(device), run.stats, decoding.return_dict)
@@ -261,64 +247,3 @@ class LookaheadGenerator:
         if key not in self.acceptance:
             self.acceptance[key] = AcceptanceStats([p.priors for p in proposers], SCORE_DEPTH)
         return self.acceptance[key]
-
-
-class _Decoding:
-    """One generate call on one sequence: the KV cache and the loop around a ``Sequence``."""
-
-    def __init__(self, gen: LookaheadGenerator, prompt: np.ndarray, decoding: Decoding, streamer,
-                 room: int | None = None):
-        self.target = gen.target
-        self.stats = GenerationStats(prompt_tokens=int(prompt.shape[0]))
-        self.seq = Sequence(gen, prompt, decoding, streamer, self.stats, gen.cost, room)
-        self.cache = self.target.new_cache()
-
-    @property
-    def seqs(self) -> list[Sequence]:
-        """The sequences decoded (one here; batch.py has one per row)."""
-        return [self.seq]
-
-    def decode(self) -> np.ndarray:
-        """Prefill all but the last prompt token, then steps until EOS or the budget.
-
-        The last prompt token is the first step's x, so the first new tokens
-        are already speculated (a copy from the prompt can arrive in one go).
-        """
-        start = time.perf_counter()
-        out = self.seq.out
-        done = out.limit == 0
-        if not done:
-            self.target.prefill(self.cache, out.seq[:out.prompt_len - 1])
-            self.seq.begin()
-        self.stats.prefill_s = time.perf_counter() - start
-        while not done:
-            done = self._step()
-        tokens = out.finish()
-        self.seq.count_draft()
-        self.stats.wall_time_s = time.perf_counter() - start
-        self.stats.new_tokens = out.new_tokens
-        return tokens
-
-    def _step(self) -> bool:
-        """One decode step; whether decoding ends."""
-        began = time.perf_counter()
-        past = self.seq.out.stop - 1  # x is not cached yet
-        plan = self.seq.plan()  # 1. propose, 2. build the tree
-        logits = self.target.forward(self.cache, plan.tokens, plan.layout.offsets, plan.layout.local_mask,
-                                     past, plan.keep)  # 3. forward: [K, V]
-        host = self.seq.stage(logits, plan).cpu().numpy()  # 4. verify: the step's one host sync
-        done, rows = self.seq.commit(host, plan)  # 5. commit
-        if not done:
-            in_place = bool((rows == np.arange(rows.shape[0])).all())  # e.g. a chain right after x: no gather
-            keep_rows(self.cache, past, to_device(rows, self.target.device), contiguous=in_place)
-        seconds = time.perf_counter() - began
-        self.stats.steps += 1
-        self.stats.routes.append(self.target.last_route)
-        self.stats.rows_per_step.append(int(plan.tokens.shape[0]))
-        self.stats.step_seconds.append(seconds)
-        # The target's curve learns from the target's share alone: a draft's forwards (a catch-up
-        # over a whole prompt among them) would make every row count look dearer.
-        target_seconds = max(seconds - plan.spent, 0.0)
-        self.seq.planner.observe_step(int(plan.tokens.shape[0]), target_seconds)
-        self.target.observe(1, int(plan.tokens.shape[0]), target_seconds)
-        return done

@@ -212,7 +212,7 @@ def synthetic_cost_curves():
     """Generators built by the tests get a fixed, mildly rising cost curve (2% more per row,
     no online refinement) instead of measuring this machine: a test's trees must not depend
     on how busy the CPU is (a curve measured under load can make every tree unprofitable).
-    tests/test_costmodel.py measures real curves through costmodel.load_cost_model itself."""
+    tests/test_costmodel.py measures real curves through lookahead.cost.load_cost_model itself."""
     import lookahead.generator as engine
 
     def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, few_row_matmul=True):

@@ -24,7 +24,7 @@ def row_values(cache: DynamicCache, layer: int = 0) -> list[float]:
 
 def test_keep_non_contiguous_rows():
     cache = filled(past=4, rows=6)
-    keep_rows(cache, 4, torch.tensor([0, 2, 5]), contiguous=False)
+    keep_rows(cache, 4, torch.tensor([[0, 2, 5]]), in_place=False)
     assert cache.get_seq_length() == 7
     for layer in range(2):
         assert row_values(cache, layer) == [0, 1, 2, 3, 4, 6, 9]
@@ -33,15 +33,15 @@ def test_keep_non_contiguous_rows():
 
 def test_keep_only_x_crops():
     cache = filled(past=3, rows=5)
-    keep_rows(cache, 3, torch.tensor([0]), contiguous=True)
+    keep_rows(cache, 3, torch.tensor([[0]]), in_place=True)
     assert row_values(cache) == [0, 1, 2, 3]
 
 
 def test_cache_does_not_grow_across_steps():
     cache = filled(past=2, rows=8)
-    keep_rows(cache, 2, torch.tensor([0, 3]), contiguous=False)
+    keep_rows(cache, 2, torch.tensor([[0, 3]]), in_place=False)
     for layer in range(2):  # next step: 8 more rows appended, 2 kept
         step = torch.full((1, 2, 8, 3), -1.0)
         cache.update(step, step, layer)
-    keep_rows(cache, 4, torch.tensor([0, 1]), contiguous=True)
+    keep_rows(cache, 4, torch.tensor([[0, 1]]), in_place=True)
     assert cache.get_seq_length() == 6 and cache.layers[0].keys.shape[2] == 6

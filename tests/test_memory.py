@@ -19,7 +19,7 @@ import transformers
 
 from conftest import reference
 from lookahead import LookaheadGenerator
-from lookahead.generator import _Decoding
+from lookahead.decode.loop import DecodeRun
 from lookahead.call.output import OutputBuffer
 from lookahead.call.decoding import resolve_decoding
 
@@ -46,13 +46,14 @@ def gen():
 PROMPT = np.array([11, 12, 13, 14, 15, 11, 12, 13], dtype=np.int64)
 
 
-def traced_run(gen: LookaheadGenerator, new: int) -> tuple[_Decoding, int, int]:
+def traced_run(gen: LookaheadGenerator, new: int) -> tuple[DecodeRun, int, int]:
     """One greedy decode of ``new`` tokens (no EOS); traced host memory held at its end, and its peak."""
     decoding = resolve_decoding(gen.model, PROMPT.shape[0], gen.target.device, max_new_tokens=new,
                                 do_sample=False, eos_token_id=[VOCAB + 1])
     tracemalloc.start()
     try:
-        run = _Decoding(gen, PROMPT, decoding, None)
+        ids = torch.from_numpy(PROMPT)[None]
+        run = DecodeRun(gen, ids, torch.ones_like(ids), [PROMPT], decoding)
         with torch.inference_mode():
             run.decode()
         held, peak = tracemalloc.get_traced_memory()
@@ -64,7 +65,7 @@ def traced_run(gen: LookaheadGenerator, new: int) -> tuple[_Decoding, int, int]:
 def test_long_generation_memory_is_linear_and_the_cache_holds_the_sequence(gen):
     _, short_held, short_peak = traced_run(gen, SHORT)
     run, long_held, long_peak = traced_run(gen, LONG)
-    out, stats = run.seq.out, run.stats
+    out, stats = run.seqs[0].out, run.stats
     assert out.new_tokens == LONG
     # The sequence's rows (all but the last token's), plus at most the final step's rows (not cropped: the
     # call ends there): every earlier step's rejected rows were dropped.

@@ -30,6 +30,7 @@ import torch
 
 from ..model.routing import Route, candidate_routes, kernel_applies, route_mode
 from ..model.support import AttentionLayout
+from ..model.mask import PastSlots
 from ..model.target import Target, input_device
 
 MIN_PASSES = 3  # measuring stops once this many passes in a row agree ...
@@ -176,8 +177,8 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
     """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
     cached ones, run through ``route`` (model/routing.py; None: as torch is set).
 
-    Each pass goes through ``Target.forward`` exactly as a decode step does
-    (``Target.forward_batch`` for a batch of ``batch`` rows of q tokens), plus
+    Each pass goes through ``Target.step`` exactly as a decode step does
+    (for a batch of ``batch`` sequences of q tokens too), plus
     the step's host sync (an argmax read back), and is cropped away again. A
     synthetic context of random tokens is prefilled here, once.
     """
@@ -204,19 +205,18 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
 
 
 def _step_pass(target: Target, tokens: np.ndarray, context: int):
-    """A function cache -> logits running one causal step over tokens [B, q] after ``context`` slots."""
+    """A function cache -> logits running one causal step over tokens [B, q] after ``context`` slots, as
+    decode/loop.py runs a step (several sequences carry their cache slots' bookkeeping: model/mask.py)."""
     batch, q = tokens.shape
     offsets = np.arange(q, dtype=np.int64)  # [q]
-    local = np.tril(np.ones((q, q), dtype=bool))  # [q, q]
-    if batch == 1:
-        return lambda cache: target.forward(cache, tokens[0], offsets, local, context, offsets)
-    dev = target.device
-    tokens_t = torch.from_numpy(tokens).to(dev)  # [B, q]
-    q_pos = torch.from_numpy(context + offsets).to(dev)[None].expand(batch, -1)  # [B, q]
-    visible = torch.cat([torch.ones(batch, q, context, dtype=torch.bool, device=dev),
-                         torch.from_numpy(local).to(dev)[None].expand(batch, -1, -1)], dim=2)  # [B, q, C+q]
-    k_pos = torch.cat([torch.arange(context, device=dev)[None].expand(batch, -1), q_pos], dim=1)  # [B, C+q]
-    return lambda cache: target.forward_batch(cache, tokens_t, q_pos, visible, k_pos)
+    positions = np.ascontiguousarray(np.broadcast_to(context + offsets, (batch, q)))  # [B, q]
+    local = np.ascontiguousarray(np.broadcast_to(np.tril(np.ones((q, q), dtype=bool)), (batch, q, q)))  # [B, q, q]
+    slots = None
+    if batch > 1:
+        dev = target.device
+        slots = PastSlots(torch.ones(batch, context, dtype=torch.bool, device=dev),
+                          torch.arange(context, device=dev)[None].expand(batch, -1))  # [B, C] each
+    return lambda cache: target.step(cache, tokens, positions, local, offsets, context, slots)
 
 
 def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...], context: int,

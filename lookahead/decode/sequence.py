@@ -1,7 +1,7 @@
 """One sequence being decoded: its output, Jacobi window, n-gram pool, planner and verifier.
 
-The per-sequence half of a decode step, shared by the single-sequence loop
-(engine.py) and the batched one (batch.py): ``plan`` gives the step's rows,
+The per-sequence half of a decode step (decode/loop.py runs the steps): ``rank`` proposes,
+``plan`` gives the step's rows,
 ``stage`` what the host needs from their logits (on the device), ``commit``
 appends the chosen tokens and says which step rows' KV entries to keep.
 """
@@ -77,23 +77,20 @@ class Sequence:
         out = self.out
         return out.limit < self.asked and out.new_tokens == out.limit and out.last not in out.eos
 
-    def plan(self, tree: TokenTree | None = None, width: int | None = None) -> StepPlan:
-        """1. propose, 2. build the tree and pick the window's width (unless given both);
+    def plan(self, ranked: RankedTree, size: int, width: int) -> StepPlan:
+        """2. build the tree: the first ``size`` nodes of the ranked trie after ``width`` window columns;
         the step's rows [x | window | tree].
 
         Tree nodes stay inside the tokens still allowed (the budget, cut at the
         model's context): no decisive row is fed a position past the context.
         """
-        drawn, spent = None, 0.0
-        if tree is None:
-            tree, width = self.planner.plan(self.out.seq, self.out.stop, self.room())
-            drawn, spent = self.planner.drawn, self.planner.spent
+        tree = self.planner.cut(ranked, size)
         layout = step_layout(self.window.layout(width), tree)
         tokens = np.concatenate([self.window.rows(self.out.last, width), tree.tokens])  # [Q]
         kept = self.window.kept_rows(width)  # [1 + w] or [w] (or [1]: x alone)
         keep = np.concatenate([kept, layout.tree_start + np.arange(tree.size)])  # [K]
         rows = RowMap(lead=kept.shape[0], window=width, ngram=self.cfg.ngram)
-        return StepPlan(tree, layout, tokens, keep, rows, drawn, spent)
+        return StepPlan(tree, layout, tokens, keep, rows, self.planner.drawn, ranked.seconds)
 
     def _previous(self, plan: StepPlan) -> np.ndarray:
         """[K] the token before each kept row's token in the text that row sees: x's predecessor

@@ -1,8 +1,11 @@
-"""Keep exactly the KV rows of the accepted path on a transformers DynamicCache.
+"""Keep exactly the KV rows of the accepted paths on a transformers DynamicCache.
 
-After a step's forward the cache holds past + Q rows. The accepted rows
-(x, then the accepted tree nodes: not contiguous in general) are gathered to
-past .. past + k - 1 and everything after them is cropped away.
+After a step's forward the cache holds past + Q slots per sequence. Each
+sequence's accepted rows (x, then the accepted tree nodes: not contiguous in
+general) are gathered to slots past .. past + k - 1 and everything after
+the longest sequence's k is cropped away. A sequence that kept fewer rows
+than the longest leaves slots it must not see: decode/loop.py masks them
+(a zeroed key would still count in the softmax).
 """
 
 from __future__ import annotations
@@ -21,42 +24,29 @@ def new_cache() -> DynamicCache:
     return DynamicCache()
 
 
-def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, contiguous: bool) -> None:
-    """Keep step rows `rows` [k] (indices into this step's Q rows) at past .. past + k - 1.
+def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool) -> None:
+    """Sequence a keeps its step rows rows[a, :] (indices into this step's Q rows, padded to a common
+    length K) at slots past .. past + K - 1; the rest is cropped.
 
-    ``contiguous`` (rows == 0..k-1, known on the host) skips the gather. The
+    ``in_place`` (every sequence keeps rows 0 .. k-1, known on the host) skips the gather. The
     layers may sit on several devices (a device_map): the indices go to each.
     """
-    count = rows.shape[0]
-    if not contiguous:
-        sources: dict[torch.device, torch.Tensor] = {}  # [k] absolute cache rows, per device
+    count = rows.shape[1]
+    if not in_place:
+        sources: dict[torch.device, torch.Tensor] = {}  # [A, K] absolute cache slots, per device
         for layer in cache.layers:
-            for tensor in (layer.keys, layer.values):  # [B, H, P+Q, D]
+            for tensor in (layer.keys, layer.values):  # [A, H, P+Q, D]
                 if tensor.device not in sources:
                     sources[tensor.device] = rows.to(tensor.device, non_blocking=True) + past
-                tensor[:, :, past:past + count] = tensor.index_select(2, sources[tensor.device])
+                tensor[:, :, past:past + count] = gather_slots(tensor, sources[tensor.device])
     surplus = cache.get_seq_length() - (past + count)
     if surplus > 0:
         cache.crop(-surplus)  # negative = number of rows to drop (all transformers 5.x)
 
 
-def cache_length(cache: DynamicCache) -> int:
-    """Rows currently held by the cache."""
-    return cache.get_seq_length()
-
-
-def keep_rows_per_row(cache: DynamicCache, past: int, rows: torch.Tensor) -> None:
-    """Batched ``keep_rows``: batch row a keeps its step rows rows[a, :] (indices into this
-    step's Q rows, padded to a common length K) at past .. past + K - 1; the rest is cropped.
-
-    Entries past a row's own count are kept too but must be masked (see batch.py): a
-    rejected slot is hidden by the mask, never zeroed (a zero key still counts in softmax).
-    """
-    count = rows.shape[1]
-    for layer in cache.layers:
-        for tensor in (layer.keys, layer.values):  # [A, H, P+Q, D]
-            index = (rows + past)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])  # [A, H, K, D]
-            tensor[:, :, past:past + count] = tensor.gather(2, index)
-    surplus = cache.get_seq_length() - (past + count)
-    if surplus > 0:
-        cache.crop(-surplus)
+def gather_slots(tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """tensor [A, H, S, D] at slots [A, K] of each sequence: [A, H, K, D] (one sequence: an index_select)."""
+    if tensor.shape[0] == 1:
+        return tensor.index_select(2, slots[0])
+    index = slots[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])  # [A, H, K, D]
+    return tensor.gather(2, index)

@@ -1,62 +1,59 @@
-"""4-D attention masks for one step, per layer kind (full / sliding window).
+"""The 4-D attention mask of one step, per layer kind (full / sliding window), for A >= 1 sequences.
 
-A step's rows see the whole KV prefix (subject to a sliding window) and,
-among themselves, what ``local_mask`` allows (tree.py builds it). A stock
-transformers 5.x model takes such a mask as-is together with explicit
-position ids; models that mix full and sliding layers take a dict of masks.
+A step's rows see the cache slots they may see (subject to a sliding window)
+and, among themselves, what their local mask allows (plan/tree.py and
+plan/window.py build it). With one sequence every cache slot is visible and
+slot p holds position p; with several, rows accept different numbers of
+tokens, so the cache gets holes and left padding: ``PastSlots`` says which
+slots each sequence sees and at which positions (decode/loop.py keeps it).
+A stock transformers 5.x model takes such a mask as-is together with
+explicit position ids; models that mix full and sliding layers take a dict.
+Letters: A sequences, Q step rows, P cache slots.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def additive_mask(local_mask: torch.Tensor, offsets: torch.Tensor, past: int,
-                  sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """The 4-D additive mask [1, 1, Q, past + Q] for one step.
+@dataclass(frozen=True)
+class PastSlots:
+    """The cache slots of a batch: which each sequence sees, and the position of each slot's token."""
 
-    local_mask [Q, Q] bool and offsets [Q] are on the target device. Query row
-    q sits at position past + offsets[q]; cached key k at position k. With a
-    sliding window, a key is visible only when query_pos - key_pos < window.
+    valid: torch.Tensor  # [A, P] bool
+    positions: torch.Tensor  # [A, P] long
+
+
+def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[A, 1, Q, P+Q]: 0 where visible [A, Q, P+Q], the dtype's lowest value elsewhere (built on the device)."""
+    hidden = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return hidden.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
+
+
+def step_mask(kinds: frozenset, sliding_window: int | None, local: torch.Tensor, q_pos: torch.Tensor, past: int,
+              slots: PastSlots | None, dtype: torch.dtype):
+    """The mask to pass the model: one 4-D mask [A, 1, Q, P+Q], or {layer kind: mask} when full and
+    sliding layers are mixed (transformers accepts such a dict).
+
+    local [A, Q, Q] bool: which step rows each row sees; q_pos [A, Q]: the rows' positions; ``past``
+    cache slots P, all visible at positions 0 .. P-1 (``slots`` None) or as ``slots`` says. A key
+    is inside a sliding window when query position - key position < window.
+
+    One sequence, past 2, rows at 2 and 3 where row 1 sees row 0: visible [[1 1 1 0], [1 1 1 1]].
     """
-    rows = local_mask.shape[0]
-    device = local_mask.device
-    visible = torch.cat([torch.ones(rows, past, dtype=torch.bool, device=device), local_mask], dim=1)  # [Q, P+Q]
-    if sliding_window is not None:
-        q_pos = past + offsets  # [Q]
-        k_pos = torch.cat([torch.arange(past, device=device), q_pos])  # [P+Q]
-        visible &= (q_pos[:, None] - k_pos[None, :]) < sliding_window
-    hidden = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-    return hidden[None, None]  # [1, 1, Q, P+Q] (built on the device: no host -> device copy)
-
-
-def model_mask(kinds: frozenset, sliding_window: int | None, local_mask: torch.Tensor, offsets: torch.Tensor,
-               past: int, dtype: torch.dtype):
-    """The mask to pass the model: one 4-D mask, or {layer kind: mask} when full and
-    sliding layers are mixed (transformers accepts such a dict)."""
+    count, rows = local.shape[0], local.shape[1]
+    device = local.device
+    seen = torch.ones(count, rows, past, dtype=torch.bool, device=device) if slots is None \
+        else slots.valid[:, None, :].expand(count, rows, past)
+    visible = torch.cat([seen, local], dim=2)  # [A, Q, P+Q]
     if kinds == {"full_attention"} or sliding_window is None:
-        return additive_mask(local_mask, offsets, past, None, dtype)
-    sliding = additive_mask(local_mask, offsets, past, sliding_window, dtype)
-    if kinds == {"sliding_attention"}:
-        return sliding
-    return {"full_attention": additive_mask(local_mask, offsets, past, None, dtype),
-            "sliding_attention": sliding}
-
-
-def batch_model_mask(kinds: frozenset, sliding_window: int | None, visible: torch.Tensor, q_pos: torch.Tensor,
-                     k_pos: torch.Tensor, dtype: torch.dtype):
-    """``model_mask`` for a batch: visible [A, Q, P+Q] bool (cache holes and padding already
-    hidden), q_pos [A, Q] and k_pos [A, P+Q] the rows' and keys' positions (per row)."""
-
-    def additive(seen: torch.Tensor) -> torch.Tensor:
-        zero = torch.zeros((), dtype=dtype, device=seen.device)
-        low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=seen.device)
-        return torch.where(seen, zero, low)[:, None]  # [A, 1, Q, P+Q]
-
-    if kinds == {"full_attention"} or sliding_window is None:
-        return additive(visible)
+        return additive(visible, dtype)
+    past_pos = torch.arange(past, device=device)[None].expand(count, past) if slots is None else slots.positions
+    k_pos = torch.cat([past_pos, q_pos], dim=1)  # [A, P+Q]
     near = (q_pos[:, :, None] - k_pos[:, None, :]) < sliding_window  # [A, Q, P+Q]
-    sliding = additive(visible & near)
+    sliding = additive(visible & near, dtype)
     if kinds == {"sliding_attention"}:
         return sliding
-    return {"full_attention": additive(visible), "sliding_attention": sliding}
+    return {"full_attention": additive(visible, dtype), "sliding_attention": sliding}

@@ -1,13 +1,11 @@
 """How a forward over few rows runs on this CPU: on how many threads, and through whose linear kernel.
 
-Which is fastest depends on the machine and on what else runs on it: on one
-2-core AMD EPYC lookahead's few-row kernel (kernels/linear.py) ran a one-row
-SmolLM2 forward about twice as fast as torch's own, on an Intel Xeon of the
-same size it was slower; and with another process busy on one of two cores,
-a forward on 2 threads waits at every parallel region for the thread that
-shares a core with it (a one-row SmolLM2 forward: 2.26 s against 0.06 s on 1
-thread on one Intel machine, 34 against 25 ms on one AMD). So nothing
-here is a default: the cost measurement (costmodel.py) times a decode-shaped
+Which is fastest depends on the machine and on what else runs on it: lookahead's few-row
+kernel (kernels/linear.py) beats torch's own on some CPUs and loses on others, and with
+another process busy on one of the cores a forward on every thread waits at each parallel
+region for the thread that shares a core with it, many times slower than on one thread
+(benchmarks/RESULTS.md has the measurements). So nothing
+here is a default: the cost measurement (cost/measure.py) times a decode-shaped
 forward over every row count through every ``Route`` (``candidate_routes``),
 ``Routing`` keeps, per row count, the route that was fastest, and the decode
 loop re-checks that choice while it runs:

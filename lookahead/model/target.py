@@ -1,6 +1,6 @@
 """ONE forward of the target model over a step's rows -> the kept rows' logits, on the device.
 
-The decode loop and the cost model (costmodel.py) both go through ``Target``,
+The decode loop and the cost model (cost/measure.py) both go through ``Target``,
 so what the budget measures is exactly what a step runs: explicit positions,
 a 4-D mask per layer kind (mask.py) and logits only for the rows that matter.
 Nothing here reads back to the host, and host arrays go to the device without
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .cache import new_cache
-from .mask import batch_model_mask, model_mask
+from .mask import PastSlots, step_mask
 from .routing import Routing, route_mode
 from .support import AttentionLayout, context_length
 
@@ -80,7 +80,7 @@ class Target:
         self.model = model
         self.layout = layout
         # Batch size -> how its forwards run on this CPU (threads, whose linear kernel), measured with
-        # the cost curve (costmodel.py); without one a forward runs as torch is set.
+        # the cost curve (cost/measure.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         embedding = model.get_input_embeddings().weight
@@ -129,47 +129,36 @@ class Target:
         """An empty KV cache this target can roll back (see cache.py)."""
         return new_cache()
 
-    def prefill(self, cache, tokens: np.ndarray) -> None:
-        """Run tokens [T] through the model into the cache (their logits are not needed)."""
-        if tokens.shape[0] == 0:
+    def prefill(self, cache, ids: np.ndarray, mask: np.ndarray | None = None,
+                positions: np.ndarray | None = None) -> None:
+        """Run prompt tokens ids [A, T] through the model into the cache (their logits are not needed);
+        with left padding, its attention ``mask`` [A, T] and each token's ``positions`` [A, T]."""
+        if ids.shape[1] == 0:
             return
-        ids = to_device(tokens, self.device)[None]  # [1, T]
-        self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        dev = self.device
+        padded = {} if mask is None else dict(attention_mask=to_device(mask, dev),
+                                               position_ids=to_device(positions, dev))
+        self.model(input_ids=to_device(ids, dev), past_key_values=cache, use_cache=True, logits_to_keep=1,
+                   **padded)
 
-    def forward(self, cache, tokens: np.ndarray, offsets: np.ndarray, local_mask: np.ndarray, past: int,
-                keep: np.ndarray) -> torch.Tensor:
-        """Logits [K, V] (on the device) of rows ``keep`` [K] of one step.
+    def step(self, cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
+             past: int, slots: PastSlots | None = None) -> torch.Tensor:
+        """Logits [A, K, V] (on the device) of rows ``keep`` [K] of one step of A sequences.
 
-        tokens[Q] sit at positions past + offsets[Q]; local_mask[Q, Q] says
-        which step rows each row sees (all of the past, minus a sliding window).
+        tokens [A, Q] sit at positions [A, Q]; local [A, Q, Q] says which step rows each row sees;
+        the cache's ``past`` slots are all visible (``slots`` None: one sequence) or as ``slots``
+        says (mask.py).
         """
         dev = self.device
-        offsets_t = to_device(offsets, dev)  # [Q]
+        count, rows = tokens.shape
+        q_pos = to_device(positions, dev)  # [A, Q]
         keep_t = to_device(keep, dev)  # [K]
         mask = None  # x alone under full attention sees every cached row: a plain decode step, no mask to build
-        if tokens.shape[0] > 1 or not self.plain_single_row:
-            local = to_device(local_mask, dev)  # [Q, Q]
-            mask = model_mask(self.layout.kinds, self.layout.sliding_window, local, offsets_t, past, self.dtype)
-        rows = int(tokens.shape[0])
-        with route_mode(self.route(1, rows), rows):
-            out = self.model(input_ids=to_device(tokens, dev)[None],  # [1, Q]
-                             position_ids=self.positions(past + offsets_t)[None],  # [1, Q]
+        if rows > 1 or slots is not None or not self.plain_single_row:
+            mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(local, dev), q_pos, past,
+                             slots, self.dtype)
+        with route_mode(self.route(count, rows), count * rows):
+            out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),
                              attention_mask=mask, past_key_values=cache, use_cache=True,
                              logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
-        logits = out.logits[0]  # [K, V], or [Q, V] when select_after
-        return logits.index_select(0, keep_t) if self.select_after else logits
-
-    def forward_batch(self, cache, tokens: torch.Tensor, q_pos: torch.Tensor, visible: torch.Tensor,
-                      k_pos: torch.Tensor) -> torch.Tensor:
-        """Logits [A, Q, V] (on the device) of a batched step.
-
-        tokens [A, Q] sit at positions q_pos [A, Q]; visible [A, Q, P+Q] says which cache
-        slots and step rows each row sees (holes and padding hidden); k_pos [A, P+Q] is the
-        position of every key, per row (for sliding windows).
-        """
-        mask = batch_model_mask(self.layout.kinds, self.layout.sliding_window, visible, q_pos, k_pos, self.dtype)
-        batch, rows = tokens.shape
-        with route_mode(self.route(batch, rows), int(tokens.numel())):
-            out = self.model(input_ids=tokens, position_ids=self.positions(q_pos), attention_mask=mask,
-                             past_key_values=cache, use_cache=True)
-        return out.logits  # [A, Q, V]
+        return out.logits.index_select(1, keep_t) if self.select_after else out.logits  # [A, K, V]

@@ -1,0 +1,225 @@
+"""The decode loop of one generate call, for A >= 1 sequences: plan -> forward -> verify -> commit -> learn.
+
+Every sequence keeps its own ``Sequence`` (output, window, pool, planner,
+verifier); they share the forward, the KV cache and the step's one host
+transfer. One sequence is the case A = 1 of the same loop.
+
+Sequences accept different numbers of tokens, so with several the cache
+gets holes: after a step, sequence a's kept rows are gathered to the front
+of the step's slots and the slots past its own count are *masked* from then
+on (a zeroed key would still count in the softmax). ``PastSlots`` says which
+cache slots each sequence sees (left padding is a hole too) and the position
+of each slot's token; each sequence's positions advance by its own accepted
+count. With one sequence there are no holes and no padding: every slot is
+seen and slot p holds position p, so nothing is tracked (``slots`` None).
+Sequences that finish (EOS or budget) leave the batch and stop costing
+work; the output pads them with ``pad_token_id`` like model.generate.
+Letters: B sequences asked, A still decoding, Q step rows (the longest
+sequence's; shorter ones are padded with rows that see only themselves),
+P cache slots, K kept rows, T prompt columns, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..call.decoding import Decoding
+from ..call.stats import GenerationStats
+from ..model.cache import keep_rows
+from ..model.mask import PastSlots
+from ..model.target import to_device
+from .sequence import Sequence, StepPlan
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The rows of one step of A sequences, as the target runs them."""
+
+    tokens: np.ndarray  # [A, Q]
+    positions: np.ndarray  # [A, Q]
+    local: np.ndarray  # [A, Q, Q] which step rows each row sees
+    keep: np.ndarray  # [K] rows whose logits are needed (every sequence's kept rows are a prefix of them)
+
+
+def step_rows(plans: list[StepPlan], x_pos: np.ndarray) -> StepRows:
+    """Every sequence's step rows padded to the longest: a padding row repeats x and sees only itself.
+
+    Two plans of 2 and 1 rows (x at positions 5 and 3) -> tokens [[x0 t0] [x1 x1]],
+    positions [[5 6] [3 3]], local [[[1 0] [1 1]] [[1 0] [0 1]]].
+    """
+    width = max(p.tokens.shape[0] for p in plans)
+    count = len(plans)
+    tokens = np.zeros((count, width), dtype=np.int64)  # [A, Q]
+    offsets = np.zeros((count, width), dtype=np.int64)  # [A, Q]
+    local = np.zeros((count, width, width), dtype=bool)  # [A, Q, Q]
+    for a, plan in enumerate(plans):
+        q = plan.tokens.shape[0]
+        tokens[a, :q], tokens[a, q:] = plan.tokens, plan.tokens[0]
+        offsets[a, :q] = plan.layout.offsets
+        local[a, :q, :q] = plan.layout.local_mask
+        local[a, np.arange(q, width), np.arange(q, width)] = True
+    keep = plans[0].keep if count == 1 else np.unique(np.concatenate([p.keep for p in plans]))  # [K]
+    return StepRows(tokens, x_pos[:, None] + offsets, local, keep)
+
+
+def kept_slots(kept: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(rows [A, K] padded with 0, counts [A], whether every sequence keeps rows 0 .. k-1 in place).
+
+    [[0 2], [0]] -> ([[0 2] [0 0]], [2 1], False); [[0 1], [0]] -> (..., True).
+    """
+    counts = np.array([r.shape[0] for r in kept])  # [A]
+    rows = np.zeros((len(kept), int(counts.max())), dtype=np.int64)  # [A, K]
+    for a, r in enumerate(kept):
+        rows[a, :r.shape[0]] = r
+    in_place = all(bool((r == np.arange(r.shape[0])).all()) for r in kept)  # e.g. a chain right after x
+    return rows, counts, in_place
+
+
+class DecodeRun:
+    """One generate call over B >= 1 left-padded prompts."""
+
+    def __init__(self, gen, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
+                 streamer=None, rooms: list[int | None] | None = None):
+        """ids, mask [B, T] on the CPU; prompts: each row without its padding; ``rooms``: per row, the new
+        tokens the model's context holds after its prompt (None: no limit); ``streamer``: one row only."""
+        self.target = gen.target
+        self.ids, self.mask = ids, mask
+        self.pad = decoding.pad_token_id
+        self.stats = GenerationStats(prompt_tokens=int(mask.sum()))
+        cost = gen.cost_for_batch(len(prompts))
+        rooms = rooms if rooms is not None else [None] * len(prompts)
+        self.seqs = [Sequence(gen, p, decoding, streamer, GenerationStats(prompt_tokens=int(p.shape[0])), cost, room)
+                     for p, room in zip(prompts, rooms)]
+        self.cache = self.target.new_cache()
+        self.active = list(range(len(prompts)))  # sequences still decoding, in cache order
+        self.past = 0  # cache slots P
+        self.x_pos = np.zeros(len(prompts), dtype=np.int64)  # [A] position of each sequence's x
+        self.slots: PastSlots | None = None  # with several sequences: which slots each sees (see above)
+
+    def decode(self) -> torch.Tensor:
+        """Prefill, then steps until every sequence is done; [B, T + new] like model.generate.
+
+        The last prompt token is the first step's x, so the first new tokens
+        are already speculated (a copy from the prompt can arrive in one go).
+        """
+        start = time.perf_counter()
+        if max(seq.out.limit for seq in self.seqs) > 0:
+            self._prefill()
+            for seq in self.seqs:
+                seq.begin()
+        else:
+            self.active = []
+        self.stats.prefill_s = time.perf_counter() - start
+        while self.active:
+            self._step()
+        out = self._output()
+        self.stats.wall_time_s = time.perf_counter() - start
+        self.stats.new_tokens = sum(seq.out.new_tokens for seq in self.seqs)
+        for seq in self.seqs:
+            seq.count_draft()
+        self.stats.draft_forwards = sum(seq.stats.draft_forwards for seq in self.seqs)
+        self.stats.drafted = sum(seq.stats.drafted for seq in self.seqs)
+        return out
+
+    def _prefill(self) -> None:
+        """All prompt columns but the last through the model. One sequence: its prompt as it is.
+        Several: with the padding mask and each row's positions, which start the slots' bookkeeping."""
+        if len(self.seqs) == 1:
+            prompt = self.seqs[0].out.seq[:self.seqs[0].out.prompt_len]  # without its left padding
+            self.target.prefill(self.cache, prompt[None, :-1])
+            self.past = prompt.shape[0] - 1
+            self.x_pos[:] = self.past
+            return
+        mask = self.mask.numpy()
+        positions = np.maximum(mask.cumsum(1) - 1, 0)  # [B, T]: each row counts from its first token
+        self.target.prefill(self.cache, self.ids.numpy()[:, :-1], mask[:, :-1], positions[:, :-1])
+        dev = self.target.device
+        self.slots = PastSlots(to_device(mask[:, :-1].astype(bool), dev), to_device(positions[:, :-1], dev))
+        self.past = mask.shape[1] - 1
+        self.x_pos = positions[:, -1].copy()  # [B]
+
+    def _step(self) -> None:
+        """One step of every active sequence: 1. propose, 2. build the trees, 3. one forward,
+        4. verify (one host transfer), 5. commit, 6. learn."""
+        began = time.perf_counter()
+        seqs = [self.seqs[b] for b in self.active]
+        ranked = [seq.rank() for seq in seqs]  # 1. propose: every sequence's scored trie
+        spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
+        planner = seqs[0].planner  # every planner shares the config, the window's options and the batch's cost
+        width, size = planner.choose([r.probs for r in ranked], spent)  # 2. one window and tree width for all
+        plans = [seq.plan(r, size, width) for seq, r in zip(seqs, ranked)]
+        rows = step_rows(plans, self.x_pos)
+        logits = self.target.step(self.cache, rows.tokens, rows.positions, rows.local, rows.keep, self.past,
+                                  self.slots)  # 3. forward: [A, K, V]
+        staged = [seq.stage(logits[a, :p.keep.shape[0]], p)  # 4. verify (each plan's kept rows lead rows.keep)
+                  for a, (seq, p) in enumerate(zip(seqs, plans))]
+        host = (staged[0] if len(staged) == 1 else torch.cat(staged)).cpu().numpy()  # the step's one host sync
+        bounds = np.cumsum([0] + [seq.staged_size(p) for seq, p in zip(seqs, plans)])
+        results = [seq.commit(host[bounds[a]:bounds[a + 1]], p)  # 5. commit
+                   for a, (seq, p) in enumerate(zip(seqs, plans))]
+        finished = [a for a, (done, _) in enumerate(results) if done]
+        if len(finished) < len(seqs):
+            self._keep([kept for _, kept in results])
+            self._drop(finished)
+        else:
+            self.active = []
+        seconds = time.perf_counter() - began
+        self._record(seqs, rows, seconds)
+        # 6. learn what the step cost: the target's share alone (a draft's forwards, a catch-up over a
+        # whole prompt among them, would make every row count look dearer).
+        target_seconds = max(seconds - spent, 0.0)
+        count, width = rows.tokens.shape
+        planner.observe_step(width, target_seconds)  # the cost curve is shared
+        self.target.observe(count, width, target_seconds)
+
+    def _record(self, seqs: list[Sequence], rows: StepRows, seconds: float) -> None:
+        """One step into the call's stats."""
+        self.stats.steps += 1
+        self.stats.routes.append(self.target.last_route)
+        self.stats.rows_per_step.append(int(rows.tokens.size))
+        self.stats.accepted.append(sum(seq.stats.accepted[-1] for seq in seqs))
+        self.stats.step_seconds.append(seconds)
+
+    def _keep(self, kept: list[np.ndarray]) -> None:
+        """Gather every sequence's kept step rows to the front of the step's slots; mask the rest."""
+        rows, counts, in_place = kept_slots(kept)
+        dev = self.target.device
+        keep_rows(self.cache, self.past, to_device(rows, dev), in_place)
+        if self.slots is not None:
+            column = np.arange(rows.shape[1])  # [K]
+            self.slots = PastSlots(
+                torch.cat([self.slots.valid, to_device(column[None] < counts[:, None], dev)], dim=1),
+                torch.cat([self.slots.positions, to_device(self.x_pos[:, None] + column, dev)], dim=1))
+        self.past += rows.shape[1]
+        self.x_pos = self.x_pos + counts  # the next x is the last token each sequence appended
+
+    def _drop(self, finished: list[int]) -> None:
+        """Finished sequences leave the batch (their cache rows too)."""
+        if not finished:
+            return
+        stay = [a for a in range(len(self.active)) if a not in set(finished)]
+        self.active = [self.active[a] for a in stay]
+        if not stay:
+            return
+        index = torch.tensor(stay, device=self.target.device)
+        self.cache.batch_select_indices(index)
+        self.x_pos = self.x_pos[stay]
+        if self.slots is not None:
+            self.slots = PastSlots(self.slots.valid[index], self.slots.positions[index])
+
+    def _output(self) -> torch.Tensor:
+        """[B, T + n]: each padded prompt, its new tokens, then pad_token_id up to the longest row
+        (every stream ended)."""
+        new = [seq.out.finish()[seq.out.prompt_len:] for seq in self.seqs]
+        longest = max(n.shape[0] for n in new)
+        if any(n.shape[0] < longest for n in new) and self.pad is None:
+            raise ValueError("rows finished at different lengths and the model has no pad_token_id (nor an "
+                             "eos_token_id): set model.generation_config.pad_token_id")
+        tail = np.full((len(new), longest), self.pad if self.pad is not None else 0, dtype=np.int64)
+        for b, n in enumerate(new):
+            tail[b, :n.shape[0]] = n
+        return torch.cat([self.ids, torch.from_numpy(tail)], dim=1)

@@ -1,0 +1,79 @@
+"""The step loop's pure pieces: rows of A sequences, kept slots, the one mask builder, the one KV keeper."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lookahead.decode.loop import kept_slots, step_rows
+from lookahead.decode.sequence import StepPlan
+from lookahead.model.cache import gather_slots
+from lookahead.model.mask import PastSlots, step_mask
+from lookahead.plan.tree import StepLayout, empty_tree
+from lookahead.verify.verifier import RowMap
+
+
+def plan(tokens, offsets, local, keep) -> StepPlan:
+    layout = StepLayout(np.array(offsets), np.array(local, dtype=bool), 1)
+    return StepPlan(empty_tree(), layout, np.array(tokens), np.array(keep), RowMap(1, 0, 2))
+
+
+def test_step_rows_pad_the_shorter_sequence_with_rows_that_see_themselves():
+    long = plan([7, 8], [0, 1], [[1, 0], [1, 1]], [0, 1])
+    short = plan([9], [0], [[1]], [0])
+    rows = step_rows([long, short], np.array([5, 3]))
+    assert rows.tokens.tolist() == [[7, 8], [9, 9]]
+    assert rows.positions.tolist() == [[5, 6], [3, 3]]
+    assert rows.local.tolist() == [[[True, False], [True, True]], [[True, False], [False, True]]]
+    assert rows.keep.tolist() == [0, 1]  # both sequences' kept rows lead it
+
+
+def test_step_rows_of_one_sequence_are_its_plan():
+    one = plan([7, 8, 4], [0, 1, 1], [[1, 0, 0], [1, 1, 0], [1, 0, 1]], [0, 2])
+    rows = step_rows([one], np.array([10]))
+    assert rows.tokens.tolist() == [[7, 8, 4]] and rows.positions.tolist() == [[10, 11, 11]]
+    assert rows.keep.tolist() == [0, 2]
+
+
+def test_kept_slots_pad_with_zero_and_tell_when_nothing_moves():
+    rows, counts, in_place = kept_slots([np.array([0, 2]), np.array([0])])
+    assert rows.tolist() == [[0, 2], [0, 0]] and counts.tolist() == [2, 1] and not in_place
+    _, _, in_place = kept_slots([np.array([0, 1]), np.array([0])])
+    assert in_place
+
+
+def test_gather_slots_one_and_several_sequences():
+    tensor = torch.arange(2 * 1 * 4 * 1, dtype=torch.float32).reshape(2, 1, 4, 1)  # [A, H, S, D]
+    got = gather_slots(tensor, torch.tensor([[3, 1], [0, 2]]))
+    assert got[:, 0, :, 0].tolist() == [[3.0, 1.0], [4.0, 6.0]]
+    assert gather_slots(tensor[:1], torch.tensor([[2, 0]]))[0, 0, :, 0].tolist() == [2.0, 0.0]
+
+
+def visible(mask: torch.Tensor) -> list:
+    return (mask[:, 0] == 0).tolist()
+
+
+def test_step_mask_of_one_sequence_sees_every_slot_and_its_local_rows():
+    local = torch.tensor([[[True, False], [True, True]]])
+    q_pos = torch.tensor([[5, 6]])
+    full = step_mask(frozenset({"full_attention"}), None, local, q_pos, 5, None, torch.float32)
+    assert full.shape == (1, 1, 2, 7) and full.min() == torch.finfo(torch.float32).min
+    assert visible(full)[0] == [[True] * 6 + [False], [True] * 7]
+    # a window of 3: x at position 5 sees positions 3, 4, 5; the next row at 6 sees 4, 5, 6
+    slide = step_mask(frozenset({"sliding_attention"}), 3, local, q_pos, 5, None, torch.float32)
+    assert visible(slide)[0] == [[False, False, False, True, True, True, False],
+                                 [False, False, False, False, True, True, True]]
+    both = step_mask(frozenset({"full_attention", "sliding_attention"}), 3, local, q_pos, 5, None, torch.float32)
+    assert set(both) == {"full_attention", "sliding_attention"}
+    assert torch.equal(both["full_attention"], full) and torch.equal(both["sliding_attention"], slide)
+
+
+def test_step_mask_of_a_batch_hides_holes_and_uses_each_slots_position():
+    slots = PastSlots(torch.tensor([[False, True, True], [True, False, True]]),  # row 0 left-padded, row 1 a hole
+                      torch.tensor([[0, 0, 1], [0, 1, 1]]))
+    local = torch.tensor([[[True]], [[True]]])
+    q_pos = torch.tensor([[2], [2]])
+    full = step_mask(frozenset({"full_attention"}), None, local, q_pos, 3, slots, torch.float32)
+    assert visible(full) == [[[False, True, True, True]], [[True, False, True, True]]]
+    slide = step_mask(frozenset({"sliding_attention"}), 2, local, q_pos, 3, slots, torch.float32)
+    assert visible(slide) == [[[False, False, True, True]], [[False, False, True, True]]]
