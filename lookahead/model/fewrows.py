@@ -4,7 +4,7 @@ A decode step feeds 1 row; a speculative step feeds a few more. On the CPU
 torch's ``F.linear`` hands a one-row product to a matrix-vector kernel and a
 product over 2 to 7 rows to a general matrix-matrix kernel; on some CPUs
 neither streams the weights at the memory's speed, on others they do. So
-this is one route among others (routing.py): the cost measurement times a
+this is one route among others (model/routing.py): the cost measurement times a
 forward through it and through torch's own on this machine, and each row
 count runs through whichever was faster (benchmarks/RESULTS.md has what
 machines measured).
@@ -34,7 +34,7 @@ from ..kernels.linear import rows_linear
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
-KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (measured: still ahead at 64 rows, 96 on SmolLM2)
+KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (the cost measurement decides where it wins)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
 FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
 

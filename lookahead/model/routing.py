@@ -52,8 +52,8 @@ LINEARS = ("torch", "kernel", "mm")  # torch's F.linear; lookahead's few-row ker
 class Route:
     """One way to run a forward: on ``threads`` threads (at most torch's), linears through
     ``linear``: "torch" (F.linear as it is), "kernel" (lookahead's few-row kernel, fewrows.py) or
-    "mm" (2..7 rows as W @ x^T: torch's own kernels, which on 2 cores ran 2-4-row SmolLM2 forwards
-    1.3x faster than F.linear on one machine)."""
+    "mm" (2..7 rows as W @ x^T: torch's own kernels, through a faster path than F.linear's on some
+    CPUs)."""
 
     threads: int
     linear: str
