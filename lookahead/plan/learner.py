@@ -1,0 +1,61 @@
+"""The one learner every online estimate of the planner and its sources is built on.
+
+A ``DecayedRatio`` is a ratio of two decayed sums with a prior: every step
+both sums are multiplied by ``decay`` (so about the last 1 / (1 - decay)
+steps count), then that step's (numerator, denominator) is added, and the
+value is (num + prior_num) / (den + prior_den). A learner that stops getting
+evidence (its step added nothing) drifts back to its prior: what stopped
+paying is tried again once the text may have changed.
+
+It is vectorised over slots (levels of promise, bands of coverage): a step
+adds to every slot at once, each with its own weight (0: that slot got
+nothing but the decay).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class DecayedRatio:
+    """(decayed sum of numerators + prior_num) / (decayed sum of denominators + prior_den), per slot."""
+
+    def __init__(self, prior_num, prior_den, decay: float, slots: int = 1):
+        """``prior_num``, ``prior_den``: a number, or one per slot [S]."""
+        self.decay = decay
+        self.prior_num = np.broadcast_to(np.asarray(prior_num, dtype=np.float64), (slots,))  # [S]
+        self.prior_den = np.broadcast_to(np.asarray(prior_den, dtype=np.float64), (slots,))  # [S]
+        self.num = np.zeros(slots)  # [S] decayed sums
+        self.den = np.zeros(slots)  # [S]
+
+    def step(self, num: float = 0.0, den: float = 0.0, weights: np.ndarray | None = None) -> None:
+        """One step: decay every slot, then add ``num`` and ``den`` to every slot, each times its
+        weight weights[S] (None: 1 for every slot). step() alone only decays.
+
+        decay 0.5, slots 2: step(4, 2, [1, 0]) then step(2, 2, [0.5, 0.5]) -> num [3, 1], den [2, 1].
+        """
+        self.num *= self.decay
+        self.den *= self.decay
+        if weights is None:
+            self.num += num
+            self.den += den
+        else:
+            self.num += weights * num
+            self.den += weights * den
+
+    def values(self, prior_den: float | None = None) -> np.ndarray:
+        """[S] (num + prior_num) / (den + prior_den) per slot; ``prior_den`` replaces the
+        denominator's prior when given (a prior whose weight is only known when asked)."""
+        return (self.num + self.prior_num) / (self.den + (self.prior_den if prior_den is None else prior_den))
+
+    def value(self, slot: int = 0, prior_den: float | None = None) -> float:
+        """The value of one slot (``values``)."""
+        den = self.prior_den[slot] if prior_den is None else prior_den
+        return float((self.num[slot] + self.prior_num[slot]) / (self.den[slot] + den))
+
+    @staticmethod
+    def one_hot(slot: int, slots: int) -> np.ndarray:
+        """[S] weights that add a step's amounts to ``slot`` alone."""
+        weights = np.zeros(slots)
+        weights[slot] = 1.0
+        return weights
