@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from lookahead.proposers.draft.checks import DraftModelError
 from lookahead.proposers.draft.drafter import Drafter, common_prefix
 from lookahead.call.inputs import GenerateInputError
 from lookahead.plan.planner import DrawnChain, drawn_rows
-from lookahead.proposers.draft.proposer import confidence_bucket
+from lookahead.proposers.draft.proposer import DraftProposer, confidence_bucket
 from lookahead.plan.tree import TokenTree, prepend_chain
 from lookahead.kernels.walk import accept_walk
 from lookahead.verify.sampling import speculative_rows
@@ -345,7 +346,6 @@ def test_coverage_docstring_example():
 
 def _proposer(model, ratio: float):
     from lookahead.call.decoding import resolve_decoding
-    from lookahead.proposers.draft.proposer import DraftProposer
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
     return DraftProposer(Drafter(perturbed(model, 0.01)), decoding, 8, 1, lambda rows: ratio, 0)
 
@@ -358,9 +358,9 @@ def test_draft_stays_silent_where_its_steps_added_little_lately():
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates, covered = np.full((12, 32), 0.9), np.full(32, 0.95)
-    assert proposer.propose(seq, 6, 4, estimates, covered=covered, rate=0.5).count == 0
+    assert proposer.draft(seq, 6, 4, estimates, covered=covered, rate=0.5).count == 0
     assert proposer.drafter.forwards == 0  # not even the prompt was fed
-    found = proposer.propose(seq, 6, 4, estimates, covered=np.zeros(32), rate=2.0)
+    found = proposer.draft(seq, 6, 4, estimates, covered=np.zeros(32), rate=2.0)
     assert found.count >= 1 and found.lens[0] == 8  # estimates of .9: the chain runs to max_tokens
     assert proposer.drafter.held.shape[0] == 6 + 7  # the prompt (x included) and the chain but its last
 
@@ -372,31 +372,26 @@ def test_draft_stays_silent_where_the_plain_step_already_yields_more():
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates, covered = np.full((12, 32), 0.9), np.full(32, 0.2)
-    assert proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(5.0, 1.5), rate=3.0).count == 0
+    assert proposer.draft(seq, 6, 4, estimates, covered=covered, plain=(5.0, 1.5), rate=3.0).count == 0
     assert proposer.drafter.forwards == 0
-    found = proposer.propose(seq, 6, 4, estimates, covered=covered, plain=(1.0, 1.0), rate=3.0)
+    found = proposer.draft(seq, 6, 4, estimates, covered=covered, plain=(1.0, 1.0), rate=3.0)
     assert found.count >= 1 and 1 <= found.lens[0] < 8  # stops where one more token lowers the rate
 
 
-class _CostlySource:
-    """A draft stand-in: asked last, proposes the chain 7 8 9 in 0.6 s, 0.1 s of them a catch-up;
-    one forward costs 0.2 steps."""
+class _CostlySource(DraftProposer):
+    """A draft stand-in: the real gate around a chain fixed in advance: proposes 7 8 9 in 0.6 s,
+    0.1 s of them a catch-up; one forward costs 0.2 steps."""
 
-    name, priors, asks_coverage = "draft", np.full(12, 0.9), True
+    priors = np.full(12, 0.9)
 
     def __init__(self):
+        super().__init__(None, SimpleNamespace(do_sample=False), 8, 0, lambda rows: 0.2, 0)
         self.rates, self.rooms = [], []
-
-    def cost_ratio(self, rows: int) -> float:
-        return 0.2
 
     def begin(self, seq, stop):
         pass
 
-    def observe(self, seq, start, stop):
-        pass
-
-    def propose(self, seq, stop, limit, estimates, covered=None, plain=(1.0, 1.0), rate=None, room=None):
+    def draft(self, seq, stop, limit, estimates, covered=None, plain=(1.0, 1.0), rate=None, room=None):
         from lookahead.proposers.base import Candidates
         self.rates.append(rate)
         self.rooms.append(room)
@@ -411,7 +406,8 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     from lookahead.cost import CostModel
     from lookahead.plan.planner import Planner
     from lookahead.proposers.context import ContextMatcher
-    from lookahead.plan.scores import DRAFT_PRIORS, AcceptanceStats
+    from lookahead.plan.acceptance import AcceptanceStats
+    from lookahead.proposers.draft.worth import DRAFT_PRIORS, DraftWorth
     config = LookaheadConfig(match_min=1)
     matcher, draft = ContextMatcher(1, 4, 2), _CostlySource()
     stats = AcceptanceStats([draft.priors, matcher.priors])
@@ -419,17 +415,42 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     seq = np.array([5, 7, 8, 3, 5], dtype=np.int64)  # x = 5 was followed by 7 8 before
     planner.begin(seq, 5)
     tree, _ = planner.plan(seq, 5, room=16)
-    covered, plain = planner.asked[1], planner.asked[3]
-    assert draft.rates == [pytest.approx(DRAFT_PRIORS[stats.draft.band(covered)] / 0.2)]  # the prior: one forward
+    covered, plain = draft.asked.covered, draft.asked.plain
+    worth = stats.state("draft", DraftWorth)  # the draft's own learner, kept in the regime's table
+    assert draft.rates == [pytest.approx(DRAFT_PRIORS[worth.band(covered)] / 0.2)]  # the prior: one forward
     assert draft.rooms == [16]  # the tokens still to come, over which a catch-up must pay
     path = np.array([tree.tokens.tolist().index(t) for t in (7, 8, 9)])  # parents come first: 7 -> 8 -> 9
     assert tree.parents[path].tolist() == [-1, path[0], path[1]]
     planner.learn(tree, path)
-    band = stats.draft.band(covered)
+    band = worth.band(covered)
     extra = max(0.0, float(planner.cost.step(1 + tree.size) / planner.cost.step(1)) - plain)
     assert extra > 0  # the merged tree is wider than the free plan
-    assert stats.draft.tokens[band] == pytest.approx(1.0) and stats.draft.cost[band] == pytest.approx(2.5 + extra)
-    assert planner.asked is None
+    assert worth.tokens[band] == pytest.approx(1.0) and worth.cost[band] == pytest.approx(2.5 + extra)
+    assert draft.asked is None
+
+
+def test_draft_worth_docstring_example_and_bands():
+    from lookahead.proposers.draft.worth import DRAFT_PRIORS, DraftWorth
+    worth = DraftWorth()
+    assert worth.rate(0.3, 0.4) == pytest.approx(1.5)
+    worth.observe(0.3, 10.0, 1)  # draft steps costing ten plain steps at low coverage added one token
+    assert worth.rate(0.3, 0.4) == pytest.approx((1 + 0.6) / 10.4)
+    assert worth.rate(0.9, 0.4) == pytest.approx(DRAFT_PRIORS[2] / 0.4)  # another band: untouched
+    assert [DraftWorth.band(c) for c in (0.3, 0.6, 0.9)] == [0, 1, 2]
+    worth.observe(0.3, 0.0, 5)  # a silent step only decays
+    assert worth.tokens[0] == pytest.approx(0.95)
+
+
+def test_draft_worth_drifts_back_to_its_prior_while_silent():
+    """A band where drafting stopped paying is tried again: half its prior back after about 60 silent steps."""
+    from lookahead.proposers.draft.worth import DraftWorth
+    worth = DraftWorth()
+    worth.observe(0.3, 8.0, 0)
+    low = worth.rate(0.3, 0.4)
+    assert low < 0.1
+    for _ in range(100):
+        worth.observe(0.3, 0.0, 0)  # silent steps
+    assert worth.rate(0.3, 0.4) > 0.75 > low
 
 
 def test_recoups_docstring_example():
@@ -447,10 +468,8 @@ def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back(monkeypa
     The proposer's clock is a counter that reads 0, 1, 2, ... seconds: the first forward ends
     at the second read, 1 s after the start, and all but 0.5 / 3 of it is the catch-up."""
     model = _tiny("llama")
-    from types import SimpleNamespace
     from lookahead.call.decoding import resolve_decoding
     from lookahead.proposers.draft import proposer as draft_module
-    from lookahead.proposers.draft.proposer import DraftProposer
     reads = iter(range(1000))
     monkeypatch.setattr(draft_module, "time", SimpleNamespace(perf_counter=lambda: float(next(reads))))
     decoding = resolve_decoding(model, 6, torch.device("cpu"), max_new_tokens=8, do_sample=False)
@@ -459,9 +478,9 @@ def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back(monkeypa
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates = np.full((12, 32), 0.9)
-    silent = proposer.propose(seq, 6, 4, estimates, rate=1.5, room=4)
+    silent = proposer.draft(seq, 6, 4, estimates, rate=1.5, room=4)
     assert silent.count == 0 and proposer.drafter.forwards == 0 and silent.catch_up == 0.0
-    found = proposer.propose(seq, 6, 4, estimates, rate=1.5, room=100)
+    found = proposer.draft(seq, 6, 4, estimates, rate=1.5, room=100)
     assert found.count >= 1 and proposer.drafter.forwards >= 1
     assert found.catch_up == pytest.approx(1.0 - 0.5 / 3.0)
     assert found.seconds > found.catch_up  # the chain's later forwards count as drafting
@@ -478,10 +497,8 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     the target's cost curve must learn from the rest alone, or the draft's presence makes every
     row count look dearer and shrinks the trees."""
     import itertools
-    from types import SimpleNamespace
     from lookahead.plan.planner import Planner
     from lookahead.proposers.draft import proposer as draft_module
-    from lookahead.proposers.draft.proposer import DraftProposer
     reads = itertools.count(1)
     # The draft's clock advances a microsecond a read: its seconds are known to be > 0, not timed.
     monkeypatch.setattr(draft_module, "time", SimpleNamespace(perf_counter=lambda: next(reads) * 1e-6))
@@ -495,18 +512,18 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     model = _tiny("llama")
     gen = LookaheadGenerator(model, config=LookaheadConfig(cost_cache_dir=""), draft_model=perturbed(model, 0.05))
     spent, observed = [], []
-    plan, observe_step = Planner.plan, Planner.observe_step
+    rank, observe_step = Planner.rank, Planner.observe_step
 
-    def recording_plan(self, *args):
-        out = plan(self, *args)
-        spent.append(self.spent)
+    def recording_rank(self, *args):
+        out = rank(self, *args)
+        spent.append(out.seconds)  # one sequence: what the step spent on the draft's forwards
         return out
 
     def recording_observe(self, rows, seconds):
         observed.append(seconds)
         observe_step(self, rows, seconds)
 
-    monkeypatch.setattr(Planner, "plan", recording_plan)
+    monkeypatch.setattr(Planner, "rank", recording_rank)
     monkeypatch.setattr(Planner, "observe_step", recording_observe)
     ids = torch.tensor([[5, 9, 11, 5, 9, 30, 31, 7, 8, 9, 10, 11]])
     gen.generate(ids, max_new_tokens=30)

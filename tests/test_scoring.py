@@ -18,7 +18,8 @@ from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
-from lookahead.plan.scores import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration, choose_step
+from lookahead.plan.acceptance import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration
+from lookahead.plan.budget import choose_step
 from lookahead.plan.tree import TokenTree, scored_tree, subtree
 
 
@@ -337,7 +338,6 @@ def test_batch_width_weighs_every_row_against_the_padded_step():
 
 
 def test_choose_step_docstring_example():
-    from lookahead.plan.scores import choose_step
     cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.1]), smoothing=0.0)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8) == (1, 1)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), None, 8) == (1, 2)  # fixed
@@ -345,7 +345,6 @@ def test_choose_step_docstring_example():
 
 def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
     from lookahead.cost import flat_curve
-    from lookahead.plan.scores import choose_step
     rows = np.array([1, 3, 6, 9])  # x alone, then 1..3 columns of a 4-gram window
     gain = np.arange(4) * 0.05  # what each width's columns are worth
     steep = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.2]), smoothing=0.0)
@@ -355,19 +354,19 @@ def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
 
 
 def test_window_value_follows_what_its_ngrams_added_per_column():
-    from lookahead.plan.scores import WINDOW_PRIOR
-    stats = AcceptanceStats([np.array([0.5])])
-    assert np.isclose(stats.window_value(), WINDOW_PRIOR[0] / WINDOW_PRIOR[1])
+    from lookahead.proposers.ngram import COLUMN_PRIOR, column_learner
+    worth = column_learner()
+    assert np.isclose(worth.value(), COLUMN_PRIOR[0] / COLUMN_PRIOR[1])
     for _ in range(200):
-        stats.observe_window(columns=4, tokens=2)  # half a token per column fed
-    assert 0.4 < stats.window_value() < 0.5
+        worth.step(2, 4)  # half a token per column fed
+    assert 0.4 < worth.value() < 0.5
     for _ in range(200):
-        stats.observe_window(columns=4, tokens=0)  # its n-grams stopped paying
-    assert stats.window_value() < 0.02
+        worth.step(0, 4)  # its n-grams stopped paying
+    assert worth.value() < 0.02
 
 
 def test_planner_credits_accepted_nodes_of_the_window_source_only():
-    from lookahead.proposers.ngram import NgramPool, WindowProposer
+    from lookahead.proposers.ngram import NgramPool, WindowProposer, column_learner
     from lookahead.plan.tree import TokenTree
     config = LookaheadConfig(window=3, ngram=3, recycle=False, ngram_pool=False)
     matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
@@ -378,11 +377,13 @@ def test_planner_credits_accepted_nodes_of_the_window_source_only():
     off = int(stats.offsets[1])
     tree = TokenTree(a(5, 6, 7), a(-1, 0, 1), a(1, 2, 3), a(0, off, off + 1))  # a matcher node, then two window nodes
     planner.learn(tree, a(0, 1), width=3)  # the matcher's node and one window node accepted
-    assert np.isclose(stats.window_tokens, 1.0) and np.isclose(stats.window_columns, 3.0)
+    worth = stats.state("window", column_learner)  # the window source's own learner, kept in the table
+    assert np.isclose(worth.num[0], 1.0) and np.isclose(worth.den[0], 3.0)
+    assert np.isclose(planner.column_worth(), (1.0 + 1.0) / (3.0 + 20.0))  # what the planner asks the sources
 
 
 def test_expected_gains_never_fall_as_nodes_are_added():
-    from lookahead.plan.scores import expected_gains
+    from lookahead.plan.budget import expected_gains
     stats = AcceptanceStats([np.array([0.5])])
     for _ in range(40):
         stats.observe_gain(predicted=2.0, realised=0)  # trees promising 2 tokens yielded nothing
@@ -400,27 +401,3 @@ def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
     assert flat.step(np.array([1.0, 4.0, 16.0, 40.0])).tolist() == [2.0, 2.0, 2.0, 2.0]
     flat.observe(16, 9.0)
     assert flat.step(np.array([16.0])).tolist() == [2.0] and curve.seconds.tolist() == [2.0, 3.0, 5.0]
-
-
-def test_draft_worth_docstring_example_and_bands():
-    from lookahead.plan.scores import DRAFT_PRIORS, DraftWorth
-    worth = DraftWorth()
-    assert worth.rate(0.3, 0.4) == pytest.approx(1.5)
-    worth.observe(0.3, 10.0, 1)  # draft steps costing ten plain steps at low coverage added one token
-    assert worth.rate(0.3, 0.4) == pytest.approx((1 + 0.6) / 10.4)
-    assert worth.rate(0.9, 0.4) == pytest.approx(DRAFT_PRIORS[2] / 0.4)  # another band: untouched
-    assert [DraftWorth.band(c) for c in (0.3, 0.6, 0.9)] == [0, 1, 2]
-    worth.observe(0.3, 0.0, 5)  # a silent step only decays
-    assert worth.tokens[0] == pytest.approx(0.95)
-
-
-def test_draft_worth_drifts_back_to_its_prior_while_silent():
-    """A band where drafting stopped paying is tried again: half its prior back after about 60 silent steps."""
-    from lookahead.plan.scores import DraftWorth
-    worth = DraftWorth()
-    worth.observe(0.3, 8.0, 0)
-    low = worth.rate(0.3, 0.4)
-    assert low < 0.1
-    for _ in range(100):
-        worth.observe(0.3, 0.0, 0)  # silent steps
-    assert worth.rate(0.3, 0.4) > 0.75 > low

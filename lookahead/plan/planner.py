@@ -1,16 +1,23 @@
 """Plan a step: every proposer's candidates -> one scored trie -> the prefix the budget pays for.
 
-The acceptance estimates (scores.py) that score the trie are kept per
+The planner names no source: each is asked through the Proposer protocol
+(proposers/base.py) with a ``StepContext`` (a source that must know what
+the others reach asks for it, and they are asked first), told the step's
+``Outcome`` afterwards, and asked what a window column is worth to it.
+
+The acceptance estimates (acceptance.py) that score the trie are kept per
 *regime*: greedy decoding, and sampling per temperature band. A candidate
 that greedy decoding accepts 60% of the time is accepted less often at
 T=1.0 (the target's probability of that token, not a 0/1 argmax match), so
 mixing the two would make the budget over- or under-speculate. Each regime
-starts from the sources' priors and learns only from steps decoded in it.
+starts from the sources' priors and learns only from steps decoded in it;
+what each source learns for itself (its ``Memory``) is kept the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -18,15 +25,19 @@ import torch
 from ..config import LookaheadConfig
 from ..cost import CostModel
 from ..kernels.trie import best_first_order
-from ..proposers.base import Candidates, no_candidates
-from .scores import AcceptanceStats, choose_step, expected_gains
+from ..proposers.base import Candidates, Others, Outcome, StepContext, no_candidates
+from .acceptance import AcceptanceStats
+from .budget import choose_step, expected_gains
 from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
-from ..verify.verifier import DrawnRows, matched_depth
+from ..verify.verifier import DrawnRows
 from .window import window_rows
 
-SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last)
-BUILD_SLACK = 4  # the scored trie may hold this many times max_tree_nodes before pruning
-TEMPERATURE_BANDS = (0.35, 0.6, 0.85, 1.15, 1.5)  # sampling regimes: T below each edge, then above
+SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last): past it, copies
+# are long enough that one estimate serves
+BUILD_SLACK = 4  # the scored trie may hold this many times max_tree_nodes before pruning: room for the
+# best-first cut to choose, without building tries no budget keeps
+TEMPERATURE_BANDS = (0.35, 0.6, 0.85, 1.15, 1.5)  # sampling regimes: T below each edge, then above; acceptance
+# falls with temperature, so each band learns its own estimates
 
 
 def regime(do_sample: bool, temperature: float | None) -> str:
@@ -50,7 +61,7 @@ class DrawnChain:
 @dataclass(frozen=True)
 class RankedTree:
     """A scored trie, its nodes in best-first order, and their path probabilities
-    (the budget calibrates their sums, scores.py)."""
+    (the budget calibrates their sums, budget.py)."""
 
     tree: TokenTree
     order: np.ndarray  # [M] node indices, best first (every prefix is closed under parents)
@@ -112,6 +123,15 @@ def window_widths(config: LookaheadConfig, budgeted: bool) -> np.ndarray:
     return np.arange(config.window + 1, dtype=np.int64)
 
 
+def split_drawn(cands: Candidates, offset: int) -> tuple[Candidates, Candidates | None]:
+    """(the chosen rows, the drawn row or None) of one source's candidates: a source that drew
+    row 0 (``q`` set) gets it back apart, its classes offset into the shared table."""
+    if cands.q is None or not cands.count:
+        return cands, None
+    drawn = Candidates(cands.tokens[:1], cands.lens[:1], cands.classes[:1] + offset, cands.q)
+    return Candidates(cands.tokens[1:], cands.lens[1:], cands.classes[1:]), drawn
+
+
 class Planner:
     """Proposers, acceptance estimates and the cost model of one decode: ``plan`` gives the step's tree."""
 
@@ -124,14 +144,10 @@ class Planner:
         self.widths = window_widths(config, cost is not None)  # [O] the window's options, x alone first
         self.window_rows = np.array([window_rows(w, config.ngram) for w in self.widths])  # [O]
         self.base_rows = 1  # rows before the tree when the window is not fed: x
-        names = [getattr(source, "name", "") for source in proposers]
-        self.window_source = names.index("window") if "window" in names else None
+        self.memories = [partial(acceptance.state, source.name) for source in proposers]  # what each learns
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
         self.spent = 0.0  # seconds the last plan's sources spent on forwards of their own (a draft's)
-        self.asked: tuple[TokenTree, float, float, float] | None = None  # this step's free trie, its
-        # depth-1 coverage, the plain steps the costly sources' forwards took and the free plan's cost
-        # in plain steps (None: no costly source)
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -148,10 +164,14 @@ class Planner:
     def choose(self, probs: list[np.ndarray], spent: float = 0.0) -> tuple[int, int]:
         """(window width, tree nodes) of the step with the most expected tokens per second for
         sequences whose ranked path probabilities are ``probs`` (one array per sequence)."""
-        gain = self.widths * self.acceptance.window_value()  # [O] tokens the window's n-grams are worth
+        gain = self.widths * self.column_worth()  # [O] tokens the window's columns are worth
         option, size = choose_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes, spent,
                                    self.acceptance.calibrated)
         return int(self.widths[option]), size
+
+    def column_worth(self) -> float:
+        """Tokens one window column fed for one step is worth, later, to all the sources together."""
+        return sum(source.column_worth(memory) for source, memory in zip(self.proposers, self.memories))
 
     def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
         """1. propose, 2. the scored trie in best-first order with path probabilities.
@@ -173,7 +193,7 @@ class Planner:
             # A drawn chain is its own branch (put first), never merged with another source's equal tokens,
             # and scored by classes fixed before each draw: which nodes the budget keeps
             # cannot depend on which tokens were drawn, so every draw verified at a row is
-            # still a plain draw from that row's q (verify.py's min(1, p/q) needs exactly that).
+            # still a plain draw from that row's q (verify/verifier.py's min(1, p/q) needs exactly that).
             length = int(drawn.lens[0])
             classes = drawn.classes[0, :length]  # [L] already offset into the shared table
             cond = estimates[classes, np.minimum(np.arange(length), estimates.shape[1] - 1)]  # [L]
@@ -195,63 +215,68 @@ class Planner:
 
     def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray, room: int):
         """Candidates from every source (at most G each), classes in the shared table: the chosen
-        ones merged, a draft's drawn chain (or None), the seconds the sources spent, and their
-        scored trie when it is already built (the free sources' trie, when the later sources
-        added no chosen rows), else None.
+        ones merged, a drawn chain (or None), the seconds the sources spent, and their scored trie
+        when it is already built (what the others reach, when the source that asked added no
+        chosen rows), else None.
 
-        Sources that cost time to ask (``asks_coverage``: a draft model) are asked last, with
-        how far the others' trie already reaches (covered[d]: its best path probability at
-        depth d + 1), what the step would yield and cost with it alone (``plain``) and what
-        draft steps added past such a trie lately per plain step they took (``rate``) and how
-        many tokens may still come (``room``), so they spend forwards only where that raises
-        the step's tokens per second.
+        Sources are asked in priority order; a source that asks what the others reach
+        (``StepContext.others``: one that costs time to ask, such as a draft model, spends it only
+        where the step gains) has every source not already being asked asked first, once.
         """
+        count = len(self.proposers)
         found: dict[int, Candidates] = {}
-        built = None
-        later = [i for i, s in enumerate(self.proposers) if getattr(s, "asks_coverage", False)]
-        for i, source in enumerate(self.proposers):
-            if i not in later:
-                found[i] = source.propose(seq, stop, self.config.candidates, self.acceptance.block(i, estimates))
-        if later:
-            free = self._merged([(found[i], i) for i in sorted(found)])
-            built = scored_tree(free.tokens, free.lens, free.classes, estimates,
-                                BUILD_SLACK * self.config.max_tree_nodes)
-            tree, prob = built
-            covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
-            plain = self._plain_step(tree, prob)
-            step = float(self.cost.step(1)) if self.cost is not None else 0.0  # a plain step's seconds
-            rate = self.acceptance.draft.rate(float(covered[0]), self._forward_ratio(later)) if step else None
-            for i in later:
-                found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
-                                                     self.acceptance.block(i, estimates), covered=covered,
-                                                     plain=plain, rate=rate, room=room)
-            spent = sum(found[i].seconds - found[i].catch_up for i in later)  # catch-ups aside
-            self.asked = (tree, float(covered[0]), spent / step if step else 0.0, plain[1])
+        asking: set[int] = set()
+        reached: dict[int, tuple[list[int], tuple[TokenTree, np.ndarray], Others]] = {}
+
+        def ask(i: int) -> None:
+            if i in found or i in asking:
+                return
+            asking.add(i)
+            step = StepContext(room, self.memories[i], partial(others, i), self._unit)
+            found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
+                                                 self.acceptance.block(i, estimates), step)
+            asking.discard(i)
+
+        def others(i: int) -> Others:
+            if i not in reached:
+                for j in range(count):
+                    if j != i:
+                        ask(j)
+                asked = [j for j in sorted(found) if j != i]
+                free = self._merged([(split_drawn(found[j], 0)[0], j) for j in asked])
+                tree, prob = scored_tree(free.tokens, free.lens, free.classes, estimates,
+                                         BUILD_SLACK * self.config.max_tree_nodes)
+                covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
+                reached[i] = (asked, (tree, prob), Others(tree, covered, self._plain_step(tree, prob)))
+            return reached[i][2]
+
+        for i in range(count):
+            ask(i)
         drawn, groups = None, []
-        for i in range(len(self.proposers)):
-            cands = found[i]
-            if cands.q is not None and cands.count:
-                offset = int(self.acceptance.offsets[i])
-                drawn = Candidates(cands.tokens[:1], cands.lens[:1], cands.classes[:1] + offset, cands.q)
-                cands = Candidates(cands.tokens[1:], cands.lens[1:], cands.classes[1:])
+        for i in range(count):
+            cands, row = split_drawn(found[i], int(self.acceptance.offsets[i]))
+            drawn = row if row is not None else drawn
             groups.append((cands, i))
-        if later and any(found[i].count > (1 if found[i].q is not None else 0) for i in later):
-            built = None  # the later sources added chosen rows: the trie is built again with them
+        built = None
+        for i, (asked, trie, _) in reached.items():
+            if len(asked) == count - 1 and not groups[i][0].count:  # the asker added no chosen rows
+                built = trie
+                break
         return self._merged(groups), drawn, sum(c.seconds for c in found.values()), built
 
-    def _forward_ratio(self, later: list[int]) -> float:
-        """One forward of the costly sources, in plain target steps (the draft worth's prior)."""
-        return max(float(self.proposers[i].cost_ratio(1)) for i in later)
+    def _unit(self) -> float:
+        """Seconds of a plain step (x alone; 0.0 without a cost model)."""
+        return float(self.cost.step(1)) if self.cost is not None else 0.0
 
     def _plain_step(self, tree: TokenTree, prob: np.ndarray) -> tuple[float, float]:
-        """(expected tokens, cost in plain steps) of this step if it verified the free sources'
-        trie alone, sized by the budget: what a costly source must beat (1, 1 without a cost model)."""
+        """(expected tokens, cost in plain steps) of this step if it verified ``tree`` alone, sized
+        by the budget: what a source that costs time must beat (1, 1 without a cost model)."""
         if self.cost is None or tree.size == 0:
             return 1.0, 1.0
         probs = prob[best_first_order(tree.parents, prob)]  # [M]
         width, size = self.choose([probs])
         option = int(np.searchsorted(self.widths, width))
-        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + self.acceptance.window_value() * width
+        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + self.column_worth() * width
         seconds = self.cost.step(np.array([self.base_rows, self.window_rows[option] + size]))  # [2]
         return float(tokens), float(seconds[1] / seconds[0])
 
@@ -260,24 +285,23 @@ class Planner:
         return merge_candidates([(c, int(self.acceptance.offsets[i])) for c, i in groups])
 
     def learn(self, tree: TokenTree, path: np.ndarray, width: int = 0) -> None:
-        """Count the verified nodes into the estimates, the tree's yield against its promise
-        (a step without a tree moves the calibration's window on), what the window's
-        n-grams added against the columns fed (``width`` this step), and what a draft's
-        forwards added past the free sources' trie."""
+        """Count the verified nodes into the estimates and the tree's yield against its promise
+        (a step without a tree moves the calibration's window on), then tell every source the
+        step's outcome (``width`` window columns fed)."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
-        if self.asked is not None:  # what the costly sources added past the free trie, and cost
-            free, covered, cost, plain = self.asked
-            beyond = int(path.shape[0]) - matched_depth(free, tree.tokens[path])
-            if cost > 0:  # they ran: their forwards, and the rows the target verified beyond the free plan
-                rows = self.window_rows[int(np.searchsorted(self.widths, width))] + tree.size
-                cost += max(0.0, float(self.cost.step(rows) / self.cost.step(1)) - plain)
-            self.acceptance.draft.observe(covered, cost, beyond)
-            self.asked = None
-        if self.window_source is not None:
-            lo, hi = self.acceptance.offsets[self.window_source:self.window_source + 2]
-            accepted = tree.classes[path]  # [k]
-            self.acceptance.observe_window(width, int(((accepted >= lo) & (accepted < hi)).sum()))
+        price = partial(self._price, tree.size, width)
+        for i, source in enumerate(self.proposers):
+            block = (int(self.acceptance.offsets[i]), int(self.acceptance.offsets[i + 1]))
+            source.learn(Outcome(tree, path, width, block, self.memories[i], price))
+
+    def _price(self, nodes: int, width: int) -> float:
+        """A step feeding ``width`` window columns and ``nodes`` tree nodes, in plain steps (1.0 without
+        a cost model)."""
+        if self.cost is None:
+            return 1.0
+        rows = self.window_rows[int(np.searchsorted(self.widths, width))] + nodes
+        return float(self.cost.step(rows) / self.cost.step(1))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """seq[start:stop] was just accepted."""

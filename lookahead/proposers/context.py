@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.match import match_continuations
-from .base import Candidates, single_class
+from .base import Candidates, Source, StepContext, single_class
 
 # Matches of length 1, 2, 3, 4-5, 6-8, 9-15, 16+ are told apart: the longer the
 # match, the longer the copy that usually follows.
@@ -13,7 +13,7 @@ MATCH_BUCKETS = np.array([2, 3, 4, 6, 9, 16], dtype=np.int64)  # bucket = count 
 MATCH_PRIORS = np.array([0.15, 0.35, 0.5, 0.6, 0.7, 0.85, 0.9])
 
 
-class ContextMatcher:
+class ContextMatcher(Source):
     """Prompt lookup generalised: the longest suffix (match_max .. match_min tokens)
     of prompt + output that occurred before proposes up to ``length`` tokens of
     its continuation; each token is labelled by the full match length."""
@@ -29,7 +29,8 @@ class ContextMatcher:
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """Nothing to prepare: the matcher reads the sequence itself."""
 
-    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
+                step: StepContext | None = None) -> Candidates:
         out, lens, matched, count = match_continuations(seq, stop, self.match_min, self.match_max,
                                                         self.length, limit)
         labels = np.searchsorted(MATCH_BUCKETS, matched[:count], side="right")  # [G]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.pool import (new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup)
-from .base import Candidates, single_class
+from ..plan.learner import DecayedRatio
+from .base import Candidates, Memory, Outcome, Source, StepContext, single_class
 
 POOL_PRIORS = np.array([0.3, 0.2, 0.15, 0.1])  # by recency rank in the pool (rank >= 3 shares the last)
+COLUMN_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step, enough
+# to feed the window where rows are nearly free, too little to pay for rows that cost
+COLUMN_DECAY = 0.98  # weight of the past per step: about the last 50 steps count, so the worth follows the text
 
 
 class NgramPool:
@@ -46,7 +50,7 @@ class NgramPool:
         return int((self.gram_stamp > 0).sum())
 
 
-class NgramProposer:
+class NgramProposer(Source):
     """Proposes the pool's n-grams that start with x; fed by the prompt, the output
     and (through ``insert_grams``) the Jacobi lookahead window."""
 
@@ -63,7 +67,8 @@ class NgramProposer:
         if self.seed_from_prompt:
             self.pool.insert_sequence(seq, 0, stop)
 
-    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
+                step: StepContext | None = None) -> Candidates:
         cands = self.pool.lookup(int(seq[stop - 1]), limit)  # [G, N-1], most recent first
         ranks = np.minimum(np.arange(cands.shape[0]), POOL_PRIORS.shape[0] - 1)
         return single_class(cands, np.full(cands.shape[0], cands.shape[1], dtype=np.int64), ranks)
@@ -74,6 +79,16 @@ class NgramProposer:
             self.pool.insert_sequence(seq, start - self.pool.ngram + 1, stop)
 
 
+def column_learner() -> DecayedRatio:
+    """Accepted tokens only the window's n-grams proposed, over window columns fed, both decayed.
+
+    A ratio of decayed sums: the n-grams pay off steps after the columns
+    that made them, so the worth is what they added lately per column fed
+    lately, not per step.
+    """
+    return DecayedRatio(*COLUMN_PRIOR, COLUMN_DECAY)
+
+
 class WindowProposer(NgramProposer):
     """Proposes the n-grams the Jacobi window's columns produced (a pool of their own), so that
     their acceptance, and with it what feeding the window is worth, is measured apart."""
@@ -82,3 +97,12 @@ class WindowProposer(NgramProposer):
 
     def __init__(self, pool: NgramPool):
         super().__init__(pool, seed_from_prompt=False, seed_from_output=False)
+
+    def learn(self, outcome: Outcome) -> None:
+        """The step fed ``outcome.width`` columns; count the accepted tokens that came from the
+        window's n-grams alone (nodes of this source's classes: no earlier source had them)."""
+        outcome.memory(column_learner).step(int(outcome.mine[outcome.path].sum()), outcome.width)
+
+    def column_worth(self, memory: Memory) -> float:
+        """Tokens one window column fed for one step is worth, later, through its n-grams."""
+        return memory(column_learner).value()

@@ -6,7 +6,7 @@ at every tree node, rejected ones included. Their top-R tokens are stored as
 "what follows token t" (the most recent sighting wins) in an adjacency table
 [V, R] that lives as long as the generator, and, with the token each row
 follows (x's predecessor, a tree node's parent, a window row's neighbour in
-its column: sequence.py), as "what follows the pair (s, t)" in a hashed pair
+its column: decode/sequence.py), as "what follows the pair (s, t)" in a hashed pair
 table [S, R]. From x a best-first tree is grown over both: a node offers its
 pair's successors and its token's.
 
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..kernels.recycle import grow_recycled_tree, pair_learn, tree_paths
-from .base import Candidates, no_candidates
+from .base import Candidates, Source, StepContext, no_candidates
 
 
 PAIR_SLOTS = 65521  # slots of the pair table (a prime: kernels/recycle.py's pair_slot)
@@ -89,7 +89,7 @@ class AdjacencyTable:
                        self.pair_keys, self.pair_successors, self.pair_confidence)
 
 
-class RecyclingProposer:
+class RecyclingProposer(Source):
     """Proposes a best-first tree of up to ``nodes`` recycled successors of x (the planner ranks
     them among the other sources' candidates and keeps what the budget pays for)."""
 
@@ -103,7 +103,8 @@ class RecyclingProposer:
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """The table is kept across sequences: nothing to reset."""
 
-    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray) -> Candidates:
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
+                step: StepContext | None = None) -> Candidates:
         if limit <= 0 or self.nodes <= 0:
             return no_candidates()
         table = self.table

@@ -7,31 +7,32 @@ continuations of x, one draft forward per token, for as long as the next token p
   an ordinary deterministic candidate, merged into the trie like any other.
 - Sampling: each chain token is DRAWN from q, the draft's processed
   distribution at its prefix (temperature and warpers as the target's), and
-  the Candidates carry q [L, V]. verify.py accepts a drawn token with
+  the Candidates carry q [L, V]. verify/verifier.py accepts a drawn token with
   probability min(1, p/q) and otherwise draws from max(0, p - q)
   renormalised (speculative sampling); the chain stays its own branch of
-  the tree (see planner.py for why that keeps the output exact).
+  the tree (see plan/planner.py for why that keeps the output exact).
 
 Classes: a chain token's class is the bucket of the draft's top probability
 at the row it came from (max q, known before the draw: under sampling, the
 tree's shape never depends on which token was drawn); a runner-up's class is
 ``BUCKETS`` + the bucket of its own draft probability.
 
-Length: drafting trades tokens per step against step time. The planner
-says what the step would be without the draft (``plain``: the tokens the
-free sources' tree is expected to yield, and its cost in plain target
-steps), how far their trie reaches (``covered[d]``: its best path
-probability at depth d + 1), and ``rate``: the tokens draft steps added
-lately past such a trie, per plain target step their forwards took
-(measured: scores.DraftWorth). Drafting raises a step's tokens per second
-only while what it adds, per step it costs, beats the step's tokens per
-step so far: the draft runs only when ``rate`` beats the plain step's, and
-the chain stops at the first token whose modelled gain (its path
-probability past ``covered``) per forward (``cost_ratio`` target steps, from
-both measured cost curves) would lower the rate. A step where the free
-sources already yield many tokens (a long context match) drafts nothing; a
-draft that agrees with the target drafts long chains where the text is
-new, and ``max_tokens`` caps it.
+Length: drafting trades tokens per step against step time. Before it
+drafts, the proposer asks what the step would be without it
+(``StepContext.others``: the other sources are asked first): ``plain``, the
+tokens their tree is expected to yield and its cost in plain target steps,
+and ``covered[d]``, their trie's best path probability at depth d + 1. Its
+own ``rate`` is the tokens draft steps added lately past such a trie, per
+plain target step their forwards took (measured: worth.DraftWorth, kept in
+the source's memory and learned from every step's outcome in ``learn``).
+Drafting raises a step's tokens per second only while what it adds, per
+step it costs, beats the step's tokens per step so far: the draft runs only
+when ``rate`` beats the plain step's, and the chain stops at the first
+token whose modelled gain (its path probability past ``covered``) per
+forward (``cost_ratio`` target steps, from both measured cost curves) would
+lower the rate. A step where the free sources already yield many tokens (a
+long context match) drafts nothing; a draft that agrees with the target
+drafts long chains where the text is new, and ``max_tokens`` caps it.
 
 Catching up: the draft's cache is filled lazily: the prompt is fed by the
 first forward that drafts, and the tokens accepted while the draft was
@@ -48,6 +49,7 @@ try had to catch up again.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -55,14 +57,19 @@ import torch
 
 from .drafter import Drafter
 from ...call.decoding import Decoding
+from ...plan.tree import TokenTree
 from ...verify.processing import process_rows
-from ...plan.scores import DraftWorth
-from ..base import Candidates, no_candidates
+from ...verify.verifier import matched_depth
+from ..base import Candidates, Outcome, Source, StepContext, no_candidates
+from .worth import DraftWorth
 
-CONFIDENCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])  # bucket = count of edges <= probability
+CONFIDENCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])  # bucket = count of edges <= probability: a draft
+# sure of its token is accepted far more often, so its chain tokens are scored per bucket
 BUCKETS = CONFIDENCE_EDGES.shape[0] + 1
-CHAIN_PRIORS = np.array([0.2, 0.4, 0.6, 0.75, 0.88, 0.95])  # assumed acceptance per confidence bucket
-ALTERNATIVE_PRIORS = np.array([0.1, 0.25, 0.3, 0.3, 0.3, 0.3])  # runner-ups: rarely above 0.5
+CHAIN_PRIORS = np.array([0.2, 0.4, 0.6, 0.75, 0.88, 0.95])  # assumed acceptance per confidence bucket: about
+# the draft's own probability, before any is measured
+ALTERNATIVE_PRIORS = np.array([0.1, 0.25, 0.3, 0.3, 0.3, 0.3])  # runner-ups: rarely above 0.5, since the chain
+# token beat them
 
 
 def confidence_bucket(prob: float) -> int:
@@ -70,12 +77,21 @@ def confidence_bucket(prob: float) -> int:
     return int(np.searchsorted(CONFIDENCE_EDGES, prob, side="right"))
 
 
-class DraftProposer:
-    """Proposes the draft model's chain (and its runner-ups when greedy) after x."""
+@dataclass(frozen=True)
+class Drafted:
+    """What a step's draft was measured against, until the step's outcome comes (``DraftProposer.learn``)."""
+
+    free: TokenTree  # the other sources' trie
+    covered: float  # its depth-1 coverage (the DraftWorth band)
+    cost: float  # plain target steps the draft's forwards took, the catch-up aside (0: it was silent)
+    plain: float  # the cost of the step the other sources alone would have made, in plain target steps
+
+
+class DraftProposer(Source):
+    """Proposes the draft model's chain (and its runner-ups when greedy) after x, when it pays."""
 
     name = "draft"
     priors = np.concatenate([CHAIN_PRIORS, ALTERNATIVE_PRIORS])
-    asks_coverage = True  # the planner asks it last, with the free sources' coverage (planner.py)
 
     def __init__(self, drafter: Drafter, decoding: Decoding, max_tokens: int, alternatives: int,
                  cost_ratio: Callable[[int], float], seed: int, cost=None):
@@ -90,6 +106,7 @@ class DraftProposer:
         self.cost_ratio = cost_ratio
         self.rng = np.random.Generator(np.random.PCG64([seed, 2])) if decoding.do_sample else None
         self.drafted = 0  # draft tokens proposed so far (stats)
+        self.asked: Drafted | None = None  # this step's draft, until its outcome is learned
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence: the draft's cache starts empty (the first draft forward feeds the prompt)."""
@@ -99,8 +116,34 @@ class DraftProposer:
         """Nothing now: the next ``propose`` syncs the draft's cache with the accepted tokens."""
 
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
-                covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0),
-                rate: float | None = None, room: int | None = None) -> Candidates:
+                step: StepContext) -> Candidates:
+        """``draft``, after the other sources: what they reach, and the rate the draft's steps
+        added past such a trie lately (its DraftWorth), decide whether and how far it drafts."""
+        others = step.others()
+        covered = float(others.covered[0])
+        rate = step.memory(DraftWorth).rate(covered, float(self.cost_ratio(1)))
+        found = self.draft(seq, stop, limit, estimates, others.covered, others.plain, rate, step.room)
+        unit = step.unit()
+        spent = (found.seconds - found.catch_up) / unit if unit else 0.0  # catch-ups aside
+        self.asked = Drafted(others.tree, covered, spent, others.plain[1])
+        return found
+
+    def learn(self, outcome: Outcome) -> None:
+        """What the draft added past the other sources' trie (the accepted path beyond its longest
+        prefix they held), against what it cost: its forwards and, when it ran, the rows the
+        target verified beyond the other sources' plan."""
+        asked, self.asked = self.asked, None
+        if asked is None:  # nothing was asked of it this step
+            return
+        beyond = int(outcome.path.shape[0]) - matched_depth(asked.free, outcome.tree.tokens[outcome.path])
+        cost = asked.cost
+        if cost > 0:
+            cost += max(0.0, outcome.steps - asked.plain)
+        outcome.memory(DraftWorth).observe(asked.covered, cost, beyond)
+
+    def draft(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
+              covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0),
+              rate: float | None = None, room: int | None = None) -> Candidates:
         """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only); none
         when drafting is expected to lower the step's tokens per second.
 

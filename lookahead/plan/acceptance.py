@@ -1,0 +1,146 @@
+"""Online acceptance estimates per (source class, depth), and how far to trust what a tree promises.
+
+Every tree node carries the class its source gave it (see proposers/base.py)
+and its depth. After each verification, a node whose parent was accepted (or
+whose parent is x) is a trial; if it was accepted too, a hit. The estimate of
+a class at a depth is (hits + prior) / (trials + strength): the chance a
+token of that kind is accepted once its parent is. Counts are halved when
+trials pass ``horizon``, so the estimates follow the text being generated.
+
+The estimates run optimistic: the best-first tree keeps exactly the nodes
+whose estimates came out high (a winner's curse), and a path's probability
+is a product of per-depth averages. How far off they are depends on how much
+a tree promises: on open text a tree promising 0.7 tokens may yield nothing
+for many steps in a row while trees promising 8 on a copy yield 8. So the
+table also keeps a ``GainCalibration``: per level of promised tokens, the
+tokens kept trees yielded over those they promised, over a window of recent
+steps. The budget weighs every tree size by what trees promising that much
+really yielded lately (``calibrated``, used by budget.py), which is what
+keeps a step where nothing pays at the cost of a plain decode step.
+
+The table is kept per regime across generate calls (planner.py), and so is
+what each source learns for itself (``state``: e.g. what a draft model's
+forwards add, what a window column is worth): a source keeps its learners
+in its own slot, keyed by its name, so the table names no source.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .learner import DecayedRatio
+
+GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated
+# apart: a tree promising 0.7 on open text and one promising 8 on a copy are trusted apart
+GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded what they promised: a fresh level is trusted
+GAIN_DECAY = 0.98  # weight of the past per step, speculative or not: about the last 50 steps count, so the trust follows the text
+PRIOR_STRENGTH = 4.0  # trials a class's prior counts as at every depth: a few verified nodes already move it
+HORIZON = 400.0  # trials past which a cell's counts are halved, so the estimates follow the text being generated
+GAIN_RANGE = (0.1, 1.5)  # a level's trust stays in here: never so low it stops a level for good, nor so high one lucky copy inflates it
+
+
+class GainCalibration:
+    """Tokens trees yielded over tokens they promised, per level of promise (GAIN_LEVELS).
+
+    A tree promising p extra tokens counts at the two levels around p (by
+    log distance). Every step decays all levels, so a level that stopped
+    speculating because it never paid drifts back to its prior (trust 1.0)
+    and is tried again after a few dozen steps: the text may have changed.
+    """
+
+    def __init__(self) -> None:
+        self.logs = np.log(GAIN_LEVELS)  # [L]
+        prior = GAIN_PRIOR_TREES * GAIN_LEVELS  # [L] pseudo-tokens on both sides of each ratio
+        self.ratio = DecayedRatio(prior, prior, GAIN_DECAY, GAIN_LEVELS.shape[0])  # yielded / promised [L]
+
+    def observe(self, promised: float, yielded: float) -> None:
+        """One step: its tree promised ``promised`` extra tokens and yielded ``yielded`` (0, 0: no tree)."""
+        if promised <= 0:
+            self.ratio.step()
+            return
+        self.ratio.step(yielded, promised, self._weights(promised))
+
+    def factors(self) -> np.ndarray:
+        """[L] yielded / promised per level, with the prior, clipped to GAIN_RANGE."""
+        return np.clip(self.ratio.values(), *GAIN_RANGE)
+
+    def calibrated(self, promised: np.ndarray) -> np.ndarray:
+        """What trees promising ``promised`` [k] extra tokens are expected to yield [k].
+
+        Fresh: [0.5, 3.0] -> [0.5, 3.0]; after many trees promising 0.7 that
+        yielded nothing, 0.7 maps to about 0.07 while 8.0 stays near 8.0.
+        """
+        at = np.log(np.maximum(promised, 1e-9))
+        return promised * np.interp(at, self.logs, self.factors())
+
+    def _weights(self, promised: float) -> np.ndarray:
+        """[L] interpolation weights of ``promised`` on the levels (all on an end level beyond it)."""
+        at = float(np.clip(np.log(promised), self.logs[0], self.logs[-1]))
+        hi = int(np.searchsorted(self.logs, at, side="left"))
+        weights = np.zeros(self.logs.shape[0])
+        if hi == 0 or self.logs[hi] == at:
+            weights[hi] = 1.0
+            return weights
+        upper = (at - self.logs[hi - 1]) / (self.logs[hi] - self.logs[hi - 1])
+        weights[hi - 1], weights[hi] = 1.0 - upper, upper
+        return weights
+
+
+class AcceptanceStats:
+    """hits / trials [C, D] for all classes of all sources (source i owns a block of rows)."""
+
+    def __init__(self, priors: list[np.ndarray], depth: int = 32, strength: float = PRIOR_STRENGTH,
+                 horizon: float = HORIZON):
+        sizes = [int(p.shape[0]) for p in priors]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # [S + 1]
+        prior = np.concatenate(priors).astype(np.float64)  # [C]
+        self.trials = np.full((prior.shape[0], depth), strength)  # [C, D]
+        self.hits = np.repeat(prior[:, None] * strength, depth, axis=1)  # [C, D]
+        self.horizon = horizon
+        self.gain = GainCalibration()  # what trees yield against what they promise
+        self.states: dict[str, Any] = {}  # what each source learns for itself, by source name (``state``)
+
+    @property
+    def depth(self) -> int:
+        return int(self.trials.shape[1])
+
+    def estimates(self) -> np.ndarray:
+        """[C, D] acceptance chance given the parent was accepted, in (0, 1)."""
+        return np.clip(self.hits / self.trials, 1e-4, 0.9999)
+
+    def block(self, source: int, estimates: np.ndarray) -> np.ndarray:
+        """Rows of ``estimates`` that belong to source number ``source``."""
+        return estimates[self.offsets[source]:self.offsets[source + 1]]
+
+    def update(self, classes: np.ndarray, depths: np.ndarray, parents: np.ndarray, path: np.ndarray) -> None:
+        """Count the trials and hits of one verified tree (classes, depths, parents [M]; path [k])."""
+        if classes.shape[0] == 0:
+            return
+        accepted = np.zeros(classes.shape[0], dtype=bool)  # [M]
+        accepted[path] = True
+        reached = (parents < 0) | accepted[np.maximum(parents, 0)]  # [M]: parent accepted (or x)
+        col = np.minimum(depths - 1, self.depth - 1)  # [M]
+        np.add.at(self.trials, (classes[reached], col[reached]), 1.0)
+        np.add.at(self.hits, (classes[accepted], col[accepted]), 1.0)
+        full = self.trials > self.horizon
+        if full.any():
+            self.trials[full] *= 0.5
+            self.hits[full] *= 0.5
+
+    def observe_gain(self, predicted: float, realised: int) -> None:
+        """A step whose tree promised ``predicted`` tokens beyond the bonus one added ``realised``
+        (0, 0 for a step without a tree: the calibration's window moves on)."""
+        self.gain.observe(predicted, realised)
+
+    def calibrated(self, promised: np.ndarray) -> np.ndarray:
+        """Expected extra tokens of trees promising ``promised`` [k] (GainCalibration.calibrated)."""
+        return self.gain.calibrated(promised)
+
+    def state(self, name: str, factory: Callable[[], Any]) -> Any:
+        """What the source called ``name`` learns for itself in this regime, made by ``factory()``
+        the first time it is asked for (kept as long as the table: across generate calls)."""
+        if name not in self.states:
+            self.states[name] = factory()
+        return self.states[name]

@@ -1,0 +1,64 @@
+"""The step budget: how many tree nodes (and window columns) a step verifies.
+
+A step keeping the first k nodes of the best-first trie promises 1 + the
+sum of their path probabilities (the bonus token is always produced); the
+acceptance table's calibration (acceptance.py) says what such a promise
+really yields lately. The cost curve (cost/) prices the step's rows, and
+the budget keeps the option with the most expected tokens per second.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..cost import CostModel
+
+Calibrate = Callable[[np.ndarray], np.ndarray]
+
+
+def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -> np.ndarray:
+    """[limit + 1] expected tokens of a step keeping the first k = 0..limit nodes: the bonus
+    token plus the kept path probabilities, as ``calibrate`` maps what they promise."""
+    promised = np.concatenate([[0.0], np.cumsum(probs[:limit])])  # [limit + 1]
+    if calibrate is None:
+        return 1.0 + promised
+    # Keeping more nodes never yields less: levels calibrated apart must not say otherwise.
+    return 1.0 + np.maximum.accumulate(calibrate(promised))
+
+
+def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
+                cost: CostModel | None, cap: int, spent: float = 0.0,
+                calibrate: Calibrate | None = None) -> tuple[int, int]:
+    """(window option o, tree nodes k) of the step with the most expected tokens per second.
+
+    probs[b] [M_b]: sequence b's path probabilities in best-first order (one
+    array for a single sequence). Keeping the first k nodes promises
+    1 + sum(probs[b][:k]) tokens (the bonus token is always produced);
+    ``calibrate`` says what such a promise yields (``AcceptanceStats.calibrated``;
+    None: what it promises). A batch uses one k for every row (a batched step
+    costs what its widest row costs; a row with fewer than k nodes keeps all).
+    ``spent`` seconds were already spent on this step's candidates (a draft's
+    forwards): part of every option's step time.
+    Window option o puts window_rows[o] rows before each tree (x included)
+    and adds window_gain[o] expected tokens per sequence (what the sources
+    say its columns are worth later, ``Planner.column_worth``); option 0 must be x
+    alone with no gain: option 0 with k = 0 is a plain decode step. Without
+    a cost model (a fixed budget): the last (widest) option and min(M, cap) nodes.
+
+    probs [[.9, .1]], rows [1, 3], gains [0, .5], a step costing 1 + 0.1 per row past the
+    first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1.
+    """
+    limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
+    options = window_rows.shape[0]
+    if cost is None:
+        return options - 1, limit
+    gains = np.zeros(limit + 1)  # [k + 1] summed over the sequences
+    for row in probs:
+        own = expected_gains(row, limit, calibrate)  # [min(M_b, limit) + 1]
+        gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
+    tokens = gains[None, :] + len(probs) * window_gain[:, None]  # [O, k + 1]
+    seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :]) + spent  # [O, k + 1]
+    best = int(np.argmax(tokens / seconds))  # flat index into [O, k + 1]; ties go to (0, 0), a plain step
+    return best // (limit + 1), best % (limit + 1)
