@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lookahead.model.mask import additive_mask
-from lookahead.plan.tree import empty_tree, step_layout, tree_from_candidates
+from lookahead.plan.tree import TokenTree, empty_tree, scored_tree, step_layout
 from lookahead.plan.window import window_layout
 
 DESIGN_DRAWING = """
@@ -23,6 +23,12 @@ DESIGN_DRAWING = """
 1 . . . . . . . 1 .
 1 . . . . . . . 1 1
 """
+
+
+def tree_from_candidates(cands: np.ndarray, lens: np.ndarray, max_nodes: int) -> TokenTree:
+    """Merge candidate continuations cands[G, L] (valid up to lens[g]) into a trie, in row order."""
+    classes = np.zeros(cands.shape, dtype=np.int64)  # one class, every estimate 1: order of rows
+    return scored_tree(cands, lens, classes, np.ones((1, 1)), max_nodes)[0]
 
 
 def drawing(text: str) -> np.ndarray:

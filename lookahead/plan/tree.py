@@ -7,7 +7,7 @@ Rows (Q = W * (N - 1) + M):
 Offsets are positions relative to x (x at offset 0). ``local_mask[Q, Q]`` says
 which of this step's rows a row may attend to; every row also sees the whole
 KV prefix (subject to a sliding window). docs/DESIGN.md draws the mask; the
-window's own rows come from window.py, the 4-D masks from mask.py.
+window's own rows come from window.py, the 4-D masks from model/mask.py.
 """
 
 from __future__ import annotations
@@ -57,12 +57,6 @@ def scored_tree(cands: np.ndarray, lens: np.ndarray, classes: np.ndarray, estima
     tokens, parents, depths, cls, prob = build_scored_trie(
         cands.astype(np.int64), lens.astype(np.int64), classes.astype(np.int64), estimates, max_nodes)
     return TokenTree(tokens, parents, depths, cls), prob
-
-
-def tree_from_candidates(cands: np.ndarray, lens: np.ndarray, max_nodes: int) -> TokenTree:
-    """Merge candidate continuations cands[G, L] (valid up to lens[g]) into a trie, in row order."""
-    classes = np.zeros(cands.shape, dtype=np.int64)  # one class, every estimate 1: order of rows
-    return scored_tree(cands, lens, classes, np.ones((1, 1)), max_nodes)[0]
 
 
 def prepend_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes: np.ndarray,

@@ -6,7 +6,7 @@ level; the oldest level drops out. Column i then yields the n-gram
 always the current x. The window owns its rows of the step: their tokens,
 positions (offsets from x) and which of them see which (``window_layout``).
 
-A step may feed only the first w columns (the budget picks w, planner.py):
+A step may feed only the first w columns (the budget picks w, planner.py and budget.py):
 those advance, the others keep their guesses until a step feeds them again
 (a stale guess only makes a worse n-gram; n-grams are verified anyway).
 w = 0 feeds x alone: no window at all this step.
@@ -21,8 +21,9 @@ import numpy as np
 
 from ..config import LookaheadConfig
 
-AUTO_WINDOW = (15, 5)  # (W, N) of the window auto_window opens: LADE's GPU setting
-CHEAP_STEP = 1.3  # auto_window opens it where a step over 1 + max_tree_nodes rows costs at most this many one-row steps
+AUTO_WINDOW = (15, 5)  # (W, N) of the window auto_window opens: LADE's GPU setting, where rows are nearly free
+CHEAP_STEP = 1.3  # auto_window opens it where a step over 1 + max_tree_nodes rows costs at most this many
+# one-row steps: only there can the budget afford to feed it
 
 
 def auto_window(config: LookaheadConfig, cost) -> LookaheadConfig:
@@ -31,7 +32,7 @@ def auto_window(config: LookaheadConfig, cost) -> LookaheadConfig:
     ``cost`` (a CostModel, or None) prices a step over 1 + max_tree_nodes rows at most
     CHEAP_STEP one-row steps: rows are nearly free there, so the budget may feed the window.
 
-    A 2-core CPU with SmolLM2 (33 rows: 3.0 one-row steps) -> config; a flat curve -> W=15, N=5.
+    A curve pricing 33 rows at 3 one-row steps -> config; a flat curve -> W=15, N=5.
     """
     if not config.auto_window or config.window != 1 or config.budget != "adaptive" or cost is None:
         return config
@@ -104,11 +105,6 @@ class JacobiWindow:
         self.ngram = ngram
         self.rng = np.random.default_rng(seed)
         self.levels = np.zeros((ngram - 1, window), dtype=np.int64)  # [N-1, W]
-
-    @property
-    def size(self) -> int:
-        """Rows of the whole window in a step, x included: W * (N - 1)."""
-        return self.window * (self.ngram - 1)
 
     def kept_rows(self, width: int) -> np.ndarray:
         """Rows of a ``width``-column step whose logits are kept (``kept_window_rows``)."""

@@ -12,10 +12,10 @@ prompt.
 A catch-up is bounded by ``context`` rows: when the draft would have to
 read more than that (a long prompt, or many tokens accepted while it was
 silent), it starts over on the last ``context`` tokens alone, as if the
-text began there. On a CPU a 0.5B draft reads a 300-token prompt in about
-as long as 12 target steps of a 1.5B model take; its proposals only need
-the recent text (the target verifies every token, so what the draft reads
-never changes the output, only how often it is right).
+text began there. Reading a long prompt can cost a draft as much as many
+target steps; its proposals only need the recent text (the target
+verifies every token, so what the draft reads never changes the output,
+only how often it is right).
 """
 
 from __future__ import annotations
