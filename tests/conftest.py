@@ -311,3 +311,10 @@ def reference(model, ids, max_new_tokens, eos_token_id=None):
         kwargs["eos_token_id"] = eos_token_id
     with torch.inference_mode():
         return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+
+
+def plan_step(planner, seq: np.ndarray, stop: int, room: int):
+    """(tree, window width) of one sequence's step, as decode/loop.py plans it: rank, choose, cut."""
+    ranked = planner.rank(seq, stop, room)
+    width, size = planner.choose([ranked.probs], ranked.seconds)
+    return planner.cut(ranked, size), width

@@ -21,7 +21,7 @@ from lookahead.plan.tree import TokenTree, prepend_chain
 from lookahead.kernels.walk import accept_walk
 from lookahead.verify.sampling import speculative_rows
 
-from conftest import COMMON, VOCAB
+from conftest import COMMON, VOCAB, plan_step
 from test_sampling import (P_MIN, chi_square_p, exact_distribution, sample_runs, tiny_llama)
 
 DRAFT_ONLY = dict(context_match=False, ngram_pool=False, recycle=False)
@@ -414,7 +414,7 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     planner = Planner(config, [draft, matcher], stats, CostModel(np.array([1.0, 64.0]), np.array([0.2, 0.4])))
     seq = np.array([5, 7, 8, 3, 5], dtype=np.int64)  # x = 5 was followed by 7 8 before
     planner.begin(seq, 5)
-    tree, _ = planner.plan(seq, 5, room=16)
+    tree, _ = plan_step(planner, seq, 5, room=16)
     covered, plain = draft.asked.covered, draft.asked.plain
     worth = stats.state("draft", DraftWorth)  # the draft's own learner, kept in the regime's table
     assert draft.rates == [pytest.approx(DRAFT_PRIORS[worth.band(covered)] / 0.2)]  # the prior: one forward

@@ -22,6 +22,8 @@ from lookahead.plan.acceptance import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, 
 from lookahead.plan.budget import choose_step
 from lookahead.plan.tree import TokenTree, scored_tree, subtree
 
+from conftest import plan_step
+
 
 def choose_tree_size(probs, base_rows, cost, cap, calibrate=None):
     """Tree nodes of a single sequence's step with one window option of base_rows rows."""
@@ -320,7 +322,7 @@ def test_planner_scales_its_tree_by_the_calibration():
             for promised in GAIN_LEVELS:  # trees of every size
                 stats.observe_gain(predicted=promised, realised=0)
         planner = Planner(config, [matcher], stats, cost)
-        sizes.append(planner.plan(seq, seq.shape[0], room=64)[0].size)
+        sizes.append(plan_step(planner, seq, seq.shape[0], room=64)[0].size)
     assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid
 
 

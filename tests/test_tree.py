@@ -7,7 +7,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead.model.mask import additive_mask
 from lookahead.plan.tree import TokenTree, empty_tree, scored_tree, step_layout
 from lookahead.plan.window import window_layout
 
@@ -97,21 +96,6 @@ def test_trie_holds_every_candidate_once(cands):
         seen = {paths[j] for j in range(tree.size) if layout.local_mask[1 + node, 1 + j]}
         assert seen == {path[:k] for k in range(1, len(path) + 1)}
         assert layout.local_mask[1 + node, 0]
-
-
-def test_additive_mask_prefix_and_sliding_window():
-    layout = step_layout(window_layout(2, 2), empty_tree())  # rows x (offset 0), a1 (offset 1)
-    local = torch.from_numpy(layout.local_mask)
-    offsets = torch.from_numpy(layout.offsets)
-    full = additive_mask(local, offsets, past=5, sliding_window=None, dtype=torch.float32)
-    assert full.shape == (1, 1, 2, 7)
-    visible = full[0, 0] == 0
-    assert visible[:, :5].all() and visible[0, 5] and not visible[0, 6] and visible[1, 6]
-    slide = additive_mask(local, offsets, past=5, sliding_window=3, dtype=torch.float32)[0, 0] == 0
-    # x at position 5 sees positions 3, 4, 5; a1 at position 6 sees 4, 5, 6
-    assert slide[0].tolist() == [False, False, False, True, True, True, False]
-    assert slide[1].tolist() == [False, False, False, False, True, True, True]
-    assert full.dtype == torch.float32 and full.min() == torch.finfo(torch.float32).min
 
 
 def test_window_of_width_zero_is_x_alone():

@@ -147,19 +147,11 @@ class Planner:
         self.memories = [partial(acceptance.state, source.name) for source in proposers]  # what each learns
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
-        self.spent = 0.0  # seconds the last plan's sources spent on forwards of their own (a draft's)
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
         for source in self.proposers:
             source.begin(seq, stop)
-
-    def plan(self, seq: np.ndarray, stop: int, room: int) -> tuple[TokenTree, int]:
-        """1. propose, 2. build the scored trie; the best-first prefix and the window width that pay."""
-        ranked = self.rank(seq, stop, room)
-        width, size = self.choose([ranked.probs], ranked.seconds)
-        self.spent = ranked.seconds
-        return self.cut(ranked, size), width
 
     def choose(self, probs: list[np.ndarray], spent: float = 0.0) -> tuple[int, int]:
         """(window width, tree nodes) of the step with the most expected tokens per second for
