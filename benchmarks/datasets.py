@@ -111,6 +111,9 @@ NQ_OPEN_FILE = PackagedFile(
 WRITING_FILE = PackagedFile(
     "evalscope", "1.14.1", "evalscope/third_party/longbench_write/resources/longbench_write_en.jsonl",
     "87800927761f340e48899e4df5d47fb7211ad4936a63420dbfa979660414259f")
+TOOL_CALLS_FILE = PackagedFile(
+    "bfcl-eval", "2026.3.23", "bfcl_eval/data/BFCL_v4_simple_python.json",
+    "82dd63ba502eb2520c6b5d1d9a5c4b590e03ff261565175561f6228a367d1991")
 
 PASSAGE_CHARS = 1500  # articles and passages are cut at the last sentence end before this
 TRANSLATE_GROUP = 5  # sentences per translate prompt
@@ -125,6 +128,9 @@ ANNOTATE_INSTRUCTION = (
 GSM8K_INSTRUCTION = (
     "Solve the following math problem step by step. Give the final answer on the "
     "last line as 'Answer: <number>'.")
+TOOL_CALL_INSTRUCTION = (
+    "You can call these functions (JSON schema):\n{functions}\n\nAnswer the request with exactly one function "
+    "call as JSON, {{\"name\": ..., \"arguments\": {{...}}}}, and nothing else.\n\nRequest: {request}")
 SUMMARIZE_INSTRUCTION = "Summarize the following news article in a few sentences."
 TRANSLATE_INSTRUCTION = (
     "Translate the following English sentences into French. Reply with the numbered French "
@@ -353,6 +359,19 @@ def parse_writing(path: str | Path) -> list[Prompt]:
     return prompts
 
 
+def parse_tool_calls(path: str | Path) -> list[Prompt]:
+    """BFCL's simple Python function-calling tasks (one JSON object per line: ``question`` as chat turns,
+    ``function`` the schemas): one user message asking for the call as JSON."""
+    prompts = []
+    for record in read_jsonl(path):
+        _require(record, ("id", "question", "function"), Path(path))
+        request = " ".join(turn["content"] for turn in record["question"][0] if turn.get("role") == "user")
+        functions = json.dumps(record["function"], ensure_ascii=False)
+        text = TOOL_CALL_INSTRUCTION.format(functions=functions, request=request)
+        prompts.append(Prompt("tool-calls", str(record["id"]), _user(text), None, "tool-call", None))
+    return prompts
+
+
 def parse_prompt_file(path: str | Path) -> list[Prompt]:
     """A user's own prompts: a ``.jsonl`` file, one object per line.
 
@@ -410,11 +429,13 @@ SOURCES: dict[str, tuple[PackagedFile, Callable[[str | Path], list[Prompt]]]] = 
     "writing": (WRITING_FILE, parse_writing),
     "mt-bench-1": (MTBENCH_FILE, parse_mtbench_first),
     "open-qa": (NQ_OPEN_FILE, parse_open_qa),
+    "tool-calls": (TOOL_CALLS_FILE, parse_tool_calls),
 }
 DATASETS: tuple[str, ...] = tuple(SOURCES)
 _SPELLINGS = {"mtbench": "mt-bench", "gsm-8k": "gsm8k", "human-eval": "humaneval",
               "summarization": "summarize", "translation": "translate", "passageqa": "passage-qa",
-              "mtbench-1": "mt-bench-1", "nq-open": "open-qa", "openqa": "open-qa"}
+              "mtbench-1": "mt-bench-1", "nq-open": "open-qa", "openqa": "open-qa",
+              "bfcl": "tool-calls", "toolcalls": "tool-calls"}
 
 
 def canonical_name(name: str) -> str:

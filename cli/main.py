@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import warnings
+from pathlib import Path
 
 import click
 
@@ -180,12 +182,15 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
                    "candidates too, on the same device and dtype.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--memory", "memory_path", default=None, metavar="PATH",
+              help="Remember requests across runs in this file: read before generating (when it exists), "
+                   "written back after (it holds your prompts' outputs).")
 @trust_remote_code_option
 @threads_option
 @sampling_options
 @config_options
-def generate(model_name, prompt, max_new_tokens, chat, as_json, draft_model, device, dtype, trust_remote_code, seed,
-             **values):
+def generate(model_name, prompt, max_new_tokens, chat, as_json, draft_model, device, dtype, memory_path,
+             trust_remote_code, seed, **values):
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     checked_prompt(prompt)
     seed = checked_seed(seed)
@@ -193,19 +198,40 @@ def generate(model_name, prompt, max_new_tokens, chat, as_json, draft_model, dev
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     sampling = {name: values.pop(name) for name in SAMPLING_FIELDS}
     config = checked_config(values)
+    checked_memory_path(memory_path, config)
     try:
         with warnings_as_lines():
             result = _generate(model_name, prompt, max_new_tokens, chat, as_json,
-                               (device, dtype, trust_remote_code, draft_model), config, sampling, seed)
+                               (device, dtype, trust_remote_code, draft_model), config, sampling, seed, memory_path)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     if as_json:
         click.echo(json.dumps(result))
 
 
-def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config, sampling, seed) -> dict:
+def checked_memory_path(path: str | None, config: LookaheadConfig) -> None:
+    """One line and exit status 2, before any model loads, when --memory cannot work: no store
+    (--memory-tokens 0), a directory, or a place the file cannot be written back to."""
+    if path is None:
+        return
+    if config.memory_tokens == 0:
+        fail("--memory keeps requests in a memory store, and --memory-tokens 0 turns it off: "
+             "pass --memory-tokens N (N >= 2) or leave --memory out")
+    where = Path(path).expanduser()
+    if where.is_dir():
+        fail(f"--memory {path} is a directory: pass a file path, e.g. {where / 'memory.lkm'}")
+    parent = where.parent if where.parent != Path("") else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) \
+            or (where.exists() and not os.access(where, os.R_OK)):
+        fail(f"--memory {path}: cannot read and write there (the directory {parent} does not exist or is not "
+             f"writable): pass a path in a directory you can write to")
+
+
+def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config, sampling, seed,
+              memory_path=None) -> dict:
     """Load (device, dtype, trust_remote_code, draft model name = loading), generate (streaming unless
-    as_json), report stats; the JSON result."""
+    as_json), report stats; the JSON result. With ``memory_path``, the generator's memory across
+    requests is read from that file first (when it exists) and written back after."""
     import torch
     from transformers import TextStreamer
 
@@ -222,11 +248,15 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
                                             trust_remote_code=trust_remote_code)
     ids = encode_prompt(tokenizer, prompt, chat).to(device)
     gen = LookaheadGenerator(model, tokenizer, config, draft, draft_tokenizer=draft_tokenizer)
+    if memory_path is not None and Path(memory_path).expanduser().exists():
+        gen.load_memory(Path(memory_path).expanduser())
     streamer = None if as_json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     if seed is not None:
         torch.manual_seed(seed)
     out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer, **sampling)
     stats = gen.last_stats
+    if memory_path is not None:
+        gen.save_memory(Path(memory_path).expanduser())
     text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     click.echo(f"[lookahead] {stats.new_tokens} new tokens in {stats.steps} forward passes after the prefill, "
                f"{stats.accepted_per_step:.2f} tokens/step, {stats.tokens_per_s:.1f} tokens/s"
@@ -234,7 +264,7 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
     return {"text": text, "model": model_name, "prompt_tokens": stats.prompt_tokens,
             "new_tokens": stats.new_tokens, "steps": stats.steps,
             "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
-            "wall_time_s": stats.wall_time_s, "sampling": {**sampling, "seed": seed},
+            "wall_time_s": stats.wall_time_s, "memory_s": stats.memory_s, "sampling": {**sampling, "seed": seed},
             "draft_model": draft_name, "draft_forwards": stats.draft_forwards,
             "routes": {route: stats.routes.count(route) for route in sorted(set(stats.routes)) if route},
             "config": dataclasses.asdict(config),
@@ -243,8 +273,10 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
 
 from lookahead.cli.bench import bench  # noqa: E402
 from lookahead.cli.bench_batch import bench_batch  # noqa: E402
+from lookahead.cli.bench_memory import bench_memory  # noqa: E402
 main.add_command(bench)
 main.add_command(bench_batch)
+main.add_command(bench_memory)
 
 
 if __name__ == "__main__":

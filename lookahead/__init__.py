@@ -4,7 +4,8 @@ from .call.result import LookaheadOutput
 from .call.stats import GenerationStats
 from .config import LookaheadConfig
 from .errors import (ConfigError, ContextLimitWarning, DeviceError, DraftModelError, GenerateInputError,
-                     ModelLoadError, ProcessorOutputError, UnsupportedModelError, UntestedModelWarning)
+                     MemoryFileError, ModelLoadError, ProcessorOutputError, UnsupportedModelError,
+                     UntestedModelWarning)
 from .generator import Learned, LookaheadGenerator
 from .hf import CustomGenerate, custom_generate
 from .loading.models import DEFAULT_MODEL, load_model
@@ -13,7 +14,7 @@ __all__ = [
     "LookaheadGenerator", "LookaheadConfig", "load_model", "DEFAULT_MODEL", "GenerationStats",
     "custom_generate", "CustomGenerate", "LookaheadOutput", "Learned",
     "ConfigError", "GenerateInputError", "ModelLoadError", "UnsupportedModelError", "DeviceError",
-    "DraftModelError", "ProcessorOutputError",
+    "DraftModelError", "ProcessorOutputError", "MemoryFileError",
     "UntestedModelWarning", "ContextLimitWarning",
 ]
 __version__ = "0.1.0"

@@ -54,6 +54,11 @@ class LookaheadConfig:
     # Most tokens a draft model reads at once to catch up (the prompt, or text accepted while it was
     # silent): past that it starts over on the last draft_context tokens (0: it always reads everything).
     draft_context: int = 64
+    # Memory across requests: tokens of earlier requests' text kept (the generator's lifetime, or a file
+    # with save_memory / --memory) and proposed from when the current text repeats them; oldest requests
+    # are evicted first; about 76 bytes of host memory per token (0: no store).
+    memory_tokens: int = 262144
+    memory_prompts: bool = False  # keep the requests' prompts in the store too, not only their outputs
     max_tree_nodes: int = 32  # cap on verification-tree nodes per step
     budget: str = "adaptive"  # "adaptive": size each step's tree by cost model; "fixed": always the cap
     # "measured": the budget prices a step by this machine's measured cost curve; "flat": every step
@@ -87,6 +92,9 @@ class LookaheadConfig:
         _check_int("draft_alternatives", self.draft_alternatives, 0, 8)
         _check_int("draft_context", self.draft_context, 0)
         _check_int("recycle_width", self.recycle_width, 1, 64)
+        _check_int("memory_tokens", self.memory_tokens, 0, 1 << 31)
+        if self.memory_tokens == 1:
+            raise ConfigError("memory_tokens must be 0 (no memory across requests) or at least 2, got 1")
         _check_int("calibration_context", self.calibration_context, 1, 65536)
         _check_int("calibration_repeats", self.calibration_repeats, 1, 100)
         for name, allowed in CHOICES.items():
@@ -98,7 +106,7 @@ class LookaheadConfig:
                               f"got {self.cost_cache_dir!r}")
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
-                     "auto_window", "few_row_matmul", "allow_untested_models"):
+                     "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

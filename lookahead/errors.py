@@ -77,3 +77,8 @@ class DeviceError(ValueError):
 
 class RegistryError(RuntimeError):
     """A packaged file could not be found, fetched or verified."""
+
+
+class MemoryFileError(ValueError):
+    """A memory file (save_memory / load_memory, --memory) cannot be read or written; the message says why
+    and what to do. A file that fails a check is refused whole: nothing of it is loaded."""

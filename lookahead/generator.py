@@ -27,6 +27,8 @@ from .decode.loop import DecodeRun
 from .call.stats import GenerationStats
 from .decode.sequence import Sequence
 from .plan.window import auto_window
+from .proposers.memory import RequestMemory
+from .proposers.memory.file import vocabulary_key
 from .model.support import check_model, context_length
 from .model.target import Target
 
@@ -49,6 +51,7 @@ class Learned:
     cost: CostModel | None  # the step-cost curve the budget prices steps by, refined by the steps that ran
     run_config: LookaheadConfig | None = None  # the config decodes run with (auto_window's choice); None: config
     routing: Routing | None = None  # how forwards run on this CPU (routing.py); None: as torch is set
+    memory: RequestMemory | None = None  # earlier requests' text (proposers/memory/); None: no memory
 
 
 class LookaheadGenerator:
@@ -67,7 +70,8 @@ class LookaheadGenerator:
     """
 
     def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None, draft_model=None, *,
-                 learned: Learned | None = None, draft_tokenizer=None, allow_draft_device: bool = False):
+                 learned: Learned | None = None, draft_tokenizer=None, allow_draft_device: bool = False,
+                 memory=None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config if config is not None else LookaheadConfig()
@@ -97,6 +101,9 @@ class LookaheadGenerator:
         self.run_config = learned.run_config if learned.run_config is not None else self.config
         if learned.routing is not None:
             self.target.routings[1] = learned.routing
+        # Earlier requests' text: the learned store, or ``memory`` (any object with RequestMemory's
+        # begin / observe / lookup / remember and priors: benchmarks put another store there).
+        self.memory = memory if memory is not None else learned.memory
         self.batch_costs: dict[int, CostModel | None] = {}  # batch size -> the budget's curve for that batch
 
     def _fresh(self) -> Learned:
@@ -112,7 +119,9 @@ class LookaheadGenerator:
             if run is not cfg:
                 cost = self._measure_cost(run)
         routing = cost.routing if cost is not None else None
-        return Learned(cfg, self.vocab, recycled, {}, self._priced(cost), run, routing)
+        memory = RequestMemory(cfg.memory_tokens, cfg.memory_prompts, vocabulary_key(self.tokenizer, self.vocab),
+                               self.vocab) if cfg.memory_tokens else None
+        return Learned(cfg, self.vocab, recycled, {}, self._priced(cost), run, routing, memory)
 
     @staticmethod
     def _budgeted(cfg: LookaheadConfig) -> bool:
@@ -128,8 +137,27 @@ class LookaheadGenerator:
     @property
     def learned(self) -> Learned:
         """The state this generator learned so far (shared, not copied: it keeps learning)."""
+        memory = self.memory if isinstance(self.memory, RequestMemory) else None
         return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost, self.run_config,
-                       self.target.routings.get(1))
+                       self.target.routings.get(1), memory)
+
+    def save_memory(self, path) -> None:
+        """Write the text of this generator's earlier requests to ``path`` (atomically; a later
+        ``load_memory``, here or in another process, continues from it). The file holds users' text."""
+        self._own_memory("save_memory").save(path)
+
+    def load_memory(self, path) -> None:
+        """Remember the requests saved at ``path`` (by ``save_memory`` or ``lookahead generate --memory``)
+        instead of what this generator holds now. A truncated, damaged, other-version or other-vocabulary
+        file raises MemoryFileError and changes nothing."""
+        self._own_memory("load_memory").load(path)
+
+    def _own_memory(self, what: str) -> RequestMemory:
+        """The store save_memory / load_memory work on (GenerateInputError when there is none)."""
+        if not isinstance(self.memory, RequestMemory):
+            raise GenerateInputError(f"{what}: this generator keeps no memory across requests "
+                                     f"(memory_tokens=0); pass LookaheadConfig(memory_tokens=N) with N >= 2")
+        return self.memory
 
     def _measure_cost(self, cfg: LookaheadConfig, batch: int = 1) -> CostModel | None:
         """The forward-cost curve up to the largest step ``cfg`` can build (cached on disk), with the

@@ -276,3 +276,38 @@ def test_sampling_scores_that_overflow_get_one_line(model_dir):
     """A temperature so small that every score overflows leaves nothing to sample (model.generate fails too)."""
     one_clear_line(invoke("--model", model_dir, "--prompt", "w3 w4", "--no-chat", "--sample", "--temperature", "1e-45",
                           "--max-new-tokens", "4"), "sampling has no distribution to draw the next token from")
+
+
+def test_memory_file_is_written_and_read_back(model_dir, tmp_path):
+    memory = tmp_path / "memory.lkm"
+    args = ("--model", model_dir, "--prompt", "w3 w4 w5 w6", "--no-chat", "--max-new-tokens", "24", "--json",
+            "--budget", "fixed", "--no-context-match", "--no-ngram-pool", "--no-recycle", "--memory", str(memory))
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert memory.exists()
+    second = invoke(*args)  # the same request again: answered from the file's store
+    assert second.exit_code == 0, second.output
+    assert json.loads(second.stdout)["text"] == json.loads(first.stdout)["text"]
+    assert json.loads(second.stdout)["steps"] < json.loads(first.stdout)["steps"]
+
+
+@pytest.mark.parametrize("case, words", [
+    ("off", "--memory-tokens 0 turns it off"),
+    ("directory", "is a directory: pass a file path"),
+    ("no-directory", "cannot read and write there"),
+])
+def test_memory_paths_that_cannot_work_fail_before_loading(tmp_path, case, words):
+    path = {"off": tmp_path / "m.lkm", "directory": tmp_path, "no-directory": tmp_path / "absent" / "m.lkm"}[case]
+    extra = ["--memory-tokens", "0"] if case == "off" else []
+    result = invoke("--model", "/no/such/model", "--prompt", "hi", "--memory", str(path), *extra)
+    one_clear_line(result, words)
+
+
+def test_a_damaged_memory_file_gets_one_line_and_is_left_alone(model_dir, tmp_path):
+    memory = tmp_path / "memory.lkm"
+    memory.write_bytes(b"LOOKAHEAD-MEMORY\n{\"version\": 1}\n")
+    result = invoke("--model", model_dir, "--prompt", "w3 w4", "--no-chat", "--max-new-tokens", "4",
+                    "--memory", str(memory))
+    one_clear_line(result, "damaged header (it lacks requests, tokens, vocabulary)")
+    assert memory.read_bytes() == b"LOOKAHEAD-MEMORY\n{\"version\": 1}\n"
+    assert CliRunner().invoke(main, ["bench-memory", "--memory-tokens", "0"]).exit_code == 2

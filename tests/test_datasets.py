@@ -26,9 +26,11 @@ TRANSLATION = FIXTURES / "translation_mini.jsonl"
 QUAC = FIXTURES / "quac_mini.jsonl"
 WRITING = FIXTURES / "longbench_write_mini.jsonl"
 NQ_OPEN = FIXTURES / "nq_open_mini.jsonl"
+TOOL_CALLS = FIXTURES / "bfcl_simple_mini.json"
 FIXTURE_OF = {"humaneval": HUMANEVAL, "humaneval-chat": HUMANEVAL, "humaneval-annotate": HUMANEVAL,
               "mt-bench": MTBENCH, "gsm8k": GSM8K, "summarize": XSUM, "translate": TRANSLATION,
-              "passage-qa": QUAC, "writing": WRITING, "mt-bench-1": MTBENCH, "open-qa": NQ_OPEN}
+              "passage-qa": QUAC, "writing": WRITING, "mt-bench-1": MTBENCH, "open-qa": NQ_OPEN,
+              "tool-calls": TOOL_CALLS}
 SPEC_BENCH_CATEGORIES = ("summarize", "translate", "passage-qa", "writing")
 
 
@@ -119,6 +121,15 @@ def test_open_qa_asks_the_bare_question():
         "On the 6th day of christmas my true love sent to me?", "How many 5 star generals are there in the us?",
         "Who killed natalie and ann in sharp objects?"]
     assert all(len(p.messages) == 1 and p.text is None for p in prompts)  # no answer, no passage
+
+
+def test_tool_calls_ask_for_one_json_call_with_the_schemas():
+    prompts = ds.parse_tool_calls(TOOL_CALLS)
+    assert [p.id for p in prompts] == ["simple_python_0", "simple_python_1", "simple_python_2"]
+    content = prompts[0].messages[0]["content"]
+    assert '"name": "calculate_triangle_area"' in content and "exactly one function call as JSON" in content
+    assert content.endswith("Request: Find the area of a triangle with a base of 10 units and height of 5 units.")
+    assert all(p.category == "tool-call" and p.text is None for p in prompts)
 
 
 def test_gsm8k_prompts_are_chat_questions():

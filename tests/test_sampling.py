@@ -236,10 +236,11 @@ def sample_runs(gen: LookaheadGenerator, ids: torch.Tensor, tokens: int, n: int,
     return counts, one_forward / n
 
 
-SOURCES = {
-    "context": dict(ngram_pool=False, recycle=False),
-    "pool": dict(context_match=False, recycle=False),
-    "recycle": dict(context_match=False, ngram_pool=False),
+SOURCES = {  # each source alone, then all together
+    "context": dict(ngram_pool=False, recycle=False, memory_tokens=0),
+    "pool": dict(context_match=False, recycle=False, memory_tokens=0),
+    "recycle": dict(context_match=False, ngram_pool=False, memory_tokens=0),
+    "memory": dict(context_match=False, ngram_pool=False, recycle=False),  # fed by every earlier sample
     "all": dict(),
 }
 SETTINGS = {

@@ -19,6 +19,7 @@ class GenerationStats:
     step_seconds: list[float] = field(default_factory=list)  # wall time of every decode step
     draft_forwards: int = 0  # forward passes of the draft model (prefill included), if any
     drafted: int = 0  # tokens the draft model proposed
+    memory_s: float = 0.0  # host time the memory across requests spent looking up and storing
     routes: list[str] = field(default_factory=list)  # route of each decode forward (model/routing.py; "" as set)
 
     @property

@@ -90,6 +90,7 @@ class DecodeRun:
         self.ids, self.mask = ids, mask
         self.pad = decoding.pad_token_id
         self.stats = GenerationStats(prompt_tokens=int(mask.sum()))
+        self.memory = gen.memory  # earlier requests' text (its host time goes into the stats)
         cost = gen.cost_for_batch(len(prompts))
         rooms = rooms if rooms is not None else [None] * len(prompts)
         self.seqs = [Sequence(gen, p, decoding, streamer, GenerationStats(prompt_tokens=int(p.shape[0])), cost, room)
@@ -107,6 +108,7 @@ class DecodeRun:
         are already speculated (a copy from the prompt can arrive in one go).
         """
         start = time.perf_counter()
+        memory_before = self.memory.seconds if self.memory is not None else 0.0
         if max(seq.out.limit for seq in self.seqs) > 0:
             self._prefill()
             for seq in self.seqs:
@@ -123,6 +125,8 @@ class DecodeRun:
             seq.count_draft()
         self.stats.draft_forwards = sum(seq.stats.draft_forwards for seq in self.seqs)
         self.stats.drafted = sum(seq.stats.drafted for seq in self.seqs)
+        if self.memory is not None:
+            self.stats.memory_s = self.memory.seconds - memory_before
         return out
 
     def _prefill(self) -> None:
@@ -214,7 +218,7 @@ class DecodeRun:
     def _output(self) -> torch.Tensor:
         """[B, T + n]: each padded prompt, its new tokens, then pad_token_id up to the longest row
         (every stream ended)."""
-        new = [seq.out.finish()[seq.out.prompt_len:] for seq in self.seqs]
+        new = [seq.finish()[seq.out.prompt_len:] for seq in self.seqs]
         longest = max(n.shape[0] for n in new)
         if any(n.shape[0] < longest for n in new) and self.pad is None:
             raise ValueError("rows finished at different lengths and the model has no pad_token_id (nor an "

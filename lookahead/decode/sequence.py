@@ -60,6 +60,7 @@ class Sequence:
         proposers, self.drafter = build_proposers(gen, cfg, decoding, cost, self.pool, self.window_pool,
                                                   self.recycled, seed)
         self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost)
+        self.begun = False  # whether the prompt went in (a call with nothing to generate never begins)
 
     def count_draft(self) -> None:
         """Put the draft model's work into the stats (nothing without a draft)."""
@@ -67,8 +68,16 @@ class Sequence:
             self.stats.draft_forwards = self.drafter.forwards
             self.stats.drafted = self.planner.proposers[0].drafted
 
+    def finish(self) -> np.ndarray:
+        """The sequence is done: the sources hear of it (if it began), the stream ends; prompt + new
+        tokens [T + n]."""
+        if self.begun:
+            self.planner.finish(self.out.seq, self.out.stop)
+        return self.out.finish()
+
     def begin(self) -> None:
         """The prompt is in: start the window and the proposers."""
+        self.begun = True
         self.window.begin(self.out.seq[:self.out.prompt_len])
         self.planner.begin(self.out.seq, self.out.prompt_len)
 

@@ -6,6 +6,7 @@ from ..call.decoding import Decoding
 from ..proposers.context import ContextMatcher
 from ..proposers.draft.drafter import Drafter
 from ..proposers.draft.proposer import DraftProposer
+from ..proposers.memory import MemoryProposer
 from ..proposers.ngram import NgramPool, NgramProposer, WindowProposer
 from ..proposers.recycle import AdjacencyTable, RecyclingProposer
 
@@ -23,6 +24,8 @@ def build_proposers(gen, cfg, decoding: Decoding, cost, pool: NgramPool, window_
         sources.append(draft_proposer(drafter, gen.draft_cost, cfg, decoding, cost, seed))
     if cfg.context_match:
         sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
+    if gen.memory is not None:
+        sources.append(MemoryProposer(gen.memory, cfg.match_length))
     if cfg.ngram_pool:
         sources.append(NgramProposer(pool, cfg.seed_from_prompt, cfg.seed_from_output))
     if recycled is not None:

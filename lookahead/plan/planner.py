@@ -11,7 +11,7 @@ that greedy decoding accepts 60% of the time is accepted less often at
 T=1.0 (the target's probability of that token, not a 0/1 argmax match), so
 mixing the two would make the budget over- or under-speculate. Each regime
 starts from the sources' priors and learns only from steps decoded in it;
-what each source learns for itself (its ``Memory``) is kept the same way.
+what each source learns for itself (its ``State``) is kept the same way.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class Planner:
         self.widths = window_widths(config, cost is not None)  # [O] the window's options, x alone first
         self.window_rows = np.array([window_rows(w, config.ngram) for w in self.widths])  # [O]
         self.base_rows = 1  # rows before the tree when the window is not fed: x
-        self.memories = [partial(acceptance.state, source.name) for source in proposers]  # what each learns
+        self.states = [partial(acceptance.state, source.name) for source in proposers]  # what each learns
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
 
@@ -163,7 +163,7 @@ class Planner:
 
     def column_worth(self) -> float:
         """Tokens one window column fed for one step is worth, later, to all the sources together."""
-        return sum(source.column_worth(memory) for source, memory in zip(self.proposers, self.memories))
+        return sum(source.column_worth(state) for source, state in zip(self.proposers, self.states))
 
     def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
         """1. propose, 2. the scored trie in best-first order with path probabilities.
@@ -224,7 +224,7 @@ class Planner:
             if i in found or i in asking:
                 return
             asking.add(i)
-            step = StepContext(room, self.memories[i], partial(others, i), self._unit)
+            step = StepContext(room, self.states[i], partial(others, i), self._unit)
             found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
                                                  self.acceptance.block(i, estimates), step)
             asking.discard(i)
@@ -285,7 +285,7 @@ class Planner:
         price = partial(self._price, tree.size, width)
         for i, source in enumerate(self.proposers):
             block = (int(self.acceptance.offsets[i]), int(self.acceptance.offsets[i + 1]))
-            source.learn(Outcome(tree, path, width, block, self.memories[i], price))
+            source.learn(Outcome(tree, path, width, block, self.states[i], price))
 
     def _price(self, nodes: int, width: int) -> float:
         """A step feeding ``width`` window columns and ``nodes`` tree nodes, in plain steps (1.0 without
@@ -299,6 +299,11 @@ class Planner:
         """seq[start:stop] was just accepted."""
         for source in self.proposers:
             source.observe(seq, start, stop)
+
+    def finish(self, seq: np.ndarray, stop: int) -> None:
+        """The sequence ended as seq[:stop]."""
+        for source in self.proposers:
+            source.finish(seq, stop)
 
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step over ``rows`` rows took ``seconds`` (refines the cost model)."""

@@ -3,7 +3,7 @@
 A source is asked once a step for candidates (``propose``, with a ``StepContext``)
 and told afterwards what came of the verified tree (``learn``, with an
 ``Outcome``). What it learns from step to step and must keep across generate
-calls (per regime: plan/planner.py) it keeps in its ``Memory``, a slot of its own
+calls (per regime: plan/planner.py) it keeps in its ``State``, a slot of its own
 in the acceptance table. A new source is one new file (a ``Source`` subclass)
 and a line in decode/sources.py; the planner names no source.
 """
@@ -20,7 +20,7 @@ import torch
 if TYPE_CHECKING:
     from ..plan.tree import TokenTree
 
-Memory = Callable[[Callable[[], Any]], Any]  # memory(factory): the source's learned state in this regime,
+State = Callable[[Callable[[], Any]], Any]  # state(factory): the source's learned state in this regime,
 # made by factory() the first time (AcceptanceStats.state under the source's name)
 
 
@@ -80,7 +80,7 @@ class StepContext:
     """What a source is told when asked for this step's candidates, beside the sequence."""
 
     room: int  # tokens that may still be appended (nothing deeper is ever verified)
-    memory: Memory  # this source's learned state, kept across generate calls
+    state: State  # this source's learned state, kept across generate calls
     others: Callable[[], Others]  # asks the other sources first (once) and says what they reach
     unit: Callable[[], float]  # seconds of a plain target step (x alone), the unit of every cost in
     # plain steps; 0.0 without a cost model
@@ -89,14 +89,14 @@ class StepContext:
 class Outcome:
     """What one verified step did, as one source sees it (``Proposer.learn``)."""
 
-    def __init__(self, tree: TokenTree, path: np.ndarray, width: int, block: tuple[int, int], memory: Memory,
+    def __init__(self, tree: TokenTree, path: np.ndarray, width: int, block: tuple[int, int], state: State,
                  price: Callable[[], float]):
         """``block``: (first, end) of this source's rows in the shared estimate table; ``price()``:
         the step's cost in plain target steps."""
         self.tree = tree  # the verified tree
         self.path = path  # [k] its accepted nodes, in depth order
         self.width = width  # window columns the step fed
-        self.memory = memory
+        self.state = state
         self.block = block
         self._price = price
 
@@ -125,7 +125,7 @@ class Proposer(Protocol):
     [classes] is the acceptance rate assumed for each class before any is
     measured; ``estimates`` [classes, D] passed to propose is the current
     estimate per class and depth (a source may use it to shape its tree).
-    ``name`` keys the source's learned state (``Memory``): unique per source.
+    ``name`` keys the source's learned state (``State``): unique per source.
     """
 
     name: str
@@ -144,13 +144,16 @@ class Proposer(Protocol):
     def learn(self, outcome: Outcome) -> None:
         """The step the source proposed for was verified (called every step, proposed or not)."""
 
-    def column_worth(self, memory: Memory) -> float:
+    def finish(self, seq: np.ndarray, stop: int) -> None:
+        """The sequence ended as seq[:stop] (EOS, budget or a stop): the last call for it."""
+
+    def column_worth(self, state: State) -> float:
         """Tokens one window column fed for one step is worth to this source, later (0: none)."""
 
 
 class Source:
-    """The parts of the protocol most sources leave as they are: nothing to begin, observe or
-    learn, and feeding the window is worth nothing to them. A source subclasses it, sets
+    """The parts of the protocol most sources leave as they are: nothing to begin, observe, learn
+    or keep when a sequence finishes, and feeding the window is worth nothing to them. A source subclasses it, sets
     ``name`` and ``priors`` and writes ``propose``."""
 
     name = ""
@@ -165,6 +168,9 @@ class Source:
     def learn(self, outcome: Outcome) -> None:
         """Nothing to learn."""
 
-    def column_worth(self, memory: Memory) -> float:
+    def finish(self, seq: np.ndarray, stop: int) -> None:
+        """Nothing to keep."""
+
+    def column_worth(self, state: State) -> float:
         """Window columns are worth nothing to this source."""
         return 0.0

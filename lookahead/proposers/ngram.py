@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels.pool import (new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup)
 from ..plan.learner import DecayedRatio
-from .base import Candidates, Memory, Outcome, Source, StepContext, single_class
+from .base import Candidates, State, Outcome, Source, StepContext, single_class
 
 POOL_PRIORS = np.array([0.3, 0.2, 0.15, 0.1])  # by recency rank in the pool (rank >= 3 shares the last)
 COLUMN_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step, enough
@@ -101,8 +101,8 @@ class WindowProposer(NgramProposer):
     def learn(self, outcome: Outcome) -> None:
         """The step fed ``outcome.width`` columns; count the accepted tokens that came from the
         window's n-grams alone (nodes of this source's classes: no earlier source had them)."""
-        outcome.memory(column_learner).step(int(outcome.mine[outcome.path].sum()), outcome.width)
+        outcome.state(column_learner).step(int(outcome.mine[outcome.path].sum()), outcome.width)
 
-    def column_worth(self, memory: Memory) -> float:
+    def column_worth(self, state: State) -> float:
         """Tokens one window column fed for one step is worth, later, through its n-grams."""
-        return memory(column_learner).value()
+        return state(column_learner).value()

@@ -24,7 +24,7 @@ tokens their tree is expected to yield and its cost in plain target steps,
 and ``covered[d]``, their trie's best path probability at depth d + 1. Its
 own ``rate`` is the tokens draft steps added lately past such a trie, per
 plain target step their forwards took (measured: worth.DraftWorth, kept in
-the source's memory and learned from every step's outcome in ``learn``).
+the source's state and learned from every step's outcome in ``learn``).
 Drafting raises a step's tokens per second only while what it adds, per
 step it costs, beats the step's tokens per step so far: the draft runs only
 when ``rate`` beats the plain step's, and the chain stops at the first
@@ -121,7 +121,7 @@ class DraftProposer(Source):
         added past such a trie lately (its DraftWorth), decide whether and how far it drafts."""
         others = step.others()
         covered = float(others.covered[0])
-        rate = step.memory(DraftWorth).rate(covered, float(self.cost_ratio(1)))
+        rate = step.state(DraftWorth).rate(covered, float(self.cost_ratio(1)))
         found = self.draft(seq, stop, limit, estimates, others.covered, others.plain, rate, step.room)
         unit = step.unit()
         spent = (found.seconds - found.catch_up) / unit if unit else 0.0  # catch-ups aside
@@ -139,7 +139,7 @@ class DraftProposer(Source):
         cost = asked.cost
         if cost > 0:
             cost += max(0.0, outcome.steps - asked.plain)
-        outcome.memory(DraftWorth).observe(asked.covered, cost, beyond)
+        outcome.state(DraftWorth).observe(asked.covered, cost, beyond)
 
     def draft(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
               covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0),
