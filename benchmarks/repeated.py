@@ -121,4 +121,9 @@ def repeated_table(result: dict) -> str:
     for label, part in rows:
         cells = " | ".join(f"{part[n]['tokens_per_forward']:.2f} | {part[n]['speedup']:.2f}x" for n in names)
         lines.append(f"| {label} | {cells} |")
+    whole = result["all"]
+    lines.append("")
+    lines.append("Host time of the memory (look-up and update) per step: " + ", ".join(
+        f"{n} {whole[n]['memory_ms_per_step']:.3f} ms ({100 * whole[n]['memory_share_of_step']:.2f}% of the time)"
+        for n in names if whole[n]["memory_ms_per_step"] > 0) + ".")
     return "\n".join(lines)

@@ -132,11 +132,12 @@ def store_lookup(seq, stop, ring, heads, chain, state, orders, limit, length, ed
     longest indexed suffix (order o: ORDERS[o] tokens) each give the tokens after them
     (at most ``length``, up to their request's end); merged into a trie, every node counts
     the occurrences through it; the rows are the paths to the G leaves of most occurrences.
-    A token's class is o * (len(edges) + 1) + the bucket of its node's share of the occurrences.
+    A token's class is o * (len(edges) + 1) + the bucket of its node's share of the occurrences
+    (counted with one more occurrence that went elsewhere: a continuation seen once gets 1/2).
 
     Worked example: ring [1 2 3 SEP 1 2 4 SEP 1 2 3 SEP], orders [1 2], seq [9 1 2], limit 2,
     length 2, edges [0.5]: "1 2" occurred 3 times (o = 1), followed by 3, 4, 3 -> rows
-    [[3], [4]], lens [1 1], classes [[3], [2]] (3 holds 2/3 of them, 4 1/3).
+    [[3], [4]], lens [1 1], classes [[3], [2]] (3 holds 2 of 3 + 1, 4 holds 1).
     """
     capacity = ring.shape[0]
     buckets = edges.shape[0] + 1
@@ -193,7 +194,7 @@ def store_lookup(seq, stop, ring, heads, chain, state, orders, limit, length, ed
         lens[r] = depth
         node = chosen[r]
         for d in range(depth - 1, -1, -1):
-            share = hits[node] / size
+            share = hits[node] / (size + 1)  # a continuation seen once is no sure thing
             bucket = 0
             while bucket < edges.shape[0] and share >= edges[bucket]:
                 bucket += 1
