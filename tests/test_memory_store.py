@@ -134,6 +134,7 @@ def test_a_saved_memory_loads_back(tmp_path):
     (lambda data: data.replace(b'"version": 1', b'"version": 9'), "format 9"),
     (lambda data: data.replace(b"size:100", b"size:101"), "another tokenizer"),
     (lambda data: data[:40], "damaged"),
+    (lambda data: data.replace(b'"requests": 1', b'"requests": "1"'), "truncated or damaged"),
 ])
 def test_a_bad_file_is_refused_whole_and_nothing_changes(tmp_path, damage, message):
     path = tmp_path / "memory.lkm"

@@ -58,33 +58,34 @@ def decode(data: bytes, vocabulary: str, vocab: int, where: str) -> list[np.ndar
     except ValueError:
         header = None
     if not isinstance(header, dict):
-        raise MemoryFileError(f"{where} has a damaged header: delete it (it is rebuilt as requests run) "
-                              f"or restore it from a copy")
+        raise damaged(where, "has a damaged header")
     if header.get("version") != VERSION:
         raise MemoryFileError(f"{where} was written in memory format {header.get('version')!r}; this lookahead "
                               f"reads format {VERSION}: delete it or pass another path (it is rebuilt as "
                               f"requests run)")
     lacking = sorted({"vocabulary", "requests", "tokens"} - header.keys())
     if lacking:
-        raise MemoryFileError(f"{where} has a damaged header (it lacks {', '.join(lacking)}): delete it (it is "
-                              f"rebuilt as requests run) or restore it from a copy")
-    if header.get("vocabulary") != vocabulary:
-        raise MemoryFileError(f"{where} belongs to another tokenizer's vocabulary ({header.get('vocabulary')}, "
+        raise damaged(where, f"has a damaged header (it lacks {', '.join(lacking)})")
+    if header["vocabulary"] != vocabulary:
+        raise MemoryFileError(f"{where} belongs to another tokenizer's vocabulary ({header['vocabulary']}, "
                               f"this generator's is {vocabulary}): its token ids would mean other text; pass a "
                               f"memory file of this model's tokenizer, or a new path")
-    count, total = header.get("requests"), header.get("tokens")
-    start = end + 1
-    size = start + 8 * int(count or 0) + 4 * int(total or 0) + DIGEST
-    if not (isinstance(count, int) and isinstance(total, int) and count >= 0 and total >= 0) or len(data) != size \
+    count, total, start = header["requests"], header["tokens"], end + 1
+    counted = all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (count, total))
+    if not counted or len(data) != start + 8 * count + 4 * total + DIGEST \
             or hashlib.sha256(data[:-DIGEST]).digest() != data[-DIGEST:]:
-        raise MemoryFileError(f"{where} is truncated or damaged (its size or checksum does not match what it "
-                              f"declares): delete it (it is rebuilt as requests run) or restore it from a copy")
+        raise damaged(where, "is truncated or damaged (its size or checksum does not match what it declares)")
     lengths = np.frombuffer(data, dtype="<i8", count=count, offset=start).astype(np.int64)
     tokens = np.frombuffer(data, dtype="<i4", count=total, offset=start + 8 * count).astype(np.int64)
     if lengths.sum() != total or (lengths < 0).any() or (tokens < 0).any() or (tokens >= vocab).any():
         raise MemoryFileError(f"{where} holds token ids outside this model's vocabulary of {vocab} or "
                               f"inconsistent lengths: delete it or pass a memory file of this model")
     return np.split(tokens, np.cumsum(lengths)[:-1]) if count else []
+
+
+def damaged(where: str, what: str) -> MemoryFileError:
+    """The error for a file that is no longer what was written: ``where`` ``what``, and the fix."""
+    return MemoryFileError(f"{where} {what}: delete it (it is rebuilt as requests run) or restore it from a copy")
 
 
 @contextlib.contextmanager
