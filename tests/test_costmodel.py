@@ -348,3 +348,20 @@ def test_a_hopeless_route_is_timed_once_and_extrapolated():
     seconds, measured = measure.measure_routes(time_one, (1, 2, 4), routes, 3)
     assert measured.problem is None and np.allclose(measured.seconds, [cpu_time(q) for q in (1, 2, 4)])
     assert all(c[1].threads == 1 for c in calls[len(routes) + 4:])  # only one-thread routes measured on
+
+
+def test_the_timed_step_hands_the_target_writable_arrays():
+    """torch warns (once, on the user's stderr) when it wraps a read-only NumPy array: a one-row
+    broadcast view is one. The timed step's arrays are the target's own copies, for every batch."""
+
+    class Probe:
+        device = torch.device("cpu")
+
+        def step(self, cache, tokens, positions, local, keep, past, slots):
+            assert all(a.flags.writeable for a in (tokens, positions, local, keep))
+            assert positions.shape == tokens.shape and local.shape == tokens.shape + (tokens.shape[1],)
+            assert (slots is None) == (tokens.shape[0] == 1) and past == 8
+            return "ran"
+
+    for batch in (1, 3):
+        assert measure._step_pass(Probe(), np.zeros((batch, 4), dtype=np.int64), 8)(None) == "ran"

@@ -209,8 +209,8 @@ def _step_pass(target: Target, tokens: np.ndarray, context: int):
     decode/loop.py runs a step (several sequences carry their cache slots' bookkeeping: model/mask.py)."""
     batch, q = tokens.shape
     offsets = np.arange(q, dtype=np.int64)  # [q]
-    positions = np.ascontiguousarray(np.broadcast_to(context + offsets, (batch, q)))  # [B, q]
-    local = np.ascontiguousarray(np.broadcast_to(np.tril(np.ones((q, q), dtype=bool)), (batch, q, q)))  # [B, q, q]
+    positions = np.repeat((context + offsets)[None], batch, axis=0)  # [B, q] (writable: torch takes it)
+    local = np.repeat(np.tril(np.ones((q, q), dtype=bool))[None], batch, axis=0)  # [B, q, q]
     slots = None
     if batch > 1:
         dev = target.device
