@@ -63,6 +63,9 @@ def step_rows(plans: list[StepPlan], x_pos: np.ndarray) -> StepRows:
         local[a, :q, :q] = plan.layout.local_mask
         local[a, np.arange(q, width), np.arange(q, width)] = True
     keep = plans[0].keep if count == 1 else np.unique(np.concatenate([p.keep for p in plans]))  # [K]
+    # One window width for all: every plan keeps the same window rows, then the tree's from the same
+    # start, so each plan's kept rows are a prefix of ``keep`` (the loop slices the logits by it).
+    assert all(np.array_equal(p.keep, keep[:p.keep.shape[0]]) for p in plans[1:]), "kept rows are no prefix"
     return StepRows(tokens, x_pos[:, None] + offsets, local, keep)
 
 
@@ -192,7 +195,8 @@ class DecodeRun:
         """Gather every sequence's kept step rows to the front of the step's slots; mask the rest."""
         rows, counts, in_place = kept_slots(kept)
         dev = self.target.device
-        keep_rows(self.cache, self.past, to_device(rows, dev), in_place)
+        # In place, keep_rows reads only how many rows: no copy to the device is needed.
+        keep_rows(self.cache, self.past, torch.from_numpy(rows) if in_place else to_device(rows, dev), in_place)
         if self.slots is not None:
             column = np.arange(rows.shape[1])  # [K]
             self.slots = PastSlots(
