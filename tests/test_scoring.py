@@ -46,15 +46,22 @@ def test_scored_trie_docstring_example():
         np.array([[.9, .5, .5], [.8, .6, .6]]), 10)
     assert tokens.tolist() == [4, 5, 6, 7] and parents.tolist() == [-1, 0, 1, 0] and depths.tolist() == [1, 2, 3, 2]
     assert cls.tolist() == [0, 0, 0, 1]
-    assert np.allclose(prob, [.9, .45, .225, .54])
+    assert np.allclose(prob, [.98, .49, .245, .588])  # 4 is proposed by both classes: 1 - .1 * .2
     assert best_first_order(parents, prob).tolist() == [0, 3, 1, 2]
 
 
-def test_shared_node_keeps_the_best_source():
-    # both rows start with 4: row 1's class scores it higher, so the node takes class 1
+def test_a_node_two_classes_propose_takes_the_best_class_and_both_chances():
+    # both rows start with 4: row 1's class scores it higher, so the node takes class 1, and its
+    # chance is that either holds: 1 - .8 * .3
     _, _, _, cls, prob = build_scored_trie(np.array([[4, 5], [4, 6]]), a(2, 2), np.array([[0, 0], [1, 1]]),
                                            np.array([[.2, .5], [.7, .5]]), 10)
-    assert cls.tolist() == [1, 0, 1] and np.allclose(prob, [.7, .35, .35])
+    assert cls.tolist() == [1, 0, 1] and np.allclose(prob, [.76, .38, .38])
+
+
+def test_one_class_proposing_a_node_twice_counts_once():
+    _, _, _, cls, prob = build_scored_trie(np.array([[4, 5], [4, 6]]), a(2, 2), np.array([[1, 1], [1, 1]]),
+                                           np.array([[.2, .5], [.7, .5]]), 10)
+    assert cls.tolist() == [1, 1, 1] and np.allclose(prob, [.7, .35, .35])
 
 
 def test_depths_beyond_the_table_use_its_last_column():
@@ -243,9 +250,10 @@ def test_acceptance_counts_trials_and_hits():
     stats.update(a(0, 0, 1, 2), a(1, 2, 1, 2), a(-1, 0, -1, 2), a(0))
     est = stats.estimates()
     assert np.isclose(est[0, 0], (2 + 1) / (4 + 1))  # reached and accepted
-    assert np.isclose(est[0, 1], 2 / (4 + 1))  # reached (parent accepted), rejected
+    assert np.isclose(est[0, 1], 4 * .6 / (4 + 1))  # reached (parent accepted), rejected; prior: depth 1's .6
     assert np.isclose(est[1, 0], 1 / (4 + 1))  # reached, rejected
-    assert np.isclose(est[2, 1], .25)  # parent rejected: not a trial
+    assert np.isclose(est[1, 1], .2)  # never tried at depth 2: what depth 1 learned
+    assert np.isclose(est[2, 0], .25) and np.isclose(est[2, 1], .25)  # parent rejected: not a trial
 
 
 def test_acceptance_forgets_old_counts():

@@ -4,9 +4,9 @@ best-first, ancestor masks.
 Worked example: candidates [[4 5 6], [4 7 0]] with lens [3, 2], classes
 [[0 0 0], [1 1 0]] and estimates est[class, depth - 1] = [[.9 .5 .5], [.8 .6 .6]]
 give the nodes tokens [4 5 6 7], parents [-1 0 1 0], depths [1 2 3 2]
-(-1 = the root x; the shared first token 4 is one node, scored by its best
-source: class 0, .9). Path probabilities: [.9, .45, .225, .54]; best-first
-order [0 3 1 2]. Its ancestor mask (row sees column) is::
+(-1 = the root x; the shared first token 4 is one node, labelled with its
+best class, 0, and scored as either class holding: 1 - .1 * .2 = .98). Path
+probabilities: [.98, .49, .245, .588]; best-first order [0 3 1 2]. Its ancestor mask (row sees column) is::
 
     4: 1 . . .
     5: 1 1 . .
@@ -26,8 +26,10 @@ def build_scored_trie(cands, lens, classes, est, max_nodes):
 
     classes[G, L] names each token's estimate row: est[C, D] is the chance a
     token of that class at depth d + 1 is accepted once its parent is (depths
-    past D use the last column). A node proposed by several rows keeps the best
-    estimate. Returns (tokens[M], parents[M], depths[M], cls[M], prob[M]) where
+    past D use the last column). A node proposed by rows of different classes
+    (different sources, or kinds of match) is accepted if either holds: it takes
+    the best class as its label and 1 - (1 - a)(1 - b) as its chance; rows of
+    one class proposing it again add nothing. Returns (tokens[M], parents[M], depths[M], cls[M], prob[M]) where
     prob is the path probability (product of the estimates from x down).
     """
     total = 0
@@ -61,9 +63,10 @@ def build_scored_trie(cands, lens, classes, est, max_nodes):
                 cond[m] = score
                 found = m
                 m += 1
-            elif score > cond[found]:
-                cond[found] = score
-                cls[found] = classes[g, d]
+            elif classes[g, d] != cls[found]:
+                if score > cond[found]:
+                    cls[found] = classes[g, d]
+                cond[found] = 1.0 - (1.0 - cond[found]) * (1.0 - score)
             cur = found
     prob = np.empty(m, dtype=np.float64)
     for node in range(m):  # parents come before children

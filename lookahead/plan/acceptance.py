@@ -3,9 +3,12 @@
 Every tree node carries the class its source gave it (see proposers/base.py)
 and its depth. After each verification, a node whose parent was accepted (or
 whose parent is x) is a trial; if it was accepted too, a hit. The estimate of
-a class at a depth is (hits + prior) / (trials + strength): the chance a
-token of that kind is accepted once its parent is. Counts are halved when
-trials pass ``horizon``, so the estimates follow the text being generated.
+a class at a depth is (hits + strength * above) / (trials + strength): the
+chance a token of that kind is accepted once its parent is, where ``above``
+is the class's prior at depth 1 and the estimate one level up below it (what
+a class learned near the root carries down to the depths it seldom reaches).
+Counts are halved when trials pass ``horizon``, so the estimates follow the
+text being generated.
 
 The estimates run optimistic: the best-first tree keeps exactly the nodes
 whose estimates came out high (a winner's curse), and a path's probability
@@ -95,20 +98,39 @@ class AcceptanceStats:
                  horizon: float = HORIZON):
         sizes = [int(p.shape[0]) for p in priors]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # [S + 1]
-        prior = np.concatenate(priors).astype(np.float64)  # [C]
-        self.trials = np.full((prior.shape[0], depth), strength)  # [C, D]
-        self.hits = np.repeat(prior[:, None] * strength, depth, axis=1)  # [C, D]
+        self.prior = np.concatenate(priors).astype(np.float64)  # [C]
+        self.seen_trials = np.zeros((self.prior.shape[0], depth))  # [C, D] verified nodes whose parent held
+        self.seen_hits = np.zeros((self.prior.shape[0], depth))  # [C, D] those accepted too
+        self.weight = np.full((self.prior.shape[0], depth), float(strength))  # [C, D] pseudo-trials of the prior
         self.horizon = horizon
         self.gain = GainCalibration()  # what trees yield against what they promise
         self.states: dict[str, Any] = {}  # what each source learns for itself, by source name (``state``)
 
     @property
     def depth(self) -> int:
-        return int(self.trials.shape[1])
+        return int(self.seen_trials.shape[1])
+
+    @property
+    def trials(self) -> np.ndarray:
+        """[C, D] trials counted, the prior's pseudo-trials included."""
+        return self.seen_trials + self.weight
 
     def estimates(self) -> np.ndarray:
-        """[C, D] acceptance chance given the parent was accepted, in (0, 1)."""
-        return np.clip(self.hits / self.trials, 1e-4, 0.9999)
+        """[C, D] acceptance chance given the parent was accepted, in (0, 1).
+
+        Depth 1 starts from the class's prior; every deeper depth starts from the
+        estimate one level up (learned, where nodes were verified there), so what a
+        class showed near the root carries down to depths the budget seldom reaches:
+        without it, a deep estimate would sit at the prior, keep the budget from going
+        that deep, and so never learn. Prior .5, strength 4, depth 1 seen 2 of 2 ->
+        (2 + 4 * .5) / (2 + 4) = .67 there, and (0 + 4 * .67) / (0 + 4) = .67 at depth 2.
+        """
+        est = np.empty_like(self.seen_trials)  # [C, D]
+        above = self.prior  # [C]
+        for d in range(self.depth):
+            above = (self.seen_hits[:, d] + self.weight[:, d] * above) / (self.seen_trials[:, d] + self.weight[:, d])
+            est[:, d] = above
+        return np.clip(est, 1e-4, 0.9999)
 
     def block(self, source: int, estimates: np.ndarray) -> np.ndarray:
         """Rows of ``estimates`` that belong to source number ``source``."""
@@ -122,12 +144,12 @@ class AcceptanceStats:
         accepted[path] = True
         reached = (parents < 0) | accepted[np.maximum(parents, 0)]  # [M]: parent accepted (or x)
         col = np.minimum(depths - 1, self.depth - 1)  # [M]
-        np.add.at(self.trials, (classes[reached], col[reached]), 1.0)
-        np.add.at(self.hits, (classes[accepted], col[accepted]), 1.0)
+        np.add.at(self.seen_trials, (classes[reached], col[reached]), 1.0)
+        np.add.at(self.seen_hits, (classes[accepted], col[accepted]), 1.0)
         full = self.trials > self.horizon
         if full.any():
-            self.trials[full] *= 0.5
-            self.hits[full] *= 0.5
+            for counts in (self.seen_trials, self.seen_hits, self.weight):
+                counts[full] *= 0.5
 
     def observe_gain(self, predicted: float, realised: int) -> None:
         """A step whose tree promised ``predicted`` tokens beyond the bonus one added ``realised``
