@@ -198,5 +198,7 @@ def draft_rows(tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, order
     lens = np.array([len(p) for p in paths], dtype=np.int64)
     for r, path in enumerate(paths):
         rows[r, :len(path)] = tokens[path]
-        classes[r, :len(path)] = order * buckets + np.searchsorted(PROB_EDGES, probs[path], side="right")
+        above = np.concatenate([[1.0], probs[path[:-1]]])  # the parent's path probability (x: 1)
+        share = probs[path] / np.maximum(above, 1e-12)  # given the parent, as lookahead's store counts it
+        classes[r, :len(path)] = order * buckets + np.searchsorted(PROB_EDGES, share, side="right")
     return Candidates(rows, lens, classes)

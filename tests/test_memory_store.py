@@ -15,6 +15,7 @@ from conftest import BUILDERS, VOCAB, reference, tiny_model
 from lookahead import ConfigError, GenerateInputError, LookaheadConfig, LookaheadGenerator, MemoryFileError
 from lookahead.kernels.suffix import new_store, store_append, store_lookup, store_separate
 from lookahead.proposers.memory import RequestMemory
+from lookahead.proposers.memory.proposer import PROMPT_TAIL
 from lookahead.proposers.memory import file as memfile
 from lookahead.proposers.memory.store import SuffixStore
 
@@ -46,6 +47,18 @@ def test_store_lookup_docstring_example():
                                                 np.array([0.5]))
     assert order == 1 and lens.tolist() == [1, 1]
     assert tokens[:, 0].tolist() == [3, 4] and classes[:, 0].tolist() == [3, 2]
+
+
+def test_a_deeper_token_is_classed_by_its_share_of_the_occurrences_that_reached_its_parent():
+    ring, heads, chain, state = new_store(32)
+    orders = a(1, 2)
+    for request in ((1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 7, 8), (1, 2, 7, 9)):
+        store_append(a(*request), ring, heads, chain, state, orders)
+        store_separate(ring, state)
+    tokens, lens, classes, order = store_lookup(a(1, 2), 2, ring, heads, chain, state, orders, 1, 2,
+                                                np.array([0.5]))
+    # "1 2" 4 times: 3 followed 2 of them (2 / 5, bucket 0), and 4 both that reached 3 (2 / 3, bucket 1)
+    assert order == 1 and tokens.tolist() == [[3, 4]] and classes.tolist() == [[2, 3]]
 
 
 def test_store_lookup_prefers_the_longest_match_and_stops_at_a_request_end():
@@ -226,7 +239,7 @@ def test_a_repeated_request_is_answered_from_the_store():
     ids = prompt(7)
     gen.generate(ids, max_new_tokens=48, eos_token_id=NO_EOS)
     first = gen.last_stats.steps
-    assert gen.memory.store.requests == 1 and gen.memory.store.tokens == 48
+    assert gen.memory.store.requests == 1 and gen.memory.store.tokens == PROMPT_TAIL + 48  # the output after its prompt's end
     gen.generate(ids, max_new_tokens=48, eos_token_id=NO_EOS)
     # the first step finds no match (the store keeps outputs, not prompts), then 32-token copies: 4 steps
     assert gen.last_stats.steps <= 4 and 4 * gen.last_stats.steps <= first
@@ -243,7 +256,7 @@ def test_memory_lasts_across_custom_generate_calls():
     first = model.generate(ids, **kwargs)
     assert torch.equal(model.generate(ids, **kwargs), first)
     gen = custom_generate.generator(model, LookaheadConfig(budget="fixed", **MEMORY_ONLY))
-    assert gen.memory.store.requests == 2 and gen.memory.store.tokens == 64  # both calls' outputs, one store
+    assert gen.memory.store.requests == 2 and gen.memory.store.tokens == 2 * (PROMPT_TAIL + 32)  # both calls, one store
 
 
 def test_no_store_when_memory_tokens_is_zero(tmp_path):

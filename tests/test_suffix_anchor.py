@@ -17,7 +17,8 @@ NO_EOS = [VOCAB + 1000]
 def test_draft_rows_docstring_example():
     rows = draft_rows(np.array([5, 6, 7]), np.array([-1, 0, 0]), np.array([0.9, 0.6, 0.3]), 1, 4)
     assert rows.tokens.tolist() == [[5, 6], [5, 7]] and rows.lens.tolist() == [2, 2]
-    assert rows.classes.tolist() == [[7, 6], [7, 5]]  # order 1 (4 buckets each), shares .9 / .6 / .3
+    # order 1 (5 buckets each); shares given the parent: .9, .6 / .9, .3 / .9
+    assert rows.classes.tolist() == [[9, 8], [9, 6]]
     assert draft_rows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), 0, 4).count == 0
 
 

@@ -24,7 +24,8 @@ ORDERS = np.array([1, 2, 4, 8, 16, 32], dtype=np.int64)  # match lengths indexed
 SEP = -1  # between two requests in the ring: no match or continuation crosses it
 HEAD, OLDEST = 0, 1  # indices into state
 MAX_WALK = 64  # occurrences of one suffix looked at per step (the most recent ones)
-PROB_EDGES = np.array([0.2, 0.5, 0.8])  # a continuation token's share of the occurrences, cut into buckets
+PROB_EDGES = np.array([0.2, 0.5, 0.6, 0.8])  # a continuation token's share of the occurrences that reached its
+# parent, cut into buckets: 0.5 up to 0.6 holds a continuation seen once (1 of 1 + 1), 0.6 up to 0.8 one seen 2-3 times
 
 
 def new_store(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -133,7 +134,9 @@ def store_lookup(seq, stop, ring, heads, chain, state, orders, limit, length, ed
     (at most ``length``, up to their request's end); merged into a trie, every node counts
     the occurrences through it; the rows are the paths to the G leaves of most occurrences.
     A token's class is o * (len(edges) + 1) + the bucket of its node's share of the occurrences
-    (counted with one more occurrence that went elsewhere: a continuation seen once gets 1/2).
+    that reached its parent (all of them at the first token), counted with one more that went
+    elsewhere: a continuation seen once gets 1/2. The share is given the parent because the
+    budget's estimates are: the chance a token holds once the one before it did.
 
     Worked example: ring [1 2 3 SEP 1 2 4 SEP 1 2 3 SEP], orders [1 2], seq [9 1 2], limit 2,
     length 2, edges [0.5]: "1 2" occurred 3 times (o = 1), followed by 3, 4, 3 -> rows
@@ -194,7 +197,8 @@ def store_lookup(seq, stop, ring, heads, chain, state, orders, limit, length, ed
         lens[r] = depth
         node = chosen[r]
         for d in range(depth - 1, -1, -1):
-            share = hits[node] / (size + 1)  # a continuation seen once is no sure thing
+            above = hits[parent[node]] if parent[node] >= 0 else size
+            share = hits[node] / (above + 1)  # of the occurrences that reached its parent; once seen is no sure thing
             bucket = 0
             while bucket < edges.shape[0] and share >= edges[bucket]:
                 bucket += 1

@@ -3,14 +3,15 @@
 
 Agents, tool calls, SQL and code edits repeat themselves from one request to
 the next; the context matcher and the n-gram pool see only the current one.
-The store keeps every finished request's output (and its prompt, with
-``memory_prompts``) for the generator's lifetime, bounded by
+The store keeps every finished request's output, after the last PROMPT_TAIL
+tokens of its prompt (what a reply starts after: a chat template's tail; the
+whole prompt with ``memory_prompts``), for the generator's lifetime, bounded by
 ``memory_tokens``, oldest requests evicted first; ``RequestMemory.save`` /
 ``load`` keep it on disk (file.py). A look-up finds the longest indexed
 suffix (kernels/suffix.py ORDERS) that occurred before and merges what
 followed each occurrence into a trie whose nodes count the occurrences
 through them. A token's class is (match order, its share of the
-occurrences), so the budget learns how far each kind of match is worth
+occurrences that reached the token before it), so the budget learns how far each kind of match is worth
 trusting: a long match that always went on the same way is copied deep, a
 short one that went several ways barely.
 """
@@ -26,7 +27,8 @@ from ..base import Candidates, Source, StepContext, no_candidates
 from . import file
 from .store import MATCH_CAP, SuffixStore
 
-SHARE_MIDDLES = np.array([0.1, 0.35, 0.65, 0.9])  # a typical share of the occurrences in each bucket
+SHARE_MIDDLES = np.array([0.1, 0.35, 0.55, 0.75, 0.95])  # a typical share of the occurrences in each bucket
+PROMPT_TAIL = 8  # the prompt tokens kept before an output: what a reply starts after (a chat template's tail)
 ORDER_TRUST = np.array([0.5, 0.6, 0.7, 0.8, 0.85, 0.9])  # how often a continuation of each match order holds
 
 
@@ -65,9 +67,10 @@ class RequestMemory:
         return Candidates(tokens, lens, classes) if lens.shape[0] else no_candidates()
 
     def remember(self, seq: np.ndarray, prompt_len: int, stop: int) -> None:
-        """A request ended as seq[:stop] after a prompt of prompt_len tokens: keep its output (and prompt)."""
+        """A request ended as seq[:stop] after a prompt of prompt_len tokens: keep its output after the
+        prompt's last PROMPT_TAIL tokens (the whole prompt with ``prompts``)."""
         began = time.perf_counter()
-        self.store.add(seq[0 if self.prompts else prompt_len:stop])
+        self.store.add(seq[0 if self.prompts else max(prompt_len - PROMPT_TAIL, 0):stop])
         self.seconds += time.perf_counter() - began
 
     def save(self, path) -> None:
