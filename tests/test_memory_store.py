@@ -239,7 +239,8 @@ def test_a_repeated_request_is_answered_from_the_store():
     ids = prompt(7)
     gen.generate(ids, max_new_tokens=48, eos_token_id=NO_EOS)
     first = gen.last_stats.steps
-    assert gen.memory.store.requests == 1 and gen.memory.store.tokens == PROMPT_TAIL + 48  # the output after its prompt's end
+    assert gen.memory.store.requests == 1
+    assert gen.memory.store.tokens == PROMPT_TAIL + 48  # the output, after its prompt's last tokens
     gen.generate(ids, max_new_tokens=48, eos_token_id=NO_EOS)
     # the first step finds no match (the store keeps outputs, not prompts), then 32-token copies: 4 steps
     assert gen.last_stats.steps <= 4 and 4 * gen.last_stats.steps <= first

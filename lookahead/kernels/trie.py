@@ -6,7 +6,8 @@ Worked example: candidates [[4 5 6], [4 7 0]] with lens [3, 2], classes
 give the nodes tokens [4 5 6 7], parents [-1 0 1 0], depths [1 2 3 2]
 (-1 = the root x; the shared first token 4 is one node, labelled with its
 best class, 0, and scored as either class holding: 1 - .1 * .2 = .98). Path
-probabilities: [.98, .49, .245, .588]; best-first order [0 3 1 2]. Its ancestor mask (row sees column) is::
+probabilities: [.98, .49, .245, .588]; best-first order [0 3 1 2]. Its
+ancestor mask (row sees column) is::
 
     4: 1 . . .
     5: 1 1 . .
@@ -26,11 +27,12 @@ def build_scored_trie(cands, lens, classes, est, max_nodes):
 
     classes[G, L] names each token's estimate row: est[C, D] is the chance a
     token of that class at depth d + 1 is accepted once its parent is (depths
-    past D use the last column). A node proposed by rows of different classes
-    (different sources, or kinds of match) is accepted if either holds: it takes
-    the best class as its label and 1 - (1 - a)(1 - b) as its chance; rows of
-    one class proposing it again add nothing. Returns (tokens[M], parents[M], depths[M], cls[M], prob[M]) where
-    prob is the path probability (product of the estimates from x down).
+    past D use the last column). A node proposed again by a row whose class
+    differs from the node's label (different sources, or kinds of match) is
+    accepted if either holds: 1 - (1 - a)(1 - b) becomes its chance and the
+    better class its label; a row of the label's class adds nothing. Returns
+    (tokens[M], parents[M], depths[M], cls[M], prob[M]) where prob is the path
+    probability (product of the estimates from x down).
     """
     total = 0
     for g in range(cands.shape[0]):
