@@ -60,10 +60,11 @@ def prompt_mask(model_kwargs: dict, length: int) -> torch.Tensor | None:
     mask = kwargs.pop("attention_mask", None)
     for name in FORWARD_SETTINGS:
         kwargs.pop(name, None)
-    cache = kwargs.pop("past_key_values", None)
-    if cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0):
-        raise GenerateInputError("past_key_values: lookahead keeps its own KV cache and can neither continue from "
-                                 "nor fill yours; drop past_key_values (the whole prompt is prefilled)")
+    for name in ("past_key_values", "cache"):  # transformers 5.24 renamed the first to the second
+        cache = kwargs.pop(name, None)
+        if cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0):
+            raise GenerateInputError("past_key_values / cache: lookahead keeps its own KV cache and can neither "
+                                     "continue from nor fill yours; drop it (the whole prompt is prefilled)")
     positions = kwargs.pop("position_ids", None)
     if positions is not None and not _default_positions(positions, length):
         raise GenerateInputError("position_ids other than 0..T-1: lookahead places the prompt at positions "

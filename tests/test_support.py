@@ -168,10 +168,11 @@ def test_context_length_reads_every_spelling():
     assert context_length(transformers.BloomConfig()) is None  # ALiBi: no position table
 
 
-def test_sdpa_forced_on_a_model_without_it_is_refused():
-    """GPT-J runs eager attention only; with sdpa forced its attention would skip the causal mask."""
+def test_sdpa_forced_on_a_model_without_it_is_refused(monkeypatch):
+    """A model class that runs eager attention only (GPT-J before transformers 5.24); with sdpa forced
+    its attention would skip the causal mask."""
     model = tiny_model("gptj")
-    assert model.config._attn_implementation == "eager"  # noqa: SLF001 (transformers' default for it)
+    monkeypatch.setattr(type(model), "_supports_sdpa", False)
     model.config._attn_implementation = "sdpa"  # noqa: SLF001
     with pytest.raises(UnsupportedModelError, match="does not support attn_implementation='sdpa'"):
         LookaheadGenerator(model, config=ALLOW)

@@ -187,8 +187,8 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
     cache = target.new_cache()
     prefix = rng.integers(0, target.vocab, (batch, context), dtype=np.int64)  # [B, C]
     with torch.inference_mode():
-        model(input_ids=torch.from_numpy(prefix).to(target.device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
+        model(input_ids=torch.from_numpy(prefix).to(target.device), use_cache=True, logits_to_keep=1,
+              **{target.cache_keyword: cache})
     passes = {}  # q -> the step function over fixed random tokens [B, q]
 
     def time_one(q: int, route: Route | None = None) -> float:

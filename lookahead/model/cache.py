@@ -10,8 +10,20 @@ than the longest leaves slots it must not see: decode/loop.py masks them
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
+
+
+def cache_keyword(model) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` from transformers 5.24 on
+    (``past_key_values`` still works there, with a deprecation warning), ``past_key_values`` before."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward whose signature cannot be read: the name every version knows
+        return "past_key_values"
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
 
 
 def new_cache() -> DynamicCache:

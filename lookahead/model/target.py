@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .cache import new_cache
+from .cache import cache_keyword, new_cache
 from .mask import PastSlots, step_mask
 from .routing import Routing, route_mode
 from .support import AttentionLayout, context_length
@@ -79,6 +79,7 @@ class Target:
     def __init__(self, model, layout: AttentionLayout):
         self.model = model
         self.layout = layout
+        self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
         # Batch size -> how its forwards run on this CPU (threads, whose linear kernel), measured with
         # the cost curve (cost/measure.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
@@ -138,8 +139,8 @@ class Target:
         dev = self.device
         padded = {} if mask is None else dict(attention_mask=to_device(mask, dev),
                                                position_ids=to_device(positions, dev))
-        self.model(input_ids=to_device(ids, dev), past_key_values=cache, use_cache=True, logits_to_keep=1,
-                   **padded)
+        self.model(input_ids=to_device(ids, dev), use_cache=True, logits_to_keep=1,
+                   **{self.cache_keyword: cache}, **padded)
 
     def step(self, cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
              past: int, slots: PastSlots | None = None) -> torch.Tensor:
@@ -159,6 +160,6 @@ class Target:
                              slots, self.dtype)
         with route_mode(self.route(count, rows), count * rows):
             out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),
-                             attention_mask=mask, past_key_values=cache, use_cache=True,
+                             attention_mask=mask, use_cache=True, **{self.cache_keyword: cache},
                              logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
         return out.logits.index_select(1, keep_t) if self.select_after else out.logits  # [A, K, V]

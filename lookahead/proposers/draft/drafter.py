@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from ...model.cache import cache_keyword
 from ...model.routing import Routing, route_mode
 from ...model.target import input_device, to_device
 
@@ -51,6 +52,7 @@ class Drafter:
         self.routing = routing
         self.device = input_device(model)
         self.cache = DynamicCache()
+        self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
         self.held = np.zeros(0, dtype=np.int64)  # [H] tokens whose KV the cache holds: seq[start:start + H]
         self.start = 0  # where in the sequence the held tokens begin (> 0 after a bounded catch-up)
         self.forwards = 0  # draft forward passes run (prefill included)
@@ -104,8 +106,8 @@ class Drafter:
         rows = int(tokens.shape[0])
         began = time.perf_counter()
         with route_mode(self.routing.route_for(rows) if self.routing is not None else None, rows):
-            out = self.model(input_ids=to_device(tokens, self.device)[None], past_key_values=self.cache,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=to_device(tokens, self.device)[None], use_cache=True, logits_to_keep=1,
+                             **{self.cache_keyword: self.cache})
         if self.routing is not None:  # (only on the CPU, where a forward has run when it returns)
             self.routing.observe(rows, time.perf_counter() - began)
         logits = out.logits[0, -1]  # [V]
