@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
+from lookahead.kernels.estimates import backoff_estimates
 from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie
 from lookahead.plan.planner import Planner
@@ -254,6 +255,17 @@ def test_acceptance_counts_trials_and_hits():
     assert np.isclose(est[1, 0], 1 / (4 + 1))  # reached, rejected
     assert np.isclose(est[1, 1], .2)  # never tried at depth 2: what depth 1 learned
     assert np.isclose(est[2, 0], .25) and np.isclose(est[2, 1], .25)  # parent rejected: not a trial
+
+
+def test_backoff_estimates_docstring_example():
+    est = backoff_estimates(np.array([.5]), np.array([[2., 0.]]), np.array([[2., 0.]]), np.array([[4., 4.]]), 0., 1.)
+    assert np.allclose(est, [[2 / 3, 2 / 3]])
+
+
+def test_backoff_estimates_clip_the_table_not_the_chain():
+    # depth 1 is 1.0 unclipped (clipped to .9 in the table); depth 2 starts from the unclipped 1.0
+    est = backoff_estimates(np.array([1.]), np.array([[0., 0.]]), np.array([[0., 1.]]), np.array([[1., 1.]]), 0., .9)
+    assert np.allclose(est, [[.9, .5]])
 
 
 def test_acceptance_forgets_old_counts():

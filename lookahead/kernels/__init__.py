@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .estimates import backoff_estimates
 from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
@@ -15,6 +16,7 @@ from .trie import ancestor_mask, best_first_order, build_scored_trie, path_token
 def warmup() -> None:
     """Compile (or load from numba's on-disk cache) every kernel on tiny arrays."""
     seq = np.array([1, 2, 3, 1, 2], dtype=np.int64)
+    backoff_estimates(np.full(1, 0.5), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), 1e-4, 0.9999)
     match_continuations(seq, 5, 1, 2, 2, 2)
     pool = new_pool(8, 4, 2, 2)
     pool_insert_sequence(seq, 0, 5, *pool)

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..kernels.estimates import backoff_estimates
 from .learner import DecayedRatio
 
 GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated
@@ -125,12 +126,7 @@ class AcceptanceStats:
         that deep, and so never learn. Prior .5, strength 4, depth 1 seen 2 of 2 ->
         (2 + 4 * .5) / (2 + 4) = .67 there, and (0 + 4 * .67) / (0 + 4) = .67 at depth 2.
         """
-        est = np.empty_like(self.seen_trials)  # [C, D]
-        above = self.prior  # [C]
-        for d in range(self.depth):
-            above = (self.seen_hits[:, d] + self.weight[:, d] * above) / (self.seen_trials[:, d] + self.weight[:, d])
-            est[:, d] = above
-        return np.clip(est, 1e-4, 0.9999)
+        return backoff_estimates(self.prior, self.seen_hits, self.seen_trials, self.weight, 1e-4, 0.9999)
 
     def block(self, source: int, estimates: np.ndarray) -> np.ndarray:
         """Rows of ``estimates`` that belong to source number ``source``."""
