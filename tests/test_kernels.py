@@ -113,3 +113,48 @@ def test_accept_walk_docstring_example():
     assert path.tolist() == [0, 3] and new.tolist() == [4, 7, 2]
     path, new = accept_walk(a(4, 5), a(-1, -1), np.array([False, False]), a(6, 0, 0))
     assert path.tolist() == [] and new.tolist() == [6]  # nothing accepted: x's token alone
+
+
+WARMUP_SCRIPT = """
+import importlib, pkgutil, sys
+import numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+from conftest import tiny_model
+import lookahead.kernels as kernels
+from lookahead import LookaheadConfig, LookaheadGenerator
+
+
+def signatures():
+    found = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module("lookahead.kernels." + info.name)
+        for name, value in vars(module).items():
+            if hasattr(value, "signatures") and hasattr(value, "py_func"):
+                found[info.name + "." + name] = len(value.signatures)
+    return found
+
+
+gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(budget="fixed"))  # runs warmup()
+before = signatures()
+ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 9, 10]])
+for _ in range(2):  # the second request reads what the first left in the memory
+    gen.generate(ids, max_new_tokens=24)
+after = signatures()
+grown = sorted(name for name in after if after[name] != before.get(name))
+assert gen.memory.store.requests == 2, gen.memory.store.requests
+print("compiled during generation:", grown)
+sys.exit(1 if grown else 0)
+"""
+
+
+def test_warmup_compiles_every_kernel_a_generation_calls():
+    """In a fresh interpreter (numba's caches loaded, nothing compiled yet in the process), two
+    generations with memory add no signature to any kernel past what the generator's warm-up
+    compiled: no first request pays a compile inside its time (or the memory's host time)."""
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", WARMUP_SCRIPT, tests], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]

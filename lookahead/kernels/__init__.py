@@ -9,6 +9,7 @@ from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, tree_paths
+from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
 from .walk import accept_walk
 from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
 
@@ -36,6 +37,10 @@ def warmup() -> None:
     tree_paths(*grown)
     path_tokens(tokens, parents, depths)
 
+    store = new_store(16)
+    store_append(seq, *store[:3], store[3], ORDERS)
+    store_separate(store[0], store[3])
+    store_lookup(seq, 2, *store, ORDERS, 2, 2, PROB_EDGES)
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))
     for rows in (1, WIDE_ROWS):  # both kernels behind rows_linear
         rows_linear(np.ones((2, 2), dtype=np.float32), np.ones((rows, 2), dtype=np.float32))
