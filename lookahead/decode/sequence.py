@@ -57,16 +57,16 @@ class Sequence:
         self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
                                  self.out.prompt_len)
         seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
-        proposers, self.drafter = build_proposers(gen, cfg, decoding, cost, self.pool, self.window_pool,
+        proposers, self.draft = build_proposers(gen, cfg, decoding, cost, self.pool, self.window_pool,
                                                   self.recycled, seed)
         self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost)
         self.begun = False  # whether the prompt went in (a call with nothing to generate never begins)
 
     def count_draft(self) -> None:
         """Put the draft model's work into the stats (nothing without a draft)."""
-        if self.drafter is not None:
-            self.stats.draft_forwards = self.drafter.forwards
-            self.stats.drafted = self.planner.proposers[0].drafted
+        if self.draft is not None:
+            self.stats.draft_forwards = self.draft.drafter.forwards
+            self.stats.drafted = self.draft.drafted
 
     def finish(self) -> np.ndarray:
         """The sequence is done: the sources hear of it (if it began), the stream ends; prompt + new

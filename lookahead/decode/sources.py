@@ -12,16 +12,18 @@ from ..proposers.recycle import AdjacencyTable, RecyclingProposer
 
 
 def build_proposers(gen, cfg, decoding: Decoding, cost, pool: NgramPool, window_pool: NgramPool | None,
-                    recycled: AdjacencyTable | None, seed: int) -> tuple[list, Drafter | None]:
-    """(the sources, the draft model's state or None) for one sequence decoded under ``cfg``.
+                    recycled: AdjacencyTable | None, seed: int) -> tuple[list, DraftProposer | None]:
+    """(the sources, the draft model's source or None: its counters go into the stats) for one
+    sequence decoded under ``cfg``.
 
     ``seed``: the stream a draft draws its tokens from when sampling.
     """
-    sources, drafter = [], None
+    sources, draft = [], None
     if gen.draft_model is not None:
         drafter = Drafter(gen.draft_model, gen.draft_cost.routing if gen.draft_cost is not None else None,
                           cfg.draft_context)
-        sources.append(draft_proposer(drafter, gen.draft_cost, cfg, decoding, cost, seed))
+        draft = draft_proposer(drafter, gen.draft_cost, cfg, decoding, cost, seed)
+        sources.append(draft)
     if cfg.context_match:
         sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
     if gen.memory is not None:
@@ -32,7 +34,7 @@ def build_proposers(gen, cfg, decoding: Decoding, cost, pool: NgramPool, window_
         sources.append(RecyclingProposer(recycled, cfg.max_tree_nodes))
     if window_pool is not None:
         sources.append(WindowProposer(window_pool))
-    return sources, drafter
+    return sources, draft
 
 
 def draft_proposer(drafter: Drafter, draft_cost, cfg, decoding: Decoding, cost, seed: int) -> DraftProposer:
