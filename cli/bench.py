@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from lookahead.benchmarks.datasets import DATASETS, canonical_name
-from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, checked_seed, cli_message, config_options, fail,
-                                threads_option, trust_remote_code_option, warnings_as_lines)
+from lookahead.cli.options import (CLI_ERRORS, DTYPES, checked_config, checked_seed, cli_message, config_options,
+                                   fail, threads_option, trust_remote_code_option, warnings_as_lines)
 
 DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
 BENCH_MODULES = ("matplotlib", "tqdm")  # what the [bench] extra installs

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from lookahead.cli.main import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
-                                threads_option, trust_remote_code_option, warnings_as_lines)
+from lookahead.cli.options import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
+                                   threads_option, trust_remote_code_option, warnings_as_lines)
 
 
 @click.command("bench-batch")

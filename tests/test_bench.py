@@ -253,7 +253,7 @@ def bench_calls(monkeypatch):
         calls.append({"sampling": args[-3], "seed": args[-2], "busy_cores": args[-1]})
         return "table", {"json": "j", "markdown": "m", "figure": "f"}, None
 
-    monkeypatch.setattr("lookahead.cli.bench._bench", fake)  # lookahead.cli.main imports it
+    monkeypatch.setattr("lookahead.cli.bench._bench", fake)  # lookahead.cli.main calls it through bench
     return calls
 
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import lookahead
-from lookahead.cli.main import main  # first: lookahead.cli.main imports lookahead.cli.bench at its end
+from lookahead.cli.main import main
 from lookahead.cli.bench import BENCH_MODULES, DISTRIBUTION  # noqa: I001
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,3 +116,13 @@ def test_wheel_metadata_name_version_extra_and_command(wheel):
     assert all("extra ==" in req for req in requires if req.startswith(("matplotlib", "tqdm")))
     entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert "lookahead = lookahead.cli.main:main" in entry_points
+
+
+def test_the_cli_module_runs_as_a_script():
+    """``python -m lookahead.cli.main`` (the module as __main__) lists every command: no command module
+    imports main.py back (they share cli/options.py), so nothing is imported half-initialised."""
+    done = subprocess.run([sys.executable, "-m", "lookahead.cli.main", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for command in ("generate", "bench", "bench-batch", "bench-memory"):
+        assert f"\n  {command} " in done.stdout, done.stdout

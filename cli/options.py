@@ -1,0 +1,154 @@
+"""What the ``lookahead`` commands share: the options that map to LookaheadConfig fields and to
+sampling, the checks of what was typed, and how an error becomes one line (cli/main.py, cli/bench*.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import warnings
+
+import click
+
+from lookahead.config import CHOICES, ConfigError, LookaheadConfig
+from lookahead.errors import one_line
+
+CLI_ERRORS = (ValueError, RuntimeError, OSError)  # every error type of ours subclasses one of these
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def config_options(func):
+    """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults from the dataclass."""
+    for field in reversed(dataclasses.fields(LookaheadConfig)):
+        flag = field.name.replace("_", "-")
+        if field.type in ("bool", bool):
+            func = click.option(f"--{flag}/--no-{flag}", field.name, default=field.default, show_default=True,
+                                help=f"LookaheadConfig.{field.name}")(func)
+        elif field.type in ("str", str):  # checked by LookaheadConfig, so a bad value gets one line
+            choices = f": {' or '.join(CHOICES[field.name])}" if field.name in CHOICES else ""
+            func = click.option(f"--{flag}", field.name, type=str, default=field.default, show_default=True,
+                                help=f"LookaheadConfig.{field.name}{choices}")(func)
+        else:
+            func = click.option(f"--{flag}", field.name, type=int, default=field.default, show_default=True,
+                                help=f"LookaheadConfig.{field.name}")(func)
+    return func
+
+
+def _set_threads(ctx, param, value):
+    """--threads N: torch.set_num_threads(N) as soon as the option is read (before any model loads)."""
+    if value is not None:
+        import torch
+
+        torch.set_num_threads(value)
+    return value
+
+
+def threads_option(func):
+    """--threads N: the threads torch (and so lookahead) computes on; left out, torch's own choice."""
+    return click.option("--threads", type=click.IntRange(min=1), default=None, expose_value=False,
+                        callback=_set_threads,
+                        help="Threads to compute on (torch.set_num_threads; lookahead never uses more) "
+                             "[default: torch's, i.e. OMP_NUM_THREADS or every core]. On a machine where other "
+                             "work runs, fewer can be much faster.")(func)
+
+
+def trust_remote_code_option(func):
+    """--trust-remote-code: load_model(trust_remote_code=True)."""
+    return click.option("--trust-remote-code", is_flag=True,
+                        help="Let a checkpoint that ships its own modelling code run it "
+                             "(load_model(trust_remote_code=True)).")(func)
+
+
+SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def sampling_options(func):
+    """--sample/--greedy, --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --seed.
+
+    Left out, each takes the model's generation_config value, as model.generate does.
+    """
+    options = [
+        click.option("--sample/--greedy", "do_sample", default=None,
+                     help="Sample (exactly the model's distribution) or decode greedily "
+                          "[default: the model's generation_config, usually greedy]."),
+        click.option("--temperature", type=float, default=None, help="Sampling temperature (0 = greedy)."),
+        click.option("--top-k", type=int, default=None, help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
+        click.option("--min-p", type=float, default=None, help="Drop tokens below min_p x the top probability."),
+        click.option("--repetition-penalty", type=float, default=None, help="> 1 penalises repeated tokens."),
+        click.option("--seed", type=str, default=None,
+                     help="torch.manual_seed before generating (reproducible samples): a whole number from 0 to "
+                          "2**64-1."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+SEED_MAX = 2 ** 64 - 1  # torch.manual_seed takes 0 .. 2**64-1 (negatives only wrap around to those)
+
+
+def checked_seed(text: str | None) -> int | None:
+    """--seed as an int in 0 .. SEED_MAX (None when left out), or one line naming the range and exit status 2."""
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= SEED_MAX:
+        fail(f"--seed must be a whole number from 0 to 2**64-1 ({SEED_MAX}), got {text}")
+    return value
+
+
+def checked_prompt(prompt: str) -> None:
+    """One line and exit status 2 when --prompt is empty or not UTF-8 (bytes the shell handed over
+    undecoded reach Python as lone surrogates, which no tokenizer takes)."""
+    if not prompt.strip():
+        fail("the prompt is empty: pass some text with --prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(prompt[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"character U+{code:04X}"
+        fail(f"--prompt is not UTF-8 text ({what} at character {exc.start + 1}): pass UTF-8 text, e.g. convert "
+             f"it with iconv -f latin1 -t utf-8")
+
+
+def config_from(values: dict) -> LookaheadConfig:
+    """The LookaheadConfig named by the CLI options in values."""
+    return LookaheadConfig(**{f.name: values[f.name] for f in dataclasses.fields(LookaheadConfig)})
+
+
+def fail(message: str) -> None:
+    """One clear line on stderr and exit status 2."""
+    click.echo(f"lookahead: error: {message}", err=True)
+    sys.exit(2)
+
+
+def cli_message(exc: Exception) -> str:
+    """An error's message on one line, its fix spelled as a CLI option (--allow-untested-models, ...)."""
+    fix = getattr(exc, "fix", None)
+    if fix is not None and hasattr(fix, "cli_text"):
+        return f"{exc.problem}; {fix.cli_text()}"
+    return one_line(exc)
+
+
+@contextlib.contextmanager
+def warnings_as_lines():
+    """Show every warning raised inside as one line on stderr (not Python's two-line format)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            yield
+        finally:
+            for warning in caught:
+                click.echo(f"lookahead: warning: {one_line(warning.message)}", err=True)
+
+
+def checked_config(values: dict) -> LookaheadConfig:
+    """config_from(values), or one line naming the bad option and exit status 2."""
+    try:
+        return config_from(values)
+    except ConfigError as exc:
+        fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
