@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from lookahead.kernels.match import match_continuations
@@ -151,10 +155,6 @@ def test_warmup_compiles_every_kernel_a_generation_calls():
     """In a fresh interpreter (numba's caches loaded, nothing compiled yet in the process), two
     generations with memory add no signature to any kernel past what the generator's warm-up
     compiled: no first request pays a compile inside its time (or the memory's host time)."""
-    import os
-    import subprocess
-    import sys
-
     tests = os.path.dirname(os.path.abspath(__file__))
     done = subprocess.run([sys.executable, "-c", WARMUP_SCRIPT, tests], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]

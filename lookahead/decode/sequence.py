@@ -58,7 +58,7 @@ class Sequence:
                                  self.out.prompt_len)
         seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
         proposers, self.draft = build_proposers(gen, cfg, decoding, cost, self.pool, self.window_pool,
-                                                  self.recycled, seed)
+                                                self.recycled, seed)
         self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost)
         self.begun = False  # whether the prompt went in (a call with nothing to generate never begins)
 

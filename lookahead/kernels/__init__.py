@@ -37,10 +37,10 @@ def warmup() -> None:
     tree_paths(*grown)
     path_tokens(tokens, parents, depths)
 
-    store = new_store(16)
-    store_append(seq, *store[:3], store[3], ORDERS)
-    store_separate(store[0], store[3])
-    store_lookup(seq, 2, *store, ORDERS, 2, 2, PROB_EDGES)
+    ring, heads, chain, state = new_store(16)
+    store_append(seq, ring, heads, chain, state, ORDERS)
+    store_separate(ring, state)
+    store_lookup(seq, 2, ring, heads, chain, state, ORDERS, 2, 2, PROB_EDGES)
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))
     for rows in (1, WIDE_ROWS):  # both kernels behind rows_linear
         rows_linear(np.ones((2, 2), dtype=np.float32), np.ones((rows, 2), dtype=np.float32))
