@@ -18,6 +18,7 @@ from lookahead.call.inputs import GenerateInputError
 from lookahead.plan.planner import DrawnChain, drawn_rows
 from lookahead.proposers.draft.proposer import DraftProposer, confidence_bucket
 from lookahead.plan.tree import TokenTree, prepend_chain
+from lookahead.model.cache import cache_keyword
 from lookahead.kernels.walk import accept_walk
 from lookahead.verify.sampling import speculative_rows
 
@@ -214,7 +215,7 @@ def test_drafter_cache_matches_a_fresh_forward_after_rejections(context):
     assert np.array_equal(captured["seq"], out[0, :len(captured["seq"])].numpy())
     with torch.inference_mode():
         fresh = transformers.DynamicCache()
-        draft(input_ids=torch.from_numpy(held)[None], past_key_values=fresh, use_cache=True)
+        draft(input_ids=torch.from_numpy(held)[None], use_cache=True, **{cache_keyword(draft): fresh})
     assert drafter.cache.get_seq_length() == held.shape[0]
     for mine, ref in zip(drafter.cache.layers, fresh.layers):
         assert torch.allclose(mine.keys, ref.keys, atol=1e-5) and torch.allclose(mine.values, ref.values, atol=1e-5)

@@ -18,6 +18,7 @@ from transformers import DynamicCache, pipeline
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import lookahead
+from lookahead.model.cache import cache_keyword
 from conftest import ORIGINAL, VOCAB, tiny_model, tiny_tokenizer
 from lookahead import (CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator, LookaheadOutput,
                        custom_generate)
@@ -180,8 +181,8 @@ def test_batches_run_and_caches_are_refused(model):
     batch = with_lookahead(model, torch.cat([PROMPT, PROMPT.flip(1)]), **settings)
     assert torch.equal(batch[0], plain(model, PROMPT, **settings)[0])
     assert torch.equal(batch[1], plain(model, PROMPT.flip(1), **settings)[0])
-    with pytest.raises(GenerateInputError, match="past_key_values"):
-        with_lookahead(model, max_new_tokens=4, past_key_values=DynamicCache())
+    with pytest.raises(GenerateInputError, match="past_key_values / cache"):
+        with_lookahead(model, max_new_tokens=4, **{cache_keyword(model): DynamicCache()})
 
 
 # ------------------------------------------------------------------ pipelines
