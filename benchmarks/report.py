@@ -136,7 +136,8 @@ def plot(path: Path, records: list[dict], rows: list[dict], cost: dict | None) -
     axes[0].set_xticks(np.arange(len(datasets)) + width * (len(methods) - 1) / 2, datasets)
     unit = "tokens/s " if run_mode(records)["mode"] != "greedy" else ""
     axes[0].set_ylabel(f"{unit}speedup vs {reference} (geomean)")
-    axes[0].legend(fontsize=7)
+    if methods:  # a report of the reference alone has no bars to name
+        axes[0].legend(fontsize=7)
     hist = {m: [a for r in records if r["method"] == m for a in r["accepted"]] for m in methods}
     hist = {m: a for m, a in hist.items() if a}
     if hist:
