@@ -10,10 +10,13 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import BUILDERS, VOCAB, reference, tiny_model
 from lookahead import ConfigError, GenerateInputError, LookaheadConfig, LookaheadGenerator, MemoryFileError
-from lookahead.kernels.suffix import new_store, store_append, store_lookup, store_separate
+from lookahead.kernels.suffix import (MAX_WALK, ORDERS, PROB_EDGES, new_store, store_append, store_lookup,
+                                      store_separate)
 from lookahead.proposers.memory import RequestMemory
 from lookahead.proposers.memory.proposer import PROMPT_TAIL
 from lookahead.proposers.memory import file as memfile
@@ -112,6 +115,87 @@ def test_many_requests_keep_the_store_bounded_and_lookups_exact():
     tokens, lens, _, order = store.lookup(last[:4], 4, 8)
     assert order >= 2  # a 4-token suffix of a held request is found
     assert any(row[:n].tolist() == last[4:4 + n].tolist() for row, n in zip(tokens, lens))
+
+
+def reference_held(capacity: int, requests: list[list[int]]) -> list[list[int]]:
+    """What a store of ``capacity`` keeps of ``requests`` added in order, by the rule alone: each
+    request takes its length + 1 (a separator), one longer than the store keeps its last capacity - 1
+    tokens, and the oldest requests go until the newest fits."""
+    held: list[list[int]] = []
+    for request in requests:
+        request = request[len(request) - (capacity - 1):] if len(request) > capacity - 1 else request
+        if not request:
+            continue
+        while held and sum(len(r) + 1 for r in held) + len(request) + 1 > capacity:
+            held.pop(0)
+        held.append(request)
+    return held
+
+
+def reference_lookup(held: list[list[int]], seq: list[int], limit: int, length: int):
+    """store_lookup's answer by brute force over the held requests: the longest order whose suffix of
+    seq occurred with a token after it, every occurrence's continuation (most recent first) merged
+    into a trie, the ``limit`` leaves most occurrences reach, and each token's share bucket."""
+    for order in range(ORDERS.shape[0] - 1, -1, -1):
+        k = int(ORDERS[order])
+        if k > len(seq):
+            continue
+        key = seq[len(seq) - k:]
+        found = [r[end + 1:end + 1 + length] for r in reversed(held)
+                 for end in range(len(r) - 2, k - 2, -1) if r[end - k + 1:end + 1] == key]
+        if found:
+            break
+    else:
+        return [], [], -1
+    nodes: list[list[int]] = []  # [token, parent, hits], in the order they were made
+    children: dict[tuple[int, int], int] = {}
+    for continuation in found:
+        cur = -1
+        for token in continuation:
+            if (cur, token) not in children:
+                children[cur, token] = len(nodes)
+                nodes.append([token, cur, 0])
+            cur = children[cur, token]
+            nodes[cur][2] += 1
+    parents = {node[1] for node in nodes}
+    leaves = sorted((i for i in range(len(nodes)) if i not in parents), key=lambda i: (-nodes[i][2], i))[:limit]
+    rows, classes = [], []
+    for leaf in leaves:
+        path = []
+        while leaf >= 0:
+            path.append(leaf)
+            leaf = nodes[leaf][1]
+        path.reverse()
+        rows.append([nodes[i][0] for i in path])
+        above = [len(found)] + [nodes[i][2] for i in path[:-1]]
+        shares = [nodes[i][2] / (up + 1) for i, up in zip(path, above)]
+        classes.append([order * (PROB_EDGES.shape[0] + 1) + int(np.searchsorted(PROB_EDGES, x, side="right"))
+                        for x in shares])
+    return rows, classes, order
+
+
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(2, MAX_WALK - 4),
+       requests=st.lists(st.lists(st.integers(0, 3), max_size=40), min_size=1, max_size=10),
+       query=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+       pick=st.integers(0, 10 ** 6), limit=st.integers(1, 6), length=st.integers(1, 6))
+def test_store_lookup_equals_a_brute_force_search_of_what_it_holds(capacity, requests, query, pick, limit, length):
+    """On a store below MAX_WALK positions (so no walk is cut short), over a 4-token vocabulary (so
+    matches are many, deep and hash slots collide), through evictions and requests longer than the
+    store: what it holds and every look-up are what the rules say, found by brute force."""
+    store = SuffixStore(capacity)
+    for request in requests:
+        store.add(np.array(request, dtype=np.int64))
+    held = reference_held(capacity, requests)
+    assert [r.tolist() for r in store.held()] == held
+    source = held[pick % len(held)] if held else []
+    tail = source[:pick // 7 % (len(source) + 1)]  # a query ending in held text (long matches), and a random one
+    for seq in (query, query + tail):
+        tokens, lens, classes, order = store.lookup(np.array(seq, dtype=np.int64), len(seq), limit, length)
+        rows, row_classes, want_order = reference_lookup(held, seq, limit, length)
+        assert order == want_order
+        assert [t[:n].tolist() for t, n in zip(tokens, lens)] == rows
+        assert [c[:n].tolist() for c, n in zip(classes, lens)] == row_classes
 
 
 def test_a_capacity_below_two_is_refused():
