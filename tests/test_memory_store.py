@@ -123,7 +123,7 @@ def reference_held(capacity: int, requests: list[list[int]]) -> list[list[int]]:
     tokens, and the oldest requests go until the newest fits."""
     held: list[list[int]] = []
     for request in requests:
-        request = request[len(request) - (capacity - 1):] if len(request) > capacity - 1 else request
+        request = request[max(len(request) - (capacity - 1), 0):]
         if not request:
             continue
         while held and sum(len(r) + 1 for r in held) + len(request) + 1 > capacity:
@@ -181,7 +181,7 @@ def reference_lookup(held: list[list[int]], seq: list[int], limit: int, length: 
        pick=st.integers(0, 10 ** 6), limit=st.integers(1, 6), length=st.integers(1, 6))
 def test_store_lookup_equals_a_brute_force_search_of_what_it_holds(capacity, requests, query, pick, limit, length):
     """On a store below MAX_WALK positions (so no walk is cut short), over a 4-token vocabulary (so
-    matches are many, deep and hash slots collide), through evictions and requests longer than the
+    matches are many and deep, and hash slots may collide), through evictions and requests longer than the
     store: what it holds and every look-up are what the rules say, found by brute force."""
     store = SuffixStore(capacity)
     for request in requests:
