@@ -140,12 +140,14 @@ class AcceptanceStats:
         accepted[path] = True
         reached = (parents < 0) | accepted[np.maximum(parents, 0)]  # [M]: parent accepted (or x)
         col = np.minimum(depths - 1, self.depth - 1)  # [M]
-        np.add.at(self.seen_trials, (classes[reached], col[reached]), 1.0)
+        cells = (classes[reached], col[reached])  # only cells counted this step can pass the horizon
+        np.add.at(self.seen_trials, cells, 1.0)
         np.add.at(self.seen_hits, (classes[accepted], col[accepted]), 1.0)
-        full = self.trials > self.horizon
+        full = self.seen_trials[cells] + self.weight[cells] > self.horizon  # [R]
         if full.any():
+            halve = (cells[0][full], cells[1][full])
             for counts in (self.seen_trials, self.seen_hits, self.weight):
-                counts[full] *= 0.5
+                counts[halve] *= 0.5
 
     def observe_gain(self, predicted: float, realised: int) -> None:
         """A step whose tree promised ``predicted`` tokens beyond the bonus one added ``realised``

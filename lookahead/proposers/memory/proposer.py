@@ -12,8 +12,8 @@ suffix (kernels/suffix.py ORDERS) that occurred before and merges what
 followed each occurrence into a trie whose nodes count the occurrences
 through them. A token's class is (match order, its share of the
 occurrences that reached the token before it), so the budget learns how
-far each kind of match is worth trusting: a long match that always went on the same way is copied deep, a
-short one that went several ways barely.
+far each kind of match is worth trusting: a long match that always went on
+the same way is copied deep, a short one that went several ways barely.
 """
 
 from __future__ import annotations
