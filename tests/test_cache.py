@@ -1,16 +1,25 @@
-"""keep_rows on a transformers DynamicCache, on its own."""
+"""keep_rows on the decode's cache (SlotCache) and on a transformers DynamicCache, on their own; the
+SlotCache's in-place writes, growth and rollback against a DynamicCache fed the same rows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
-from lookahead.model.cache import keep_rows
+from lookahead.model.cache import SLOTS_MIN, SlotCache, keep_rows, new_cache
+
+KINDS = [new_cache, DynamicCache]
 
 
-def filled(past: int, rows: int, layers: int = 2) -> DynamicCache:
+@pytest.fixture(params=KINDS, ids=["slot", "dynamic"])
+def kind(request):
+    return request.param
+
+
+def filled(past: int, rows: int, layers: int = 2, kind=new_cache) -> DynamicCache:
     """A cache whose row r holds the value r in every key/value entry."""
-    cache = DynamicCache()
+    cache = kind()
     total = past + rows
     for layer in range(layers):
         ramp = torch.arange(total, dtype=torch.float32).view(1, 1, total, 1).expand(1, 2, total, 3).clone()
@@ -22,8 +31,8 @@ def row_values(cache: DynamicCache, layer: int = 0) -> list[float]:
     return cache.layers[layer].keys[0, 0, :, 0].tolist()
 
 
-def test_keep_non_contiguous_rows():
-    cache = filled(past=4, rows=6)
+def test_keep_non_contiguous_rows(kind):
+    cache = filled(past=4, rows=6, kind=kind)
     keep_rows(cache, 4, torch.tensor([[0, 2, 5]]), in_place=False)
     assert cache.get_seq_length() == 7
     for layer in range(2):
@@ -31,17 +40,57 @@ def test_keep_non_contiguous_rows():
         assert cache.layers[layer].values[0, 1, :, 2].tolist() == [1000, 1001, 1002, 1003, 1004, 1006, 1009]
 
 
-def test_keep_only_x_crops():
-    cache = filled(past=3, rows=5)
+def test_keep_only_x_crops(kind):
+    cache = filled(past=3, rows=5, kind=kind)
     keep_rows(cache, 3, torch.tensor([[0]]), in_place=True)
     assert row_values(cache) == [0, 1, 2, 3]
 
 
-def test_cache_does_not_grow_across_steps():
-    cache = filled(past=2, rows=8)
+def test_cache_does_not_grow_across_steps(kind):
+    cache = filled(past=2, rows=8, kind=kind)
     keep_rows(cache, 2, torch.tensor([[0, 3]]), in_place=False)
     for layer in range(2):  # next step: 8 more rows appended, 2 kept
         step = torch.full((1, 2, 8, 3), -1.0)
         cache.update(step, step, layer)
     keep_rows(cache, 4, torch.tensor([[0, 1]]), in_place=True)
     assert cache.get_seq_length() == 6 and cache.layers[0].keys.shape[2] == 6
+
+
+def test_slot_cache_matches_a_dynamic_cache_through_growth_rollback_and_batch_selection():
+    """Random steps (append Q rows, keep a prefix) past several buffer growths: the same rows."""
+    torch.manual_seed(0)
+    slot, dynamic = SlotCache(), DynamicCache()
+    prompt = torch.randn(3, 2, SLOTS_MIN - 5, 4)  # [A, H, T, D]: the first step outgrows the first buffer
+    for cache in (slot, dynamic):
+        cache.update(prompt, -prompt, 0)
+    for step in range(60):
+        rows = int(torch.randint(1, 20, ()))
+        new = torch.randn(3, 2, rows, 4)
+        got = slot.update(new, -new, 0)
+        want = dynamic.update(new, -new, 0)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        drop = int(torch.randint(0, rows, ()))
+        slot.crop(-drop)
+        dynamic.crop(-drop)
+        assert slot.get_seq_length() == dynamic.get_seq_length()
+    layer = slot.layers[0]
+    assert layer.key_buffer.shape[2] > SLOTS_MIN and layer.key_buffer.shape[2] >= layer.length
+    index = torch.tensor([2, 0])
+    slot.batch_select_indices(index)
+    dynamic.batch_select_indices(index)
+    assert torch.equal(slot.layers[0].keys, dynamic.layers[0].keys)
+    assert torch.equal(slot.layers[0].values, dynamic.layers[0].values)
+
+
+def test_slot_cache_writes_in_place_and_crop_is_a_length():
+    cache = SlotCache()
+    first = torch.ones(1, 1, 4, 2)
+    cache.update(first, first, 0)
+    buffer = cache.layers[0].key_buffer
+    cache.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), 0)
+    assert cache.layers[0].key_buffer is buffer  # no new tensor for the past: the rows were written in place
+    cache.crop(-3)
+    assert cache.get_seq_length() == 4 and cache.layers[0].keys.shape == (1, 1, 4, 2)
+    assert cache.layers[0].key_buffer is buffer
+    with pytest.raises(ValueError, match="negative"):
+        cache.crop(2)

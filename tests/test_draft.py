@@ -531,4 +531,7 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     steps = np.asarray(gen.last_stats.step_seconds)
     assert len(spent) == len(observed) == steps.shape[0]
     assert gen.last_stats.draft_forwards > 0 and max(spent) > 0, "the draft never ran: the test shows nothing"
-    np.testing.assert_allclose(observed, np.maximum(steps - np.asarray(spent), 0.0))
+    # What the curve learned is the step's time less the draft's, up to the learning itself (the last
+    # phase of the step, inside step_seconds and host_seconds, after the time learned was read).
+    gap = np.maximum(steps - np.asarray(spent), 0.0) - np.asarray(observed)  # [steps]: the learning phase
+    assert (gap >= 0).all() and (gap <= np.asarray(gen.last_stats.host_seconds)).all()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
-from lookahead.model.fewrows import KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, few_row_linear
+from lookahead.model.fewrows import KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, RoutedWeight, few_row_linear
 from lookahead.model.routing import Route, Routing
 from lookahead.kernels.linear import WIDE_INPUTS, WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
 
@@ -95,8 +95,10 @@ def test_the_mode_reroutes_linear_inside_it_only():
     layer = torch.nn.Linear(16, 32)
     x = torch.randn(3, 16)
     with torch.no_grad():
-        with FewRowLinear():
+        with FewRowLinear(layer).routed():
+            assert type(layer.weight) is RoutedWeight
             inside = layer(x)
+        assert type(layer.weight) is torch.nn.Parameter  # put back
         assert torch.equal(inside, few_row_linear(x, layer.weight, layer.bias))  # bit for bit: the kernel
         torch.testing.assert_close(inside, F.linear(x, layer.weight, layer.bias))
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # outside: untouched
@@ -106,7 +108,7 @@ def test_the_mode_caps_numba_threads_at_torch_threads_and_restores_them():
     before, torch_threads = numba.get_num_threads(), torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        with FewRowLinear():
+        with FewRowLinear(torch.nn.Linear(4, 4)).routed():
             assert numba.get_num_threads() == 1
         assert numba.get_num_threads() == before
     finally:
@@ -160,6 +162,6 @@ def test_without_the_kernel_only_two_to_seven_rows_go_through_w_times_x():
     with torch.no_grad():
         layer = torch.nn.Linear(16, 32)
         x = torch.randn(3, 16)
-        with FewRowLinear(kernel=False):
+        with FewRowLinear(layer).routed(kernel=False):
             inside = layer(x)
         assert torch.equal(inside, torch.addmm(layer.bias[:, None], layer.weight, x.t()).t())

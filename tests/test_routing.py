@@ -115,16 +115,16 @@ def test_route_mode_runs_on_fewer_threads_and_puts_torch_and_numba_back():
     fewrows.start_numba_threads()  # (numba.get_num_threads() alone starts numba's pool and so sets torch's count)
     threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
     seen = {}
-    with route_mode(KERNEL1, 1):
+    with route_mode(KERNEL1, 1, fewrows.FewRowLinear(torch.nn.Linear(2, 2))):
         seen["torch"], seen["numba"] = torch.get_num_threads(), numba.get_num_threads()
     assert seen == {"torch": 1, "numba": 1}
     assert torch.get_num_threads() == threads and numba.get_num_threads() == numba_threads
-    with route_mode(Route(threads + 4, "torch"), 1):  # never more than torch's
+    with route_mode(Route(threads + 4, "torch"), 1, None):  # never more than torch's
         assert torch.get_num_threads() == threads
-    with route_mode(KERNEL1, fewrows.FEW_ROWS_MAX + 1):  # too many rows: as torch is set
+    with route_mode(KERNEL1, fewrows.FEW_ROWS_MAX + 1, None):  # too many rows: as torch is set
         assert torch.get_num_threads() == threads
     with pytest.raises(RuntimeError):
-        with route_mode(TORCH1, 1):
+        with route_mode(TORCH1, 1, None):
             raise RuntimeError("a forward that fails")
     assert torch.get_num_threads() == threads
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The phases of a decode step (decode/loop.py): "forward" and "verify" are the device's work and the
+# host sync (forward_seconds), the others the host's (host_seconds).
+PHASES = ("propose", "plan", "forward", "verify", "commit", "cache", "learn")
+DEVICE_PHASES = ("forward", "verify")
+
 
 @dataclass
 class GenerationStats:
@@ -21,6 +26,12 @@ class GenerationStats:
     drafted: int = 0  # tokens the draft model proposed
     memory_s: float = 0.0  # host time the memory across requests spent looking up and storing
     routes: list[str] = field(default_factory=list)  # route of each decode forward (model/routing.py; "" as set)
+    # Every decode step's wall time split in two: the target's forward with the read-back of what
+    # verification needs (device work and the one host sync) and the host's own planning and
+    # bookkeeping (all the rest); phase_seconds sums each phase of the loop over the call.
+    forward_seconds: list[float] = field(default_factory=list)
+    host_seconds: list[float] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def accepted_per_step(self) -> float:

@@ -194,7 +194,7 @@ def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 
     def time_one(q: int, route: Route | None = None) -> float:
         if q not in passes:
             passes[q] = _step_pass(target, rng.integers(0, target.vocab, (batch, q), dtype=np.int64), context)
-        with torch.inference_mode(), route_mode(route, batch * q):
+        with torch.inference_mode(), route_mode(route, batch * q, target.linears):
             began = time.perf_counter()
             passes[q](cache).argmax(-1).cpu()  # the step's host sync
             took = time.perf_counter() - began

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..call.decoding import Decoding
-from ..call.stats import GenerationStats
+from ..call.stats import DEVICE_PHASES, PHASES, GenerationStats
 from ..model.cache import keep_rows
 from ..model.mask import PastSlots
 from ..model.target import to_device
@@ -151,45 +151,61 @@ class DecodeRun:
 
     def _step(self) -> None:
         """One step of every active sequence: 1. propose, 2. build the trees, 3. one forward,
-        4. verify (one host transfer), 5. commit, 6. learn."""
-        began = time.perf_counter()
+        4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn."""
+        clock = time.perf_counter
+        marks = [clock()]  # the end of each phase (stats.PHASES)
         seqs = [self.seqs[b] for b in self.active]
         ranked = [seq.rank() for seq in seqs]  # 1. propose: every sequence's scored trie
+        marks.append(clock())
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
         planner = seqs[0].planner  # every planner shares the config, the window's options and the batch's cost
         width, size = planner.choose([r.probs for r in ranked], spent)  # 2. one window and tree width for all
         plans = [seq.plan(r, size, width) for seq, r in zip(seqs, ranked)]
         rows = step_rows(plans, self.x_pos)
+        marks.append(clock())
         logits = self.target.step(self.cache, rows.tokens, rows.positions, rows.local, rows.keep, self.past,
                                   self.slots)  # 3. forward: [A, K, V]
+        marks.append(clock())
         staged = [seq.stage(logits[a, :p.keep.shape[0]], p)  # 4. verify (each plan's kept rows lead rows.keep)
                   for a, (seq, p) in enumerate(zip(seqs, plans))]
         host = (staged[0] if len(staged) == 1 else torch.cat(staged)).cpu().numpy()  # the step's one host sync
+        marks.append(clock())
         bounds = np.cumsum([0] + [seq.staged_size(p) for seq, p in zip(seqs, plans)])
         results = [seq.commit(host[bounds[a]:bounds[a + 1]], p)  # 5. commit
                    for a, (seq, p) in enumerate(zip(seqs, plans))]
+        marks.append(clock())
         finished = [a for a, (done, _) in enumerate(results) if done]
         if len(finished) < len(seqs):
             self._keep([kept for _, kept in results])
             self._drop(finished)
         else:
             self.active = []
-        seconds = time.perf_counter() - began
-        self._record(seqs, rows, seconds)
+        marks.append(clock())
+        seconds = marks[-1] - marks[0]
         # 6. learn what the step cost: the target's share alone (a draft's forwards, a catch-up over a
         # whole prompt among them, would make every row count look dearer).
         target_seconds = max(seconds - spent, 0.0)
         count, width = rows.tokens.shape
         planner.observe_step(width, target_seconds)  # the cost curve is shared
         self.target.observe(count, width, target_seconds)
+        marks.append(clock())
+        self._record(seqs, rows, marks)
 
-    def _record(self, seqs: list[Sequence], rows: StepRows, seconds: float) -> None:
-        """One step into the call's stats."""
-        self.stats.steps += 1
-        self.stats.routes.append(self.target.last_route)
-        self.stats.rows_per_step.append(int(rows.tokens.size))
-        self.stats.accepted.append(sum(seq.stats.accepted[-1] for seq in seqs))
-        self.stats.step_seconds.append(seconds)
+    def _record(self, seqs: list[Sequence], rows: StepRows, marks: list[float]) -> None:
+        """One step into the call's stats; ``marks``: its start and the end of each phase (stats.PHASES)."""
+        stats = self.stats
+        stats.steps += 1
+        stats.routes.append(self.target.last_route)
+        stats.rows_per_step.append(int(rows.tokens.size))
+        stats.accepted.append(sum(seq.stats.accepted[-1] for seq in seqs))
+        device = 0.0
+        for phase, start, end in zip(PHASES, marks, marks[1:]):
+            stats.phase_seconds[phase] += end - start
+            device += end - start if phase in DEVICE_PHASES else 0.0
+        total = marks[-1] - marks[0]
+        stats.step_seconds.append(total)
+        stats.forward_seconds.append(device)
+        stats.host_seconds.append(total - device)
 
     def _keep(self, kept: list[np.ndarray]) -> None:
         """Gather every sequence's kept step rows to the front of the step's slots; mask the rest."""

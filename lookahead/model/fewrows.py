@@ -15,20 +15,27 @@ or float64 runs its linear layers through ``kernels.linear.rows_linear``
 float16, which numba does not compute in) run 2..MM_ROWS_MAX rows as
 W @ x^T; anything else is torch's own.
 
-The rerouting is a ``TorchFunctionMode`` entered around one forward call of
-the model: the model, its modules and transformers are not touched, and
-nothing changes outside the call. It only ever applies to CPU tensors. The
-products differ from torch's only in the order floating-point sums are
+The rerouting touches the linear layers alone: while ``FewRowLinear`` is
+entered, each ``nn.Linear`` of the model holds a ``RoutedWeight`` (the same
+storage, a tensor subclass) in place of its weight, so ``F.linear`` over that
+weight, and nothing else, runs through ``few_row_linear``; every other op of
+the forward is dispatched as torch dispatches it, with no Python in between
+(a ``TorchFunctionMode`` would run Python for every op of the forward, some
+two thousand in a 30-layer model). The weights are put back when the block
+exits, and nothing changes outside it. It only ever applies to CPU tensors.
+The products differ from torch's only in the order floating-point sums are
 taken, as any two matrix kernels do: the verified token is each row's
 argmax, as before.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numba
+import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from ..kernels.linear import rows_linear
 
@@ -53,43 +60,89 @@ def start_numba_threads() -> None:
         torch.set_num_threads(threads)
 
 
-class FewRowLinear(TorchFunctionMode):
-    """Inside this mode, ``F.linear`` over few rows of a CPU tensor runs through ``few_row_linear``
-    (``kernel`` False: only its W @ x^T part, for 2..MM_ROWS_MAX rows of any float dtype).
+class RoutedWeight(torch.Tensor):
+    """A linear layer's weight (the same storage) whose ``F.linear`` runs through ``few_row_linear``
+    (``kernel``: see there); any other op on it runs as on the weight itself and returns plain tensors."""
 
-    numba runs on as many threads as torch is set to (never more than its pool has) while inside,
-    and its own count is put back on exit.
-    """
+    plain: torch.Tensor  # the weight as torch.Tensor, detached
+    array: np.ndarray  # ... and as a numpy array (made once: the kernel reads it every step)
+    kernel: bool
 
-    def __init__(self, kernel: bool = True):
-        super().__init__()
-        self.kernel = kernel
+    @staticmethod
+    def __new__(cls, weight: torch.Tensor, kernel: bool) -> "RoutedWeight":
+        plain = weight.detach()
+        routed = torch.Tensor._make_subclass(cls, plain, False)
+        routed.plain, routed.kernel = plain, kernel
+        routed.array = plain.numpy() if plain.is_contiguous() and plain.dtype in KERNEL_DTYPES else None
+        return routed
 
-    def __enter__(self):
-        start_numba_threads()
-        self._threads = numba.get_num_threads()
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        numba.set_num_threads(self._threads)
-        return super().__exit__(*exc)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
-            routed = few_row_linear(*args, **kwargs, kernel=self.kernel)
-            if routed is not None:
-                return routed
-        return func(*args, **kwargs)
+            x, weight, bias = (tuple(args) + (None, None, None))[:3]
+            x, weight, bias = kwargs.get("input", x), kwargs.get("weight", weight), kwargs.get("bias", bias)
+            if isinstance(weight, RoutedWeight):
+                routed = few_row_linear(x, weight.plain, bias, weight.kernel, weight.array)
+                if routed is not None:
+                    return routed
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def routable_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The model's ``nn.Linear`` layers whose weight is a plain CPU tensor held by the layer itself
+    (not offloaded by accelerate's hooks, not quantized)."""
+    return [m for m in model.modules()
+            if isinstance(m, torch.nn.Linear) and getattr(m, "_hf_hook", None) is None
+            and type(m._parameters.get("weight")) in PLAIN and m.weight.device.type == "cpu"
+            and m.weight.dim() == 2]
+
+
+class FewRowLinear:
+    """A model's linear layers, rerouted to ``few_row_linear`` while ``routed(kernel)`` is entered
+    (``kernel`` False: only its W @ x^T part, for 2..MM_ROWS_MAX rows of any float dtype).
+
+    Built once per model (it finds the layers and wraps their weights); entering it swaps each
+    layer's weight for its ``RoutedWeight`` and puts the weight back on exit. numba runs on as many
+    threads as torch is set to (never more than its pool has) while inside, and its own count is put
+    back on exit.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self._wrap()
+
+    def _wrap(self) -> None:
+        """Find the layers and wrap their weights as they are now."""
+        self.layers = routable_linears(self.model)
+        self.weights = [layer._parameters["weight"] for layer in self.layers]
+        self.wrapped = {kernel: [RoutedWeight(w, kernel) for w in self.weights] for kernel in (True, False)}
+
+    @contextmanager
+    def routed(self, kernel: bool = True):
+        """The body's forwards run the layers' linears through few_row_linear."""
+        if any(layer._parameters["weight"] is not w for layer, w in zip(self.layers, self.weights)):
+            self._wrap()  # the model's weights were replaced (moved, cast, reloaded) since they were wrapped
+        start_numba_threads()
+        threads = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        for layer, weight in zip(self.layers, self.wrapped[kernel]):
+            layer._parameters["weight"] = weight
+        try:
+            yield
+        finally:
+            for layer, weight in zip(self.layers, self.weights):
+                layer._parameters["weight"] = weight
+            numba.set_num_threads(threads)
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   kernel: bool = True) -> torch.Tensor | None:
+                   kernel: bool = True, array: np.ndarray | None = None) -> torch.Tensor | None:
     """x [..., I] W[O, I]^T (+ bias [O]) through lookahead's kernel (``kernel``: 1..KERNEL_ROWS_MAX
     rows, float32 or float64, contiguous W) or as (W x^T)^T (2..MM_ROWS_MAX rows: other dtypes, or
     every float dtype without ``kernel``), for CPU tensors in W's dtype outside autograd; None
-    otherwise (the caller runs the stock F.linear)."""
+    otherwise (the caller runs the stock F.linear). ``array``: W as a numpy array, if the caller holds one."""
     if type(x) is not torch.Tensor or type(weight) not in PLAIN or (bias is not None and type(bias) not in PLAIN):
         return None  # a tensor subclass (quantized weights, ...) keeps its own linear
     if x.device.type != "cpu" or weight.dim() != 2 or x.dtype != weight.dtype or x.shape[-1] != weight.shape[1]:
@@ -99,7 +152,7 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     rows = x.numel() // max(x.shape[-1], 1)
     flat = x.reshape(rows, x.shape[-1])  # [R, I]
     if kernel and x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
-        out = torch.from_numpy(rows_linear(weight.detach().numpy(), flat.contiguous().numpy()))  # [R, O]
+        out = torch.from_numpy(rows_linear(array if array is not None else weight.detach().numpy(), flat.contiguous().numpy()))  # [R, O]
         if bias is not None:
             out += bias
         return out.reshape(*x.shape[:-1], weight.shape[0])

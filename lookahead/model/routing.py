@@ -77,12 +77,13 @@ def kernel_applies(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 @contextmanager
-def route_mode(route: Route | None, rows: int):
-    """Run the body (one forward over ``rows`` rows) through ``route``; None: as torch is set.
+def route_mode(route: Route | None, rows: int, linears: FewRowLinear | None):
+    """Run the body (one forward over ``rows`` rows of the model whose layers ``linears`` holds)
+    through ``route``; None: as torch is set.
 
     Fewer threads than torch's are set for the body and put back after; a
-    kernel route enters fewrows.FewRowLinear, which runs numba on at most
-    those threads and puts numba's count back.
+    kernel or mm route enters ``linears.routed``, which runs numba on at most
+    those threads and puts numba's count back (``linears`` None: torch's linears).
     """
     if route is None or rows > FEW_ROWS_MAX:
         yield
@@ -92,8 +93,8 @@ def route_mode(route: Route | None, rows: int):
     if fewer:
         torch.set_num_threads(route.threads)
     try:
-        if route.linear != "torch":
-            with FewRowLinear(kernel=route.linear == "kernel"):
+        if route.linear != "torch" and linears is not None:
+            with linears.routed(kernel=route.linear == "kernel"):
                 yield
         else:
             yield

@@ -19,6 +19,7 @@ import torch
 
 from .cache import cache_keyword, new_cache
 from .mask import PastSlots, step_mask
+from .fewrows import FewRowLinear
 from .routing import Routing, route_mode
 from .support import AttentionLayout, context_length
 
@@ -83,6 +84,7 @@ class Target:
         # Batch size -> how its forwards run on this CPU (threads, whose linear kernel), measured with
         # the cost curve (cost/measure.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
+        self.linears = FewRowLinear(model)  # its linear layers, for the routes that reroute them
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         embedding = model.get_input_embeddings().weight
         self.device = input_device(model)
@@ -158,7 +160,7 @@ class Target:
         if rows > 1 or slots is not None or not self.plain_single_row:
             mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(local, dev), q_pos, past,
                              slots, self.dtype)
-        with route_mode(self.route(count, rows), count * rows):
+        with route_mode(self.route(count, rows), count * rows, self.linears):
             out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),
                              attention_mask=mask, use_cache=True, **{self.cache_keyword: cache},
                              logits_to_keep=0 if self.select_after else keep_t)  # 0: every row

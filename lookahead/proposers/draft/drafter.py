@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from ...model.cache import cache_keyword
+from ...model.fewrows import FewRowLinear
 from ...model.routing import Routing, route_mode
 from ...model.target import input_device, to_device
 
@@ -50,6 +51,7 @@ class Drafter:
         self.model = model
         self.context = context
         self.routing = routing
+        self.linears = FewRowLinear(model) if routing is not None else None  # for routes that reroute them
         self.device = input_device(model)
         self.cache = DynamicCache()
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -105,7 +107,7 @@ class Drafter:
         """One causal forward over tokens [T] after the held ones; the last row's logits [V]."""
         rows = int(tokens.shape[0])
         began = time.perf_counter()
-        with route_mode(self.routing.route_for(rows) if self.routing is not None else None, rows):
+        with route_mode(self.routing.route_for(rows) if self.routing is not None else None, rows, self.linears):
             out = self.model(input_ids=to_device(tokens, self.device)[None], use_cache=True, logits_to_keep=1,
                              **{self.cache_keyword: self.cache})
         if self.routing is not None:  # (only on the CPU, where a forward has run when it returns)
