@@ -14,9 +14,12 @@ are selected after the forward (``spans_devices``).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import torch
 
+from .attention import GroupedAttention
 from .cache import cache_keyword, new_cache
 from .mask import PastSlots, step_mask
 from .fewrows import FewRowLinear
@@ -85,6 +88,7 @@ class Target:
         # the cost curve (cost/measure.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
         self.linears = FewRowLinear(model)  # its linear layers, for the routes that reroute them
+        self.attention = GroupedAttention(model)  # grouped heads under a mask without copies (attention.py)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         embedding = model.get_input_embeddings().weight
         self.device = input_device(model)
@@ -160,7 +164,8 @@ class Target:
         if rows > 1 or slots is not None or not self.plain_single_row:
             mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(local, dev), q_pos, past,
                              slots, self.dtype)
-        with route_mode(self.route(count, rows), count * rows, self.linears):
+        with route_mode(self.route(count, rows), count * rows, self.linears), \
+                (self.attention.switched() if mask is not None else nullcontext()):
             out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),
                              attention_mask=mask, use_cache=True, **{self.cache_keyword: cache},
                              logits_to_keep=0 if self.select_after else keep_t)  # 0: every row

@@ -1,0 +1,91 @@
+"""Grouped-query attention under a custom mask without repeating the keys and values per head.
+
+A step's rows come with a 4-D mask. Given a mask, transformers' SDPA path
+(``sdpa_attention_forward``) cannot use torch's grouped-query attention and
+copies every layer's whole past ``num_key_value_groups`` times per step
+(``repeat_kv``): work that grows with the context, on every layer, every
+step. torch's ``scaled_dot_product_attention(..., enable_gqa=True)`` takes a
+mask and reads each key/value head for its query heads in place.
+
+``GroupedAttention`` registers that attention under its own name through
+transformers' public extension points (``AttentionInterface`` and
+``AttentionMaskInterface``; nothing of transformers is replaced) and, while
+entered, sets the model's ``attn_implementation`` to it, putting the user's
+back on exit. It applies only to models that run transformers' own SDPA
+with grouped heads; any call it does not cover (no mask, training-time
+dropout, a softcap, a position bias, attention sinks, ...) goes to
+transformers' SDPA function unchanged.
+
+Worked example: 9 query heads over 3 key/value heads (SmolLM2), a step of
+8 rows after 300 cached ones: transformers' path copies 2 x 3 x 3 x 308 x 64
+floats per layer before attending; this one copies none. The outputs are
+the same numbers: both run torch's SDPA kernel over the same heads.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "lookahead_grouped_sdpa"  # the attention implementation's registered name
+COVERED = frozenset({"sliding_window", "position_ids", "cache_position", "layer_idx", "use_cache"})  # ignorable
+
+
+def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query [B, Hq, Q, D], key and value [B, Hkv, P+Q, D], attention_mask [B or 1, 1, Q, P+Q]
+    -> ([B, Q, Hq, D], None), like transformers' ``sdpa_attention_forward``."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = all(v is None or v is False or k in COVERED for k, v in kwargs.items())  # nothing it would drop
+    if groups == 1 or attention_mask is None or dropout or not plain or attention_mask.dtype == torch.bool \
+            or query.shape[-1] != value.shape[-1]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                         enable_gqa=True)  # [B, Hq, Q, D]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make ``NAME`` known to transformers (idempotent): the attention above, SDPA's mask format."""
+    AttentionInterface.register(NAME, grouped_sdpa)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def applies(model: torch.nn.Module) -> bool:
+    """Whether the model runs transformers' SDPA with fewer key/value heads than query heads."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if config is not None else None
+    if text is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None)
+    return bool(heads and kv_heads and kv_heads < heads and not getattr(config, "sub_configs", None))
+
+
+class GroupedAttention:
+    """A model's attention switched to ``grouped_sdpa`` while ``switched()`` is entered (where it applies)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.config = model.config
+        self.on = applies(model)
+        if self.on:
+            register()
+
+    @contextmanager
+    def switched(self):
+        """The body's forwards attend through grouped_sdpa; the user's implementation is put back after."""
+        if not self.on or self.config._attn_implementation != "sdpa":
+            yield
+            return
+        self.config._attn_implementation = NAME
+        try:
+            yield
+        finally:
+            self.config._attn_implementation = "sdpa"
