@@ -13,6 +13,7 @@ import click
 from lookahead.cli.bench import bench
 from lookahead.cli.bench_batch import bench_batch
 from lookahead.cli.bench_memory import bench_memory
+from lookahead.cli.roofline import roofline
 from lookahead.cli.options import (CLI_ERRORS, DTYPES, SAMPLING_FIELDS, checked_config, checked_prompt, checked_seed,
                                    cli_message, config_options, fail, sampling_options, threads_option,
                                    trust_remote_code_option, warnings_as_lines)
@@ -137,6 +138,7 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
 main.add_command(bench)
 main.add_command(bench_batch)
 main.add_command(bench_memory)
+main.add_command(roofline)
 
 
 if __name__ == "__main__":

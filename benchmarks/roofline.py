@@ -1,0 +1,510 @@
+"""How close a decode step comes to this machine's memory limit (``lookahead roofline``).
+
+A decode forward reads every weight once, so no step can beat
+
+    roofline = weight bytes / streaming bandwidth
+
+and the gap between that and a measured step is what kernels, attention,
+the KV cache and Python leave on the table. ``measure_roofline`` measures,
+for the model at hand:
+
+1. the streaming bandwidth (``streaming_bandwidth``: torch summing a float32
+   tensor at least as large as the weights, at least STREAM_MIN_BYTES);
+2. the weight bytes a forward reads (``weight_bytes``) and so the roofline;
+3. the median cost of one decode-shaped step per row count through every
+   route a forward can take (``step_seconds``, on cost/measure.py's
+   ``decode_step_timer``), and the best route per row count;
+4. a breakdown of one step through the best route (``step_breakdown``):
+   linears, attention, KV cache, other ops, Python and dispatch;
+5. the host's share of real greedy decode steps, by phase (``host_phases``).
+
+``report_markdown`` and ``plot_roofline`` render the result; cli/roofline.py
+writes roofline.json, roofline.md and roofline.png. Every time is in seconds
+here (the report shows milliseconds); nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+STREAM_MIN_BYTES = 256 * 2 ** 20  # the bandwidth probe sums at least this much (past every cache level)
+STREAM_WARMUPS = 2  # untimed sums before the timed ones (first touch, frequency ramp-up)
+STREAM_REPEATS = 7  # timed sums; the median counts
+PROFILED_STEPS = 3  # profiled steps per row count in a breakdown
+HOST_TOKENS = 48  # new tokens per prompt of the host-time measurement
+LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::baddbmm",
+                        "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot"})  # matrix products, by name
+KV_RANGE = "lookahead::kv_cache_update"  # the profiler range put around the KV cache's update (``attributed``)
+PARTS = ("linears", "attention", "kv cache", "other ops", "python and dispatch")  # a step's breakdown, in order
+LOG_SPAN = 20  # the plot's ms axis turns logarithmic past this ratio of its largest to its smallest value
+PROMPTS = ("Write a Python function that returns the n-th Fibonacci number, with a docstring and two tests.",
+           "List the planets of the solar system in order, one per line, each with one short fact.")
+
+
+# ---------------------------------------------------------------- the limit
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights one decode forward reads: every distinct parameter tensor once.
+
+    A tensor shared by several parameters (a tied embedding / lm_head) counts
+    once; an input embedding table that is not also the output projection is
+    left out (a forward reads only the looked-up rows of it).
+    """
+    embedding = model.get_input_embeddings()
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_weight = getattr(output, "weight", None)
+    skipped = None if embedding is None or embedding.weight is output_weight else embedding.weight
+    seen: set[tuple] = set()
+    total = 0
+    for param in model.parameters():
+        if skipped is not None and param is skipped:
+            continue
+        key = (param.device.type, param.data_ptr(), param.dtype, tuple(param.shape)) if param.device.type != "meta" \
+            else (id(param),)  # (meta tensors have no storage to share)
+        if key not in seen:
+            seen.add(key)
+            total += param.numel() * param.element_size()
+    return total
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def streaming_bandwidth(nbytes: int, device: torch.device | str = "cpu", warmups: int = STREAM_WARMUPS,
+                        repeats: int = STREAM_REPEATS) -> tuple[float, list[float]]:
+    """(bytes per second, the timed seconds [repeats]) of torch summing a float32 tensor of ``nbytes``
+    bytes (rounded down to whole floats, at least one) on ``device``, on torch's threads as set.
+
+    ``warmups`` untimed sums first; the rate is the tensor's bytes over the median timed sum.
+    """
+    device = torch.device(device)
+    count = max(1, nbytes // 4)
+    data = torch.ones(count, dtype=torch.float32, device=device)  # [count], every page touched
+    times = []
+    for index in range(warmups + repeats):
+        _sync(device)
+        began = time.perf_counter()
+        data.sum().item()  # .item(): the result back on the host, so the sum is done
+        took = time.perf_counter() - began
+        if index >= warmups:
+            times.append(took)
+    del data
+    return count * 4 / statistics.median(times), times
+
+
+def roofline_seconds(nbytes: int, bandwidth: float) -> float:
+    """Seconds to stream ``nbytes`` at ``bandwidth`` bytes per second: no forward reading them is faster."""
+    return nbytes / bandwidth
+
+
+# ---------------------------------------------------------------- step cost per row count
+def route_label(route) -> str:
+    """A route's label ('kernel x2'); 'as set' for None (torch as it is set: a model off the CPU)."""
+    return route.label if route is not None else "as set"
+
+
+def runs_as(route, rows: int, threads: int):
+    """The route a forward over ``rows`` rows through ``route`` really runs as (model/fewrows.py,
+    model/routing.py): past FEW_ROWS_MAX rows every route is torch as set ("torch x{threads}"); the
+    kernel outside 1..KERNEL_ROWS_MAX and W @ x^T ("mm") outside 2..MM_ROWS_MAX rows are torch's
+    linear on the route's threads. None stays None."""
+    from lookahead.model.fewrows import FEW_ROWS_MAX, KERNEL_ROWS_MAX, MM_ROWS_MAX
+    from lookahead.model.routing import Route
+
+    if route is None:
+        return None
+    if rows > FEW_ROWS_MAX:
+        return Route(threads, "torch")
+    if (route.linear == "kernel" and not 1 <= rows <= KERNEL_ROWS_MAX) or \
+            (route.linear == "mm" and not 2 <= rows <= MM_ROWS_MAX):
+        return Route(route.threads, "torch")
+    return route
+
+
+def own_routes(routes: list, rows: int, threads: int) -> list:
+    """The routes that run a forward over ``rows`` rows their own way (a route that runs as another
+    of the list, e.g. "mm x2" over one row as "torch x2", is left out), in the list's order."""
+    kept, seen = [], set()
+    for route in routes:
+        actual = runs_as(route, rows, threads)
+        if actual not in seen and (actual == route or actual not in routes):
+            seen.add(actual)
+            kept.append(route)
+    return kept
+
+
+def step_seconds(time_one: Callable, rows: tuple[int, ...], routes: list, repeats: int,
+                 threads: int) -> dict[str, list[float | None]]:
+    """Route label -> median seconds [S] of one step over rows[s] rows through that route (None where
+    the route runs as another one at that row count: ``own_routes``).
+
+    ``time_one(q, route)`` times one step (cost/measure.py ``decode_step_timer``). One untimed
+    forward of every (row count, route) first; then ``repeats`` passes, row counts ascending
+    and descending in turn and the routes' order rotated each pass, so a burst of load
+    elsewhere lands on one pass rather than on one row count or route. After each pass a
+    route whose median so far is over HOPELESS times the fastest's at a row count is timed no
+    further there (a 2-thread step beside a busy core can take seconds): its median is of the
+    passes it ran.
+    """
+    from lookahead.cost.measure import HOPELESS
+
+    alive = {q: own_routes(routes, q, threads) for q in rows}
+    samples: dict[tuple[int, str], list[float]] = {(q, route_label(r)): [] for q in rows for r in alive[q]}
+    for q in rows:  # warm-up: first-call allocations, numba's compiled variants
+        for route in alive[q]:
+            time_one(q, route)
+    for index in range(repeats):
+        for q in (rows if index % 2 == 0 else rows[::-1]):
+            turn = index % len(alive[q])
+            for route in alive[q][turn:] + alive[q][:turn]:
+                samples[(q, route_label(route))].append(time_one(q, route))
+            medians = {route_label(r): statistics.median(samples[(q, route_label(r))]) for r in alive[q]}
+            fastest = min(medians.values())
+            alive[q] = [r for r in alive[q] if medians[route_label(r)] <= HOPELESS * fastest]
+    return {route_label(r): [statistics.median(samples[(q, route_label(r))]) if (q, route_label(r)) in samples
+                             else None for q in rows] for r in routes}
+
+
+def best_routes(seconds: dict[str, list[float | None]]) -> list[tuple[str, float]]:
+    """[(label, seconds)] per row count: the route with the least median there (``step_seconds``' output)."""
+    count = len(next(iter(seconds.values())))
+    best = []
+    for s in range(count):
+        label = min((lab for lab in seconds if seconds[lab][s] is not None), key=lambda lab: seconds[lab][s])
+        best.append((label, seconds[label][s]))
+    return best
+
+
+# ---------------------------------------------------------------- breakdown of one step
+@dataclass
+class Elapsed:
+    """Seconds spent in a wrapped function while ``attributed`` was entered."""
+
+    seconds: float = 0.0
+
+
+@contextmanager
+def attributed():
+    """While entered: lookahead's few-row kernel (``model.fewrows.rows_linear``, which torch's profiler
+    does not see) is timed into the yielded ``Elapsed``, and every KV cache update
+    (``model.cache.SlotLayer.update``: the layers of ``Target.new_cache()``, the only cache
+    marked) runs inside a profiler range named KV_RANGE. Both are patched for the duration only
+    and put back in a ``finally``."""
+    from lookahead.model import cache, fewrows
+
+    elapsed = Elapsed()
+    kernel, update = fewrows.rows_linear, cache.SlotLayer.update
+
+    def timed_kernel(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return kernel(*args, **kwargs)
+        finally:
+            elapsed.seconds += time.perf_counter() - began
+
+    def marked_update(self, *args, **kwargs):
+        with torch.profiler.record_function(KV_RANGE):
+            return update(self, *args, **kwargs)
+
+    fewrows.rows_linear, cache.SlotLayer.update = timed_kernel, marked_update
+    try:
+        yield elapsed
+    finally:
+        fewrows.rows_linear, cache.SlotLayer.update = kernel, update
+
+
+@contextmanager
+def quiet_stderr():
+    """File descriptor 2 goes to the null device inside (put back in a ``finally``): torch's profiler
+    writes a line from C++ at every start and stop ("USDT: ... profiler_start"), which no Python
+    setting turns off. Only the profiler's start and stop run inside; errors still raise."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def op_part(name: str, ancestors: tuple[str, ...]) -> str | None:
+    """The part of a step an op's self time counts to; None for what is not an aten op (a profiler
+    range's own time is Python: it stays in "python and dispatch").
+
+    ``ancestors``: the names of the op's enclosing events, innermost first. The outermost
+    telling one decides: under KV_RANGE "kv cache" (every op of the cache's update: its
+    slot copies, slices and views); under or being a matrix product (LINEAR_OPS, by name: the
+    rotary embedding's small matmul counts too) "linears"; under or being an op named
+    *scaled_dot_product* "attention"; else "other ops".
+    """
+    if not name.startswith("aten::"):
+        return None
+    for outer in (*reversed(ancestors), name):
+        if outer == KV_RANGE:
+            return "kv cache"
+        if outer in LINEAR_OPS:
+            return "linears"
+        if "scaled_dot_product" in outer:
+            return "attention"
+    return "other ops"
+
+
+def profiled_parts(events) -> dict[str, float]:
+    """Seconds of self CPU time per part (PARTS but the last) summed over torch profiler ``events``."""
+    parts = dict.fromkeys(PARTS[:-1], 0.0)
+    for event in events:
+        ancestors, parent = [], event.cpu_parent
+        while parent is not None:
+            ancestors.append(parent.name)
+            parent = parent.cpu_parent
+        part = op_part(event.name, tuple(ancestors))
+        if part is not None:
+            parts[part] += event.self_cpu_time_total * 1e-6  # (microseconds)
+    return parts
+
+
+def scaled_parts(parts: dict[str, float], total: float) -> dict[str, float]:
+    """``parts`` scaled by one factor so that they add up to ``total`` (all zero: all of it Python)."""
+    whole = sum(parts.values())
+    if whole <= 0:
+        return {name: (total if name == PARTS[-1] else 0.0) for name in parts}
+    return {name: value * total / whole for name, value in parts.items()}
+
+
+def step_breakdown(time_one: Callable, rows: int, route, step_s: float,
+                   steps: int = PROFILED_STEPS) -> tuple[dict[str, float], float]:
+    """(seconds per step of each part (PARTS) of a step over ``rows`` rows through ``route``, adding up
+    to ``step_s`` (its unprofiled median); the profiled steps' mean wall time).
+
+    ``steps`` steps run under ``torch.profiler`` (CPU) inside ``attributed``. Per step:
+    "linears" is the self time of the matrix-product ops plus the time in lookahead's kernel
+    (``attributed``; the kernel route's linears never reach torch's dispatcher), "attention" the
+    self time of *scaled_dot_product* ops and what runs under them, "kv cache" that of every op
+    under the cache's update, "other ops" every other aten op's self time (norms, activations,
+    rotary, the mask, the argmax and read-back), and "python and dispatch" the step's wall time
+    less all of those (clipped at 0): Python, dispatch and the profiler's own overhead (5-12% of a SmolLM2
+    step on a 2-core EPYC: each of its ~6000 ops per forward is recorded). The op classes go
+    by name (``op_part``), an approximation. Profiling slows the step, so the parts are then
+    scaled by one common factor to add up to ``step_s``; as the profiler's overhead sits mostly
+    in the residual, "python and dispatch" errs high by about that overhead.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with attributed() as kernel:
+        with quiet_stderr():
+            prof.start()
+        try:
+            wall = sum(time_one(rows, route) for _ in range(steps))
+        finally:
+            with quiet_stderr():
+                prof.stop()
+    parts = profiled_parts(prof.events())
+    parts["linears"] += kernel.seconds
+    per_step = {name: value / steps for name, value in parts.items()}
+    per_step[PARTS[-1]] = max(0.0, wall / steps - sum(per_step.values()))
+    return scaled_parts(per_step, step_s), wall / steps
+
+
+# ---------------------------------------------------------------- host time of real steps
+def prompt_ids(tokenizer, vocab: int) -> list[list[int]]:
+    """The token ids of the PROMPTS: through the chat template where the tokenizer has one; without a
+    tokenizer, two fixed id sequences below ``vocab`` (one repeating, one not)."""
+    if tokenizer is None:
+        return [[(3 + i % 7) % vocab for i in range(24)], [(5 + 11 * i) % vocab for i in range(24)]]
+    ids = []
+    for prompt in PROMPTS:
+        if getattr(tokenizer, "chat_template", None):
+            encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                    return_tensors="pt", return_dict=True)["input_ids"]  # [1, T]
+        else:
+            encoded = tokenizer(prompt, return_tensors="pt")["input_ids"]  # [1, T]
+        ids.append(encoded[0].tolist())
+    return ids
+
+
+def host_phases(model, tokenizer, config, prompts: list[list[int]], max_new_tokens: int = HOST_TOKENS) -> dict:
+    """Where the time of real greedy lookahead steps goes: one LookaheadGenerator(model, tokenizer,
+    config) (which may measure its cost curve first: cost/) decodes each prompt (token ids) to
+    ``max_new_tokens`` after a short untimed warm-up call.
+
+    Returns steps, new_tokens, tokens_per_step, phase_s (phase -> mean seconds per step, PHASES of
+    call/stats.py: "forward" and "verify" are the device's part), host_s and forward_s (the
+    median step's host and device seconds) and step_s (the median step's wall time).
+    """
+    from lookahead import LookaheadGenerator
+    from lookahead.call.stats import DEVICE_PHASES, PHASES
+
+    gen = LookaheadGenerator(model, tokenizer, config)
+    device = gen.target.device
+    gen.generate(torch.tensor([prompts[0]], device=device), max_new_tokens=4, do_sample=False)  # warm-up
+    phases = dict.fromkeys(PHASES, 0.0)
+    host, forward, step, new_tokens = [], [], [], 0
+    for ids in prompts:
+        gen.generate(torch.tensor([ids], device=device), max_new_tokens=max_new_tokens, do_sample=False)
+        stats = gen.last_stats
+        for phase in PHASES:
+            phases[phase] += stats.phase_seconds[phase]
+        host += stats.host_seconds
+        forward += stats.forward_seconds
+        step += stats.step_seconds
+        new_tokens += stats.new_tokens
+    steps = len(step)
+    return {"steps": steps, "new_tokens": new_tokens, "tokens_per_step": new_tokens / steps if steps else 0.0,
+            "phase_s": {phase: seconds / steps if steps else 0.0 for phase, seconds in phases.items()},
+            "device_phases": list(DEVICE_PHASES),
+            "host_s": statistics.median(host) if host else 0.0,
+            "forward_s": statistics.median(forward) if forward else 0.0,
+            "step_s": statistics.median(step) if step else 0.0}
+
+
+# ---------------------------------------------------------------- everything
+def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repeats: int,
+                     allow_untested: bool = False, config=None, stream_min_bytes: int = STREAM_MIN_BYTES,
+                     host_tokens: int = HOST_TOKENS) -> dict:
+    """The roofline of ``model`` on this machine beside its measured steps (see the module docstring).
+
+    ``rows``: row counts (each >= 1), ``context``: cached tokens behind every step (>= 1; context +
+    the largest row count must fit in the model's context), ``repeats``: timed passes (>= 1),
+    ``config``: the LookaheadConfig of the host-time generator (None: the default). Raises
+    ValueError for a bad argument and UnsupportedModelError (a ValueError) for a model the engine
+    cannot drive. The result holds every number, in seconds and bytes.
+    """
+    from lookahead import LookaheadConfig
+    from lookahead.cost.measure import decode_step_timer, measured_routes
+    from lookahead.model.support import check_model, context_length
+    from lookahead.model.target import input_device
+
+    rows = tuple(sorted(set(int(q) for q in rows)))
+    if not rows or rows[0] < 1 or context < 1 or repeats < 1:
+        raise ValueError(f"rows, context and repeats must be >= 1, got rows {list(rows)}, context {context}, "
+                         f"repeats {repeats}")
+    limit = context_length(model.config)
+    if limit is not None and context + rows[-1] > limit:
+        raise ValueError(f"a context of {context} tokens plus a step of {rows[-1]} rows passes the model's "
+                         f"context of {limit} positions: pass a smaller --context or --rows")
+    layout = check_model(model, allow_untested)
+    device = input_device(model)
+    threads = torch.get_num_threads()
+    weights = weight_bytes(model)
+    stream_bytes = max(weights, stream_min_bytes)
+    bandwidth, stream_times = streaming_bandwidth(stream_bytes, device)
+    roofline = roofline_seconds(weights, bandwidth)
+    routes = measured_routes(model, True)
+    time_one = decode_step_timer(model, layout, context)
+    seconds = step_seconds(time_one, rows, routes, repeats, threads)
+    best = best_routes(seconds)
+    by_label = {route_label(r): r for r in routes}
+    steps = []
+    for q, (label, best_s) in zip(rows, best):
+        parts, profiled = step_breakdown(time_one, q, by_label[label], best_s) if device.type == "cpu" \
+            else (None, None)  # (off the CPU the profiler's CPU times are the host's launches only)
+        steps.append({"rows": q, "seconds": {lab: seconds[lab][rows.index(q)] for lab in seconds},
+                      "best_route": label, "best_s": best_s, "x_roofline": best_s / roofline, "breakdown_s": parts,
+                      "profiled_s": profiled})
+    host = host_phases(model, tokenizer, config if config is not None else LookaheadConfig(),
+                       prompt_ids(tokenizer, int(model.get_input_embeddings().weight.shape[0])), host_tokens)
+    return {"device": str(device), "threads": threads, "context": context, "repeats": repeats,
+            "weight_bytes": weights, "stream_bytes": max(1, stream_bytes // 4) * 4,
+            "stream_s": stream_times, "bandwidth_bytes_per_s": bandwidth, "roofline_s": roofline,
+            "routes": list(seconds), "steps": steps, "host": host}
+
+
+# ---------------------------------------------------------------- the report
+def _ms(seconds: float | None) -> str:
+    """Seconds as milliseconds for a table cell ('-' for None)."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f}" if seconds * 1e3 >= 1 else f"{seconds * 1e3:.2f}"
+
+
+def report_markdown(result: dict) -> str:
+    """The report of ``measure_roofline``'s result (with the keys cli/roofline.py adds: model, dtype,
+    cpu, torch, transformers) as markdown: a header, the step table, the host-time table."""
+    lines = [f"# Roofline: {result['model']} ({result['dtype']}, {result['device']})", "",
+             f"- CPU: {result['cpu']}",
+             f"- threads: {result['threads']}",
+             f"- torch {result['torch']}, transformers {result['transformers']}",
+             f"- model: {result['model']}, dtype {result['dtype']}",
+             f"- weight bytes a forward reads: {result['weight_bytes'] / 1e6:.1f} MB",
+             f"- streaming bandwidth: {result['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
+             f"(torch summing {result['stream_bytes'] / 1e6:.0f} MB of float32, median of "
+             f"{len(result['stream_s'])})",
+             f"- roofline (weights / bandwidth): {_ms(result['roofline_s'])} ms per step",
+             f"- steps after {result['context']} cached tokens, median of {result['repeats']}; "
+             f"routes: {', '.join(result['routes'])}", "",
+             "Step time through the best route and its breakdown, ms per step (profiled self time of the ops by "
+             "name, scaled to add up to the unprofiled median; python+dispatch: the wall time the ops leave):", "",
+             "| rows | best route | ms | x roofline | linears | attention | kv cache | other ops | "
+             "python+dispatch |",
+             "|---:|:---|---:|---:|---:|---:|---:|---:|---:|"]
+    for step in result["steps"]:
+        parts = step["breakdown_s"]
+        cells = [_ms(parts[name]) for name in PARTS] if parts is not None else ["-"] * len(PARTS)
+        lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(step['best_s'])} | "
+                     f"{step['x_roofline']:.2f}x | " + " | ".join(cells) + " |")
+    lines += ["", "Median ms per step through every route ('-': the route runs as another one there):", "",
+              "| route | " + " | ".join(str(s["rows"]) for s in result["steps"]) + " |",
+              "|:---|" + "---:|" * len(result["steps"])]
+    for label in result["routes"]:
+        lines.append(f"| {label} | " + " | ".join(_ms(s["seconds"][label]) for s in result["steps"]) + " |")
+    host = result["host"]
+    lines += ["", f"Host time of real greedy lookahead steps ({host['steps']} steps, {host['new_tokens']} new tokens, "
+              f"{host['tokens_per_step']:.2f} tokens/step; device phases: {', '.join(host['device_phases'])}):", "",
+              "| phase | ms per step (mean) |", "|:---|---:|"]
+    for phase, seconds in host["phase_s"].items():
+        lines.append(f"| {phase} | {_ms(seconds)} |")
+    lines += ["", f"Median step: {_ms(host['step_s'])} ms = host {_ms(host['host_s'])} ms (median) + "
+              f"forward and read-back {_ms(host['forward_s'])} ms (median)."]
+    return "\n".join(lines)
+
+
+def plot_roofline(result: dict, path: str | Path) -> Path:
+    """Step ms against rows (log2), one line per route, the roofline as a dashed horizontal line;
+    saved as a PNG at ``path`` (matplotlib's Agg backend). The ms axis is logarithmic when the
+    slowest point is over LOG_SPAN times the fastest (or the roofline), else linear from 0."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [s["rows"] for s in result["steps"]]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    shown = [result["roofline_s"] * 1e3]  # every plotted ms
+    for label in result["routes"]:
+        points = [(q, s["seconds"][label] * 1e3) for q, s in zip(rows, result["steps"]) if s["seconds"][label]]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label)
+            shown += [ms for _, ms in points]
+    ax.axhline(result["roofline_s"] * 1e3, color="black", linestyle="--",
+               label=f"roofline {result['roofline_s'] * 1e3:.1f} ms "
+                     f"({result['weight_bytes'] / 1e6:.0f} MB at {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)")
+    if len(set(rows)) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(rows, [str(q) for q in rows])
+    if max(shown) > LOG_SPAN * min(shown):  # a route slowed by a load elsewhere would flatten the rest
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel("rows per step")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"{result['model']} ({result['dtype']}) on {result['cpu']}, {result['threads']} "
+                 f"thread{'s' if result['threads'] != 1 else ''}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: over no point
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return Path(path)

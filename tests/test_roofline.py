@@ -1,0 +1,267 @@
+"""lookahead roofline (benchmarks/roofline.py, cli/roofline.py): structure, units and invariants on a
+tiny Llama. No test asserts a time: only what the numbers must satisfy whatever the machine."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+from lookahead.benchmarks import roofline as rl
+from lookahead.call.stats import PHASES
+from lookahead.cli.main import main
+from lookahead.cost.measure import decode_step_timer
+from lookahead.kernels import linear
+from lookahead.model import cache, fewrows
+from lookahead.model.routing import Route, candidate_routes
+from lookahead.model.support import check_model
+from conftest import COMMON, save_model_dir, tiny_model, tiny_tokenizer
+
+SMALL_STREAM = 1 << 20  # bytes the tests' bandwidth probe sums (the command's 256 MB is for real runs)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def time_one(llama):
+    return decode_step_timer(llama, check_model(llama, False), 16)
+
+
+# ------------------------------------------------------------------ the limit
+
+
+def test_weight_bytes_leave_out_an_untied_input_embedding(llama):
+    assert not llama.config.tie_word_embeddings
+    every = sum(p.numel() * p.element_size() for p in llama.parameters())
+    table = llama.get_input_embeddings().weight
+    assert rl.weight_bytes(llama) == every - table.numel() * 4
+    assert llama.get_output_embeddings().weight.numel() * 4 <= rl.weight_bytes(llama)  # lm_head is read
+
+
+def test_weight_bytes_count_a_tied_embedding_once():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=True,
+                                                                   **COMMON))
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    listed = sum(p.numel() * 4 for _, p in model.named_parameters(remove_duplicate=False))
+    table = model.get_input_embeddings().weight.numel() * 4
+    assert rl.weight_bytes(model) == listed - table  # listed twice, read (by lm_head) once
+    assert rl.weight_bytes(model) == sum(p.numel() * 4 for p in model.parameters())
+
+
+def test_bandwidth_is_bytes_over_the_median_time():
+    bandwidth, times = rl.streaming_bandwidth(SMALL_STREAM, "cpu", warmups=1, repeats=3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert bandwidth == pytest.approx(SMALL_STREAM / float(np.median(times)))
+
+
+def test_roofline_is_bytes_over_bandwidth():
+    assert rl.roofline_seconds(540_000_000, 20e9) == pytest.approx(0.027)
+
+
+# ------------------------------------------------------------------ routes and step costs
+
+
+def test_routes_that_run_as_another_are_left_out():
+    routes = candidate_routes(2, True)  # torch, kernel, mm on 2 threads and on 1
+    labels = lambda q: [r.label for r in rl.own_routes(routes, q, 2)]  # noqa: E731
+    assert labels(1) == ["torch x2", "kernel x2", "torch x1", "kernel x1"]  # W @ x^T needs 2..7 rows
+    assert labels(4) == [r.label for r in routes]
+    assert labels(16) == ["torch x2", "kernel x2", "torch x1", "kernel x1"]
+    assert labels(65) == ["torch x2"]  # past the few-row limit every route is torch as set
+    assert rl.runs_as(Route(1, "mm"), 8, 2) == Route(1, "torch")
+    assert rl.own_routes([None], 3, 2) == [None]
+
+
+def test_step_seconds_interleave_and_take_medians():
+    routes = candidate_routes(2, True)
+    calls = []
+    factor = {"torch": 1.0, "kernel": 1.1, "mm": 0.9}
+
+    def fake(q, route):
+        calls.append((q, route.label))
+        return q * factor[route.linear] * (2.0 if route.threads == 1 else 1.0)
+
+    seconds = rl.step_seconds(fake, (1, 4), routes, 3, 2)
+    assert list(seconds) == [r.label for r in routes]
+    assert seconds["mm x2"] == [None, pytest.approx(3.6)]  # W @ x^T runs 2..7 rows only
+    assert seconds["torch x1"] == [pytest.approx(2.0), pytest.approx(8.0)]
+    assert len(calls) == (4 + 6) * (1 + 3)  # a warm-up and 3 passes over every applicable (rows, route)
+    timed = calls[10:]
+    assert [q for q, _ in timed[:10]] == [1] * 4 + [4] * 6 and timed[10][0] == 4  # ascending, then descending
+    assert timed[4][1] == "torch x2" and timed[10][1] == "kernel x2"  # the routes' order turns each pass
+    assert rl.best_routes(seconds) == [("torch x2", pytest.approx(1.0)), ("mm x2", pytest.approx(3.6))]
+
+
+def test_a_hopeless_route_is_timed_no_further_at_that_row_count():
+    routes = [Route(2, "torch"), Route(1, "torch")]
+    calls = []
+
+    def fake(q, route):
+        calls.append((q, route.label))
+        return 1.0 if route.threads == 1 or q == 2 else 10.0  # 2 threads: hopeless at 1 row, fine at 2
+
+    seconds = rl.step_seconds(fake, (1, 2), routes, 4, 2)
+    assert seconds == {"torch x2": [10.0, 1.0], "torch x1": [1.0, 1.0]}
+    assert calls.count((1, "torch x2")) == 1 + 1 and calls.count((2, "torch x2")) == 1 + 4  # warm-up + passes
+
+
+# ------------------------------------------------------------------ a step's breakdown
+
+
+@pytest.mark.parametrize("name, ancestors, part", [
+    ("aten::addmm", ("aten::linear",), "linears"),
+    ("aten::t", ("aten::linear",), "linears"),
+    ("aten::mm", (), "linears"),
+    ("aten::bmm", ("aten::_scaled_dot_product_attention_math", "aten::scaled_dot_product_attention"), "attention"),
+    ("aten::copy_", (rl.KV_RANGE,), "kv cache"),
+    ("aten::copy_", ("aten::slice", rl.KV_RANGE), "kv cache"),
+    ("aten::copy_", (), "other ops"),
+    ("aten::mul", (), "other ops"),
+    (rl.KV_RANGE, (), None),
+])
+def test_ops_are_split_by_their_outermost_telling_name(name, ancestors, part):
+    assert rl.op_part(name, ancestors) == part
+
+
+def test_scaled_parts_add_up_and_keep_proportions():
+    parts = dict(zip(rl.PARTS, (4.0, 2.0, 1.0, 2.0, 1.0)))
+    scaled = rl.scaled_parts(parts, 0.05)
+    assert sum(scaled.values()) == pytest.approx(0.05)
+    assert scaled["linears"] == pytest.approx(2 * scaled["attention"])
+    assert rl.scaled_parts(dict.fromkeys(rl.PARTS, 0.0), 0.02)["python and dispatch"] == 0.02
+
+
+@pytest.mark.parametrize("route", [Route(1, "torch"), Route(1, "kernel")])
+def test_breakdown_parts_are_non_negative_and_add_up_to_the_step(time_one, route):
+    update = cache.SlotLayer.update
+    parts, profiled = rl.step_breakdown(time_one, 4, route, 0.123, steps=2)
+    assert profiled > 0
+    assert tuple(parts) == rl.PARTS
+    assert all(value >= 0 for value in parts.values())
+    assert sum(parts.values()) == pytest.approx(0.123)
+    assert parts["linears"] > 0 and parts["attention"] > 0 and parts["kv cache"] > 0  # the kernel's time counts too
+    assert fewrows.rows_linear is linear.rows_linear and cache.SlotLayer.update is update  # put back
+
+
+def test_the_patches_are_put_back_when_a_step_fails():
+    update = cache.SlotLayer.update
+
+    def broken(q, route):
+        raise RuntimeError("no step")
+
+    with pytest.raises(RuntimeError):
+        rl.step_breakdown(broken, 1, None, 0.01)
+    assert fewrows.rows_linear is linear.rows_linear and cache.SlotLayer.update is update
+
+
+# ------------------------------------------------------------------ host time and everything
+
+
+def test_host_phases_cover_every_phase(llama):
+    from lookahead import LookaheadConfig
+
+    host = rl.host_phases(llama, tiny_tokenizer(), LookaheadConfig(cost_cache_dir=""),
+                          rl.prompt_ids(None, 96), max_new_tokens=8)
+    assert host["steps"] >= 1 and 1 <= host["new_tokens"] <= 16
+    assert tuple(host["phase_s"]) == PHASES and all(v >= 0 for v in host["phase_s"].values())
+    assert host["host_s"] >= 0 and host["forward_s"] > 0 and host["step_s"] > 0
+    assert host["tokens_per_step"] == pytest.approx(host["new_tokens"] / host["steps"])
+
+
+def test_prompt_ids_without_a_tokenizer_stay_in_the_vocabulary():
+    ids = rl.prompt_ids(None, 50)
+    assert len(ids) == 2 and all(0 <= t < 50 for p in ids for t in p) and ids[0] != ids[1]
+
+
+def test_measure_roofline_holds_every_number_and_its_invariants(llama):
+    from lookahead import LookaheadConfig
+
+    result = rl.measure_roofline(llama, None, (2, 1), 8, 1, config=LookaheadConfig(cost_cache_dir=""),
+                                 stream_min_bytes=SMALL_STREAM, host_tokens=6)
+    assert result["roofline_s"] == pytest.approx(result["weight_bytes"] / result["bandwidth_bytes_per_s"])
+    assert result["stream_bytes"] == SMALL_STREAM and result["weight_bytes"] < SMALL_STREAM
+    assert [s["rows"] for s in result["steps"]] == [1, 2]
+    for step in result["steps"]:
+        assert step["best_s"] == min(v for v in step["seconds"].values() if v is not None)
+        assert step["seconds"][step["best_route"]] == step["best_s"]
+        assert step["x_roofline"] == pytest.approx(step["best_s"] / result["roofline_s"])
+        assert sum(step["breakdown_s"].values()) == pytest.approx(step["best_s"])
+        assert all(v >= 0 for v in step["breakdown_s"].values()) and step["profiled_s"] > 0
+    assert set(result["routes"]) == {"torch x1", "kernel x1", "mm x1"}  # the suite runs on one thread
+    json.dumps(result)  # every number is plain JSON
+
+
+@pytest.mark.parametrize("args, words", [
+    (dict(rows=(0,)), "rows, context and repeats must be >= 1"),
+    (dict(context=0), "rows, context and repeats must be >= 1"),
+    (dict(context=1020, rows=(8,)), "passes the model's context of 1024 positions"),
+])
+def test_measure_roofline_refuses_bad_arguments(llama, args, words):
+    arguments = dict(rows=(1,), context=8, repeats=1) | args
+    with pytest.raises(ValueError, match=words.replace("'", ".")):
+        rl.measure_roofline(llama, None, arguments["rows"], arguments["context"], arguments["repeats"])
+
+
+# ------------------------------------------------------------------ the command
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model_dir(tmp_path_factory.mktemp("tiny-llama-roofline"), tiny_model("llama"))
+
+
+def test_the_command_writes_the_report(model_dir, tmp_path):
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["roofline", "--model", model_dir, "--rows", "1", "--rows", "3",
+                                       "--context", "16", "--repeats", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == {"roofline.json", "roofline.md", "roofline.png"}
+    data = json.loads((out / "roofline.json").read_text())
+    assert data["model"] == model_dir and data["dtype"] == "float32" and data["threads"] == 1
+    assert data["stream_bytes"] >= rl.STREAM_MIN_BYTES
+    assert [s["rows"] for s in data["steps"]] == [1, 3]
+    text = (out / "roofline.md").read_text()
+    assert text.startswith("# Roofline") and "- CPU: " in text and "GB/s" in text
+    assert "| rows | best route | ms | x roofline | linears | attention | kv cache | other ops |" in text
+    assert "| propose |" in text and "| learn |" in text
+    assert text.strip() in result.stdout
+    assert (out / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--rows", "0"], "--rows must be >= 1, got 0"),
+    (["--rows", "2", "--rows", "-1"], "--rows must be >= 1, got -1"),
+    (["--context", "0"], "--context must be >= 1, got 0"),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["--model", "/no/such/dir"], "cannot load model '/no/such/dir'"),
+])
+def test_bad_options_get_one_line_and_status_2(tmp_path, args, words):
+    result = CliRunner().invoke(main, ["roofline", "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr and "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
+    assert len(lines) == 1, result.stderr
+
+
+def test_a_context_past_the_model_gets_one_line(model_dir, tmp_path):
+    result = CliRunner().invoke(main, ["roofline", "--model", model_dir, "--context", "1020", "--rows", "8",
+                                       "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert "passes the model's context of 1024 positions: pass a smaller --context or --rows" in result.stderr
+
+
+def test_quiet_stderr_hides_only_what_is_written_inside(capfd):
+    import os
+
+    with rl.quiet_stderr():
+        os.write(2, b"profiler_start\n")
+    os.write(2, b"shown\n")
+    assert capfd.readouterr().err == "shown\n"
