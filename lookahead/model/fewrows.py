@@ -78,6 +78,21 @@ class RoutedWeight(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is F.linear and not kwargs and 2 <= len(args) <= 3:  # how nn.Linear calls it: the hot path
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) == 3 else None
+            # (the weight's own attributes are read from .array and .plain: a tensor property read
+            # on the subclass would go through this function again)
+            array = weight.array if type(weight) is RoutedWeight and weight.kernel else None
+            if array is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == weight.plain.dtype \
+                    and not x.requires_grad and (bias is None or not bias.requires_grad):
+                outputs, inputs = array.shape
+                rows = x.numel() // inputs if x.shape[-1] == inputs else 0
+                if 1 <= rows <= KERNEL_ROWS_MAX:
+                    out = torch.from_numpy(rows_linear(array, x.reshape(rows, inputs).contiguous().numpy()))  # [R, O]
+                    if bias is not None:
+                        out += bias
+                    return out.view(*x.shape[:-1], outputs)  # [..., O]
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight, bias = (tuple(args) + (None, None, None))[:3]
