@@ -30,7 +30,7 @@ from .measure import (Measurement, cpu_name, cpu_snapshot, decode_step_timer, es
                       measure_routes, measured_routes, others_busy, short_duration)
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
-ROUTES_VERSION = 2  # in cost curves' fingerprints: a change to the routes or kernels re-measures
+ROUTES_VERSION = 3  # in cost curves' fingerprints: a change to the routes or kernels re-measures
 
 Say = Callable[[str], None]
 

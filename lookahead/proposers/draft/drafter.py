@@ -24,9 +24,8 @@ import time
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
-from ...model.cache import cache_keyword
+from ...model.cache import cache_keyword, new_cache
 from ...model.fewrows import FewRowLinear
 from ...model.routing import Routing, route_mode
 from ...model.target import input_device, to_device
@@ -53,7 +52,7 @@ class Drafter:
         self.routing = routing
         self.linears = FewRowLinear(model) if routing is not None else None  # for routes that reroute them
         self.device = input_device(model)
-        self.cache = DynamicCache()
+        self.cache = new_cache()  # written in place, cropped by its length
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
         self.held = np.zeros(0, dtype=np.int64)  # [H] tokens whose KV the cache holds: seq[start:start + H]
         self.start = 0  # where in the sequence the held tokens begin (> 0 after a bounded catch-up)
@@ -67,7 +66,7 @@ class Drafter:
 
     def _restart(self, start: int) -> None:
         """An empty cache whose first token will be seq[start]."""
-        self.cache = DynamicCache()
+        self.cache = new_cache()  # written in place, cropped by its length
         self.held = np.zeros(0, dtype=np.int64)
         self.start = start
 
