@@ -423,3 +423,51 @@ def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
     assert flat.step(np.array([1.0, 4.0, 16.0, 40.0])).tolist() == [2.0, 2.0, 2.0, 2.0]
     flat.observe(16, 9.0)
     assert flat.step(np.array([16.0])).tolist() == [2.0] and curve.seconds.tolist() == [2.0, 3.0, 5.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 6), st.integers(0, 40)), min_size=0, max_size=5),
+       st.integers(0, 2**31 - 1))
+def test_merge_candidates_stacks_every_source_padded_with_its_own_first_class(shapes, seed):
+    """Each source's rows in order; rows shorter than the widest padded with token 0 and the
+    source's class offset (what np.pad + offset gave before the merge was written in place)."""
+    from lookahead.plan.planner import merge_candidates
+    from lookahead.proposers.base import Candidates
+
+    rng = np.random.default_rng(seed)
+    groups = []
+    for rows, cols, offset in shapes:
+        tokens = rng.integers(0, 50, (rows, cols))
+        classes = rng.integers(0, 3, (rows, cols))
+        groups.append((Candidates(tokens, rng.integers(1, cols + 1, rows), classes), offset))
+    merged = merge_candidates(groups)
+    kept = [(c, off) for c, off in groups if c.count]
+    if not kept:
+        assert merged.count == 0
+        return
+    width = max(c.tokens.shape[1] for c, _ in kept)
+    want_tokens = np.concatenate([np.pad(c.tokens, ((0, 0), (0, width - c.tokens.shape[1]))) for c, _ in kept])
+    want_classes = np.concatenate([np.pad(c.classes, ((0, 0), (0, width - c.classes.shape[1]))) + off
+                                   for c, off in kept])
+    np.testing.assert_array_equal(merged.tokens, want_tokens)
+    np.testing.assert_array_equal(merged.classes, want_classes)
+    np.testing.assert_array_equal(merged.lens, np.concatenate([c.lens for c, _ in kept]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 9), st.integers(0, 2**31 - 1))
+def test_row_argmax_is_torch_argmax_with_ties_nan_and_infinity(rows, vocab, seed):
+    """The verifier's CPU argmax (numpy's) picks what torch.argmax picks: the first maximal index,
+    NaN as the maximum, on rows full of ties, infinities and -inf."""
+    from lookahead.verify.verifier import row_argmax
+
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, 3, (rows, vocab)).astype(np.float32)  # [R, V] many ties
+    specials = rng.random((rows, vocab))
+    scores[specials < 0.1] = np.nan
+    scores[(specials >= 0.1) & (specials < 0.2)] = np.inf
+    scores[(specials >= 0.2) & (specials < 0.3)] = -np.inf
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        t = torch.from_numpy(scores).to(dtype)
+        got = row_argmax(t)
+        assert got.dtype == torch.int64 and torch.equal(got, t.argmax(-1))

@@ -16,7 +16,8 @@ from .stopping import first_hit
 
 def first_stop(new: np.ndarray, eos: np.ndarray, remaining: int) -> tuple[np.ndarray, bool]:
     """Cut new tokens at the first EOS (kept) or at the budget; whether decoding ends."""
-    hits = np.flatnonzero(np.isin(new, eos)) if eos.size else np.zeros(0, dtype=np.int64)
+    # (new [k] against eos [E] as a [k, E] comparison: np.isin sorts, ~30x slower on a step's few tokens)
+    hits = np.flatnonzero((new[:, None] == eos[None, :]).any(axis=1)) if eos.size else np.zeros(0, dtype=np.int64)
     end = min(int(hits[0]) + 1 if hits.size else new.shape[0], remaining)
     return new[:end], bool(hits.size and hits[0] < end) or end >= remaining
 

@@ -29,6 +29,8 @@ in its own slot, keyed by its name, so the table names no source.
 
 from __future__ import annotations
 
+import bisect
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -56,6 +58,7 @@ class GainCalibration:
 
     def __init__(self) -> None:
         self.logs = np.log(GAIN_LEVELS)  # [L]
+        self.log_list = self.logs.tolist()  # the same, for bisect
         prior = GAIN_PRIOR_TREES * GAIN_LEVELS  # [L] pseudo-tokens on both sides of each ratio
         self.ratio = DecayedRatio(prior, prior, GAIN_DECAY, GAIN_LEVELS.shape[0])  # yielded / promised [L]
 
@@ -81,8 +84,8 @@ class GainCalibration:
 
     def _weights(self, promised: float) -> np.ndarray:
         """[L] interpolation weights of ``promised`` on the levels (all on an end level beyond it)."""
-        at = float(np.clip(np.log(promised), self.logs[0], self.logs[-1]))
-        hi = int(np.searchsorted(self.logs, at, side="left"))
+        at = min(max(math.log(promised), float(self.logs[0])), float(self.logs[-1]))  # (scalars: math, not numpy)
+        hi = bisect.bisect_left(self.log_list, at)
         weights = np.zeros(self.logs.shape[0])
         if hi == 0 or self.logs[hi] == at:
             weights[hi] = 1.0

@@ -103,12 +103,16 @@ def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
     if not groups:
         return no_candidates()
     width = max(c.tokens.shape[1] for c, _ in groups)
-
-    def pad(a: np.ndarray) -> np.ndarray:
-        return np.pad(a, ((0, 0), (0, width - a.shape[1])))
-
-    tokens = np.concatenate([pad(c.tokens) for c, _ in groups])  # [G, L]
-    classes = np.concatenate([pad(c.classes) + off for c, off in groups])  # [G, L]
+    count = sum(c.tokens.shape[0] for c, _ in groups)
+    tokens = np.zeros((count, width), dtype=np.result_type(*(c.tokens for c, _ in groups)))  # [G, L], 0 past a row
+    classes = np.empty((count, width), dtype=np.result_type(*(c.classes for c, _ in groups)))  # [G, L]
+    row = 0
+    for c, off in groups:  # (filled in place: np.pad and np.concatenate cost more than the copying)
+        rows, cols = c.tokens.shape
+        tokens[row:row + rows, :cols] = c.tokens
+        classes[row:row + rows, :cols] = c.classes + off
+        classes[row:row + rows, cols:] = off  # the padding's class: the source's first, as everywhere
+        row += rows
     lens = np.concatenate([c.lens for c, _ in groups])  # [G]
     return Candidates(tokens, lens, classes)
 

@@ -64,6 +64,21 @@ from .sampling import NO_TOKEN, PositionUniforms, fast_top_k, sample_rows, sampl
 from ..plan.tree import TokenTree
 
 
+NUMPY_ARGMAX = (torch.float32, torch.float64)  # dtypes whose CPU argmax numpy takes
+
+
+def row_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """scores [R, V].argmax(-1) [R] (int64), on the scores' device.
+
+    On the CPU numpy's argmax reads a row about ten times faster than torch's
+    (49152 floats: 3 against 43 us); both return the first maximal index, NaN
+    counting as the maximum, so the result is the same. [[1 3 3] [nan 0 5]] -> [1 0].
+    """
+    if scores.device.type == "cpu" and scores.dtype in NUMPY_ARGMAX and not scores.requires_grad:
+        return torch.from_numpy(scores.numpy().argmax(-1).astype(np.int64, copy=False))
+    return scores.argmax(-1)
+
+
 def matched_depth(tree: TokenTree, tokens: np.ndarray) -> int:
     """How many of tokens[k] (an accepted path from x down) the tree holds as a path from x:
     the tokens a greedy walk of this tree alone would have accepted.
@@ -137,14 +152,14 @@ class Verifier:
         """Everything the host needs from logits [K, V], as one int64 tensor on the device
         (``staged_size`` long): window argmax, top-R, the chosen token of every decision row
         (``drawn``: rows whose child a draft drew, sampling only)."""
-        parts = [logits[rows.window_rows()].argmax(-1)]  # [W]
+        parts = [row_argmax(logits[rows.window_rows()])]  # [W]
         if self.recycle_width is not None:
             parts.append(top_successors(logits, self.recycle_width).reshape(-1))  # [K * 2R]
         decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
         fast = self.top_k is not None and decide.device.type == "cpu"
         scores = self._processed(decide, tree, seq, stop, self.row_processing if fast else self.decoding)
         if self.uniforms is None:
-            parts.append(scores.argmax(-1))  # [1 + M]: exactly what greedy decoding picks
+            parts.append(row_argmax(scores))  # [1 + M]: exactly what greedy decoding picks
         else:
             depths = np.concatenate([[0], tree.depths])  # [1 + M]
             positions = stop - self.prompt_len + depths  # [1 + M] output positions decided
