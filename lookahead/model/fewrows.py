@@ -22,7 +22,10 @@ weight, and nothing else, runs through ``few_row_linear``; every other op of
 the forward is dispatched as torch dispatches it, with no Python in between
 (a ``TorchFunctionMode`` would run Python for every op of the forward, some
 two thousand in a 30-layer model). The weights are put back when the block
-exits, and nothing changes outside it. It only ever applies to CPU tensors.
+exits, and nothing changes outside it. (The swap is seen by every thread: another
+thread running the same model meanwhile runs its linears through the same kernel, the same
+products up to summation order; the decode loop owns its model while it steps.) It only ever
+applies to CPU tensors.
 The products differ from torch's only in the order floating-point sums are
 taken, as any two matrix kernels do: the verified token is each row's
 argmax, as before.
