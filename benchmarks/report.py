@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -105,6 +106,26 @@ def markdown_table(rows: list[dict], sampling: bool = False) -> str:
     return "\n".join(lines)
 
 
+def step_table(records: list[dict]) -> str:
+    """Per method that reports its steps (lookahead's): the median host and forward milliseconds of
+    a decode step over every step of every prompt; "" when no method does."""
+    steps: dict[str, tuple[list[float], list[float]]] = {}
+    for r in records:
+        if r.get("host_s"):
+            host, forward = steps.setdefault(r["method"], ([], []))
+            host.extend(r["host_s"])
+            forward.extend(r.get("forward_s", []))
+    if not steps:
+        return ""
+    lines = ["Decode steps: the host's own work (propose, plan, commit, cache, learn) and the forward with its "
+             "read-back, median ms a step:", "",
+             "| method | steps | host ms | forward ms |", "|---|---:|---:|---:|"]
+    for method, (host, forward) in steps.items():
+        lines.append(f"| {method} | {len(host)} | {statistics.median(host) * 1e3:.2f} "
+                     f"| {statistics.median(forward) * 1e3 if forward else 0.0:.1f} |")
+    return "\n".join(lines)
+
+
 def cost_table(cost: dict) -> str:
     """The cost curve as a one-line-per-k markdown table."""
     lines = [f"Forward cost over k new tokens with {cost['context']} tokens of context, relative to k = 1 "
@@ -169,8 +190,9 @@ def write_report(out_dir: str | Path, records: list[dict], cost: dict | None = N
     reference = rows[0]["method"] if rows else "greedy"
     meta = {**(meta or {}), **mode}
     env = environment(meta.get("dtype", "float32"))
+    steps = step_table(records)
     table = mode_line(mode, reference) + "\n" + machine_line(env, meta.get("busy_cores", 0)) + "\n\n" + \
-        markdown_table(rows, sampling=mode["mode"] != "greedy")
+        markdown_table(rows, sampling=mode["mode"] != "greedy") + ("\n\n" + steps if steps else "")
     data = {"meta": meta, "environment": env,
             "summary": rows, "records": records, "cost_curve": cost}
     (out / "bench.json").write_text(json.dumps(data, indent=1))

@@ -111,6 +111,8 @@ class Run:
     forwards: int  # target forward passes, prefill included
     accepted: list[int] = field(default_factory=list)  # tokens per decode forward (lookahead only)
     routes: dict[str, int] = field(default_factory=dict)  # decode forwards per route (lookahead on a CPU)
+    host_s: list[float] = field(default_factory=list)  # each decode step's host time (lookahead only) ...
+    forward_s: list[float] = field(default_factory=list)  # ... and its forward with the read-back
 
 
 @dataclass
@@ -275,7 +277,8 @@ def run_method(method: Method, model, ids: torch.Tensor, max_new_tokens: int) ->
     stats = method.generator.last_stats if method.generator is not None else None
     if stats is None:
         return Run(tokens, wall, counter.count)
-    return Run(tokens, wall, counter.count, list(stats.accepted), dict(Counter(r for r in stats.routes if r)))
+    return Run(tokens, wall, counter.count, list(stats.accepted), dict(Counter(r for r in stats.routes if r)),
+               list(stats.host_seconds), list(stats.forward_seconds))
 
 
 def _accepted_per_step(run: Run) -> float:
@@ -349,7 +352,7 @@ def _record(prompt: BenchPrompt, method: Method, run: Run, reference: Run, mode:
         "prompt_tokens": len(prompt.input_ids), "new_tokens": len(run.tokens), "wall_time_s": run.wall_time_s,
         "tokens_per_s": _tokens_per_s(run), "speedup": _speedup(run, reference, method.sampling is not None),
         "forwards": run.forwards, "accepted_per_step": _accepted_per_step(run), "accepted": run.accepted,
-        "routes": run.routes,
+        "routes": run.routes, "host_s": run.host_s, "forward_s": run.forward_s,
         "exact_match": run.tokens == reference.tokens, "must_match": method.exact,
         "peak_rss_mb": peak_rss_mb(), "tokens": run.tokens,
     }

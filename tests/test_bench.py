@@ -52,6 +52,10 @@ def test_runner_records_every_prompt_and_method(records):
     assert all(r["forwards"] == MAX_NEW and r["accepted_per_step"] == 1.0 and r["speedup"] == 1.0 for r in greedy)
     lookahead = [r for r in records if r["method"] in ("lookahead", "wide")]
     assert all(r["must_match"] and r["accepted"] and r["forwards"] == len(r["accepted"]) + 1 for r in lookahead)
+    # every decode step's host and forward time, one of each per step (none for transformers' methods)
+    assert all(len(r["host_s"]) == len(r["forward_s"]) == len(r["accepted"]) for r in lookahead)
+    assert all(min(r["host_s"]) >= 0 and min(r["forward_s"]) > 0 for r in lookahead)
+    assert all(not r["host_s"] and not r["forward_s"] for r in greedy)
     check_exact(records)  # does not raise
 
 
@@ -116,6 +120,9 @@ def test_report_writes_json_markdown_png(tmp_path, records, model):
     table = paths["markdown"].read_text()
     assert "| tiny | lookahead | 2 |" in table and "| tiny | wide | 2 |" in table and "x k=1" in table
     assert "Mode: greedy, seed 0" in table and "| speedup (geomean) |" in table and "exact %" in table
+    steps = sum(len(r["host_s"]) for r in records if r["method"] == "lookahead")
+    assert "| method | steps | host ms | forward ms |" in table and f"| lookahead | {steps} |" in table
+    assert "| greedy |" not in table.split("| method | steps |")[1]  # only methods that report steps
     assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
