@@ -9,10 +9,10 @@ from transformers import DynamicCache
 
 from lookahead.model.cache import SLOTS_MIN, SlotCache, keep_rows, new_cache
 
-KINDS = [new_cache, DynamicCache]
+KINDS = [lambda: new_cache(2), new_cache, DynamicCache]  # an arena for both layers; a buffer per layer; transformers'
 
 
-@pytest.fixture(params=KINDS, ids=["slot", "dynamic"])
+@pytest.fixture(params=KINDS, ids=["arena", "slot", "dynamic"])
 def kind(request):
     return request.param
 
@@ -80,6 +80,40 @@ def test_slot_cache_matches_a_dynamic_cache_through_growth_rollback_and_batch_se
     dynamic.batch_select_indices(index)
     assert torch.equal(slot.layers[0].keys, dynamic.layers[0].keys)
     assert torch.equal(slot.layers[0].values, dynamic.layers[0].values)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_arena_keeps_the_rows_a_dynamic_cache_keeps(batch):
+    """Three layers in one arena (and a fourth layer of another head count beside it), random steps
+    and random kept rows per sequence past several growths, then a sequence dropped: the same rows."""
+    torch.manual_seed(batch)
+    arena, dynamic = SlotCache(layers=3), DynamicCache()
+    shapes = [(batch, 2, 4)] * 3 + [(batch, 1, 4)]  # [A, H, D] per layer: the last one does not fit
+
+    def step(rows: int) -> None:
+        for layer, (a, h, d) in enumerate(shapes):
+            new = torch.randn(a, h, rows, d)
+            got, want = arena.update(new, -new, layer), dynamic.update(new, -new, layer)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    step(SLOTS_MIN - 3)
+    assert arena.arena.holds(arena.layers[:3]) and not arena.layers[3].in_arena
+    for _ in range(40):
+        past = arena.get_seq_length()
+        rows = int(torch.randint(2, 12, ()))
+        step(rows)
+        keep = int(torch.randint(1, rows + 1, ()))
+        kept = torch.stack([torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(rows - 1)[:keep - 1].sort()
+                                       .values + 1]) for _ in range(batch)])  # [A, K]: x, then any rows
+        for cache in (arena, dynamic):
+            keep_rows(cache, past, kept, in_place=False)
+        assert arena.get_seq_length() == dynamic.get_seq_length() == past + keep
+    assert arena.arena.buffer.shape[4] > SLOTS_MIN
+    if batch > 1:
+        for cache in (arena, dynamic):
+            cache.batch_select_indices(torch.tensor([2, 0]))
+    for mine, theirs in zip(arena.layers, dynamic.layers):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
 
 
 def test_slot_cache_writes_in_place_and_crop_is_a_length():

@@ -38,15 +38,77 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
 
 
+class Arena:
+    """The keys and values of every layer of one shape in one buffer [2, L, A, H, capacity, D], so
+    that keeping a step's rows is one gather for all layers, not two per layer.
+
+    Layers join on their first update (``admits``: the first layer's batch, heads, head size, dtype
+    and device); one of another shape keeps buffers of its own. The buffer grows for all members at
+    once (GROWTH), copying the slots any member filled.
+    """
+
+    def __init__(self, layers: int):
+        self.layers = layers  # L
+        self.buffer: torch.Tensor | None = None  # [2, L, A, H, C, D]
+        self.members: list["SlotLayer"] = []
+        self.filled = 0  # the most slots any member has held since the last growth
+
+    def admits(self, states: torch.Tensor) -> bool:
+        """Whether a layer whose new rows are ``states`` [A, H, Q, D] can live in the buffer."""
+        b = self.buffer
+        return b is None or (states.dtype == b.dtype and states.device == b.device
+                             and (states.shape[0], states.shape[1], states.shape[3]) == (b.shape[2], b.shape[3], b.shape[5]))
+
+    def join(self, layer: "SlotLayer", states: torch.Tensor) -> None:
+        if self.buffer is None:
+            count, heads, _, size = states.shape
+            self.buffer = states.new_empty((2, self.layers, count, heads, 0, size))
+        self.members.append(layer)
+
+    def reserve(self, length: int) -> None:
+        """Room for ``length`` slots in every member."""
+        capacity = self.buffer.shape[4]
+        if length > capacity:
+            capacity = max(length, int(capacity * GROWTH), SLOTS_MIN)
+            grown = self.buffer.new_empty(self.buffer.shape[:4] + (capacity,) + self.buffer.shape[5:])
+            grown[:, :, :, :, :self.filled] = self.buffer[:, :, :, :, :self.filled]
+            self.buffer = grown
+            self.refresh()
+        self.filled = max(self.filled, length)
+
+    def refresh(self) -> None:
+        """Every member's buffers and views from the (new) buffer."""
+        for layer in self.members:
+            layer.key_buffer, layer.value_buffer = self.buffer[0, layer.index], self.buffer[1, layer.index]
+            layer._views()
+
+    def holds(self, layers: list) -> bool:
+        """Whether every one of ``layers`` lives in the buffer."""
+        return self.buffer is not None and len(self.members) == len(layers)
+
+
 class SlotLayer(DynamicLayer):
-    """One layer's keys and values [A, H, S, D] in buffers [A, H, capacity, D]; ``keys`` and
-    ``values`` are views of the first ``length`` slots, so writing into them writes the buffers."""
+    """One layer's keys and values [A, H, S, D] in buffers [A, H, capacity, D] (its slice of the
+    cache's ``Arena`` when it fits there); ``keys`` and ``values`` are views of the first ``length``
+    slots, so writing into them writes the buffers."""
+
+    def __init__(self, arena: Arena | None = None, index: int = 0):
+        super().__init__()
+        self.arena, self.index = arena, index
+        self.in_arena = False
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.length = 0
-        self.key_buffer = key_states.new_empty(key_states.shape[:2] + (0,) + key_states.shape[3:])
-        self.value_buffer = value_states.new_empty(value_states.shape[:2] + (0,) + value_states.shape[3:])
+        arena = self.arena
+        self.in_arena = arena is not None and self.index < arena.layers and arena.admits(key_states) \
+            and arena.admits(value_states)
+        if self.in_arena:
+            arena.join(self, key_states)
+            self.key_buffer, self.value_buffer = arena.buffer[0, self.index], arena.buffer[1, self.index]
+        else:
+            self.key_buffer = key_states.new_empty(key_states.shape[:2] + (0,) + key_states.shape[3:])
+            self.value_buffer = value_states.new_empty(value_states.shape[:2] + (0,) + value_states.shape[3:])
         self._views()
         self.is_initialized = True
 
@@ -56,6 +118,9 @@ class SlotLayer(DynamicLayer):
 
     def _reserve(self, length: int) -> None:
         """Room for ``length`` slots (the filled ones copied over when the buffers grow)."""
+        if self.in_arena:
+            self.arena.reserve(length)
+            return
         capacity = self.key_buffer.shape[2]
         if length <= capacity:
             return
@@ -89,17 +154,18 @@ class SlotLayer(DynamicLayer):
             self.length = max(self.length + tokens_to_remove, 0)
             self._views()
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep the sequences ``indices`` (copies their buffers)."""
-        if self.is_initialized:
-            self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+    def _select(self, pick) -> None:
+        """Keep the sequences ``pick`` (a function of a buffer [A, ...]) selects; arena members are
+        selected with their arena (SlotCache)."""
+        if self.is_initialized and not self.in_arena:
+            self.key_buffer, self.value_buffer = pick(self.key_buffer), pick(self.value_buffer)
             self._views()
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select(lambda buffer: buffer[indices])
+
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized:
-            self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
-            self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
-            self._views()
+        self._select(lambda buffer: buffer.repeat_interleave(repeats, dim=0))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx.to(self.device))
@@ -110,20 +176,48 @@ class SlotLayer(DynamicLayer):
 
 
 class SlotCache(DynamicCache):
-    """A DynamicCache of ``SlotLayer`` layers: full-length, written in place, rolled back by length."""
+    """A DynamicCache of ``SlotLayer`` layers: full-length, written in place, rolled back by length.
 
-    def __init__(self):
-        Cache.__init__(self, layer_class_to_replicate=SlotLayer)
+    With ``layers`` (the model's decoder layer count) the layers share one ``Arena``; without, each
+    keeps its own buffers.
+    """
+
+    def __init__(self, layers: int | None = None):
+        self.arena = Arena(layers) if layers else None
+        if self.arena is None:
+            Cache.__init__(self, layer_class_to_replicate=SlotLayer)
+        else:
+            Cache.__init__(self, layers=[SlotLayer(self.arena, i) for i in range(layers)])
+            self.layer_class_to_replicate = SlotLayer  # a cache layer past ``layers`` (if a model has one): its own
+
+    def _select(self, pick) -> None:
+        """Select sequences in the arena (once for all its members) and in every other layer."""
+        if self.arena is not None and self.arena.buffer is not None:
+            self.arena.buffer = pick(self.arena.buffer.transpose(0, 2)).transpose(0, 2).contiguous()  # batch: dim 2
+            self.arena.refresh()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select(lambda buffer: buffer[indices])
+        super().batch_select_indices(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._select(lambda buffer: buffer.repeat_interleave(repeats, dim=0))
+        super().batch_repeat_interleave(repeats)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select(lambda buffer: buffer[beam_idx.to(buffer.device)])
+        super().reorder_cache(beam_idx)
 
 
-def new_cache() -> SlotCache:
-    """A cache of plain full-length layers (sliding windows are applied by our mask).
+def new_cache(layers: int | None = None) -> SlotCache:
+    """A cache of plain full-length layers (sliding windows are applied by our mask); ``layers``:
+    the model's decoder layers, which then share one buffer (``Arena``).
 
     Sliding-window cache layers forget old rows as they go, which would make a
     rejected speculation impossible to roll back; full layers keep every row
     and the 4-D mask hides what a sliding layer must not see.
     """
-    return SlotCache()
+    return SlotCache(layers)
 
 
 def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool) -> None:
@@ -134,9 +228,20 @@ def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool
     layers may sit on several devices (a device_map): the indices go to each.
     """
     count = rows.shape[1]
-    if not in_place:
+    arena = getattr(cache, "arena", None)
+    if not in_place and arena is not None and arena.holds(cache.layers):
+        buffer = arena.buffer  # [2, L, A, H, C, D]: every layer's keys and values, one gather
+        slots = rows.to(buffer.device, non_blocking=True) + past  # [A, K]
+        if buffer.shape[2] == 1:
+            buffer[:, :, :, :, past:past + count] = buffer.index_select(4, slots[0])
+        else:
+            index = slots[None, None, :, None, :, None].expand(*buffer.shape[:4], count, buffer.shape[5])
+            buffer[:, :, :, :, past:past + count] = buffer.gather(4, index)
+    elif not in_place:
         sources: dict[torch.device, torch.Tensor] = {}  # [A, K] absolute cache slots, per device
         for layer in cache.layers:
+            if not layer.is_initialized:
+                continue  # a layer that never ran (one sharing another's cache, say)
             for tensor in (layer.keys, layer.values):  # [A, H, P+Q, D]
                 if tensor.device not in sources:
                     sources[tensor.device] = rows.to(tensor.device, non_blocking=True) + past

@@ -88,6 +88,8 @@ class Target:
         # the cost curve (cost/measure.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
         self.linears = FewRowLinear(model)  # its linear layers, for the routes that reroute them
+        text = model.config.get_text_config(decoder=True)
+        self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
         self.attention = GroupedAttention(model)  # grouped heads under a mask without copies (attention.py)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         embedding = model.get_input_embeddings().weight
@@ -134,7 +136,7 @@ class Target:
 
     def new_cache(self):
         """An empty KV cache this target can roll back (see cache.py)."""
-        return new_cache()
+        return new_cache(self.layers)
 
     def prefill(self, cache, ids: np.ndarray, mask: np.ndarray | None = None,
                 positions: np.ndarray | None = None) -> None:
