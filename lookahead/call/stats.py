@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # The phases of a decode step (decode/loop.py): "forward" and "verify" are the device's work and the
-# host sync (forward_seconds), the others the host's (host_seconds).
+# host sync (forward_seconds: the forward, then the verifier's argmax / top-k / draws over the kept
+# rows' logits and the one read-back), the others the host's (host_seconds; a draft model's own
+# forwards, when there is one, run inside "propose").
 PHASES = ("propose", "plan", "forward", "verify", "commit", "cache", "learn")
 DEVICE_PHASES = ("forward", "verify")
 
