@@ -15,7 +15,7 @@ from .config import LookaheadConfig
 from .cost import CostModel, flat_curve, load_cost_model
 from .model.routing import Routing
 from .proposers.draft.checks import check_draft
-from .model.fewrows import start_numba_threads
+from .model.fewrows import FewRowLinear, start_numba_threads
 from .call.inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
 from .kernels import warmup
 from .plan.planner import SCORE_DEPTH, regime
@@ -80,10 +80,11 @@ class LookaheadGenerator:
         self.target = Target(model, check_model(model, self.config.allow_untested_models))
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
-        self.draft_model, self.draft_cost = draft_model, None
+        self.draft_model, self.draft_cost, self.draft_linears = draft_model, None, None
         if draft_model is not None:
             layout = check_draft(model, draft_model, tokenizer, draft_tokenizer, allow_draft_device,
                                  self.config.allow_untested_models)
+            self.draft_linears = FewRowLinear(draft_model)  # its linear layers, wrapped once (model/fewrows.py)
             if self.config.budget == "adaptive":
                 self.draft_cost = self._measure_draft_cost(layout)
         start_numba_threads()  # before the kernels' first parallel run: torch's thread count stays the user's

@@ -128,3 +128,22 @@ def test_slot_cache_writes_in_place_and_crop_is_a_length():
     assert cache.layers[0].key_buffer is buffer
     with pytest.raises(ValueError, match="negative"):
         cache.crop(2)
+
+
+def test_buffers_grow_by_the_rule():
+    from lookahead.model.cache import grown
+
+    assert grown(100, 120) == SLOTS_MIN and grown(400, 401) == 600 and grown(400, 900) == 900
+
+
+def test_a_reset_cache_starts_again_in_its_arena():
+    cache = SlotCache(layers=2)
+    for layer in range(2):
+        cache.update(torch.ones(1, 2, 5, 3), torch.ones(1, 2, 5, 3), layer)
+    cache.reset()
+    assert cache.get_seq_length() == 0
+    fresh = torch.arange(6, dtype=torch.float32).view(1, 2, 1, 3)
+    for layer in range(2):
+        keys, values = cache.update(fresh, -fresh, layer)
+        assert torch.equal(keys, fresh) and torch.equal(values, -fresh)
+    assert len(cache.arena.members) == 2 and cache.arena.holds(cache.layers)  # each layer joined once

@@ -21,7 +21,7 @@ def build_proposers(gen, cfg, decoding: Decoding, cost, pool: NgramPool, window_
     sources, draft = [], None
     if gen.draft_model is not None:
         drafter = Drafter(gen.draft_model, gen.draft_cost.routing if gen.draft_cost is not None else None,
-                          cfg.draft_context)
+                          cfg.draft_context, gen.draft_linears)
         draft = draft_proposer(drafter, gen.draft_cost, cfg, decoding, cost, seed)
         sources.append(draft)
     if cfg.context_match:

@@ -28,6 +28,11 @@ SLOTS_MIN = 256  # the fewest slots a layer's buffer holds ...
 GROWTH = 1.5  # ... and by how much it grows when full (a few copies of the past per decode)
 
 
+def grown(capacity: int, length: int) -> int:
+    """Slots a full buffer of ``capacity`` grows to so that ``length`` fit: 100, 120 -> 256; 400, 401 -> 600."""
+    return max(length, int(capacity * GROWTH), SLOTS_MIN)
+
+
 def cache_keyword(model) -> str:
     """The keyword ``model``'s forward takes its KV cache by: ``cache`` from transformers 5.24 on
     (``past_key_values`` still works there, with a deprecation warning), ``past_key_values`` before."""
@@ -63,16 +68,16 @@ class Arena:
         if self.buffer is None:
             count, heads, _, size = states.shape
             self.buffer = states.new_empty((2, self.layers, count, heads, 0, size))
-        self.members.append(layer)
+        if layer not in self.members:  # (a layer reset and started again joins once)
+            self.members.append(layer)
 
     def reserve(self, length: int) -> None:
         """Room for ``length`` slots in every member."""
         capacity = self.buffer.shape[4]
         if length > capacity:
-            capacity = max(length, int(capacity * GROWTH), SLOTS_MIN)
-            grown = self.buffer.new_empty(self.buffer.shape[:4] + (capacity,) + self.buffer.shape[5:])
-            grown[:, :, :, :, :self.filled] = self.buffer[:, :, :, :, :self.filled]
-            self.buffer = grown
+            larger = self.buffer.new_empty(self.buffer.shape[:4] + (grown(capacity, length),) + self.buffer.shape[5:])
+            larger[:, :, :, :, :self.filled] = self.buffer[:, :, :, :, :self.filled]
+            self.buffer = larger
             self.refresh()
         self.filled = max(self.filled, length)
 
@@ -124,10 +129,9 @@ class SlotLayer(DynamicLayer):
         capacity = self.key_buffer.shape[2]
         if length <= capacity:
             return
-        capacity = max(length, int(capacity * GROWTH), SLOTS_MIN)
         for name in ("key_buffer", "value_buffer"):
             old = getattr(self, name)
-            new = old.new_empty(old.shape[:2] + (capacity,) + old.shape[3:])
+            new = old.new_empty(old.shape[:2] + (grown(capacity, length),) + old.shape[3:])
             new[:, :, :self.length] = old[:, :, :self.length]
             setattr(self, name, new)
 

@@ -44,13 +44,16 @@ def common_prefix(held: np.ndarray, seq: np.ndarray) -> int:
 class Drafter:
     """One sequence's draft-model state: its cache and the tokens [H] it holds."""
 
-    def __init__(self, model, routing: Routing | None = None, context: int = 0):
+    def __init__(self, model, routing: Routing | None = None, context: int = 0,
+                 linears: FewRowLinear | None = None):
         """``context``: most rows one catch-up feeds (0: no bound, the whole text). ``routing``: how
-        the draft's forwards run on this CPU, measured with its cost curve (None: as torch is set)."""
+        the draft's forwards run on this CPU, measured with its cost curve (None: as torch is set);
+        ``linears``: the draft's linear layers for the routes that reroute them (built once per model:
+        wrapping them costs milliseconds; None: built here when there is a routing)."""
         self.model = model
         self.context = context
         self.routing = routing
-        self.linears = FewRowLinear(model) if routing is not None else None  # for routes that reroute them
+        self.linears = linears if linears is not None or routing is None else FewRowLinear(model)
         self.device = input_device(model)
         self.cache = new_cache()  # written in place, cropped by its length
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
