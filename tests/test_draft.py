@@ -17,7 +17,7 @@ from lookahead.proposers.draft.drafter import Drafter, common_prefix
 from lookahead.call.inputs import GenerateInputError
 from lookahead.plan.planner import DrawnChain, drawn_rows
 from lookahead.proposers.draft.proposer import DraftProposer, confidence_bucket
-from lookahead.plan.tree import TokenTree, prepend_chain
+from lookahead.core.tree import TokenTree, prepend_chain
 from lookahead.model.cache import cache_keyword
 from lookahead.kernels.walk import accept_walk
 from lookahead.verify.sampling import speculative_rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lookahead.plan.learner import DecayedRatio
+from lookahead.core.learner import DecayedRatio
 
 
 def test_fresh_learner_is_its_prior():

@@ -9,8 +9,8 @@ from lookahead.decode.loop import kept_slots, step_rows
 from lookahead.decode.sequence import StepPlan
 from lookahead.model.cache import gather_slots
 from lookahead.model.mask import PastSlots, step_mask
-from lookahead.plan.tree import StepLayout, empty_tree
-from lookahead.verify.verifier import RowMap
+from lookahead.core.tree import StepLayout, empty_tree
+from lookahead.core.rows import RowMap
 
 
 def plan(tokens, offsets, local, keep) -> StepPlan:

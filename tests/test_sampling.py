@@ -22,7 +22,7 @@ import transformers
 
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.verify import verifier as verify
-from lookahead.plan.tree import TokenTree
+from lookahead.core.tree import TokenTree
 from lookahead.kernels.walk import accept_walk
 from lookahead.verify.sampling import fast_top_k, sample_rows, sample_top_k
 from lookahead.verify.verifier import accepted_children
@@ -373,7 +373,7 @@ def test_processors_see_each_rows_own_prefix(model):
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
 
     from lookahead.call.decoding import Decoding
-    from lookahead.verify.processing import process_rows
+    from lookahead.call.processing import process_rows
 
     procs = [RepetitionPenaltyLogitsProcessor(2.0), TopKLogitsWarper(4)]
     decoding = Decoding(True, 1.0, procs, 8, np.zeros(0, dtype=np.int64), None)

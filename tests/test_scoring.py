@@ -21,7 +21,7 @@ from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
 from lookahead.plan.acceptance import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration
 from lookahead.plan.budget import choose_step
-from lookahead.plan.tree import TokenTree, scored_tree, subtree
+from lookahead.core.tree import TokenTree, scored_tree, subtree
 
 from conftest import plan_step
 
@@ -389,7 +389,7 @@ def test_window_value_follows_what_its_ngrams_added_per_column():
 
 def test_planner_credits_accepted_nodes_of_the_window_source_only():
     from lookahead.proposers.ngram import NgramPool, WindowProposer, column_learner
-    from lookahead.plan.tree import TokenTree
+    from lookahead.core.tree import TokenTree
     config = LookaheadConfig(window=3, ngram=3, recycle=False, ngram_pool=False)
     matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
     window = WindowProposer(NgramPool(64, 3, 4, 64))

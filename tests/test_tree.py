@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead.plan.tree import TokenTree, empty_tree, scored_tree, step_layout
+from lookahead.core.tree import TokenTree, empty_tree, scored_tree, step_layout
 from lookahead.plan.window import window_layout
 
 DESIGN_DRAWING = """
@@ -133,8 +133,8 @@ def test_window_feeding_some_columns_advances_only_those():
 
 
 def test_matched_depth_docstring_example():
-    from lookahead.plan.tree import TokenTree
-    from lookahead.verify.verifier import matched_depth
+    from lookahead.core.tree import TokenTree
+    from lookahead.core.tree import matched_depth
     tree = TokenTree(np.array([4, 5, 6, 7]), np.array([-1, 0, 1, 0]), np.array([1, 2, 3, 2]),
                      np.zeros(4, dtype=np.int64))
     assert matched_depth(tree, np.array([4, 5, 9])) == 2

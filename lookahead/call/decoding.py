@@ -1,4 +1,4 @@
-"""How tokens are chosen in one generate call (the scores at every tree row: lookahead/verify/processing.py).
+"""How tokens are chosen in one generate call (the scores at every tree row: lookahead/call/processing.py).
 
 ``resolve_decoding`` reads the call's arguments over the model's own
 ``generation_config`` the way ``model.generate`` does (transformers'
@@ -23,7 +23,6 @@ from transformers.generation import logits_process as lp
 
 from .inputs import GenerateInputError, budget, eos_ids
 from .stopping import split_criteria
-from ..errors import ProcessorOutputError
 
 # Processors whose output row depends on the scores row alone (not on input_ids).
 ROW_WISE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,

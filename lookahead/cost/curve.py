@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..model.routing import Routing
+from .disk import CurveStore
 from .measure import implausibility
-
-if TYPE_CHECKING:  # store.py builds curves: imported here for the annotation only
-    from .store import CurveStore
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 TRUST_MEASURED = 4.0  # a plausible measured point weighs as much as this many observed steps

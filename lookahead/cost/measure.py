@@ -28,9 +28,9 @@ import numpy as np
 import psutil
 import torch
 
+from ..model.mask import PastSlots
 from ..model.routing import Route, candidate_routes, kernel_applies, route_mode
 from ..model.support import AttentionLayout
-from ..model.mask import PastSlots
 from ..model.target import Target, input_device
 
 MIN_PASSES = 3  # measuring stops once this many passes in a row agree ...

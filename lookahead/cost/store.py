@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -26,8 +25,18 @@ from ..model.routing import Routing
 from ..model.support import AttentionLayout
 from ..model.target import input_device
 from .curve import TRUST_MEASURED, TRUST_REPAIRED, CostModel, row_grid
-from .measure import (Measurement, cpu_name, cpu_snapshot, decode_step_timer, estimate_seconds, implausibility,
-                      measure_routes, measured_routes, others_busy, short_duration)
+from .disk import CurveStore
+from .measure import (
+    Measurement,
+    cpu_name,
+    cpu_snapshot,
+    decode_step_timer,
+    estimate_seconds,
+    measure_routes,
+    measured_routes,
+    others_busy,
+    short_duration,
+)
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
 ROUTES_VERSION = 3  # in cost curves' fingerprints: a change to the routes or kernels re-measures
@@ -87,25 +96,6 @@ def _routing(rows: tuple[int, ...], routes: list, seconds) -> Routing | None:
     return Routing(np.array(rows), routes, np.array(seconds)) if routes != [None] else None
 
 
-# ---------------------------------------------------------------- the cache on disk
-@dataclass(frozen=True)
-class CurveStore:
-    """Where a curve is cached on disk: the file, and the fingerprint it is saved under."""
-
-    path: str
-    fingerprint: dict
-
-    def read(self) -> tuple[list[float], list[list[float]]] | None:
-        """The saved seconds [S] and every route's [R][S], or None (missing, foreign, corrupt or
-        implausible file)."""
-        return _read(self.path, self.fingerprint)
-
-    def save(self, seconds: list[float], routes: list[list[float]]) -> str | None:
-        """Save the seconds atomically; None when written, else why not (a read-only or full disk only
-        costs a measurement next time)."""
-        return _write(self.path, self.fingerprint, seconds, routes)
-
-
 def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int, routes: list = ()) -> dict:
     """What the measured curve depends on.
 
@@ -130,45 +120,6 @@ def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int, 
     if len(set(placement.values())) > 1:
         fingerprint["device_map"] = placement
     return fingerprint
-
-
-def _read(path: str, fingerprint: dict) -> tuple[list[float], list[list[float]]] | None:
-    """Saved seconds [S] and route curves [R][S] for exactly this fingerprint, or None (missing, foreign,
-    corrupt or implausible file: a curve cached before plausibility was checked is measured again)."""
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint:
-        return None
-    seconds, routes = data.get("seconds"), data.get("routes")
-    size = len(fingerprint["rows"])
-    if not _positive_floats(seconds, size) or not isinstance(routes, list) \
-            or len(routes) != len(fingerprint["routes"]) or not all(_positive_floats(r, size) for r in routes):
-        return None
-    if implausibility(fingerprint["rows"], [seconds]) is not None:
-        return None
-    return seconds, routes
-
-
-def _positive_floats(values, size: int) -> bool:
-    """Whether values is a list of ``size`` positive floats."""
-    return isinstance(values, list) and len(values) == size and all(isinstance(v, float) and v > 0 for v in values)
-
-
-def _write(path: str, fingerprint: dict, seconds: list[float], routes: list[list[float]]) -> str | None:
-    """Save atomically; None when written, else why not (a read-only or full disk only costs a
-    re-measurement next time)."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump({"fingerprint": fingerprint, "seconds": seconds, "routes": routes}, handle)
-        os.replace(tmp, path)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
 
 
 # ---------------------------------------------------------------- what is said

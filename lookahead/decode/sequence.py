@@ -13,15 +13,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..call.output import OutputBuffer
-from ..plan.planner import Planner, RankedTree
 from ..call.decoding import Decoding
-from ..proposers.ngram import NgramPool
-from .sources import build_proposers
+from ..call.output import OutputBuffer
 from ..call.stats import GenerationStats
-from ..plan.tree import StepLayout, TokenTree, step_layout
-from ..verify.verifier import DrawnRows, RowMap, Verifier
+from ..core.rows import DrawnRows, RowMap
+from ..core.tree import StepLayout, TokenTree, step_layout
+from ..plan.planner import Planner, RankedTree
 from ..plan.window import JacobiWindow, window_previous
+from ..proposers.ngram import NgramPool
+from ..verify.verifier import Verifier
+from .sources import build_proposers
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The 4-D attention mask of one step, per layer kind (full / sliding window), for A >= 1 sequences.
 
 A step's rows see the cache slots they may see (subject to a sliding window)
-and, among themselves, what their local mask allows (plan/tree.py and
+and, among themselves, what their local mask allows (core/tree.py and
 plan/window.py build it). With one sequence every cache slot is visible and
 slot p holds position p; with several, rows accept different numbers of
 tokens, so the cache gets holes and left padding: ``PastSlots`` says which

@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..core.learner import DecayedRatio
 from ..kernels.estimates import backoff_estimates
-from .learner import DecayedRatio
 
 GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated
 # apart: a tree promising 0.7 on open text and one promising 8 on a copy are trusted apart

@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 from ..config import LookaheadConfig
+from ..core.rows import DrawnRows
+from ..core.tree import TokenTree, empty_tree, prepend_chain, scored_tree, subtree
 from ..cost import CostModel
 from ..kernels.trie import best_first_order
 from ..proposers.base import Candidates, Others, Outcome, StepContext, no_candidates
 from .acceptance import AcceptanceStats
 from .budget import choose_step, expected_gains
-from .tree import TokenTree, prepend_chain, empty_tree, scored_tree, subtree
-from ..verify.verifier import DrawnRows
 from .window import window_rows
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last): past it, copies

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from ..plan.tree import TokenTree
+    from ..core.tree import TokenTree
 
 State = Callable[[Callable[[], Any]], Any]  # state(factory): the source's learned state in this regime,
 # made by factory() the first time (AcceptanceStats.state under the source's name)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.pool import (new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup)
-from ..plan.learner import DecayedRatio
-from .base import Candidates, State, Outcome, Source, StepContext, single_class
+from ..core.learner import DecayedRatio
+from ..kernels.pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
+from .base import Candidates, Outcome, Source, State, StepContext, single_class
 
 POOL_PRIORS = np.array([0.3, 0.2, 0.15, 0.1])  # by recency rank in the pool (rank >= 3 shares the last)
 COLUMN_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step, enough

@@ -28,7 +28,6 @@ import torch
 from ..kernels.recycle import grow_recycled_tree, pair_learn, tree_paths
 from .base import Candidates, Source, StepContext, no_candidates
 
-
 PAIR_SLOTS = 65521  # slots of the pair table (a prime: kernels/recycle.py's pair_slot)
 CONFIDENCE_EDGES = (0.25, 0.5, 0.75, 0.9)  # bucket b holds top-R probabilities in [edge b-1, edge b)
 BUCKETS = len(CONFIDENCE_EDGES) + 1

@@ -53,16 +53,16 @@ import numpy as np
 import torch
 from transformers.generation import logits_process as lp
 
+from ..call.decoding import Decoding
+from ..call.processing import process_rows
+from ..core.rows import DrawnRows, RowMap
+from ..core.tree import TokenTree
+from ..errors import ProcessorOutputError
 from ..kernels.trie import path_tokens
 from ..kernels.walk import accept_walk
-from ..call.decoding import Decoding
-from ..errors import ProcessorOutputError
-from ..proposers.recycle import top_successors
 from ..model.target import to_device
-from .processing import process_rows
+from ..proposers.recycle import top_successors
 from .sampling import NO_TOKEN, PositionUniforms, fast_top_k, sample_rows, sample_top_k, speculative_rows
-from ..plan.tree import TokenTree
-
 
 NUMPY_ARGMAX = (torch.float32, torch.float64)  # dtypes whose CPU argmax numpy takes
 
@@ -79,22 +79,6 @@ def row_argmax(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(-1)
 
 
-def matched_depth(tree: TokenTree, tokens: np.ndarray) -> int:
-    """How many of tokens[k] (an accepted path from x down) the tree holds as a path from x:
-    the tokens a greedy walk of this tree alone would have accepted.
-
-    tree tokens [4 5 6 7], parents [-1 0 1 0]: [4 5 9] -> 2, [7] -> 0 (7 is no child of x),
-    [4 7 1] -> 2.
-    """
-    k = int(tokens.shape[0])
-    if tree.size == 0 or k == 0:
-        return 0
-    level = np.minimum(tree.depths, k) - 1  # [M] the accepted token each node must equal
-    accept = (tree.depths <= k) & (tree.tokens == tokens[level])  # [M]
-    path, _ = accept_walk(tree.tokens, tree.parents, accept, np.zeros(tree.size + 1, dtype=np.int64))
-    return int(path.shape[0])
-
-
 @dataclass
 class Choice:
     """What one step decided, read back to the host once."""
@@ -104,33 +88,6 @@ class Choice:
     window_next: np.ndarray  # [W] argmax at the window's last level
     top: np.ndarray | None  # [K, 2R] top-R next tokens at every kept row, then their confidence
     # buckets (token recycling, proposers/recycle.py), or None
-
-
-@dataclass(frozen=True)
-class RowMap:
-    """Where the kept logit rows [K] of a step come from: the window's kept rows, then the tree."""
-
-    lead: int  # kept rows before the tree's (the window's; x is kept row 0)
-    window: int  # W
-    ngram: int  # N
-
-    def window_rows(self) -> slice:
-        """Kept rows of the window's last level [W]."""
-        return slice(0, self.window) if self.ngram == 2 else slice(1, 1 + self.window)
-
-    def decision_rows(self, nodes: int, device) -> torch.Tensor:
-        """Kept rows [1 + M] of x and the tree nodes."""
-        return torch.cat([torch.zeros(1, dtype=torch.long, device=device),
-                          self.lead + torch.arange(nodes, device=device)])  # made on the device: no copy
-
-
-@dataclass(frozen=True)
-class DrawnRows:
-    """Decision rows whose next token a draft DREW from its distribution q (sampling)."""
-
-    rows: np.ndarray  # [R] decision rows (0 = x, 1 + i = tree node i)
-    tokens: np.ndarray  # [R] the drawn token after each
-    q: torch.Tensor  # [R, V] the distribution each was drawn from (on the draft's device)
 
 
 class Verifier:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import DraftModelError
 from ...model.support import AttentionLayout, UnsupportedModelError, check_model
 from ...model.target import input_device
-from ...errors import DraftModelError
-
 
 OTHER_VOCABULARY = "token ids cannot pass between them; pick a draft of the target's family with the same tokenizer"
 

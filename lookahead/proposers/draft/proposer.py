@@ -55,12 +55,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .drafter import Drafter
 from ...call.decoding import Decoding
-from ...plan.tree import TokenTree
-from ...verify.processing import process_rows
-from ...verify.verifier import matched_depth
+from ...call.processing import process_rows
+from ...core.tree import TokenTree, matched_depth
 from ..base import Candidates, Outcome, Source, StepContext, no_candidates
+from .drafter import Drafter
 from .worth import DraftWorth
 
 CONFIDENCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])  # bucket = count of edges <= probability: a draft

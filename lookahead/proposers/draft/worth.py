@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...plan.learner import DecayedRatio
+from ...core.learner import DecayedRatio
 
 DRAFT_BANDS = np.array([0.5, 0.8])  # edges of the free trie's depth-1 coverage: where the free sources already
 # reach far, a draft adds less per forward, so its worth is learned per band

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels.trie import ancestor_mask, build_scored_trie
+from ..kernels.walk import accept_walk
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,19 @@ def step_layout(window: tuple[np.ndarray, np.ndarray], tree: TokenTree) -> StepL
         mask[start:, start:] = ancestor_mask(tree.parents)
     offsets = np.concatenate([w_offsets, tree.depths]).astype(np.int64)
     return StepLayout(offsets, mask, start)
+
+
+def matched_depth(tree: TokenTree, tokens: np.ndarray) -> int:
+    """How many of tokens[k] (an accepted path from x down) the tree holds as a path from x:
+    the tokens a greedy walk of this tree alone would have accepted.
+
+    tree tokens [4 5 6 7], parents [-1 0 1 0]: [4 5 9] -> 2, [7] -> 0 (7 is no child of x),
+    [4 7 1] -> 2.
+    """
+    k = int(tokens.shape[0])
+    if tree.size == 0 or k == 0:
+        return 0
+    level = np.minimum(tree.depths, k) - 1  # [M] the accepted token each node must equal
+    accept = (tree.depths <= k) & (tree.tokens == tokens[level])  # [M]
+    path, _ = accept_walk(tree.tokens, tree.parents, accept, np.zeros(tree.size + 1, dtype=np.int64))
+    return int(path.shape[0])
