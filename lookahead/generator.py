@@ -11,29 +11,28 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import LookaheadConfig
-from .cost import CostModel, flat_curve, load_cost_model
-from .model.routing import Routing
-from .proposers.draft.checks import check_draft
-from .model.fewrows import FewRowLinear, start_numba_threads
-from .call.inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
-from .kernels import warmup
-from .plan.planner import SCORE_DEPTH, regime
 from .call.decoding import Decoding, prepared_decoding, resolve_decoding
-from .proposers.recycle import AdjacencyTable
+from .call.inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
 from .call.result import LookaheadOutput, generate_output
-from .plan.acceptance import AcceptanceStats
-from .decode.loop import DecodeRun
 from .call.stats import GenerationStats
+from .config import LookaheadConfig
+from .cost import CostModel
+from .cost.policy import CostPolicy, budgeted
+from .decode.context import DecodeContext
+from .decode.loop import DecodeRun
 from .decode.sequence import Sequence
+from .decode.sources import DraftModel, SourceFactory
+from .kernels import warmup
+from .model.fewrows import FewRowLinear, start_numba_threads
+from .model.routing import Routing
+from .model.support import check_model
+from .model.target import Target
+from .plan.acceptance import AcceptanceStats
 from .plan.window import auto_window
+from .proposers.draft.checks import check_draft
 from .proposers.memory import RequestMemory
 from .proposers.memory.file import vocabulary_key
-from .model.support import check_model, context_length
-from .model.target import Target
-
-
-DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)
+from .proposers.recycle import AdjacencyTable
 
 
 @dataclass
@@ -80,13 +79,14 @@ class LookaheadGenerator:
         self.target = Target(model, check_model(model, self.config.allow_untested_models))
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
-        self.draft_model, self.draft_cost, self.draft_linears = draft_model, None, None
+        self.costs = CostPolicy(self.target, self.config)  # which curve prices which step (cost/policy.py)
+        self.draft_model = draft_model
+        self.draft: DraftModel | None = None
         if draft_model is not None:
             layout = check_draft(model, draft_model, tokenizer, draft_tokenizer, allow_draft_device,
                                  self.config.allow_untested_models)
-            self.draft_linears = FewRowLinear(draft_model)  # its linear layers, wrapped once (model/fewrows.py)
-            if self.config.budget == "adaptive":
-                self.draft_cost = self._measure_draft_cost(layout)
+            draft_cost = self.costs.draft(draft_model, layout) if self.config.budget == "adaptive" else None
+            self.draft = DraftModel(draft_model, draft_cost, FewRowLinear(draft_model))  # linears wrapped once
         start_numba_threads()  # before the kernels' first parallel run: torch's thread count stays the user's
         warmup()
         if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):
@@ -105,7 +105,6 @@ class LookaheadGenerator:
         # Earlier requests' text: the learned store, or ``memory`` (any object with RequestMemory's
         # begin / observe / lookup / remember and priors: benchmarks put another store there).
         self.memory = memory if memory is not None else learned.memory
-        self.batch_costs: dict[int, CostModel | None] = {}  # batch size -> the budget's curve for that batch
 
     def _fresh(self) -> Learned:
         """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it or
@@ -114,26 +113,15 @@ class LookaheadGenerator:
         steps the window makes possible)."""
         cfg = self.config
         recycled = AdjacencyTable(self.vocab, cfg.recycle_width) if cfg.recycle else None
-        cost, run = self._measure_cost(cfg), cfg
-        if cost is not None and self._budgeted(cfg):
-            run = auto_window(cfg, self._priced(cost))
+        cost, run = self.costs.measure(cfg), cfg
+        if cost is not None and budgeted(cfg):
+            run = auto_window(cfg, self.costs.priced(cost))
             if run is not cfg:
-                cost = self._measure_cost(run)
+                cost = self.costs.measure(run)
         routing = cost.routing if cost is not None else None
         memory = RequestMemory(cfg.memory_tokens, cfg.memory_prompts, vocabulary_key(self.tokenizer, self.vocab),
                                self.vocab) if cfg.memory_tokens else None
-        return Learned(cfg, self.vocab, recycled, {}, self._priced(cost), run, routing, memory)
-
-    @staticmethod
-    def _budgeted(cfg: LookaheadConfig) -> bool:
-        """Whether the adaptive budget sizes this config's steps (so the curve prices them)."""
-        return cfg.budget == "adaptive" and cfg.candidates > 0 and cfg.max_tree_nodes > 0
-
-    def _priced(self, curve: CostModel | None) -> CostModel | None:
-        """The curve the budget prices steps by: None without the adaptive budget, flat with budget_curve="flat"."""
-        if curve is None or not self._budgeted(self.config):
-            return None
-        return flat_curve(curve) if self.config.budget_curve == "flat" else curve
+        return Learned(cfg, self.vocab, recycled, {}, self.costs.priced(cost), run, routing, memory)
 
     @property
     def learned(self) -> Learned:
@@ -159,41 +147,6 @@ class LookaheadGenerator:
             raise GenerateInputError(f"{what}: this generator keeps no memory across requests "
                                      f"(memory_tokens=0); pass LookaheadConfig(memory_tokens=N) with N >= 2")
         return self.memory
-
-    def _measure_cost(self, cfg: LookaheadConfig, batch: int = 1) -> CostModel | None:
-        """The forward-cost curve up to the largest step ``cfg`` can build (cached on disk), with the
-        routes forwards run through on the CPU; None where nothing needs it (no adaptive budget, no CPU)."""
-        if not self._budgeted(cfg) and self.target.device.type != "cpu":
-            return None
-        context = cfg.calibration_context  # the synthetic context must fit in the model's own
-        if self.target.context is not None:
-            context = max(1, min(context, self.target.context - 1))
-        rows = cfg.lookahead_rows + (cfg.max_tree_nodes if cfg.candidates > 0 else 0)  # the largest step
-        return load_cost_model(self.model, self.target.layout, rows, context, cfg.calibration_repeats,
-                               cfg.cost_cache_dir, batch, few_row_matmul=cfg.few_row_matmul)
-
-    def _measure_draft_cost(self, layout) -> CostModel:
-        """The draft's forward-cost curve over as many rows as it is fed at once (cached on disk)."""
-        cfg = self.config
-        rows = min(DRAFT_COST_ROWS, cfg.max_tree_nodes + 2)
-        context = cfg.calibration_context
-        draft_context = context_length(self.draft_model.config)
-        if draft_context is not None:
-            context = max(1, min(context, draft_context - 1))
-        return load_cost_model(self.draft_model, layout, rows, context, cfg.calibration_repeats, cfg.cost_cache_dir,
-                               few_row_matmul=cfg.few_row_matmul)  # with the draft's routes (drafter.py)
-
-    def cost_for_batch(self, batch: int) -> CostModel | None:
-        """The budget's curve of a step over ``batch`` sequences (measured on first use, cached on disk),
-        its routes set on the target."""
-        if batch == 1:
-            return self.cost
-        if batch not in self.batch_costs:
-            curve = self._measure_cost(self.run_config, batch)
-            if curve is not None and curve.routing is not None:
-                self.target.routings[batch] = curve.routing
-            self.batch_costs[batch] = self._priced(curve)
-        return self.batch_costs[batch]
 
     # ------------------------------------------------------------------ API
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -255,7 +208,7 @@ class LookaheadGenerator:
                                      "or pass streamer=None for a batch")
         rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
         with torch.inference_mode():
-            run = DecodeRun(self, ids, mask, prompts, decoding, streamer, rooms)
+            run = DecodeRun(self._context(len(prompts)), ids, mask, prompts, decoding, streamer, rooms)
             out = run.decode()
         self.last_stats = run.stats
         self._warn_context_cut(run.seqs)
@@ -270,9 +223,8 @@ class LookaheadGenerator:
                                               self.target.context)
                 warnings.warn(message, ContextLimitWarning, stacklevel=4)
 
-    def acceptance_for(self, decoding: Decoding, proposers: list) -> AcceptanceStats:
-        """The estimate table of this decoding's regime (made from the sources' priors when new)."""
-        key = regime(decoding.do_sample, decoding.temperature) + ("+draft" if self.draft_model is not None else "")
-        if key not in self.acceptance:
-            self.acceptance[key] = AcceptanceStats([p.priors for p in proposers], SCORE_DEPTH)
-        return self.acceptance[key]
+    def _context(self, batch: int) -> DecodeContext:
+        """What a decode of ``batch`` sequences reads: the state learned so far, shared, not copied."""
+        sources = SourceFactory(self.run_config, self.memory, self.recycled, self.draft)
+        cost = self.costs.for_batch(batch, self.run_config, self.cost)
+        return DecodeContext(self.target, self.run_config, cost, self.acceptance, self.recycled, self.memory, sources)

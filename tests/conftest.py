@@ -212,8 +212,9 @@ def synthetic_cost_curves():
     """Generators built by the tests get a fixed, mildly rising cost curve (2% more per row,
     no online refinement) instead of measuring this machine: a test's trees must not depend
     on how busy the CPU is (a curve measured under load can make every tree unprofitable).
-    tests/test_costmodel.py measures real curves through lookahead.cost.load_cost_model itself."""
-    import lookahead.generator as engine
+    tests/test_costmodel.py measures real curves through lookahead.cost.load_cost_model itself
+    (lookahead/cost/policy.py is where generators call it)."""
+    import lookahead.cost.policy as engine
 
     def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, few_row_matmul=True):
         rows = np.array(row_grid(max_rows), dtype=np.float64)
@@ -313,8 +314,15 @@ def reference(model, ids, max_new_tokens, eos_token_id=None):
         return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
 
 
+def make_planner(config, proposers, acceptance, cost):
+    """A Planner with a StepChooser of its own, as decode/loop.py gives one to a batch of one."""
+    from lookahead.plan.choice import StepChooser
+    from lookahead.plan.planner import Planner
+    return Planner(config, proposers, acceptance, StepChooser(config, cost, acceptance))
+
+
 def plan_step(planner, seq: np.ndarray, stop: int, room: int):
     """(tree, window width) of one sequence's step, as decode/loop.py plans it: rank, choose, cut."""
     ranked = planner.rank(seq, stop, room)
-    width, size = planner.choose([ranked.probs], ranked.seconds)
+    width, size = planner.chooser.choose([ranked.probs], planner.column_worth(), ranked.seconds)
     return planner.cut(ranked, size), width

@@ -22,7 +22,7 @@ from lookahead.model.cache import cache_keyword
 from lookahead.kernels.walk import accept_walk
 from lookahead.verify.sampling import speculative_rows
 
-from conftest import COMMON, VOCAB, plan_step
+from conftest import COMMON, VOCAB, make_planner, plan_step
 from test_sampling import (P_MIN, chi_square_p, exact_distribution, sample_runs, tiny_llama)
 
 DRAFT_ONLY = dict(context_match=False, ngram_pool=False, recycle=False)
@@ -405,14 +405,13 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     alone added one token (9), for 0.5 s of forwards beside the catch-up (2.5 plain steps of
     0.2 s) plus what the target's step cost beyond the free sources' plan."""
     from lookahead.cost import CostModel
-    from lookahead.plan.planner import Planner
     from lookahead.proposers.context import ContextMatcher
     from lookahead.plan.acceptance import AcceptanceStats
     from lookahead.proposers.draft.worth import DRAFT_PRIORS, DraftWorth
     config = LookaheadConfig(match_min=1)
     matcher, draft = ContextMatcher(1, 4, 2), _CostlySource()
     stats = AcceptanceStats([draft.priors, matcher.priors])
-    planner = Planner(config, [draft, matcher], stats, CostModel(np.array([1.0, 64.0]), np.array([0.2, 0.4])))
+    planner = make_planner(config, [draft, matcher], stats, CostModel(np.array([1.0, 64.0]), np.array([0.2, 0.4])))
     seq = np.array([5, 7, 8, 3, 5], dtype=np.int64)  # x = 5 was followed by 7 8 before
     planner.begin(seq, 5)
     tree, _ = plan_step(planner, seq, 5, room=16)
@@ -424,7 +423,7 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     assert tree.parents[path].tolist() == [-1, path[0], path[1]]
     planner.learn(tree, path)
     band = worth.band(covered)
-    extra = max(0.0, float(planner.cost.step(1 + tree.size) / planner.cost.step(1)) - plain)
+    extra = max(0.0, float(planner.chooser.cost.step(1 + tree.size) / planner.chooser.cost.step(1)) - plain)
     assert extra > 0  # the merged tree is wider than the free plan
     assert worth.tokens[band] == pytest.approx(1.0) and worth.cost[band] == pytest.approx(2.5 + extra)
     assert draft.asked is None
@@ -498,6 +497,7 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     the target's cost curve must learn from the rest alone, or the draft's presence makes every
     row count look dearer and shrinks the trees."""
     import itertools
+    from lookahead.plan.choice import StepChooser
     from lookahead.plan.planner import Planner
     from lookahead.proposers.draft import proposer as draft_module
     reads = itertools.count(1)
@@ -513,7 +513,7 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     model = _tiny("llama")
     gen = LookaheadGenerator(model, config=LookaheadConfig(cost_cache_dir=""), draft_model=perturbed(model, 0.05))
     spent, observed = [], []
-    rank, observe_step = Planner.rank, Planner.observe_step
+    rank, observe_step = Planner.rank, StepChooser.observe
 
     def recording_rank(self, *args):
         out = rank(self, *args)
@@ -525,7 +525,7 @@ def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
         observe_step(self, rows, seconds)
 
     monkeypatch.setattr(Planner, "rank", recording_rank)
-    monkeypatch.setattr(Planner, "observe_step", recording_observe)
+    monkeypatch.setattr(StepChooser, "observe", recording_observe)
     ids = torch.tensor([[5, 9, 11, 5, 9, 30, 31, 7, 8, 9, 10, 11]])
     gen.generate(ids, max_new_tokens=30)
     steps = np.asarray(gen.last_stats.step_seconds)

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 import lookahead.cost.store as cost_store
-import lookahead.generator as engine
+import lookahead.cost.policy as engine
 from conftest import COMMON, VOCAB, reference, tiny_model
 from lookahead import (ContextLimitWarning, CustomGenerate, GenerateInputError, LookaheadConfig, LookaheadGenerator,
                        ProcessorOutputError)

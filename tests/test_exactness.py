@@ -237,18 +237,18 @@ def test_window_width_changing_every_step_stays_exact(monkeypatch):
     """The budget feeds 0..W columns of the window, another number every step (x alone, stale
     columns fed again later): the output stays model.generate's."""
     import itertools
-    from lookahead.plan.planner import Planner
+    from lookahead.plan.choice import StepChooser
 
-    original = Planner.choose
+    original = StepChooser.choose
     widths = itertools.cycle([3, 0, 1, 2, 3, 1, 0, 2])
     seen = []
 
-    def cycling(self, probs, spent=0.0):
-        _, size = original(self, probs, spent)
+    def cycling(self, probs, worth, spent=0.0):
+        _, size = original(self, probs, worth, spent)
         seen.append(next(widths))
         return seen[-1], size
 
-    monkeypatch.setattr(Planner, "choose", cycling)
+    monkeypatch.setattr(StepChooser, "choose", cycling)
     for arch in ("llama", "gpt2"):
         gen = LookaheadGenerator(model_for(arch), config=LookaheadConfig(window=3, ngram=4, candidates=4))
         for name, ids in PROMPTS.items():

@@ -77,3 +77,40 @@ def test_step_mask_of_a_batch_hides_holes_and_uses_each_slots_position():
     assert visible(full) == [[[False, True, True, True]], [[True, False, True, True]]]
     slide = step_mask(frozenset({"sliding_attention"}), 2, local, q_pos, 3, slots, torch.float32)
     assert visible(slide) == [[[False, False, True, True]], [[False, False, True, True]]]
+
+
+def test_the_loop_the_sequences_and_the_sources_never_receive_the_generator(monkeypatch):
+    """They read a DecodeContext: no argument (nor a field of one) is the LookaheadGenerator, in a
+    batch of two with a draft-free config that turns every source on."""
+    import dataclasses
+
+    from conftest import tiny_model
+    from lookahead import LookaheadConfig, LookaheadGenerator
+    from lookahead.decode import loop, sequence, sources
+
+    seen: list[object] = []
+
+    def recording(cls, name):
+        original = getattr(cls, name)
+
+        def wrapper(self, *args, **kwargs):
+            seen.extend(args)
+            seen.extend(kwargs.values())
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(cls, name, wrapper)
+
+    recording(loop.DecodeRun, "__init__")
+    recording(sequence.Sequence, "__init__")
+    recording(sources.SourceFactory, "build")
+    model = tiny_model("llama")
+    model.generation_config.pad_token_id = 0
+    gen = LookaheadGenerator(model, config=LookaheadConfig(window=2, ngram=3, memory_tokens=64))
+    gen.generate(torch.tensor([[5, 6, 7, 5, 6], [0, 9, 8, 9, 8]]), attention_mask=torch.tensor(
+        [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]), max_new_tokens=6)
+    assert len(seen) > 10, "the wrappers saw nothing: the test checks nothing"
+    reached = list(seen)
+    for value in seen:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            reached.extend(getattr(value, f.name) for f in dataclasses.fields(value))
+    assert not any(isinstance(value, LookaheadGenerator) for value in reached)
+    assert any(type(value).__name__ == "DecodeContext" for value in reached)

@@ -53,7 +53,7 @@ def traced_run(gen: LookaheadGenerator, new: int) -> tuple[DecodeRun, int, int]:
     tracemalloc.start()
     try:
         ids = torch.from_numpy(PROMPT)[None]
-        run = DecodeRun(gen, ids, torch.ones_like(ids), [PROMPT], decoding)
+        run = DecodeRun(gen._context(1), ids, torch.ones_like(ids), [PROMPT], decoding)
         with torch.inference_mode():
             run.decode()
         held, peak = tracemalloc.get_traced_memory()

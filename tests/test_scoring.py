@@ -14,7 +14,6 @@ from lookahead.cost import CostModel
 from lookahead.kernels.estimates import backoff_estimates
 from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie
-from lookahead.plan.planner import Planner
 from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
@@ -23,7 +22,7 @@ from lookahead.plan.acceptance import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, 
 from lookahead.plan.budget import choose_step
 from lookahead.core.tree import TokenTree, scored_tree, subtree
 
-from conftest import plan_step
+from conftest import make_planner, plan_step
 
 
 def choose_tree_size(probs, base_rows, cost, cap, calibrate=None):
@@ -341,7 +340,7 @@ def test_planner_scales_its_tree_by_the_calibration():
         for _ in range(factor_steps):
             for promised in GAIN_LEVELS:  # trees of every size
                 stats.observe_gain(predicted=promised, realised=0)
-        planner = Planner(config, [matcher], stats, cost)
+        planner = make_planner(config, [matcher], stats, cost)
         sizes.append(plan_step(planner, seq, seq.shape[0], room=64)[0].size)
     assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid
 
@@ -394,8 +393,8 @@ def test_planner_credits_accepted_nodes_of_the_window_source_only():
     matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
     window = WindowProposer(NgramPool(64, 3, 4, 64))
     stats = AcceptanceStats([matcher.priors, window.priors])
-    planner = Planner(config, [matcher, window], stats, None)
-    assert planner.widths.tolist() == [3]  # a fixed budget feeds the whole window
+    planner = make_planner(config, [matcher, window], stats, None)
+    assert planner.chooser.widths.tolist() == [3]  # a fixed budget feeds the whole window
     off = int(stats.offsets[1])
     tree = TokenTree(a(5, 6, 7), a(-1, 0, 1), a(1, 2, 3), a(0, off, off + 1))  # a matcher node, then two window nodes
     planner.learn(tree, a(0, 1), width=3)  # the matcher's node and one window node accepted

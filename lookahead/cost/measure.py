@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import psutil

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +33,10 @@ from ..call.stats import DEVICE_PHASES, PHASES, GenerationStats
 from ..model.cache import keep_rows
 from ..model.mask import PastSlots
 from ..model.target import to_device
-from .sequence import Sequence, StepPlan
+from ..plan.choice import StepChooser
+from ..plan.planner import Planner
+from .context import DecodeContext
+from .sequence import Sequence, StepPlan, sequence_parts
 
 
 @dataclass(frozen=True)
@@ -85,19 +89,21 @@ def kept_slots(kept: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bool]:
 class DecodeRun:
     """One generate call over B >= 1 left-padded prompts."""
 
-    def __init__(self, gen, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
-                 streamer=None, rooms: list[int | None] | None = None):
+    def __init__(self, context: DecodeContext, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray],
+                 decoding: Decoding, streamer: Any = None, rooms: list[int | None] | None = None):
         """ids, mask [B, T] on the CPU; prompts: each row without its padding; ``rooms``: per row, the new
         tokens the model's context holds after its prompt (None: no limit); ``streamer``: one row only."""
-        self.target = gen.target
+        self.target = context.target
         self.ids, self.mask = ids, mask
         self.pad = decoding.pad_token_id
         self.stats = GenerationStats(prompt_tokens=int(mask.sum()))
-        self.memory = gen.memory  # earlier requests' text (its host time goes into the stats)
-        cost = gen.cost_for_batch(len(prompts))
+        self.memory = context.memory  # earlier requests' text (its host time goes into the stats)
         rooms = rooms if rooms is not None else [None] * len(prompts)
-        self.seqs = [Sequence(gen, p, decoding, streamer, GenerationStats(prompt_tokens=int(p.shape[0])), cost, room)
-                     for p, room in zip(prompts, rooms)]
+        parts = [sequence_parts(context, p, decoding, streamer, room) for p, room in zip(prompts, rooms)]
+        acceptance = context.acceptance(decoding, parts[0].sources)  # one regime: every sequence's sources alike
+        self.chooser = StepChooser(context.config, context.cost, acceptance)  # the batch's one choice per step
+        self.seqs = [Sequence(part, Planner(context.config, part.sources, acceptance, self.chooser), context.recycled,
+                              GenerationStats(prompt_tokens=int(p.shape[0]))) for part, p in zip(parts, prompts)]
         self.cache = self.target.new_cache()
         self.active = list(range(len(prompts)))  # sequences still decoding, in cache order
         self.past = 0  # cache slots P
@@ -158,8 +164,8 @@ class DecodeRun:
         ranked = [seq.rank() for seq in seqs]  # 1. propose: every sequence's scored trie
         marks.append(clock())
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
-        planner = seqs[0].planner  # every planner shares the config, the window's options and the batch's cost
-        width, size = planner.choose([r.probs for r in ranked], spent)  # 2. one window and tree width for all
+        worth = sum(seq.planner.column_worth() for seq in seqs) / len(seqs)  # a window column, to the sources
+        width, size = self.chooser.choose([r.probs for r in ranked], worth, spent)  # 2. one shape for all
         plans = [seq.plan(r, size, width) for seq, r in zip(seqs, ranked)]
         rows = step_rows(plans, self.x_pos)
         marks.append(clock())
@@ -186,7 +192,7 @@ class DecodeRun:
         # whole prompt among them, would make every row count look dearer).
         target_seconds = max(seconds - spent, 0.0)
         count, width = rows.tokens.shape
-        planner.observe_step(width, target_seconds)  # the cost curve is shared
+        self.chooser.observe(width, target_seconds)  # the batch's cost curve
         self.target.observe(count, width, target_seconds)
         marks.append(clock())
         self._record(seqs, rows, marks)

@@ -9,6 +9,7 @@ appends the chosen tokens and says which step rows' KV entries to keep.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,9 +21,12 @@ from ..core.rows import DrawnRows, RowMap
 from ..core.tree import StepLayout, TokenTree, step_layout
 from ..plan.planner import Planner, RankedTree
 from ..plan.window import JacobiWindow, window_previous
+from ..proposers.base import Proposer
+from ..proposers.draft.proposer import DraftProposer
 from ..proposers.ngram import NgramPool
+from ..proposers.recycle import AdjacencyTable
 from ..verify.verifier import Verifier
-from .sources import build_proposers
+from .context import DecodeContext
 
 
 @dataclass(frozen=True)
@@ -38,29 +42,50 @@ class StepPlan:
     spent: float = 0.0  # seconds the proposers spent on forwards of their own (a draft's): not the target's
 
 
+@dataclass
+class SequenceParts:
+    """What one sequence is made of before its planner: output, window, pools, verifier, sources."""
+
+    out: OutputBuffer
+    asked: int  # max_new_tokens as asked (the output's limit may be cut by the model's context)
+    window: JacobiWindow
+    pool: NgramPool
+    window_pool: NgramPool | None  # the window's own pool (a window of more than x alone)
+    verifier: Verifier
+    sources: list[Proposer]  # in priority order
+    draft: DraftProposer | None  # the draft model's source, also among ``sources`` (None: no draft)
+
+
+def sequence_parts(context: DecodeContext, prompt: np.ndarray, decoding: Decoding, streamer: Any,
+                   room: int | None) -> SequenceParts:
+    """The parts of a sequence decoding ``prompt`` [T] under ``context``; ``room``: the new tokens the
+    model's context holds after this prompt (None: no limit)."""
+    cfg, vocab = context.config, context.target.vocab
+    limit = decoding.max_new_tokens if room is None else min(decoding.max_new_tokens, room)  # never past the context
+    out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, context.target.device)
+    window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
+    pool = NgramPool(vocab, cfg.pool_ngram, cfg.pool_capacity, cfg.pool_max_keys)
+    # A real window (more than x alone) feeds a pool of its own, proposed as its own source,
+    # so that what its n-grams add is measured apart (the budget sizes the window by it).
+    window_pool = NgramPool(vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys) \
+        if cfg.lookahead_rows > 1 else None
+    recycled = context.recycled
+    verifier = Verifier(decoding, recycled.width if recycled is not None else None, out.prompt_len)
+    seed = verifier.uniforms.seed if verifier.uniforms is not None else 0
+    sources, draft = context.sources.build(decoding, context.cost, pool, window_pool, seed)
+    return SequenceParts(out, decoding.max_new_tokens, window, pool, window_pool, verifier, sources, draft)
+
+
 class Sequence:
     """State of one sequence across the steps of one generate call."""
 
-    def __init__(self, gen, prompt: np.ndarray, decoding: Decoding, streamer, stats: GenerationStats,
-                 cost, room: int | None = None):
-        """``room``: the new tokens the model's context holds after this prompt (None: no limit)."""
-        cfg = gen.run_config  # the user's config, or with the window auto_window opened
-        self.cfg, self.recycled, self.stats = cfg, gen.recycled, stats
-        self.asked = decoding.max_new_tokens
-        limit = self.asked if room is None else min(self.asked, room)  # never past the model's context
-        self.out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, gen.target.device)
-        self.window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
-        self.pool = NgramPool(gen.vocab, cfg.pool_ngram, cfg.pool_capacity, cfg.pool_max_keys)
-        # A real window (more than x alone) feeds a pool of its own, proposed as its own source,
-        # so that what its n-grams add is measured apart (planner.py sizes the window by it).
-        self.window_pool = NgramPool(gen.vocab, cfg.ngram, cfg.pool_capacity, cfg.pool_max_keys) \
-            if cfg.lookahead_rows > 1 else None
-        self.verifier = Verifier(decoding, self.recycled.width if self.recycled is not None else None,
-                                 self.out.prompt_len)
-        seed = self.verifier.uniforms.seed if self.verifier.uniforms is not None else 0
-        proposers, self.draft = build_proposers(gen, cfg, decoding, cost, self.pool, self.window_pool,
-                                                self.recycled, seed)
-        self.planner = Planner(cfg, proposers, gen.acceptance_for(decoding, proposers), cost)
+    def __init__(self, parts: SequenceParts, planner: Planner, recycled: AdjacencyTable | None,
+                 stats: GenerationStats):
+        """``planner`` over ``parts.sources``; ``recycled``: the shared successor table it feeds (or None)."""
+        self.cfg = planner.config
+        self.out, self.asked, self.window = parts.out, parts.asked, parts.window
+        self.pool, self.window_pool, self.verifier = parts.pool, parts.window_pool, parts.verifier
+        self.draft, self.planner, self.recycled, self.stats = parts.draft, planner, recycled, stats
         self.begun = False  # whether the prompt went in (a call with nothing to generate never begins)
 
     def count_draft(self) -> None:

@@ -2,42 +2,69 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from ..call.decoding import Decoding
+from ..config import LookaheadConfig
+from ..cost import CostModel
+from ..model.fewrows import FewRowLinear
+from ..proposers.base import Proposer
 from ..proposers.context import ContextMatcher
 from ..proposers.draft.drafter import Drafter
 from ..proposers.draft.proposer import DraftProposer
-from ..proposers.memory import MemoryProposer
+from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.ngram import NgramPool, NgramProposer, WindowProposer
 from ..proposers.recycle import AdjacencyTable, RecyclingProposer
 
 
-def build_proposers(gen, cfg, decoding: Decoding, cost, pool: NgramPool, window_pool: NgramPool | None,
-                    recycled: AdjacencyTable | None, seed: int) -> tuple[list, DraftProposer | None]:
-    """(the sources, the draft model's source or None: its counters go into the stats) for one
-    sequence decoded under ``cfg``.
+@dataclass(frozen=True)
+class DraftModel:
+    """A small causal LM drafting for the target, with what its forwards need."""
 
-    ``seed``: the stream a draft draws its tokens from when sampling.
-    """
-    sources, draft = [], None
-    if gen.draft_model is not None:
-        drafter = Drafter(gen.draft_model, gen.draft_cost.routing if gen.draft_cost is not None else None,
-                          cfg.draft_context, gen.draft_linears)
-        draft = draft_proposer(drafter, gen.draft_cost, cfg, decoding, cost, seed)
-        sources.append(draft)
-    if cfg.context_match:
-        sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
-    if gen.memory is not None:
-        sources.append(MemoryProposer(gen.memory, cfg.match_length))
-    if cfg.ngram_pool:
-        sources.append(NgramProposer(pool, cfg.seed_from_prompt, cfg.seed_from_output))
-    if recycled is not None:
-        sources.append(RecyclingProposer(recycled, cfg.max_tree_nodes))
-    if window_pool is not None:
-        sources.append(WindowProposer(window_pool))
-    return sources, draft
+    model: Any  # a transformers causal LM with the target's vocabulary
+    cost: CostModel | None  # its forward-cost curve (None: a fixed budget drafts draft_tokens)
+    linears: FewRowLinear  # its linear layers, wrapped once per generator (model/fewrows.py)
 
 
-def draft_proposer(drafter: Drafter, draft_cost, cfg, decoding: Decoding, cost, seed: int) -> DraftProposer:
+@dataclass(frozen=True)
+class SourceFactory:
+    """Builds one sequence's sources under ``config``: the draft (if any), the context matcher, the
+    memory, the n-gram pool, recycling and the window's own pool, as the config turns them on."""
+
+    config: LookaheadConfig
+    memory: RequestMemory | None  # shared by every sequence and call
+    recycled: AdjacencyTable | None  # shared by every sequence and call
+    draft: DraftModel | None = None
+
+    def build(self, decoding: Decoding, cost: CostModel | None, pool: NgramPool, window_pool: NgramPool | None,
+              seed: int) -> tuple[list[Proposer], DraftProposer | None]:
+        """(the sources, the draft model's source or None: its counters go into the stats) for one
+        sequence; ``cost``: the batch's curve; ``seed``: the stream a draft draws its tokens from
+        when sampling."""
+        cfg = self.config
+        sources: list[Proposer] = []
+        draft = None
+        if self.draft is not None:
+            routing = self.draft.cost.routing if self.draft.cost is not None else None
+            drafter = Drafter(self.draft.model, routing, cfg.draft_context, self.draft.linears)
+            draft = draft_proposer(drafter, self.draft.cost, cfg, decoding, cost, seed)
+            sources.append(draft)
+        if cfg.context_match:
+            sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
+        if self.memory is not None:
+            sources.append(MemoryProposer(self.memory, cfg.match_length))
+        if cfg.ngram_pool:
+            sources.append(NgramProposer(pool, cfg.seed_from_prompt, cfg.seed_from_output))
+        if self.recycled is not None:
+            sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
+        if window_pool is not None:
+            sources.append(WindowProposer(window_pool))
+        return sources, draft
+
+
+def draft_proposer(drafter: Drafter, draft_cost: CostModel | None, cfg: LookaheadConfig, decoding: Decoding,
+                   cost: CostModel | None, seed: int) -> DraftProposer:
     """The draft model as a source; its chains stop where a draft forward costs more than it yields."""
 
     def ratio(rows: int) -> float:

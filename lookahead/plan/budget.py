@@ -9,7 +9,7 @@ the budget keeps the option with the most expected tokens per second.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -25,12 +25,11 @@ import torch
 from ..config import LookaheadConfig
 from ..core.rows import DrawnRows
 from ..core.tree import TokenTree, empty_tree, prepend_chain, scored_tree, subtree
-from ..cost import CostModel
 from ..kernels.trie import best_first_order
-from ..proposers.base import Candidates, Others, Outcome, StepContext, no_candidates
+from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext, no_candidates
 from .acceptance import AcceptanceStats
-from .budget import choose_step, expected_gains
-from .window import window_rows
+from .budget import expected_gains
+from .choice import StepChooser
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last): past it, copies
 # are long enough that one estimate serves
@@ -117,16 +116,6 @@ def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
     return Candidates(tokens, lens, classes)
 
 
-def window_widths(config: LookaheadConfig, budgeted: bool) -> np.ndarray:
-    """[O] the window widths a step may take, 0 (x alone) first: every width up to W when the
-    budget chooses, else the whole window W (a fixed budget); only 0 when the window is x alone."""
-    if config.lookahead_rows <= 1:
-        return np.zeros(1, dtype=np.int64)
-    if not budgeted:
-        return np.array([config.window], dtype=np.int64)
-    return np.arange(config.window + 1, dtype=np.int64)
-
-
 def split_drawn(cands: Candidates, offset: int) -> tuple[Candidates, Candidates | None]:
     """(the chosen rows, the drawn row or None) of one source's candidates: a source that drew
     row 0 (``q`` set) gets it back apart, its classes offset into the shared table."""
@@ -137,17 +126,15 @@ def split_drawn(cands: Candidates, offset: int) -> tuple[Candidates, Candidates 
 
 
 class Planner:
-    """Proposers, acceptance estimates and the cost model of one decode: ``plan`` gives the step's tree."""
+    """One sequence's proposers and the call's acceptance estimates: ``rank`` gives the step's scored
+    trie, ``cut`` its tree; the batch-wide choice of the step's shape is the ``StepChooser``'s."""
 
-    def __init__(self, config: LookaheadConfig, proposers: list, acceptance: AcceptanceStats,
-                 cost: CostModel | None):
+    def __init__(self, config: LookaheadConfig, proposers: list[Proposer], acceptance: AcceptanceStats,
+                 chooser: StepChooser):
         self.config = config
         self.proposers = proposers
         self.acceptance = acceptance
-        self.cost = cost
-        self.widths = window_widths(config, cost is not None)  # [O] the window's options, x alone first
-        self.window_rows = np.array([window_rows(w, config.ngram) for w in self.widths])  # [O]
-        self.base_rows = 1  # rows before the tree when the window is not fed: x
+        self.chooser = chooser
         self.states = [partial(acceptance.state, source.name) for source in proposers]  # what each learns
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
@@ -156,14 +143,6 @@ class Planner:
         """A new sequence whose prompt is seq[:stop]."""
         for source in self.proposers:
             source.begin(seq, stop)
-
-    def choose(self, probs: list[np.ndarray], spent: float = 0.0) -> tuple[int, int]:
-        """(window width, tree nodes) of the step with the most expected tokens per second for
-        sequences whose ranked path probabilities are ``probs`` (one array per sequence)."""
-        gain = self.widths * self.column_worth()  # [O] tokens the window's columns are worth
-        option, size = choose_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes, spent,
-                                   self.acceptance.calibrated)
-        return int(self.widths[option]), size
 
     def column_worth(self) -> float:
         """Tokens one window column fed for one step is worth, later, to all the sources together."""
@@ -228,7 +207,7 @@ class Planner:
             if i in found or i in asking:
                 return
             asking.add(i)
-            step = StepContext(room, self.states[i], partial(others, i), self._unit)
+            step = StepContext(room, self.states[i], partial(others, i), self.chooser.unit)
             found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
                                                  self.acceptance.block(i, estimates), step)
             asking.discard(i)
@@ -260,21 +239,16 @@ class Planner:
                 break
         return self._merged(groups), drawn, sum(c.seconds for c in found.values()), built
 
-    def _unit(self) -> float:
-        """Seconds of a plain step (x alone; 0.0 without a cost model)."""
-        return float(self.cost.step(1)) if self.cost is not None else 0.0
-
     def _plain_step(self, tree: TokenTree, prob: np.ndarray) -> tuple[float, float]:
         """(expected tokens, cost in plain steps) of this step if it verified ``tree`` alone, sized
         by the budget: what a source that costs time must beat (1, 1 without a cost model)."""
-        if self.cost is None or tree.size == 0:
+        if self.chooser.cost is None or tree.size == 0:
             return 1.0, 1.0
         probs = prob[best_first_order(tree.parents, prob)]  # [M]
-        width, size = self.choose([probs])
-        option = int(np.searchsorted(self.widths, width))
-        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + self.column_worth() * width
-        seconds = self.cost.step(np.array([self.base_rows, self.window_rows[option] + size]))  # [2]
-        return float(tokens), float(seconds[1] / seconds[0])
+        worth = self.column_worth()
+        width, size = self.chooser.choose([probs], worth)
+        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + worth * width
+        return float(tokens), self.chooser.price(size, width)
 
     def _merged(self, groups: list[tuple[Candidates, int]]) -> Candidates:
         """merge_candidates of (candidates, source number) pairs."""
@@ -286,18 +260,10 @@ class Planner:
         step's outcome (``width`` window columns fed)."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
-        price = partial(self._price, tree.size, width)
+        price = partial(self.chooser.price, tree.size, width)
         for i, source in enumerate(self.proposers):
             block = (int(self.acceptance.offsets[i]), int(self.acceptance.offsets[i + 1]))
             source.learn(Outcome(tree, path, width, block, self.states[i], price))
-
-    def _price(self, nodes: int, width: int) -> float:
-        """A step feeding ``width`` window columns and ``nodes`` tree nodes, in plain steps (1.0 without
-        a cost model)."""
-        if self.cost is None:
-            return 1.0
-        rows = self.window_rows[int(np.searchsorted(self.widths, width))] + nodes
-        return float(self.cost.step(rows) / self.cost.step(1))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """seq[start:stop] was just accepted."""
@@ -308,8 +274,3 @@ class Planner:
         """The sequence ended as seq[:stop]."""
         for source in self.proposers:
             source.finish(seq, stop)
-
-    def observe_step(self, rows: int, seconds: float) -> None:
-        """A step over ``rows`` rows took ``seconds`` (refines the cost model)."""
-        if self.cost is not None:
-            self.cost.observe(rows, seconds)

@@ -1,0 +1,86 @@
+"""Which cost curve a decode is priced by: measured (or read from disk) where it is needed, flat when
+the config asks for it, one per batch size, and the draft model's own.
+
+``CostPolicy`` is what the generator asks; it owns no decoding state. A curve is needed where the
+adaptive budget sizes steps (``budgeted``) or the model runs on the CPU, where the curve's
+measurement also chooses how each forward runs (its ``routing``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import LookaheadConfig
+from ..model.support import AttentionLayout, context_length
+from ..model.target import Target
+from .curve import CostModel, flat_curve
+from .store import load_cost_model
+
+DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)
+
+
+def budgeted(config: LookaheadConfig) -> bool:
+    """Whether the adaptive budget sizes this config's steps (so a curve prices them)."""
+    return config.budget == "adaptive" and config.candidates > 0 and config.max_tree_nodes > 0
+
+
+def largest_step(config: LookaheadConfig) -> int:
+    """Rows of the largest step ``config`` can build: the window's rows and a full tree.
+
+    window 1, ngram 2 (one row), max_tree_nodes 32, candidates 8 -> 33.
+    """
+    return config.lookahead_rows + (config.max_tree_nodes if config.candidates > 0 else 0)
+
+
+def fitted_context(context: int, limit: int | None) -> int:
+    """The synthetic context a curve is measured at, inside the model's own ``limit`` (None: no limit).
+
+    (256, 128) -> 127; (256, None) -> 256.
+    """
+    return context if limit is None else max(1, min(context, limit - 1))
+
+
+class CostPolicy:
+    """The curves one generator prices steps by (for the target, every batch size, and a draft)."""
+
+    def __init__(self, target: Target, config: LookaheadConfig):
+        self.target = target
+        self.config = config
+        self.batches: dict[int, CostModel | None] = {}  # batch size > 1 -> the budget's curve for that batch
+
+    def priced(self, curve: CostModel | None) -> CostModel | None:
+        """The curve the budget prices steps by: None without the adaptive budget, flat with
+        budget_curve="flat", else ``curve``."""
+        if curve is None or not budgeted(self.config):
+            return None
+        return flat_curve(curve) if self.config.budget_curve == "flat" else curve
+
+    def measure(self, config: LookaheadConfig, batch: int = 1) -> CostModel | None:
+        """The forward-cost curve up to the largest step ``config`` can build (cached on disk), with the
+        routes forwards run through on the CPU; None where nothing needs it (no adaptive budget, no CPU)."""
+        if not budgeted(config) and self.target.device.type != "cpu":
+            return None
+        context = fitted_context(config.calibration_context, self.target.context)
+        return load_cost_model(self.target.model, self.target.layout, largest_step(config), context,
+                               config.calibration_repeats, config.cost_cache_dir, batch,
+                               few_row_matmul=config.few_row_matmul)
+
+    def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None) -> CostModel | None:
+        """The budget's curve of a step over ``batch`` sequences decoded under ``run_config``: ``single``
+        for one, else measured on first use (cached on disk), its routes set on the target."""
+        if batch == 1:
+            return single
+        if batch not in self.batches:
+            curve = self.measure(run_config, batch)
+            if curve is not None and curve.routing is not None:
+                self.target.routings[batch] = curve.routing
+            self.batches[batch] = self.priced(curve)
+        return self.batches[batch]
+
+    def draft(self, draft_model: Any, layout: AttentionLayout) -> CostModel:
+        """The draft's forward-cost curve over as many rows as it is fed at once (cached on disk)."""
+        config = self.config
+        rows = min(DRAFT_COST_ROWS, config.max_tree_nodes + 2)
+        context = fitted_context(config.calibration_context, context_length(draft_model.config))
+        return load_cost_model(draft_model, layout, rows, context, config.calibration_repeats, config.cost_cache_dir,
+                               few_row_matmul=config.few_row_matmul)  # with the draft's routes (drafter.py)

@@ -1,0 +1,69 @@
+"""The batch-wide half of planning: one window width and tree size for every sequence of a step,
+and what the step cost, refining the shared cost curve.
+
+The decode loop holds one ``StepChooser`` per generate call; every sequence's ``Planner`` prices
+its own questions (a draft's "is drafting worth it", a source's feedback) through the same one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import LookaheadConfig
+from ..cost import CostModel
+from .acceptance import AcceptanceStats
+from .budget import choose_step
+from .window import window_rows
+
+
+def window_widths(config: LookaheadConfig, budgeted: bool) -> np.ndarray:
+    """[O] the window widths a step may take, 0 (x alone) first: every width up to W when the
+    budget chooses, else the whole window W (a fixed budget); only 0 when the window is x alone.
+
+    W=3, N=3 budgeted -> [0 1 2 3]; not budgeted -> [3]; W=1, N=2 -> [0].
+    """
+    if config.lookahead_rows <= 1:
+        return np.zeros(1, dtype=np.int64)
+    if not budgeted:
+        return np.array([config.window], dtype=np.int64)
+    return np.arange(config.window + 1, dtype=np.int64)
+
+
+class StepChooser:
+    """The step's shape for a batch: (window width, tree nodes) with the most expected tokens per second."""
+
+    def __init__(self, config: LookaheadConfig, cost: CostModel | None, acceptance: AcceptanceStats):
+        self.config = config
+        self.cost = cost  # the batch's curve (None: a fixed budget)
+        self.acceptance = acceptance  # the call's regime table: its calibration maps promises to yields
+        self.widths = window_widths(config, cost is not None)  # [O] the window's options, x alone first
+        self.window_rows = np.array([window_rows(w, config.ngram) for w in self.widths])  # [O]
+
+    def choose(self, probs: list[np.ndarray], worth: float, spent: float = 0.0) -> tuple[int, int]:
+        """(window width, tree nodes) for sequences whose ranked path probabilities are ``probs``
+        (one array per sequence); ``worth``: tokens one window column fed is worth to the sources,
+        ``spent``: seconds the sources already spent on forwards of their own this step."""
+        gain = self.widths * worth  # [O] tokens the window's columns are worth
+        option, size = choose_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes, spent,
+                                   self.acceptance.calibrated)
+        return int(self.widths[option]), size
+
+    def rows(self, width: int) -> int:
+        """Rows the window takes at ``width`` columns (x included)."""
+        return int(self.window_rows[int(np.searchsorted(self.widths, width))])
+
+    def unit(self) -> float:
+        """Seconds of a plain step (x alone; 0.0 without a cost model)."""
+        return float(self.cost.step(1)) if self.cost is not None else 0.0
+
+    def price(self, nodes: int, width: int) -> float:
+        """A step feeding ``width`` window columns and ``nodes`` tree nodes, in plain steps (1.0 without
+        a cost model)."""
+        if self.cost is None:
+            return 1.0
+        return float(self.cost.step(self.rows(width) + nodes) / self.cost.step(1))
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A step over ``rows`` rows took ``seconds`` of the target's time (refines the shared curve)."""
+        if self.cost is not None:
+            self.cost.observe(rows, seconds)
