@@ -378,7 +378,7 @@ def prepare_prompts(dataset: str, prompts: list, model, tokenizer, max_new_token
     method sees the same turn-2 prompt. Chat prompts go through the chat
     template, completion prompts (HumanEval) are raw text.
     """
-    from lookahead.benchmarks.datasets import followup_messages, render_prompt
+    from lookahead.benchmarks.parsers import followup_messages, render_prompt
 
     out = []
     for prompt in prompts:

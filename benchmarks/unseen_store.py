@@ -39,7 +39,7 @@ class Snapshot:
         return self.store.ring, self.store.heads, self.store.chain, self.store.state
 
     def restore(self) -> None:
-        for live, saved in zip(self.parts(), self.arrays):
+        for live, saved in zip(self.parts(), self.arrays, strict=False):
             np.copyto(live, saved)
         self.store.starts = copy.copy(self.starts)
 
@@ -56,7 +56,8 @@ def geomean(values: list[float]) -> float:
 @click.option("--max-new-tokens", type=int, default=96, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True)
 def main(model_name, prompt_file, unrelated, unrelated_limit, max_new_tokens, repeats):
-    from lookahead.benchmarks.datasets import load_dataset, parse_prompt_file, render_prompt
+    from lookahead.benchmarks.datasets import load_dataset
+    from lookahead.benchmarks.parsers import parse_prompt_file, render_prompt
     from lookahead.benchmarks.report import environment, machine_line
 
     model, tok = load_model(model_name)
@@ -110,8 +111,8 @@ def main(model_name, prompt_file, unrelated, unrelated_limit, max_new_tokens, re
     click.echo("| method | vs greedy (slowest) | time against memory off | memory host time per step |")
     click.echo("|---|---:|---:|---:|")
     for k in gens:
-        ratios = [g / x for g, x in zip(best["greedy"], best[k])]
-        against = geomean([x / o for x, o in zip(best[k], best["off"])])
+        ratios = [g / x for g, x in zip(best["greedy"], best[k], strict=False)]
+        against = geomean([x / o for x, o in zip(best[k], best["off"], strict=False)])
         click.echo(f"| {k} | {geomean(ratios):.2f}x ({min(ratios):.2f}x) | {against:.3f} | "
                    f"{1000 * memory_s[k] / max(steps[k], 1):.3f} ms |")
 

@@ -141,7 +141,7 @@ def checked_datasets(names) -> tuple[str, ...]:
 def checked_prompt_files(paths) -> list:
     """The prompts of every --prompts file (lists of Prompt), or one line naming the bad file and exit 2,
     before any model loads."""
-    from lookahead.benchmarks.datasets import parse_prompt_file
+    from lookahead.benchmarks.parsers import parse_prompt_file
 
     sets = []
     for path in paths:

