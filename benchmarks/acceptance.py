@@ -19,15 +19,16 @@ import click
 import torch
 
 from lookahead import LookaheadGenerator, load_model
+from lookahead.benchmarks.configs import parse_config_spec
 from lookahead.benchmarks.datasets import DATASETS, load_dataset
-from lookahead.benchmarks.runner import parse_config_spec, prepare_prompts
+from lookahead.benchmarks.runner import prepare_prompts
 
 
 def tokens_per_forward(gen: LookaheadGenerator, prompts: list, max_new_tokens: int,
                        references: list[list[int]]) -> tuple[float, int]:
     """(new tokens over decode forwards, outputs equal to their reference) over ``prompts`` in order."""
     tokens = steps = exact = 0
-    for prompt, reference in zip(prompts, references):
+    for prompt, reference in zip(prompts, references, strict=False):
         out = gen.generate(torch.tensor([prompt.input_ids]), max_new_tokens=max_new_tokens, do_sample=False)
         tokens += gen.last_stats.new_tokens
         steps += gen.last_stats.steps

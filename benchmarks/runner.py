@@ -27,18 +27,17 @@ new tokens per second and nothing must match.
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 import resource
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.benchmarks.configs import parse_config_spec
 
 PROMPT_LOOKUP_TOKENS = 10
 NEVER_EOS = 2 ** 31 - 1  # an end-of-sequence id no tokenizer has: EOS ignored
@@ -155,9 +154,8 @@ def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, na
     """Exact (must equal greedy) when greedy; sampled outputs only share the distribution."""
     gen = LookaheadGenerator(model, tokenizer, config or LookaheadConfig(), draft)
     kwargs = decode_kwargs(sampling)
-    import dataclasses
     return Method(name, lambda ids, m: gen.generate(ids, max_new_tokens=m, **kwargs), exact=sampling is None,
-                  generator=gen, config=dataclasses.asdict(gen.run_config), sampling=sampling)
+                  generator=gen, config=asdict(gen.run_config), sampling=sampling)
 
 
 # Named configs for `lookahead bench --preset`: LADE's published GPU setting run by our
@@ -165,7 +163,8 @@ def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, na
 # the two halves of the gain on the CPU: our kernels without speculation, speculation through
 # torch's own kernels.
 PRESETS = {
-    "lade-gpu": "window=15,ngram=5,pool_ngram=5,candidates=15,max_tree_nodes=60,budget=fixed,recycle=false,context_match=false",
+    "lade-gpu": ("window=15,ngram=5,pool_ngram=5,candidates=15,max_tree_nodes=60,budget=fixed,recycle=false,"
+                 "context_match=false"),
     "context-only": "ngram_pool=false,recycle=false",
     "pool-only": "context_match=false,recycle=false",
     "recycle-only": "context_match=false,ngram_pool=false",
@@ -184,38 +183,6 @@ def preset_specs(names: Iterable[str]) -> list[str]:
     return [f"{name}:{spec}" for name, spec in PRESETS.items() if name in names or "all" in names]
 
 
-def parse_config_spec(spec: str, base: LookaheadConfig | None = None) -> tuple[str, LookaheadConfig]:
-    """``"wide:window=5,ngram=4,candidates=8"`` -> ("wide", LookaheadConfig(window=5, ...)).
-
-    The name is optional (``"window=5"`` is named ``lookahead[window=5]``);
-    unnamed fields keep ``base``'s values. ValueError names the bad part.
-    """
-    import dataclasses
-    name, _, body = spec.rpartition(":") if ":" in spec else ("", "", spec)
-    name = name.strip() or f"lookahead[{body.strip()}]"
-    fields = {f.name: f for f in dataclasses.fields(LookaheadConfig)}
-    values = dataclasses.asdict(base or LookaheadConfig())
-    for part in filter(None, (p.strip() for p in body.split(","))):
-        key, eq, raw = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or key not in fields:
-            raise ValueError(f"bad config {spec!r}: {part!r} is not FIELD=VALUE with FIELD one of "
-                             f"{', '.join(fields)}")
-        raw = raw.strip()
-        if isinstance(values[key], bool):
-            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(f"bad config {spec!r}: {key} must be true or false, got {raw!r}")
-            values[key] = raw.lower() in ("true", "1", "yes")
-        elif isinstance(values[key], str):
-            values[key] = raw
-        else:
-            try:
-                values[key] = int(raw)
-            except ValueError:
-                raise ValueError(f"bad config {spec!r}: {key} must be an integer, got {raw!r}") from None
-    return name, LookaheadConfig(**values)
-
-
 def default_methods(model, tokenizer, config: LookaheadConfig | None = None, extra_configs: Iterable[str] = (),
                     draft=None, sampling: Sampling | None = None) -> list[Method]:
     """greedy (or sampling), prompt-lookup, [assisted], lookahead, [lookahead+draft, draft-only], then one
@@ -232,7 +199,7 @@ def default_methods(model, tokenizer, config: LookaheadConfig | None = None, ext
     methods.append(lookahead_method(model, tokenizer, config, sampling=sampling))
     if draft is not None:
         methods.append(lookahead_method(model, tokenizer, config, "lookahead+draft", sampling, draft))
-        alone = dataclasses.replace(config, context_match=False, ngram_pool=False, recycle=False)
+        alone = replace(config, context_match=False, ngram_pool=False, recycle=False)
         methods.append(lookahead_method(model, tokenizer, alone, "draft-only", sampling, draft))
     for spec in extra_configs:
         name, cfg = parse_config_spec(spec, config)
@@ -250,7 +217,7 @@ class ForwardCounter:
     def __init__(self, module: torch.nn.Module):
         self.module, self.count, self.handle = module, 0, None
 
-    def __enter__(self) -> "ForwardCounter":
+    def __enter__(self) -> ForwardCounter:
         self.handle = self.module.register_forward_pre_hook(self._hook)
         return self
 

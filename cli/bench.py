@@ -13,8 +13,18 @@ from pathlib import Path
 import click
 
 from lookahead.benchmarks.datasets import DATASETS, canonical_name
-from lookahead.cli.options import (CLI_ERRORS, DTYPES, checked_config, checked_seed, cli_message, config_options,
-                                   fail, threads_option, trust_remote_code_option, warnings_as_lines)
+from lookahead.cli.options import (
+    CLI_ERRORS,
+    DTYPES,
+    checked_config,
+    checked_seed,
+    cli_message,
+    config_options,
+    fail,
+    threads_option,
+    trust_remote_code_option,
+    warnings_as_lines,
+)
 
 DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
 BENCH_MODULES = ("matplotlib", "tqdm")  # what the [bench] extra installs
@@ -82,8 +92,8 @@ def require_bench_extra() -> None:
 @trust_remote_code_option
 @threads_option
 @config_options
-def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve, turn2,
-          sample, temperature, top_k, top_p, seed, ignore_eos, busy_cores, device, dtype, trust_remote_code,
+def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve,
+          turn2, sample, temperature, top_k, top_p, seed, ignore_eos, busy_cores, device, dtype, trust_remote_code,
           **config_values):
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
@@ -103,7 +113,8 @@ def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, ex
     prompt_sets = checked_prompt_files(prompt_files)
     sampling = checked_sampling(sample, temperature, top_k, top_p, ignore_eos)
     config = checked_config(config_values)
-    from lookahead.benchmarks.runner import parse_config_spec, preset_specs
+    from lookahead.benchmarks.configs import parse_config_spec
+    from lookahead.benchmarks.runner import preset_specs
     try:
         extra_configs = tuple(extra_configs) + tuple(preset_specs(presets))
     except ValueError as exc:
@@ -117,9 +128,9 @@ def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, ex
     from lookahead.benchmarks.busy import busy_cores as busy
     try:
         with warnings_as_lines(), busy(busy_cores):
-            table, paths, mismatch = _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, extra_configs,
-                                            draft, cost_curve, turn2, (device, dtype, trust_remote_code), config,
-                                            sampling, seed, busy_cores)
+            table, paths, mismatch = _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir,
+                                            extra_configs, draft, cost_curve, turn2,
+                                            (device, dtype, trust_remote_code), config, sampling, seed, busy_cores)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     click.echo(table)
@@ -193,12 +204,17 @@ def _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, ex
     import torch
     from tqdm import tqdm
 
+    from lookahead import load_model
     from lookahead.benchmarks.costcurve import cost_curve as measure_cost
     from lookahead.benchmarks.datasets import canonical_name, load_dataset
     from lookahead.benchmarks.report import cost_table, write_report
-    from lookahead.benchmarks.runner import (ExactMatchError, check_exact, default_methods, prepare_prompts,
-                                             run_benchmark)
-    from lookahead import load_model
+    from lookahead.benchmarks.runner import (
+        ExactMatchError,
+        check_exact,
+        default_methods,
+        prepare_prompts,
+        run_benchmark,
+    )
 
     started = time.perf_counter()
     device, dtype, trust_remote_code = loading

@@ -10,6 +10,7 @@ import warnings
 
 import click
 
+from lookahead.benchmarks.configs import config_from, field_kind
 from lookahead.config import CHOICES, ConfigError, LookaheadConfig
 from lookahead.errors import one_line
 
@@ -18,18 +19,19 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def config_options(func):
-    """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults from the dataclass."""
+    """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults from the dataclass,
+    each of the type lookahead.benchmarks.configs.field_kind gives (the one config parser, --config's too)."""
     for field in reversed(dataclasses.fields(LookaheadConfig)):
-        flag = field.name.replace("_", "-")
-        if field.type in ("bool", bool):
+        flag, kind = field.name.replace("_", "-"), field_kind(field.name)
+        if kind is bool:
             func = click.option(f"--{flag}/--no-{flag}", field.name, default=field.default, show_default=True,
                                 help=f"LookaheadConfig.{field.name}")(func)
-        elif field.type in ("str", str):  # checked by LookaheadConfig, so a bad value gets one line
+        elif kind is str:  # checked by LookaheadConfig, so a bad value gets one line
             choices = f": {' or '.join(CHOICES[field.name])}" if field.name in CHOICES else ""
             func = click.option(f"--{flag}", field.name, type=str, default=field.default, show_default=True,
                                 help=f"LookaheadConfig.{field.name}{choices}")(func)
         else:
-            func = click.option(f"--{flag}", field.name, type=int, default=field.default, show_default=True,
+            func = click.option(f"--{flag}", field.name, type=kind, default=field.default, show_default=True,
                                 help=f"LookaheadConfig.{field.name}")(func)
     return func
 
@@ -115,11 +117,6 @@ def checked_prompt(prompt: str) -> None:
              f"it with iconv -f latin1 -t utf-8")
 
 
-def config_from(values: dict) -> LookaheadConfig:
-    """The LookaheadConfig named by the CLI options in values."""
-    return LookaheadConfig(**{f.name: values[f.name] for f in dataclasses.fields(LookaheadConfig)})
-
-
 def fail(message: str) -> None:
     """One clear line on stderr and exit status 2."""
     click.echo(f"lookahead: error: {message}", err=True)
@@ -147,7 +144,8 @@ def warnings_as_lines():
 
 
 def checked_config(values: dict) -> LookaheadConfig:
-    """config_from(values), or one line naming the bad option and exit status 2."""
+    """The LookaheadConfig of the config options in values (lookahead.benchmarks.configs.config_from), or one
+    line naming the bad option and exit status 2."""
     try:
         return config_from(values)
     except ConfigError as exc:

@@ -8,15 +8,25 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import tiny_model
 
+from lookahead import LookaheadConfig
+from lookahead.benchmarks.configs import config_from, parse_config_spec, parse_value
 from lookahead.benchmarks.costcurve import cost_curve
 from lookahead.benchmarks.report import geomean, summarize, write_report
-from lookahead.benchmarks.runner import (PRESETS, preset_specs, BenchPrompt, ExactMatchError, Method, Sampling,
-                                         check_exact, default_methods, lookahead_method, parse_config_spec,
-                                         run_benchmark)
+from lookahead.benchmarks.runner import (
+    PRESETS,
+    BenchPrompt,
+    ExactMatchError,
+    Method,
+    Sampling,
+    check_exact,
+    default_methods,
+    lookahead_method,
+    preset_specs,
+    run_benchmark,
+)
 from lookahead.cli.main import main
-from lookahead import LookaheadConfig
-from conftest import tiny_model
 
 MAX_NEW = 12
 
@@ -88,6 +98,35 @@ def test_parse_config_spec():
         parse_config_spec("x:window=big")
     name, cfg = parse_config_spec("f:budget=fixed,recycle=no")
     assert (cfg.budget, cfg.recycle) == ("fixed", False)
+
+
+def test_one_config_parser_for_the_commands_options_and_the_specs():
+    """The commands' options and --config specs build LookaheadConfig through lookahead.benchmarks.configs."""
+    import click
+
+    from lookahead.cli.options import checked_config, config_options
+
+    assert (parse_value("recycle", " No "), parse_value("window", "7"), parse_value("budget", " fixed ")) == (
+        False, 7, "fixed")
+    with pytest.raises(ValueError, match="recycle must be true or false, got 'maybe'"):
+        parse_value("recycle", "maybe")
+    assert config_from({"window": "5", "recycle": "false"}) == config_from({"window": 5, "recycle": False})
+    base = LookaheadConfig(ngram=3)
+    assert config_from({"window": 2}, base) == LookaheadConfig(ngram=3, window=2)
+    assert parse_config_spec("x:match-min=3", base)[1] == LookaheadConfig(ngram=3, match_min=3)
+    with pytest.raises(ValueError, match="'colour' is no LookaheadConfig field"):
+        config_from({"colour": 3})
+
+    seen = []
+
+    @click.command()
+    @config_options
+    def show(**values):
+        seen.append(checked_config(values))
+
+    result = CliRunner().invoke(show, ["--window", "5", "--no-recycle", "--budget", "fixed"])
+    assert result.exit_code == 0, result.output
+    assert seen == [parse_config_spec("window=5,recycle=false,budget=fixed")[1]]
 
 
 def test_presets_are_valid_configs():
@@ -181,7 +220,7 @@ def test_sample_mode_runs_every_method_with_the_mode_and_seed(sampled):
 def test_sample_mode_speedup_is_the_tokens_per_second_ratio(sampled):
     records = by_prompt(sampled[0])
     differ = 0
-    for (prompt, method), r in records.items():
+    for (prompt, _method), r in records.items():
         ref = records[(prompt, "sampling")]
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_time_s"])
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"])
