@@ -79,6 +79,12 @@ from lookahead.benchmarks.parsers import (
 )
 from lookahead.loading.registry import PackagedFile, RegistryError, fetch_file
 
+# Our own prompt files (for ``--prompts``), installed with the package: own-10.jsonl (ten chat requests: two
+# code edits, a summary, two documentation questions, a translation, a story, an email, a word problem, a
+# question on a passage) and own-5.jsonl (five of them).
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+
+
 class DatasetUnavailableError(RegistryError):
     """A data set's file could not be fetched (offline and not cached) or failed its sha256."""
 

@@ -3,6 +3,8 @@ store full of unrelated text, on the same prompts, interleaved with transformers
 
     python -m lookahead.benchmarks.unseen_store --prompts benchmarks/prompts/own-10.jsonl
 
+(own-10.jsonl, installed with the package, is the default.)
+
 One generator per method, kept for the whole run. The unrelated store holds
 the chat-rendered prompts of ``--unrelated`` (tool calls by default). Both
 stores are put back as they were before every call (arrays copied in place),
@@ -50,17 +52,18 @@ def geomean(values: list[float]) -> float:
 
 @click.command()
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True)
-@click.option("--prompts", "prompt_file", default="benchmarks/prompts/own-10.jsonl", show_default=True)
+@click.option("--prompts", "prompt_file", default=None, show_default="the installed own-10.jsonl")
 @click.option("--unrelated", default="tool-calls", show_default=True, help="Data set whose prompts fill the store.")
 @click.option("--unrelated-limit", type=int, default=60, show_default=True)
 @click.option("--max-new-tokens", type=int, default=96, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True)
 def main(model_name, prompt_file, unrelated, unrelated_limit, max_new_tokens, repeats):
-    from lookahead.benchmarks.datasets import load_dataset
+    from lookahead.benchmarks.datasets import PROMPTS_DIR, load_dataset
     from lookahead.benchmarks.parsers import parse_prompt_file, render_prompt
     from lookahead.benchmarks.report import environment, machine_line
 
     model, tok = load_model(model_name)
+    prompt_file = prompt_file if prompt_file is not None else PROMPTS_DIR / "own-10.jsonl"
     prompts = [render_prompt(p, tok, chat=True) for p in parse_prompt_file(prompt_file)]
     filler = [render_prompt(p, tok, chat=True) for p in load_dataset(unrelated, unrelated_limit)]
     gens = {"off": LookaheadGenerator(model, tok, LookaheadConfig(memory_tokens=0)),

@@ -503,6 +503,14 @@ def test_prompt_file_names_the_bad_record(tmp_path, lines, words):
         ps.parse_prompt_file(_prompt_file(tmp_path, lines))
 
 
+def test_our_prompt_files_are_installed_beside_the_registry():
+    """benchmarks/prompts/*.jsonl is package data (pyproject's package-data): found from the installed module."""
+    assert [p.id for p in ps.parse_prompt_file(ds.PROMPTS_DIR / "own-10.jsonl")][:2] == ["code-edit-hints",
+                                                                                          "code-edit-js-to-py"]
+    assert len(ps.parse_prompt_file(ds.PROMPTS_DIR / "own-10.jsonl")) == 10
+    assert len(ps.parse_prompt_file(ds.PROMPTS_DIR / "own-5.jsonl")) == 5
+
+
 def test_prompt_file_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         ps.parse_prompt_file(tmp_path / "absent.jsonl")

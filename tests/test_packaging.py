@@ -1,5 +1,6 @@
 """The distribution: its name, one version, lookahead.cli / lookahead.benchmarks installed
-under the lookahead namespace (no top-level cli/ or benchmarks/), the [bench] extra."""
+under the lookahead namespace (no top-level cli/ or benchmarks/) with the benchmarks' prompt
+files and without the run logs and figures (results/), the [bench] extra."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 import lookahead
+from lookahead.cli.bench import BENCH_MODULES, DISTRIBUTION
 from lookahead.cli.main import main
-from lookahead.cli.bench import BENCH_MODULES, DISTRIBUTION  # noqa: I001
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "lookahead", "cli", "benchmarks")  # what a wheel is built from
@@ -104,6 +105,16 @@ def test_wheel_installs_cli_and_benchmarks_under_lookahead_only(wheel):
     for module in ("lookahead/cli/main.py", "lookahead/cli/bench.py", "lookahead/benchmarks/runner.py",
                    "lookahead/benchmarks/report.py", "lookahead/kernels/pool.py", "lookahead/proposers/base.py"):
         assert module in names
+
+
+def test_wheel_holds_the_prompt_files_and_no_run_logs_or_figures(wheel):
+    """benchmarks/prompts/*.jsonl is package data the benchmarks read; RESULTS.md and the runs' figures live in
+    results/ at the top of the repository and are never installed."""
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {Path(name).name for name in names if name.startswith("lookahead/benchmarks/prompts/")}
+    assert shipped == {p.name for p in (ROOT / "benchmarks" / "prompts").glob("*.jsonl")} != set()
+    assert not [name for name in names if name.startswith("lookahead/benchmarks/") and name.endswith((".md", ".png"))]
+    assert (ROOT / "results" / "RESULTS.md").is_file() and not (ROOT / "benchmarks" / "RESULTS.md").exists()
 
 
 def test_wheel_metadata_name_version_extra_and_command(wheel):
