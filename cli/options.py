@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import sys
 import warnings
+from typing import NoReturn
 
 import click
 
@@ -117,7 +118,7 @@ def checked_prompt(prompt: str) -> None:
              f"it with iconv -f latin1 -t utf-8")
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """One clear line on stderr and exit status 2."""
     click.echo(f"lookahead: error: {message}", err=True)
     sys.exit(2)
