@@ -5,8 +5,10 @@ build the tree -> one forward -> verify -> commit -> learn).
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -33,6 +35,11 @@ from .proposers.draft.checks import check_draft
 from .proposers.memory import RequestMemory
 from .proposers.memory.file import vocabulary_key
 from .proposers.recycle import AdjacencyTable
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.generation import LogitsProcessorList, StoppingCriteriaList
+    from transformers.generation.streamers import BaseStreamer
 
 
 @dataclass
@@ -68,9 +75,10 @@ class LookaheadGenerator:
     checked against ``tokenizer``.
     """
 
-    def __init__(self, model, tokenizer=None, config: LookaheadConfig | None = None, draft_model=None, *,
-                 learned: Learned | None = None, draft_tokenizer=None, allow_draft_device: bool = False,
-                 memory=None):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
+                 config: LookaheadConfig | None = None, draft_model: PreTrainedModel | None = None, *,
+                 learned: Learned | None = None, draft_tokenizer: PreTrainedTokenizerBase | None = None,
+                 allow_draft_device: bool = False, memory: Any = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config if config is not None else LookaheadConfig()
@@ -130,12 +138,12 @@ class LookaheadGenerator:
         return Learned(self.config, self.vocab, self.recycled, self.acceptance, self.cost, self.run_config,
                        self.target.routings.get(1), memory)
 
-    def save_memory(self, path) -> None:
+    def save_memory(self, path: str | os.PathLike[str]) -> None:
         """Write the text of this generator's earlier requests to ``path`` (atomically; a later
         ``load_memory``, here or in another process, continues from it). The file holds users' text."""
         self._own_memory("save_memory").save(path)
 
-    def load_memory(self, path) -> None:
+    def load_memory(self, path: str | os.PathLike[str]) -> None:
         """Remember the requests saved at ``path`` (by ``save_memory`` or ``lookahead generate --memory``)
         instead of what this generator holds now. A truncated, damaged, other-version or other-vocabulary
         file raises MemoryFileError and changes nothing."""
@@ -152,10 +160,13 @@ class LookaheadGenerator:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int | None = None, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 min_p: float | None = None, repetition_penalty: float | None = None, logits_processor=None,
-                 eos_token_id: int | list[int] | None = None, streamer=None,
-                 generator: torch.Generator | None = None, generation_config=None, stopping_criteria=None,
-                 stop_strings: str | list[str] | None = None, max_time: float | None = None, tokenizer=None,
+                 min_p: float | None = None, repetition_penalty: float | None = None,
+                 logits_processor: LogitsProcessorList | None = None,
+                 eos_token_id: int | list[int] | None = None, streamer: BaseStreamer | None = None,
+                 generator: torch.Generator | None = None, generation_config: GenerationConfig | None = None,
+                 stopping_criteria: StoppingCriteriaList | None = None,
+                 stop_strings: str | list[str] | None = None, max_time: float | None = None,
+                 tokenizer: PreTrainedTokenizerBase | None = None,
                  return_dict_in_generate: bool | None = None) -> torch.LongTensor | LookaheadOutput:
         """Decode up to max_new_tokens; returns [B, prompt + new] like model.generate.
 
@@ -182,8 +193,10 @@ class LookaheadGenerator:
             repetition_penalty=repetition_penalty)
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
 
-    def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generation_config,
-                          logits_processor, stopping_criteria, streamer=None) -> torch.LongTensor | LookaheadOutput:
+    def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                          generation_config: GenerationConfig, logits_processor: LogitsProcessorList | None,
+                          stopping_criteria: StoppingCriteriaList | None, streamer: BaseStreamer | None = None,
+                          ) -> torch.LongTensor | LookaheadOutput:
         """Decode under a generation_config and processor / criteria lists transformers has already
         prepared (what model.generate hands a custom_generate callable, see hf.py), used as they are.
 
@@ -194,8 +207,8 @@ class LookaheadGenerator:
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab)
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
 
-    def _run(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding, streamer,
-             device) -> torch.LongTensor | LookaheadOutput:
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
+             streamer: BaseStreamer | None, device: torch.device) -> torch.LongTensor | LookaheadOutput:
         """One decode; the ids [B, prompt + new] on ``device`` (or the output object with the stats).
 
         The ids are made outside inference mode: an ordinary tensor, as model.generate returns.
@@ -212,13 +225,13 @@ class LookaheadGenerator:
             out = run.decode()
         self.last_stats = run.stats
         self._warn_context_cut(run.seqs)
-        return generate_output(out.clone().to(device), run.stats, decoding.return_dict)
+        return generate_output(cast(torch.LongTensor, out.clone().to(device)), run.stats, decoding.return_dict)
 
     def _warn_context_cut(self, seqs: list[Sequence]) -> None:
         """A ContextLimitWarning for every sequence that stopped at the model's context short of
         max_new_tokens (what model.generate warns about before failing or running past it)."""
         for seq in seqs:
-            if seq.cut_by_context():
+            if seq.cut_by_context() and self.target.context is not None:
                 message = context_cut_message(seq.out.prompt_len, seq.out.new_tokens, seq.asked,
                                               self.target.context)
                 warnings.warn(message, ContextLimitWarning, stacklevel=4)

@@ -15,12 +15,13 @@ nothing but the decay).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 class DecayedRatio:
     """(decayed sum of numerators + prior_num) / (decayed sum of denominators + prior_den), per slot."""
 
-    def __init__(self, prior_num, prior_den, decay: float, slots: int = 1):
+    def __init__(self, prior_num: ArrayLike, prior_den: ArrayLike, decay: float, slots: int = 1):
         """``prior_num``, ``prior_den``: a number, or one per slot [S]."""
         self.decay = decay
         self.prior_num = np.broadcast_to(np.asarray(prior_num, dtype=np.float64), (slots,))  # [S]

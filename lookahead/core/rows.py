@@ -20,7 +20,7 @@ class RowMap:
         """Kept rows of the window's last level [W]."""
         return slice(0, self.window) if self.ngram == 2 else slice(1, 1 + self.window)
 
-    def decision_rows(self, nodes: int, device) -> torch.Tensor:
+    def decision_rows(self, nodes: int, device: torch.device | str) -> torch.Tensor:
         """Kept rows [1 + M] of x and the tree nodes."""
         return torch.cat([torch.zeros(1, dtype=torch.long, device=device),
                           self.lead + torch.arange(nodes, device=device)])  # made on the device: no copy

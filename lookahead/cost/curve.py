@@ -26,6 +26,7 @@ TRUST_MEASURED = 4.0  # a plausible measured point weighs as much as this many o
 TRUST_REPAIRED = 0.25  # ... a point of an implausible (repaired) curve
 CONFIRM_STEPS = 64  # steps observed before a curve measured in this process is written back
 RATIO_LIMIT = 100.0  # a step counts as at most this factor off the starting curve
+MIN_SECONDS = 1e-9  # the least a step is priced at: ratios of steps never divide by zero
 
 
 def row_grid(max_rows: int) -> tuple[int, ...]:
@@ -67,9 +68,9 @@ class CostModel:
         self.start = self.seconds.copy()
         self.seen, self.mean, self.shrink, self.work = (np.zeros_like(self.seconds) for _ in range(4))
 
-    def step(self, q: np.ndarray) -> np.ndarray:
+    def step(self, q: np.ndarray | float) -> np.ndarray:
         """Expected seconds of a decode step with q rows (interpolated; linear past the last point)."""
-        return np.maximum(_extend(self.rows, self.seconds, q), 1e-9)
+        return np.maximum(_extend(self.rows, self.seconds, q), MIN_SECONDS)
 
     def observe(self, q: int, seconds: float) -> None:
         """A step over q rows took ``seconds``: refine the curve.
@@ -131,7 +132,7 @@ def flat_curve(curve: CostModel) -> CostModel:
                      smoothing=0.0)
 
 
-def _extend(rows: np.ndarray, seconds: np.ndarray, q) -> np.ndarray:
+def _extend(rows: np.ndarray, seconds: np.ndarray, q: np.ndarray | float) -> np.ndarray:
     """seconds at q: interpolated between rows, extended along the last segment (never down) past them."""
     q = np.asarray(q, dtype=np.float64)
     inside = np.interp(q, rows, seconds)

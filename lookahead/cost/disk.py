@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from .measure import implausibility
 
@@ -48,7 +49,7 @@ def _read(path: str, fingerprint: dict) -> tuple[list[float], list[list[float]]]
     return seconds, routes
 
 
-def _positive_floats(values, size: int) -> bool:
+def _positive_floats(values: object, size: int) -> TypeGuard[list[float]]:
     """Whether values is a list of ``size`` positive floats."""
     return isinstance(values, list) and len(values) == size and all(isinstance(v, float) and v > 0 for v in values)
 

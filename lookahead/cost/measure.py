@@ -23,15 +23,20 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import psutil
 import torch
+from numpy.typing import ArrayLike
 
 from ..model.mask import PastSlots
 from ..model.routing import Route, candidate_routes, kernel_applies, route_mode
 from ..model.support import AttentionLayout
 from ..model.target import Target, input_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MIN_PASSES = 3  # measuring stops once this many passes in a row agree ...
 AGREE = 1.25  # ... every row count's slowest within this factor of its fastest
@@ -45,7 +50,7 @@ MEASURE_CAP_S = 30.0  # ... and a retry only when it should end within this many
 
 
 # ---------------------------------------------------------------- plausibility
-def implausibility(rows, times) -> str | None:
+def implausibility(rows: ArrayLike, times: ArrayLike) -> str | None:
     """Why a measured curve cannot be what steps cost, or None when it looks plausible.
 
     times [P, S] holds P passes over the row counts rows [S] (with one pass only
@@ -85,7 +90,7 @@ def implausibility(rows, times) -> str | None:
     return None
 
 
-def repair(rows, seconds) -> np.ndarray:
+def repair(rows: ArrayLike, seconds: ArrayLike) -> np.ndarray:
     """A plausible curve [S] near an implausible one, for this run only (never cached).
 
     No size may cost more than a larger one (a spike drops to the cheapest
@@ -154,7 +159,7 @@ def measure_curve(time_one: Callable[[int], float], rows: tuple[int, ...], repea
     time seen at each size (load only ever adds time), repaired.
     """
     start = clock()
-    tried = []  # [P, S] arrays of the implausible tries
+    tried: list[np.ndarray] = []  # [P, S] arrays of the implausible tries
     problem = None
     for _ in range(ATTEMPTS):
         began = clock()
@@ -172,7 +177,7 @@ def measure_curve(time_one: Callable[[int], float], rows: tuple[int, ...], repea
 
 
 # ---------------------------------------------------------------- one decode-shaped forward
-def decode_step_timer(model, layout: AttentionLayout, context: int, seed: int = 0,
+def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
                       batch: int = 1) -> Callable[[int, Route | None], float]:
     """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
     cached ones, run through ``route`` (model/routing.py; None: as torch is set).
@@ -219,7 +224,7 @@ def _step_pass(target: Target, tokens: np.ndarray, context: int):
     return lambda cache: target.step(cache, tokens, positions, local, offsets, context, slots)
 
 
-def measure_forward_seconds(model, layout: AttentionLayout, rows: tuple[int, ...], context: int,
+def measure_forward_seconds(model: PreTrainedModel, layout: AttentionLayout, rows: tuple[int, ...], context: int,
                             repeats: int, seed: int = 0, batch: int = 1, route: Route | None = None) -> list[float]:
     """Median seconds of one decode-shaped forward over q new rows through ``route``, for every q in rows.
 
@@ -237,10 +242,10 @@ PRUNE = 1.25  # a route over this times the fastest at every row count after one
 HOPELESS = 3.0  # ... and one over this times the fastest at one row count is not even timed at the others
 
 
-def measured_routes(model, few_row_matmul: bool) -> list:
+def measured_routes(model: PreTrainedModel, few_row_matmul: bool) -> list:
     """The routes a forward of this model is measured through: on the CPU torch's threads and one,
     through torch's linear and (``few_row_matmul``) lookahead's; elsewhere [None] (as set)."""
-    device, dtype = input_device(model), model.get_input_embeddings().weight.dtype
+    device, dtype = input_device(model), cast(torch.Tensor, model.get_input_embeddings().weight).dtype
     if device.type != "cpu":
         return [None]
     return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype))
@@ -284,6 +289,11 @@ def first_pass(time_one: Callable[[int, Route | None], float], rows: tuple[int, 
     return first
 
 
+def _through(time_one: Callable[[int, Route | None], float], route: Route | None) -> Callable[[int], float]:
+    """``time_one`` with its route fixed: seconds of one forward over q rows through ``route``."""
+    return lambda q: time_one(q, route)
+
+
 def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list,
                    repeats: int, cap_s: float = MEASURE_CAP_S,
                    clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, Measurement]:
@@ -299,7 +309,7 @@ def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[i
     seconds = first.copy() if first.shape[0] else np.zeros((len(routes), len(rows)))
     parts = []
     for i in kept:
-        part = measure_curve(lambda q, r=routes[i]: time_one(q, r), rows, repeats, cap_s / len(kept), clock)
+        part = measure_curve(_through(time_one, routes[i]), rows, repeats, cap_s / len(kept), clock)
         seconds[i] = part.seconds
         parts.append(part)
     best = seconds.min(axis=0)  # [S]

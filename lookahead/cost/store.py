@@ -17,9 +17,11 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from ..model.routing import Routing
 from ..model.support import AttentionLayout
@@ -38,6 +40,9 @@ from .measure import (
     short_duration,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
 ROUTES_VERSION = 3  # in cost curves' fingerprints: a change to the routes or kernels re-measures
 
@@ -49,7 +54,7 @@ def say_on_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
+def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr,
                     few_row_matmul: bool = True) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent.
@@ -85,18 +90,19 @@ def load_cost_model(model, layout: AttentionLayout, max_rows: int, context: int,
     routing = _routing(rows, routes, every)
     wrong = measured.problem is not None
     keep = store is not None and not wrong and busy < LOAD_LIMIT
-    unwritten = store.save(measured.seconds.tolist(), every.tolist()) if keep else None
+    unwritten = store.save(measured.seconds.tolist(), every.tolist()) if keep and store is not None else None
     say(outcome(fingerprint, rows, measured, store, routing, busy, unwritten))
     return CostModel(np.array(rows, dtype=np.float64), measured.seconds, routing=routing, repaired=wrong,
                      store=store if busy < LOAD_LIMIT else None, trust=TRUST_REPAIRED if wrong else TRUST_MEASURED)
 
 
-def _routing(rows: tuple[int, ...], routes: list, seconds) -> Routing | None:
+def _routing(rows: tuple[int, ...], routes: list, seconds: ArrayLike) -> Routing | None:
     """The Routing over these routes' curves [R][S] (None off the CPU, where forwards run as set)."""
     return Routing(np.array(rows), routes, np.array(seconds)) if routes != [None] else None
 
 
-def model_fingerprint(model, rows: tuple[int, ...], context: int, repeats: int, routes: list = ()) -> dict:
+def model_fingerprint(model: PreTrainedModel, rows: tuple[int, ...], context: int, repeats: int,
+                      routes: list | tuple = ()) -> dict:
     """What the measured curve depends on.
 
     The device is where the inputs go (target.input_device: with a device_map

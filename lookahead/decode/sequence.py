@@ -163,7 +163,7 @@ class Sequence:
         """
         choice = self.verifier.finish(host, plan.rows, plan.tree, plan.keep.shape[0])
         self.planner.learn(plan.tree, choice.path, plan.rows.window)
-        if self.recycled is not None:
+        if self.recycled is not None and choice.top is not None:  # top: every kept row's top 2R, with recycling
             width = self.recycled.width
             self.recycled.learn(plan.tokens[plan.keep], choice.top[:, :width], choice.top[:, width:],
                                 self._previous(plan))

@@ -41,11 +41,14 @@ from ..kernels.estimates import backoff_estimates
 
 GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated
 # apart: a tree promising 0.7 on open text and one promising 8 on a copy are trusted apart
-GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded what they promised: a fresh level is trusted
-GAIN_DECAY = 0.98  # weight of the past per step, speculative or not: about the last 50 steps count, so the trust follows the text
+GAIN_PRIOR_TREES = 1.0  # each level starts as if this many trees had yielded what they promised: a fresh level
+# is trusted
+GAIN_DECAY = 0.98  # weight of the past per step, speculative or not: about the last 50 steps count, so the
+# trust follows the text
 PRIOR_STRENGTH = 4.0  # trials a class's prior counts as at every depth: a few verified nodes already move it
 HORIZON = 400.0  # trials past which a cell's counts are halved, so the estimates follow the text being generated
-GAIN_RANGE = (0.1, 1.5)  # a level's trust stays in here: never so low it stops a level for good, nor so high one lucky copy inflates it
+GAIN_RANGE = (0.1, 1.5)  # a level's trust stays in here: never so low it stops a level for good, nor so high
+# that one lucky copy inflates it
 
 
 class GainCalibration:

@@ -20,13 +20,14 @@ from functools import lru_cache
 import numpy as np
 
 from ..config import LookaheadConfig
+from ..cost import CostModel
 
 AUTO_WINDOW = (15, 5)  # (W, N) of the window auto_window opens: LADE's GPU setting, where rows are nearly free
 CHEAP_STEP = 1.3  # auto_window opens it where a step over 1 + max_tree_nodes rows costs at most this many
 # one-row steps: only there can the budget afford to feed it
 
 
-def auto_window(config: LookaheadConfig, cost) -> LookaheadConfig:
+def auto_window(config: LookaheadConfig, cost: CostModel | None) -> LookaheadConfig:
     """The config a decode runs with: ``config`` itself, or with the AUTO_WINDOW window where
     ``config.auto_window`` asks for one (window=1 and an adaptive budget) and the cost curve
     ``cost`` (a CostModel, or None) prices a step over 1 + max_tree_nodes rows at most

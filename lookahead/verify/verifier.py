@@ -113,7 +113,8 @@ class Verifier:
         if self.recycle_width is not None:
             parts.append(top_successors(logits, self.recycle_width).reshape(-1))  # [K * 2R]
         decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
-        fast = self.top_k is not None and decide.device.type == "cpu"
+        top_k = self.top_k if decide.device.type == "cpu" else None  # drawn from the top k directly
+        fast = top_k is not None
         scores = self._processed(decide, tree, seq, stop, self.row_processing if fast else self.decoding)
         if self.uniforms is None:
             parts.append(row_argmax(scores))  # [1 + M]: exactly what greedy decoding picks
@@ -121,7 +122,7 @@ class Verifier:
             depths = np.concatenate([[0], tree.depths])  # [1 + M]
             positions = stop - self.prompt_len + depths  # [1 + M] output positions decided
             u = to_device(self.uniforms.at(positions), scores.device)  # [1 + M]
-            chosen = sample_top_k(scores, self.top_k, u) if fast else sample_rows(scores, u)  # [1 + M]
+            chosen = sample_top_k(scores, top_k, u) if top_k is not None else sample_rows(scores, u)  # [1 + M]
             if drawn is not None:
                 full = self.decoding.processors[-1](None, scores[drawn.rows]) if fast else scores[drawn.rows]
                 test = to_device(self.uniforms.at(positions[drawn.rows], lane=1), scores.device)  # [R]

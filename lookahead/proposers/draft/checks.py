@@ -3,16 +3,22 @@ vocabulary, on the target's device (unless the caller says otherwise)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 
 from ...errors import DraftModelError
 from ...model.support import AttentionLayout, UnsupportedModelError, check_model
 from ...model.target import input_device
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 OTHER_VOCABULARY = "token ids cannot pass between them; pick a draft of the target's family with the same tokenizer"
 
 
-def check_draft(target, draft, tokenizer=None, draft_tokenizer=None, allow_other_device: bool = False,
+def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
+                draft_tokenizer: PreTrainedTokenizerBase | None = None, allow_other_device: bool = False,
                 allow_untested: bool = False) -> AttentionLayout:
     """Raise DraftModelError unless ``draft`` can draft for ``target``; its attention layout.
 
@@ -28,8 +34,7 @@ def check_draft(target, draft, tokenizer=None, draft_tokenizer=None, allow_other
         layout = check_model(draft, allow_untested)
     except UnsupportedModelError as exc:
         raise DraftModelError(f"draft_model: {exc}") from None
-    target_vocab = int(target.get_input_embeddings().weight.shape[0])
-    draft_vocab = int(draft.get_input_embeddings().weight.shape[0])
+    target_vocab, draft_vocab = _vocabulary(target), _vocabulary(draft)
     if target_vocab != draft_vocab:
         raise DraftModelError(f"the draft's vocabulary ({draft_vocab} tokens) differs from the target's "
                               f"({target_vocab} tokens): {OTHER_VOCABULARY}")
@@ -42,7 +47,7 @@ def check_draft(target, draft, tokenizer=None, draft_tokenizer=None, allow_other
     return layout
 
 
-def check_draft_source(target, draft_name: str, cache_dir=None) -> None:
+def check_draft_source(target: PreTrainedModel, draft_name: str, cache_dir: str | None = None) -> None:
     """Raise DraftModelError before the draft named draft_name loads when the vocabulary it declares
     (its config.json or GGUF header: models.declared_vocab_size) differs from the target's embeddings.
 
@@ -52,13 +57,19 @@ def check_draft_source(target, draft_name: str, cache_dir=None) -> None:
     from ...loading.models import declared_vocab_size
 
     draft_vocab = declared_vocab_size(draft_name, cache_dir)
-    target_vocab = int(target.get_input_embeddings().weight.shape[0])
+    target_vocab = _vocabulary(target)
     if draft_vocab is not None and draft_vocab != target_vocab:
         raise DraftModelError(f"the draft model {draft_name} declares a vocabulary of {draft_vocab} tokens (its "
                               f"config, read before its weights), the target has {target_vocab}: {OTHER_VOCABULARY}")
 
 
-def _check_tokenizers(tokenizer, draft_tokenizer) -> None:
+def _vocabulary(model: PreTrainedModel) -> int:
+    """Rows of the model's input embedding: the ids it can read."""
+    return int(cast(torch.Tensor, model.get_input_embeddings().weight).shape[0])
+
+
+def _check_tokenizers(tokenizer: PreTrainedTokenizerBase | None,
+                      draft_tokenizer: PreTrainedTokenizerBase | None) -> None:
     """Raise DraftModelError when both tokenizers are given and their vocabularies differ."""
     if tokenizer is None or draft_tokenizer is None:
         return

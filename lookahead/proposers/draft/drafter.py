@@ -21,6 +21,7 @@ only how often it is right).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,6 +30,9 @@ from ...model.cache import cache_keyword, new_cache
 from ...model.fewrows import FewRowLinear
 from ...model.routing import Routing, route_mode
 from ...model.target import input_device, to_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def common_prefix(held: np.ndarray, seq: np.ndarray) -> int:
@@ -44,7 +48,7 @@ def common_prefix(held: np.ndarray, seq: np.ndarray) -> int:
 class Drafter:
     """One sequence's draft-model state: its cache and the tokens [H] it holds."""
 
-    def __init__(self, model, routing: Routing | None = None, context: int = 0,
+    def __init__(self, model: PreTrainedModel, routing: Routing | None = None, context: int = 0,
                  linears: FewRowLinear | None = None):
         """``context``: most rows one catch-up feeds (0: no bound, the whole text). ``routing``: how
         the draft's forwards run on this CPU, measured with its cost curve (None: as torch is set);

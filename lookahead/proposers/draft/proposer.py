@@ -51,6 +51,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -61,6 +62,9 @@ from ...core.tree import TokenTree, matched_depth
 from ..base import Candidates, Outcome, Source, StepContext, no_candidates
 from .drafter import Drafter
 from .worth import DraftWorth
+
+if TYPE_CHECKING:
+    from ...cost import CostModel
 
 CONFIDENCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])  # bucket = count of edges <= probability: a draft
 # sure of its token is accepted far more often, so its chain tokens are scored per bucket
@@ -93,7 +97,7 @@ class DraftProposer(Source):
     priors = np.concatenate([CHAIN_PRIORS, ALTERNATIVE_PRIORS])
 
     def __init__(self, drafter: Drafter, decoding: Decoding, max_tokens: int, alternatives: int,
-                 cost_ratio: Callable[[int], float], seed: int, cost=None):
+                 cost_ratio: Callable[[int], float], seed: int, cost: CostModel | None = None):
         """``cost_ratio(rows)``: seconds of a draft forward over ``rows`` rows over those of a plain target step
         (0 = drafting is free: chains run to max_tokens); ``seed`` seeds the draws when sampling;
         ``cost``: the draft's CostModel, refined by every draft forward's measured time."""
@@ -167,7 +171,10 @@ class DraftProposer(Source):
         if first_cost > ratio and not _recoups(first_cost - ratio, ratio, rate, tokens, steps, room):
             return no_candidates()
         logits = self.drafter.sync(seq, stop)  # [V] (the prompt too, at first)
-        chain, classes, dists, branches = [], [], [], []
+        chain: list[int] = []
+        classes: list[int] = []
+        dists: list[torch.Tensor] = []
+        branches: list[tuple[list[int], list[int]]] = []
         path, catch_up = 1.0, 0.0
         tick = began
         while True:
@@ -193,8 +200,8 @@ class DraftProposer(Source):
             logits = self.drafter.feed(token)
         self.drafted += len(chain)
         rows = [(chain, classes)] + branches[:max(0, limit - 1)]
-        q = torch.stack(dists) if self.rng is not None else None  # [L, V] the draws' distributions
-        return _candidates(rows, q, time.perf_counter() - began, catch_up)
+        drawn_q = torch.stack(dists) if self.rng is not None else None  # [L, V] the draws' distributions
+        return _candidates(rows, drawn_q, time.perf_counter() - began, catch_up)
 
     def _observe(self, rows: int, since: float) -> float:
         """One draft forward over ``rows`` rows (and its read-back) ended now: refine the draft's curve."""

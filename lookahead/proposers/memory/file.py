@@ -16,18 +16,23 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import MemoryFileError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MAGIC = b"LOOKAHEAD-MEMORY\n"
 VERSION = 1  # raise when the layout changes: older files are then refused, not misread
 DIGEST = 32  # bytes of the trailing SHA-256
 
 
-def vocabulary_key(tokenizer, vocab: int) -> str:
+def vocabulary_key(tokenizer: PreTrainedTokenizerBase | None, vocab: int) -> str:
     """What ties a file to its tokenizer: a digest of the tokenizer's vocabulary (token -> id), or
     the vocabulary size alone when there is no tokenizer."""
     if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
@@ -89,7 +94,7 @@ def damaged(where: str, what: str) -> MemoryFileError:
 
 
 @contextlib.contextmanager
-def locked(path: Path):
+def locked(path: Path) -> Iterator[None]:
     """An exclusive lock on ``<path>.lock`` while writing path (other writers wait)."""
     with open(f"{path}.lock", "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -18,6 +18,7 @@ the same way is copied deep, a short one that went several ways barely.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -73,11 +74,11 @@ class RequestMemory:
         self.store.add(seq[0 if self.prompts else max(prompt_len - PROMPT_TAIL, 0):stop])
         self.seconds += time.perf_counter() - began
 
-    def save(self, path) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write what the store holds to path (atomically; file.py)."""
         file.write(path, self.store.held(), self.vocabulary)
 
-    def load(self, path) -> None:
+    def load(self, path: str | os.PathLike[str]) -> None:
         """Replace what the store holds with the requests saved at path (refused whole when the file
         fails a check: the store is then left as it was)."""
         requests = file.read(path, self.vocabulary, self.vocab)
@@ -93,7 +94,7 @@ class MemoryProposer(Source):
 
     name = "memory"
 
-    def __init__(self, memory, length: int = MATCH_CAP):
+    def __init__(self, memory: RequestMemory, length: int = MATCH_CAP):
         self.memory = memory
         self.length = length
         self.priors = memory.priors

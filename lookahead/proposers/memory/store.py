@@ -57,7 +57,8 @@ class SuffixStore:
         store_append(tokens, self.ring, self.heads, self.chain, self.state, ORDERS)
         store_separate(self.ring, self.state)
 
-    def lookup(self, seq: np.ndarray, stop: int, limit: int, length: int = MATCH_CAP):
+    def lookup(self, seq: np.ndarray, stop: int, limit: int,
+               length: int = MATCH_CAP) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Up to ``limit`` continuations of seq[:stop]: (tokens [G, L], lens [G], classes [G, L], order)
         (kernels/suffix.store_lookup; order -1: no suffix of it occurred)."""
         return store_lookup(seq, stop, self.ring, self.heads, self.chain, self.state, ORDERS, limit, length,
