@@ -50,10 +50,7 @@ class CostModel:
     store: CurveStore | None = None  # where the refined curve goes once confirmed (measured in this process)
     repaired: bool = False  # the start is a repaired implausible measurement: kept only once steps covered it
     routing: Routing | None = None  # how forwards run on this CPU (model/routing.py), saved beside the curve
-    # The curve is kept as measured, dips included: on CPUs a matrix product over 16 rows
-    # can be faster than over 12, and the budget should use that. Noise is fought with the
-    # median of several passes instead, and a disturbance far beyond a dip is caught by
-    # ``implausibility`` before the curve is kept.
+    # Kept as measured, dips included (docs/DESIGN.md, "The cost curve").
     start: np.ndarray = field(init=False, repr=False)  # [S] the curve as it began (measured or read)
     seen: np.ndarray = field(init=False, repr=False)  # [S] steps observed at each point (interpolation weight)
     mean: np.ndarray = field(init=False, repr=False)  # [S] running mean of log(taken / start) there

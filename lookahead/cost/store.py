@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
 ROUTES_VERSION = 3  # in cost curves' fingerprints: a change to the routes or kernels re-measures
+KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
+SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 
 Say = Callable[[str], None]
 
@@ -76,7 +78,7 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
         fingerprint["batch"] = batch
     store = None
     if cache_dir:
-        key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]
+        key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:KEY_DIGITS]
         store = CurveStore(os.path.join(os.path.expanduser(cache_dir), f"{key}.json"), fingerprint)
         saved = store.read()
         if saved is not None:
@@ -135,7 +137,7 @@ def announcement(fingerprint: dict, rows: tuple[int, ...], estimate: tuple[float
     name = fingerprint["name_or_path"] or fingerprint["model_type"]
     batch = f", batch of {fingerprint['batch']}" if "batch" in fingerprint else ""
     likely, longest = estimate
-    duration = f"about {_s(likely)}" + (f" (up to {_s(longest)})" if longest > 1.5 * likely else "")
+    duration = f"about {_s(likely)}" + (f" (up to {_s(longest)})" if longest > SPREAD_SAID * likely else "")
     kept = f"once, then read from {os.path.dirname(store.path)}" if store is not None else \
         "not kept: cost_cache_dir is empty"
     return (f"lookahead: measuring the step cost of {name} on {fingerprint['device']} "

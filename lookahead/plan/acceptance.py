@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..core.learner import DecayedRatio
-from ..kernels.estimates import backoff_estimates
+from ..kernels.estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates
 
 GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated
 # apart: a tree promising 0.7 on open text and one promising 8 on a copy are trusted apart
@@ -47,6 +47,7 @@ GAIN_DECAY = 0.98  # weight of the past per step, speculative or not: about the 
 # trust follows the text
 PRIOR_STRENGTH = 4.0  # trials a class's prior counts as at every depth: a few verified nodes already move it
 HORIZON = 400.0  # trials past which a cell's counts are halved, so the estimates follow the text being generated
+LEAST_PROMISE = 1e-9  # promises are read on a log scale: nothing (0) counts as this, below every level
 GAIN_RANGE = (0.1, 1.5)  # a level's trust stays in here: never so low it stops a level for good, nor so high
 # that one lucky copy inflates it
 
@@ -83,7 +84,7 @@ class GainCalibration:
         Fresh: [0.5, 3.0] -> [0.5, 3.0]; after many trees promising 0.7 that
         yielded nothing, 0.7 maps to about 0.07 while 8.0 stays near 8.0.
         """
-        at = np.log(np.maximum(promised, 1e-9))
+        at = np.log(np.maximum(promised, LEAST_PROMISE))
         return promised * np.interp(at, self.logs, self.factors())
 
     def _weights(self, promised: float) -> np.ndarray:
@@ -133,7 +134,8 @@ class AcceptanceStats:
         that deep, and so never learn. Prior .5, strength 4, depth 1 seen 2 of 2 ->
         (2 + 4 * .5) / (2 + 4) = .67 there, and (0 + 4 * .67) / (0 + 4) = .67 at depth 2.
         """
-        return backoff_estimates(self.prior, self.seen_hits, self.seen_trials, self.weight, 1e-4, 0.9999)
+        return backoff_estimates(self.prior, self.seen_hits, self.seen_trials, self.weight, ESTIMATE_FLOOR,
+                                 ESTIMATE_CEILING)
 
     def block(self, source: int, estimates: np.ndarray) -> np.ndarray:
         """Rows of ``estimates`` that belong to source number ``source``."""

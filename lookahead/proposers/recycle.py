@@ -32,13 +32,14 @@ PAIR_SLOTS = 65521  # slots of the pair table (a prime: kernels/recycle.py's pai
 CONFIDENCE_EDGES = (0.25, 0.5, 0.75, 0.9)  # bucket b holds top-R probabilities in [edge b-1, edge b)
 BUCKETS = len(CONFIDENCE_EDGES) + 1
 BUCKET_MIDDLES = np.array([0.12, 0.37, 0.62, 0.82, 0.95])  # a typical probability in each bucket
+RANK_DAMPING = 0.8  # a rank-r successor's prior is its bucket's middle times this / (1 + r): it may be stale
 
 
 def rank_priors(width: int) -> np.ndarray:
     """Assumed acceptance [2 * R * B] of a successor of rank r in confidence bucket b (a token's:
     class r * B + b; a pair's: R * B + r * B + b) before any is measured: the bucket's typical
     probability, damped by rank (a remembered successor may be stale)."""
-    damp = 0.8 / (1.0 + np.arange(width))  # [R]
+    damp = RANK_DAMPING / (1.0 + np.arange(width))  # [R]
     single = (damp[:, None] * BUCKET_MIDDLES[None, :]).reshape(-1)  # [R * B]
     return np.concatenate([single, single])
 

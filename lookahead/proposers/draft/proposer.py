@@ -41,9 +41,8 @@ catch-up is a one-off, not part of what a drafting step costs from then
 on: ``rate`` measures the draft's forwards as if each read one row, and the
 catch-up's extra rows are paid only when the steps still to come would win
 them back (``_recoups``: the gain ``rate`` promises per one-forward draft,
-over the steps the remaining tokens take). Charging the catch-up to the
-rate instead made every try look bad, so the draft fell silent, so the next
-try had to catch up again.
+over the steps the remaining tokens take; docs/DESIGN.md says why the
+catch-up is kept out of the rate).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ DRAFT_PRIORS = np.array([0.6, 0.4, 0.2])  # tokens one draft forward is first as
 # where the free trie covers more
 DRAFT_DECAY = 0.95  # weight of the past per step, drafted or not: about the last 20 steps count, so a band that
 # stopped drafting is tried again soon
+LEAST_FORWARD = 1e-9  # the least a draft forward is priced at, in plain steps: a rate never divides by 0
 
 
 class DraftWorth:
@@ -68,4 +69,4 @@ class DraftWorth:
         Fresh, forward 0.4: 1.5 at coverage 0.3; after draft steps there that cost
         10 plain steps and added 1 token in all, (1 + 0.6) / (10 + 0.4) = 0.15.
         """
-        return self.ratio.value(self.band(covered), prior_den=max(forward, 1e-9))
+        return self.ratio.value(self.band(covered), prior_den=max(forward, LEAST_FORWARD))
