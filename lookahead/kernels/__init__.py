@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .estimates import backoff_estimates
+from .estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates
 from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
-from .walk import accept_walk
 from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
+from .walk import accept_walk
 
 
 def warmup() -> None:
     """Compile (or load from numba's on-disk cache) every kernel on tiny arrays."""
     seq = np.array([1, 2, 3, 1, 2], dtype=np.int64)
-    backoff_estimates(np.full(1, 0.5), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), 1e-4, 0.9999)
+    backoff_estimates(np.full(1, 0.5), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), ESTIMATE_FLOOR,
+                      ESTIMATE_CEILING)
     match_continuations(seq, 5, 1, 2, 2, 2)
     pool = new_pool(8, 4, 2, 2)
     pool_insert_sequence(seq, 0, 5, *pool)

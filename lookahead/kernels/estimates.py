@@ -11,9 +11,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+ESTIMATE_FLOOR = 1e-4  # the least chance an estimate gives (lo of the caller's clip): no token is ever sure to fail
+ESTIMATE_CEILING = 0.9999  # the greatest (hi): no token is ever sure to hold
+
 
 @njit(cache=True)
-def backoff_estimates(prior, hits, trials, weight, lo, hi):
+def backoff_estimates(prior: np.ndarray, hits: np.ndarray, trials: np.ndarray, weight: np.ndarray, lo: float,
+                      hi: float) -> np.ndarray:
     """[C, D] estimates from prior [C] and the seen hits, trials and the prior's weight [C, D].
 
     Worked example: prior [.5], hits [[2 0]], trials [[2 0]], weight [[4 4]] ->

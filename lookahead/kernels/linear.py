@@ -27,10 +27,10 @@ FLAGS = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; NaN 
 
 BLOCK = 4  # rows (and, in the wide kernel, outputs) summed together in registers
 WIDE_ROWS = 9  # from this many rows the wide kernel always pays
-WIDE_INPUTS = 1024  # ... and from 3 rows when a weight row is this long (Qwen-1.5B's layers, not SmolLM2's)
+WIDE_INPUTS = 1024  # ... and from 3 rows when a weight row is at least this long
 
 
-def rows_linear(w, x):
+def rows_linear(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """out [R, O] = x [R, I] @ w [O, I]^T, both C-contiguous and of one float dtype.
 
     Narrow kernel: each thread streams its weight rows one at a time (one stream per core),
@@ -50,7 +50,7 @@ def rows_linear(w, x):
 
 
 @njit(fastmath=FLAGS, cache=True, inline="always")
-def _dot(w, x, o, r):
+def _dot(w: np.ndarray, x: np.ndarray, o: int, r: int):
     """sum_i w[o, i] x[r, i]."""
     total = x.dtype.type(0)
     for i in range(w.shape[1]):
@@ -59,7 +59,7 @@ def _dot(w, x, o, r):
 
 
 @njit(parallel=True, fastmath=FLAGS, cache=True)
-def _rows_linear_narrow(w, x):
+def _rows_linear_narrow(w: np.ndarray, x: np.ndarray):
     """rows_linear, one weight row at a time."""
     outputs, inputs = w.shape
     rows = x.shape[0]
@@ -81,7 +81,7 @@ def _rows_linear_narrow(w, x):
 
 
 @njit(parallel=True, fastmath=FLAGS, cache=True)
-def _rows_linear_wide(w, x):
+def _rows_linear_wide(w: np.ndarray, x: np.ndarray):
     """rows_linear, BLOCK weight rows by BLOCK input rows at a time."""
     outputs, inputs = w.shape
     rows = x.shape[0]

@@ -20,7 +20,7 @@ MATCH_CAP = 64  # longest match length measured
 
 
 @njit(cache=True)
-def _same(seq, a, b, n):
+def _same(seq: np.ndarray, a: int, b: int, n: int):
     """seq[a : a + n] == seq[b : b + n]."""
     for k in range(n):
         if seq[a + k] != seq[b + k]:
@@ -29,7 +29,7 @@ def _same(seq, a, b, n):
 
 
 @njit(cache=True)
-def _is_duplicate(out, lens, count, seq, start, length):
+def _is_duplicate(out: np.ndarray, lens: np.ndarray, count: int, seq: np.ndarray, start: int, length: int):
     """Whether seq[start : start + length] equals a candidate already in out."""
     for c in range(count):
         if lens[c] != length:
@@ -45,7 +45,7 @@ def _is_duplicate(out, lens, count, seq, start, length):
 
 
 @njit(cache=True)
-def _extend_back(seq, j, tail, n):
+def _extend_back(seq: np.ndarray, j: int, tail: int, n: int):
     """Length of the match seq[j:j+n] == seq[tail:tail+n] extended to the left (<= MATCH_CAP)."""
     full = n
     while full < MATCH_CAP and j - 1 - (full - n) >= 0 and seq[j - 1 - (full - n)] == seq[tail - 1 - (full - n)]:
@@ -54,7 +54,8 @@ def _extend_back(seq, j, tail, n):
 
 
 @njit(cache=True)
-def match_continuations(seq, stop, min_n, max_n, length, limit):
+def match_continuations(seq: np.ndarray, stop: int, min_n: int, max_n: int, length: int,
+                        limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Continuations of the suffix of seq[:stop], longest suffix match first.
 
     Returns (out[limit, length], lens[limit], matched[limit], count): rows

@@ -21,7 +21,8 @@ import numpy as np
 from numba import njit
 
 
-def new_pool(vocab: int, rows: int, capacity: int, length: int):
+def new_pool(vocab: int, rows: int, capacity: int,
+             length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Fresh pool arrays: slot_of[V], key_of[R], grams[R, C, L], gram_stamp[R, C], row_stamp[R], clock[2]."""
     slot_of = np.full(vocab, -1, dtype=np.int64)  # [V]
     key_of = np.full(rows, -1, dtype=np.int64)  # [R]
@@ -33,7 +34,8 @@ def new_pool(vocab: int, rows: int, capacity: int, length: int):
 
 
 @njit(cache=True)
-def _row_for(key, slot_of, key_of, gram_stamp, row_stamp, clock):
+def _row_for(key: int, slot_of: np.ndarray, key_of: np.ndarray, gram_stamp: np.ndarray, row_stamp: np.ndarray,
+             clock: np.ndarray):
     """Row of key, allocating (or evicting the least recently used row) when absent."""
     row = slot_of[key]
     if row >= 0:
@@ -51,7 +53,8 @@ def _row_for(key, slot_of, key_of, gram_stamp, row_stamp, clock):
 
 
 @njit(cache=True)
-def pool_insert(key, cont, slot_of, key_of, grams, gram_stamp, row_stamp, clock):
+def pool_insert(key: int, cont: np.ndarray, slot_of: np.ndarray, key_of: np.ndarray, grams: np.ndarray,
+                gram_stamp: np.ndarray, row_stamp: np.ndarray, clock: np.ndarray) -> None:
     """Insert continuation cont[L] under first token key (de-duplicated, LRU)."""
     if key < 0 or key >= slot_of.shape[0]:
         return
@@ -70,20 +73,22 @@ def pool_insert(key, cont, slot_of, key_of, grams, gram_stamp, row_stamp, clock)
         if same:
             gram_stamp[row, c] = clock[0]
             return
-    c = np.argmin(gram_stamp[row])
-    grams[row, c, :] = cont
-    gram_stamp[row, c] = clock[0]
+    oldest = np.argmin(gram_stamp[row])
+    grams[row, oldest, :] = cont
+    gram_stamp[row, oldest] = clock[0]
 
 
 @njit(cache=True)
-def pool_insert_grams(full, slot_of, key_of, grams, gram_stamp, row_stamp, clock):
+def pool_insert_grams(full: np.ndarray, slot_of: np.ndarray, key_of: np.ndarray, grams: np.ndarray,
+                      gram_stamp: np.ndarray, row_stamp: np.ndarray, clock: np.ndarray) -> None:
     """Insert every row of full[M, N] as key full[m, 0] -> full[m, 1:]."""
     for m in range(full.shape[0]):
         pool_insert(full[m, 0], full[m, 1:], slot_of, key_of, grams, gram_stamp, row_stamp, clock)
 
 
 @njit(cache=True)
-def pool_insert_sequence(seq, start, stop, slot_of, key_of, grams, gram_stamp, row_stamp, clock):
+def pool_insert_sequence(seq: np.ndarray, start: int, stop: int, slot_of: np.ndarray, key_of: np.ndarray,
+                         grams: np.ndarray, gram_stamp: np.ndarray, row_stamp: np.ndarray, clock: np.ndarray) -> None:
     """Insert the n-grams seq[i : i + N] that lie inside seq[:stop] for i >= start."""
     n = grams.shape[2] + 1
     for i in range(max(start, 0), stop - n + 1):
@@ -91,7 +96,7 @@ def pool_insert_sequence(seq, start, stop, slot_of, key_of, grams, gram_stamp, r
 
 
 @njit(cache=True)
-def pool_lookup(key, limit, slot_of, grams, gram_stamp):
+def pool_lookup(key: int, limit: int, slot_of: np.ndarray, grams: np.ndarray, gram_stamp: np.ndarray) -> np.ndarray:
     """Up to limit continuations [k, L] of key, most recently used first."""
     length = grams.shape[2]
     if key < 0 or key >= slot_of.shape[0] or slot_of[key] < 0 or limit <= 0:

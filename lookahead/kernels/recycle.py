@@ -34,7 +34,7 @@ from numba import njit
 
 
 @njit(cache=True)
-def pair_slot(prev, token, slots):
+def pair_slot(prev: int, token: int, slots: int) -> int:
     """The pair table's slot of (prev, token) among ``slots`` (a prime, so every bit counts).
 
     pair_slot(3, 7, 11) = (3 * 1000003 + 7) % 11 = 8.
@@ -43,7 +43,8 @@ def pair_slot(prev, token, slots):
 
 
 @njit(cache=True)
-def pair_learn(prev, tokens, top, buckets, pair_keys, pair_adj, pair_conf):
+def pair_learn(prev: np.ndarray, tokens: np.ndarray, top: np.ndarray, buckets: np.ndarray, pair_keys: np.ndarray,
+               pair_adj: np.ndarray, pair_conf: np.ndarray) -> None:
     """Row i carried tokens[i] after prev[i] (-1: unknown, skipped); the model's top-R there were
     top[i, :R] with confidence buckets[i, :R]: remember them for the pair (the newest wins a slot)."""
     slots = pair_keys.shape[0]
@@ -60,7 +61,9 @@ def pair_learn(prev, tokens, top, buckets, pair_keys, pair_adj, pair_conf):
 
 
 @njit(cache=True)
-def _offers(adj, conf, pair_keys, pair_adj, pair_conf, buckets, prev, token, depth, est, out_tok, out_cls, out_score):
+def _offers(adj: np.ndarray, conf: np.ndarray, pair_keys: np.ndarray, pair_adj: np.ndarray, pair_conf: np.ndarray,
+            buckets: int, prev: int, token: int, depth: int, est: np.ndarray, out_tok: np.ndarray, out_cls: np.ndarray,
+            out_score: np.ndarray):
     """Fill the successors a node (token after prev, at depth ``depth``) offers, best estimate
     first: the pair's, then the token's own that the pair's list lacks. Returns how many."""
     width = adj.shape[1]
@@ -105,7 +108,9 @@ def _offers(adj, conf, pair_keys, pair_adj, pair_conf, buckets, prev, token, dep
 
 
 @njit(cache=True)
-def grow_recycled_tree(adj, conf, pair_keys, pair_adj, pair_conf, buckets, x_prev, x, est, max_nodes):
+def grow_recycled_tree(adj: np.ndarray, conf: np.ndarray, pair_keys: np.ndarray, pair_adj: np.ndarray,
+                       pair_conf: np.ndarray, buckets: int, x_prev: int, x: int, est: np.ndarray,
+                       max_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Best-first tree under x (after x_prev) from the token and pair tables;
     (tokens, parents, depths, classes) of M <= max_nodes nodes."""
     offer = 2 * adj.shape[1]
@@ -148,7 +153,8 @@ def grow_recycled_tree(adj, conf, pair_keys, pair_adj, pair_conf, buckets, x_pre
 
 
 @njit(cache=True)
-def tree_paths(tokens, parents, depths, labels):
+def tree_paths(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray,
+               labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One row per leaf: (cands[G, L], lens[G], labels per token[G, L]) from x to the leaf."""
     size = tokens.shape[0]
     is_parent = np.zeros(size, dtype=np.bool_)

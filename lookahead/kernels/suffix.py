@@ -38,13 +38,14 @@ def new_store(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 
 @njit(cache=True)
-def _step_hash(h, token):
+def _step_hash(h: np.uint64, token: int):
     """One more token into a running hash (uint64, wrapping)."""
     return (h ^ np.uint64(token + 2)) * np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(cache=True)
-def store_append(tokens, ring, heads, chain, state, orders):
+def store_append(tokens: np.ndarray, ring: np.ndarray, heads: np.ndarray, chain: np.ndarray, state: np.ndarray,
+                 orders: np.ndarray) -> None:
     """Append tokens [n] (no SEP among them) at HEAD, indexing every order's k-gram that ends at
     each new position and lies after OLDEST. The caller keeps HEAD + n - OLDEST <= C (evicting
     whole requests first: proposers/memory.py).
@@ -78,14 +79,15 @@ def store_append(tokens, ring, heads, chain, state, orders):
 
 
 @njit(cache=True)
-def store_separate(ring, state):
+def store_separate(ring: np.ndarray, state: np.ndarray) -> None:
     """End a request: one SEP at HEAD (never indexed)."""
     ring[state[0] % ring.shape[0]] = SEP
     state[0] += 1
 
 
 @njit(cache=True)
-def _occurrences(seq, stop, ring, heads, chain, state, orders):
+def _occurrences(seq: np.ndarray, stop: int, ring: np.ndarray, heads: np.ndarray, chain: np.ndarray, state: np.ndarray,
+                 orders: np.ndarray):
     """(the longest order o whose k-gram ending at seq[stop-1] occurred with a token after it,
     its occurrences' positions [<= MAX_WALK], most recent first); o = -1 when none did."""
     capacity = ring.shape[0]
@@ -126,7 +128,9 @@ def _occurrences(seq, stop, ring, heads, chain, state, orders):
 
 
 @njit(cache=True)
-def store_lookup(seq, stop, ring, heads, chain, state, orders, limit, length, edges):
+def store_lookup(seq: np.ndarray, stop: int, ring: np.ndarray, heads: np.ndarray, chain: np.ndarray, state: np.ndarray,
+                 orders: np.ndarray, limit: int, length: int,
+                 edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Up to ``limit`` continuations of seq[:stop] from the store, most frequent first.
 
     Returns (tokens [G, L], lens [G], classes [G, L], order): the occurrences of the

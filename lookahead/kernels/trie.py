@@ -22,7 +22,8 @@ from numba import njit
 
 
 @njit(cache=True)
-def build_scored_trie(cands, lens, classes, est, max_nodes):
+def build_scored_trie(cands: np.ndarray, lens: np.ndarray, classes: np.ndarray, est: np.ndarray,
+                      max_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Merge cands[G, L] (row g valid up to lens[g]) into a trie of at most max_nodes.
 
     classes[G, L] names each token's estimate row: est[C, D] is the chance a
@@ -77,7 +78,7 @@ def build_scored_trie(cands, lens, classes, est, max_nodes):
 
 
 @njit(cache=True)
-def best_first_order(parents, prob):
+def best_first_order(parents: np.ndarray, prob: np.ndarray) -> np.ndarray:
     """Node indices by falling path probability, every node after its parent.
 
     Any prefix of the order is a tree (closed under parents), so the caller
@@ -99,7 +100,7 @@ def best_first_order(parents, prob):
 
 
 @njit(cache=True)
-def ancestor_mask(parents):
+def ancestor_mask(parents: np.ndarray) -> np.ndarray:
     """mask[M, M]: node i may attend to node j iff j is i or an ancestor of i."""
     size = parents.shape[0]
     mask = np.zeros((size, size), dtype=np.bool_)
@@ -112,7 +113,7 @@ def ancestor_mask(parents):
 
 
 @njit(cache=True)
-def path_tokens(tokens, parents, depths):
+def path_tokens(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """paths[M, D]: row i holds the tokens from x's child down to node i (zeros after depths[i]).
 
     Example: tokens [4 5 7], parents [-1 0 0], depths [1 2 2] -> [[4 0] [4 5] [4 7]].

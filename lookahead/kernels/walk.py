@@ -7,7 +7,8 @@ from numba import njit
 
 
 @njit(cache=True)
-def accept_walk(tokens, parents, accept, fallback):
+def accept_walk(tokens: np.ndarray, parents: np.ndarray, accept: np.ndarray,
+                fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Accepted path and new tokens of one step.
 
     tokens[M], parents[M]: the tree (-1 = x); accept[M]: whether node i is

@@ -24,7 +24,9 @@ the same numbers: both run torch's SDPA kernel over the same heads.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,13 +75,13 @@ class GroupedAttention:
     """A model's attention switched to ``grouped_sdpa`` while ``switched()`` is entered (where it applies)."""
 
     def __init__(self, model: torch.nn.Module):
-        self.config = model.config
+        self.config: Any = model.config  # a transformers PretrainedConfig
         self.on = applies(model)
         if self.on:
             register()
 
     @contextmanager
-    def switched(self):
+    def switched(self) -> Iterator[None]:
         """The body's forwards attend through grouped_sdpa; the user's implementation is put back after."""
         if not self.on or self.config._attn_implementation != "sdpa":
             yield

@@ -19,6 +19,8 @@ than the longest leaves slots it must not see: decode/loop.py masks them
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -33,7 +35,7 @@ def grown(capacity: int, length: int) -> int:
     return max(length, int(capacity * GROWTH), SLOTS_MIN)
 
 
-def cache_keyword(model) -> str:
+def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword ``model``'s forward takes its KV cache by: ``cache`` from transformers 5.24 on
     (``past_key_values`` still works there, with a deprecation warning), ``past_key_values`` before."""
     try:
@@ -55,16 +57,18 @@ class Arena:
     def __init__(self, layers: int):
         self.layers = layers  # L
         self.buffer: torch.Tensor | None = None  # [2, L, A, H, C, D]
-        self.members: list["SlotLayer"] = []
+        self.members: list[SlotLayer] = []
         self.filled = 0  # the most slots any member has held since the last growth
 
     def admits(self, states: torch.Tensor) -> bool:
         """Whether a layer whose new rows are ``states`` [A, H, Q, D] can live in the buffer."""
         b = self.buffer
         return b is None or (states.dtype == b.dtype and states.device == b.device
-                             and (states.shape[0], states.shape[1], states.shape[3]) == (b.shape[2], b.shape[3], b.shape[5]))
+                             and (states.shape[0], states.shape[1], states.shape[3])
+                             == (b.shape[2], b.shape[3], b.shape[5]))
 
-    def join(self, layer: "SlotLayer", states: torch.Tensor) -> None:
+    def join(self, layer: SlotLayer, states: torch.Tensor) -> None:
+        """Admit ``layer`` (its first new rows ``states`` [A, H, Q, D]), making the buffer if it is the first."""
         if self.buffer is None:
             count, heads, _, size = states.shape
             self.buffer = states.new_empty((2, self.layers, count, heads, 0, size))
@@ -73,18 +77,22 @@ class Arena:
 
     def reserve(self, length: int) -> None:
         """Room for ``length`` slots in every member."""
-        capacity = self.buffer.shape[4]
+        buffer = self.buffer
+        assert buffer is not None, "a layer joins (making the buffer) before it reserves"
+        capacity = buffer.shape[4]
         if length > capacity:
-            larger = self.buffer.new_empty(self.buffer.shape[:4] + (grown(capacity, length),) + self.buffer.shape[5:])
-            larger[:, :, :, :, :self.filled] = self.buffer[:, :, :, :, :self.filled]
+            larger = buffer.new_empty(buffer.shape[:4] + (grown(capacity, length),) + buffer.shape[5:])
+            larger[:, :, :, :, :self.filled] = buffer[:, :, :, :, :self.filled]
             self.buffer = larger
             self.refresh()
         self.filled = max(self.filled, length)
 
     def refresh(self) -> None:
         """Every member's buffers and views from the (new) buffer."""
+        buffer = self.buffer
+        assert buffer is not None, "only an arena with members is refreshed"
         for layer in self.members:
-            layer.key_buffer, layer.value_buffer = self.buffer[0, layer.index], self.buffer[1, layer.index]
+            layer.key_buffer, layer.value_buffer = buffer[0, layer.index], buffer[1, layer.index]
             layer._views()
 
     def holds(self, layers: list) -> bool:
@@ -97,6 +105,11 @@ class SlotLayer(DynamicLayer):
     cache's ``Arena`` when it fits there); ``keys`` and ``values`` are views of the first ``length``
     slots, so writing into them writes the buffers."""
 
+    keys: torch.Tensor  # [A, H, S, D], once initialized
+    values: torch.Tensor
+    key_buffer: torch.Tensor  # [A, H, capacity, D]
+    value_buffer: torch.Tensor
+
     def __init__(self, arena: Arena | None = None, index: int = 0):
         super().__init__()
         self.arena, self.index = arena, index
@@ -108,9 +121,11 @@ class SlotLayer(DynamicLayer):
         arena = self.arena
         self.in_arena = arena is not None and self.index < arena.layers and arena.admits(key_states) \
             and arena.admits(value_states)
-        if self.in_arena:
+        if self.in_arena and arena is not None:
             arena.join(self, key_states)
-            self.key_buffer, self.value_buffer = arena.buffer[0, self.index], arena.buffer[1, self.index]
+            buffer = arena.buffer
+            assert buffer is not None  # made by join
+            self.key_buffer, self.value_buffer = buffer[0, self.index], buffer[1, self.index]
         else:
             self.key_buffer = key_states.new_empty(key_states.shape[:2] + (0,) + key_states.shape[3:])
             self.value_buffer = value_states.new_empty(value_states.shape[:2] + (0,) + value_states.shape[3:])
@@ -123,7 +138,7 @@ class SlotLayer(DynamicLayer):
 
     def _reserve(self, length: int) -> None:
         """Room for ``length`` slots (the filled ones copied over when the buffers grow)."""
-        if self.in_arena:
+        if self.in_arena and self.arena is not None:
             self.arena.reserve(length)
             return
         capacity = self.key_buffer.shape[2]
@@ -135,7 +150,8 @@ class SlotLayer(DynamicLayer):
             new[:, :, :self.length] = old[:, :, :self.length]
             setattr(self, name, new)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new rows [A, H, Q, D] after the filled slots; the filled slots' views."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -158,7 +174,7 @@ class SlotLayer(DynamicLayer):
             self.length = max(self.length + tokens_to_remove, 0)
             self._views()
 
-    def _select(self, pick) -> None:
+    def _select(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Keep the sequences ``pick`` (a function of a buffer [A, ...]) selects; arena members are
         selected with their arena (SlotCache)."""
         if self.is_initialized and not self.in_arena:
@@ -188,13 +204,13 @@ class SlotCache(DynamicCache):
 
     def __init__(self, layers: int | None = None):
         self.arena = Arena(layers) if layers else None
-        if self.arena is None:
+        if not layers:
             Cache.__init__(self, layer_class_to_replicate=SlotLayer)
         else:
             Cache.__init__(self, layers=[SlotLayer(self.arena, i) for i in range(layers)])
             self.layer_class_to_replicate = SlotLayer  # a cache layer past ``layers`` (if a model has one): its own
 
-    def _select(self, pick) -> None:
+    def _select(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Select sequences in the arena (once for all its members) and in every other layer."""
         if self.arena is not None and self.arena.buffer is not None:
             self.arena.buffer = pick(self.arena.buffer.transpose(0, 2)).transpose(0, 2).contiguous()  # batch: dim 2
@@ -243,7 +259,8 @@ def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool
             buffer[:, :, :, :, past:past + count] = buffer.gather(4, index)
     elif not in_place:
         sources: dict[torch.device, torch.Tensor] = {}  # [A, K] absolute cache slots, per device
-        for layer in cache.layers:
+        layers: list[Any] = cache.layers  # SlotLayer or DynamicLayer: keys and values [A, H, P+Q, D]
+        for layer in layers:
             if not layer.is_initialized:
                 continue  # a layer that never ran (one sharing another's cache, say)
             for tensor in (layer.keys, layer.values):  # [A, H, P+Q, D]

@@ -19,21 +19,22 @@ The rerouting touches the linear layers alone: while ``FewRowLinear`` is
 entered, each ``nn.Linear`` of the model holds a ``RoutedWeight`` (the same
 storage, a tensor subclass) in place of its weight, so ``F.linear`` over that
 weight, and nothing else, runs through ``few_row_linear``; every other op of
-the forward is dispatched as torch dispatches it, with no Python in between
-(a ``TorchFunctionMode`` would run Python for every op of the forward, some
-two thousand in a 30-layer model). The weights are put back when the block
-exits, and nothing changes outside it. (The swap is seen by every thread: another
-thread running the same model meanwhile runs its linears through the same kernel, the same
-products up to summation order; the decode loop owns its model while it steps.) It only ever
-applies to CPU tensors.
+the forward is dispatched as torch dispatches it, with no Python in between.
+The weights are put back when the block exits, and nothing changes outside it.
+(The swap is seen by every thread: another thread running the same model
+meanwhile runs its linears through the same kernel, the same products up to
+summation order; the decode loop owns its model while it steps.) It only
+ever applies to CPU tensors.
 The products differ from torch's only in the order floating-point sums are
 taken, as any two matrix kernels do: the verified token is each row's
-argmax, as before.
+argmax either way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numba
 import numpy as np
@@ -68,11 +69,11 @@ class RoutedWeight(torch.Tensor):
     (``kernel``: see there); any other op on it runs as on the weight itself and returns plain tensors."""
 
     plain: torch.Tensor  # the weight as torch.Tensor, detached
-    array: np.ndarray  # ... and as a numpy array (made once: the kernel reads it every step)
+    array: np.ndarray | None  # ... and as a numpy array (made once: the kernel reads it every step), if the kernel can
     kernel: bool
 
     @staticmethod
-    def __new__(cls, weight: torch.Tensor, kernel: bool) -> "RoutedWeight":
+    def __new__(cls: type[RoutedWeight], weight: torch.Tensor, kernel: bool) -> RoutedWeight:
         plain = weight.detach()
         routed = torch.Tensor._make_subclass(cls, plain, False)
         routed.plain, routed.kernel = plain, kernel
@@ -80,7 +81,8 @@ class RoutedWeight(torch.Tensor):
         return routed
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
+    def __torch_function__(cls, func: Callable[..., Any], types: tuple[type, ...], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         if func is F.linear and not kwargs and 2 <= len(args) <= 3:  # how nn.Linear calls it: the hot path
             x, weight = args[0], args[1]
             bias = args[2] if len(args) == 3 else None
@@ -134,24 +136,24 @@ class FewRowLinear:
     def _wrap(self) -> None:
         """Find the layers and wrap their weights as they are now."""
         self.layers = routable_linears(self.model)
-        self.weights = [layer._parameters["weight"] for layer in self.layers]
+        self.weights: list[torch.Tensor] = [layer.weight for layer in self.layers]  # (each a Parameter)
         self.wrapped = {kernel: [RoutedWeight(w, kernel) for w in self.weights] for kernel in (True, False)}
 
     @contextmanager
-    def routed(self, kernel: bool = True):
+    def routed(self, kernel: bool = True) -> Iterator[None]:
         """The body's forwards run the layers' linears through few_row_linear."""
         if any(layer._parameters["weight"] is not w for layer, w in zip(self.layers, self.weights)):
             self._wrap()  # the model's weights were replaced (moved, cast, reloaded) since they were wrapped
         start_numba_threads()
         threads = numba.get_num_threads()
         numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        for layer, weight in zip(self.layers, self.wrapped[kernel]):
-            layer._parameters["weight"] = weight
+        for layer, routed in zip(self.layers, self.wrapped[kernel]):
+            layer._parameters["weight"] = routed  # type: ignore[assignment]  # (a Tensor standing in for the Parameter)
         try:
             yield
         finally:
             for layer, weight in zip(self.layers, self.weights):
-                layer._parameters["weight"] = weight
+                layer._parameters["weight"] = weight  # type: ignore[assignment]
             numba.set_num_threads(threads)
 
 
@@ -170,7 +172,8 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     rows = x.numel() // max(x.shape[-1], 1)
     flat = x.reshape(rows, x.shape[-1])  # [R, I]
     if kernel and x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
-        out = torch.from_numpy(rows_linear(array if array is not None else weight.detach().numpy(), flat.contiguous().numpy()))  # [R, O]
+        w = array if array is not None else weight.detach().numpy()  # [O, I]
+        out = torch.from_numpy(rows_linear(w, flat.contiguous().numpy()))  # [R, O]
         if bias is not None:
             out += bias
         return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -32,8 +32,8 @@ def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return hidden.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
 
 
-def step_mask(kinds: frozenset, sliding_window: int | None, local: torch.Tensor, q_pos: torch.Tensor, past: int,
-              slots: PastSlots | None, dtype: torch.dtype):
+def step_mask(kinds: frozenset[str], sliding_window: int | None, local: torch.Tensor, q_pos: torch.Tensor, past: int,
+              slots: PastSlots | None, dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
     """The mask to pass the model: one 4-D mask [A, 1, Q, P+Q], or {layer kind: mask} when full and
     sliding layers are mixed (transformers accepts such a dict).
 

@@ -18,10 +18,6 @@ loop re-checks that choice while it runs:
   doubling while it loses), so a load that ended, or one unlucky step, does
   not keep a fast route off for good.
 
-(A probe of a few layers was tried first and dropped: a sub-millisecond probe
-fits between the time slices another process takes, so it did not see the
-slowdown whole forwards saw.)
-
 Threads are the user's: a route never runs on more threads than
 ``torch.get_num_threads()`` says, and a forward run on fewer puts torch's
 count back when it returns (numba's too).
@@ -30,6 +26,7 @@ count back when it returns (numba's too).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -77,7 +74,7 @@ def kernel_applies(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 @contextmanager
-def route_mode(route: Route | None, rows: int, linears: FewRowLinear | None):
+def route_mode(route: Route | None, rows: int, linears: FewRowLinear | None) -> Iterator[None]:
     """Run the body (one forward over ``rows`` rows of the model whose layers ``linears`` holds)
     through ``route``; None: as torch is set.
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ..errors import OptionFix, with_fix
-from ..errors import UnsupportedModelError, UntestedModelWarning
+from ..errors import OptionFix, UnsupportedModelError, UntestedModelWarning, with_fix
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 # Architectures whose greedy output is proven identical to model.generate by
 # tests/test_exactness.py (a custom 4-D mask passes through transformers'
@@ -31,12 +35,12 @@ class AttentionLayout:
     sliding_window: int | None
 
 
-def text_config(config):
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
     """The decoder's (text) config of a model config."""
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
-def attention_layout(config) -> AttentionLayout:
+def attention_layout(config: PretrainedConfig) -> AttentionLayout:
     """Read the layer kinds and sliding window of a (text) model config."""
     text = text_config(config)
     window = getattr(text, "sliding_window", None)
@@ -51,13 +55,13 @@ def attention_layout(config) -> AttentionLayout:
     return AttentionLayout(kinds, window)
 
 
-def context_length(config) -> int | None:
+def context_length(config: PretrainedConfig) -> int | None:
     """The model's context (max_position_embeddings; n_positions is mapped onto it), or None."""
     value = getattr(text_config(config), "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def uses_alibi(config) -> bool:
+def uses_alibi(config: PretrainedConfig) -> bool:
     """Whether attention is biased by ALiBi (bloom; falcon with alibi=True; mpt; ...)."""
     text = text_config(config)
     attn = getattr(text, "attn_config", None)
@@ -66,7 +70,7 @@ def uses_alibi(config) -> bool:
             or attn_alibi is True or getattr(text, "position_embedding_type", None) == "alibi")
 
 
-def refusal(config, model_class=None) -> str | None:
+def refusal(config: PretrainedConfig, model_class: type[Any] | None = None) -> str | None:
     """Why the engine can never drive this architecture exactly, or None when nothing is known against it."""
     name = getattr(config, "model_type", None) or getattr(model_class, "__name__", "this model")
     if getattr(config, "is_encoder_decoder", False):
@@ -90,7 +94,7 @@ def refusal(config, model_class=None) -> str | None:
     return None
 
 
-def bidirectional_attention(model) -> str | None:
+def bidirectional_attention(model: torch.nn.Module) -> str | None:
     """The first self-attention module that attends both ways (is_causal False), or None."""
     for path, module in model.named_modules():
         cross = getattr(module, "is_cross_attention", False) or "cross" in path or "encoder_attn" in path
@@ -99,7 +103,8 @@ def bidirectional_attention(model) -> str | None:
     return None
 
 
-def check_architecture(config, model_class, allow_untested: bool) -> AttentionLayout:
+def check_architecture(config: PretrainedConfig, model_class: type[Any] | None,
+                       allow_untested: bool) -> AttentionLayout:
     """Raise UnsupportedModelError unless an architecture can be driven; warn when it is untested."""
     name = getattr(config, "model_type", None) or getattr(model_class, "__name__", "this model")
     reason = refusal(config, model_class)
@@ -120,7 +125,7 @@ def check_architecture(config, model_class, allow_untested: bool) -> AttentionLa
     return attention_layout(config)
 
 
-def check_model(model, allow_untested: bool) -> AttentionLayout:
+def check_model(model: PreTrainedModel, allow_untested: bool) -> AttentionLayout:
     """Raise UnsupportedModelError unless the engine can drive ``model`` exactly."""
     config = model.config
     name = getattr(config, "model_type", type(model).__name__)

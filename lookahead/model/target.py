@@ -15,16 +15,20 @@ are selected after the forward (``spans_devices``).
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
 from .attention import GroupedAttention
-from .cache import cache_keyword, new_cache
-from .mask import PastSlots, step_mask
+from .cache import SlotCache, cache_keyword, new_cache
 from .fewrows import FewRowLinear
-from .routing import Routing, route_mode
+from .mask import PastSlots, step_mask
+from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
+
+if TYPE_CHECKING:
+    from transformers import Cache, PreTrainedModel
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -32,7 +36,7 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
 
-def hook_execution_device(module) -> torch.device | None:
+def hook_execution_device(module: torch.nn.Module) -> torch.device | None:
     """The execution device of accelerate's hook on module (a device_map model), or None."""
     hook = getattr(module, "_hf_hook", None)
     for part in getattr(hook, "hooks", (hook,)):  # a SequentialHook holds several
@@ -42,7 +46,7 @@ def hook_execution_device(module) -> torch.device | None:
     return None
 
 
-def input_device(model) -> torch.device:
+def input_device(model: PreTrainedModel) -> torch.device:
     """Where the model's inputs go.
 
     With a device_map, accelerate's top-level hook moves inputs to its
@@ -54,10 +58,10 @@ def input_device(model) -> torch.device:
         device = hook_execution_device(module)
         if device is not None:
             return device
-    return embedding.weight.device
+    return cast(torch.Tensor, embedding.weight).device
 
 
-def device_key(where) -> tuple[str, int]:
+def device_key(where: int | str | torch.device) -> tuple[str, int]:
     """A device or device_map entry as (kind, index), kind "cpu", "disk" or "accelerator".
 
     A device_map names an accelerator by its index (an int) or as "cuda:1";
@@ -71,7 +75,7 @@ def device_key(where) -> tuple[str, int]:
     return ("cpu" if device.type == "cpu" else "accelerator"), device.index or 0
 
 
-def spans_devices(model, main: torch.device) -> bool:
+def spans_devices(model: torch.nn.Module, main: torch.device) -> bool:
     """Whether a device_map runs layers on a device other than main (CPU/disk offload runs on main)."""
     placement = getattr(model, "hf_device_map", None) or {}
     return bool({device_key(where) for where in placement.values()} - {("cpu", 0), ("disk", 0), device_key(main)})
@@ -80,7 +84,7 @@ def spans_devices(model, main: torch.device) -> bool:
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
-    def __init__(self, model, layout: AttentionLayout):
+    def __init__(self, model: PreTrainedModel, layout: AttentionLayout):
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -92,7 +96,7 @@ class Target:
         self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
         self.attention = GroupedAttention(model)  # grouped heads under a mask without copies (attention.py)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
-        embedding = model.get_input_embeddings().weight
+        embedding = cast(torch.Tensor, model.get_input_embeddings().weight)  # [V, hidden]
         self.device = input_device(model)
         self.dtype = embedding.dtype
         self.vocab = int(embedding.shape[0])
@@ -121,7 +125,7 @@ class Target:
         larger = [b for b in self.routings if b > batch]
         return self.routings[min(larger)] if larger else None
 
-    def route(self, batch: int, rows: int):
+    def route(self, batch: int, rows: int) -> Route | None:
         """The route a forward of ``batch`` sequences over ``rows`` rows each runs through (None: torch as set)."""
         routing = self.routing(batch)
         route = routing.route_for(rows) if routing is not None else None
@@ -134,23 +138,25 @@ class Target:
         if routing is not None:
             routing.observe(rows, seconds)
 
-    def new_cache(self):
+    def new_cache(self) -> SlotCache:
         """An empty KV cache this target can roll back (see cache.py)."""
         return new_cache(self.layers)
 
-    def prefill(self, cache, ids: np.ndarray, mask: np.ndarray | None = None,
+    def prefill(self, cache: Cache, ids: np.ndarray, mask: np.ndarray | None = None,
                 positions: np.ndarray | None = None) -> None:
         """Run prompt tokens ids [A, T] through the model into the cache (their logits are not needed);
         with left padding, its attention ``mask`` [A, T] and each token's ``positions`` [A, T]."""
         if ids.shape[1] == 0:
             return
         dev = self.device
-        padded = {} if mask is None else dict(attention_mask=to_device(mask, dev),
-                                               position_ids=to_device(positions, dev))
+        padded = {}
+        if mask is not None:
+            assert positions is not None, "a padded prompt comes with its positions"
+            padded = dict(attention_mask=to_device(mask, dev), position_ids=to_device(positions, dev))
         self.model(input_ids=to_device(ids, dev), use_cache=True, logits_to_keep=1,
                    **{self.cache_keyword: cache}, **padded)
 
-    def step(self, cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
+    def step(self, cache: Cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
              past: int, slots: PastSlots | None = None) -> torch.Tensor:
         """Logits [A, K, V] (on the device) of rows ``keep`` [K] of one step of A sequences.
 
