@@ -7,17 +7,34 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from lookahead.cli.bench import bench
 from lookahead.cli.bench_batch import bench_batch
 from lookahead.cli.bench_memory import bench_memory
+from lookahead.cli.options import (
+    CLI_ERRORS,
+    DTYPES,
+    SAMPLING_FIELDS,
+    checked_config,
+    checked_prompt,
+    checked_seed,
+    cli_message,
+    config_options,
+    fail,
+    sampling_options,
+    threads_option,
+    trust_remote_code_option,
+    warnings_as_lines,
+)
 from lookahead.cli.roofline import roofline
-from lookahead.cli.options import (CLI_ERRORS, DTYPES, SAMPLING_FIELDS, checked_config, checked_prompt, checked_seed,
-                                   cli_message, config_options, fail, sampling_options, threads_option,
-                                   trust_remote_code_option, warnings_as_lines)
 from lookahead.config import LookaheadConfig
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 @click.group()
@@ -25,11 +42,11 @@ def main() -> None:
     """Lookahead decoding: the same greedy tokens as model.generate, in fewer forward passes."""
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool):
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool) -> torch.Tensor:
     """Token ids [1, T] of the prompt, through the chat template unless chat is False."""
     if chat and getattr(tokenizer, "chat_template", None):
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                return_tensors="pt", return_dict=True)
+        encoded: Any = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                     return_tensors="pt", return_dict=True)  # a BatchEncoding
         return encoded["input_ids"]
     return tokenizer(prompt, return_tensors="pt")["input_ids"]
 
@@ -53,8 +70,9 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
 @threads_option
 @sampling_options
 @config_options
-def generate(model_name, prompt, max_new_tokens, chat, as_json, draft_model, device, dtype, memory_path,
-             trust_remote_code, seed, **values):
+def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool, draft_model: str | None,
+             device: str, dtype: str, memory_path: str | None, trust_remote_code: bool, seed: int | None,
+             **values: Any) -> None:
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     checked_prompt(prompt)
     seed = checked_seed(seed)
@@ -91,8 +109,9 @@ def checked_memory_path(path: str | None, config: LookaheadConfig) -> None:
              f"writable): pass a path in a directory you can write to")
 
 
-def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config, sampling, seed,
-              memory_path=None) -> dict:
+def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool,
+              loading: tuple[str, str, bool, str | None], config: LookaheadConfig, sampling: dict[str, Any],
+              seed: int | None, memory_path: str | None = None) -> dict:
     """Load (device, dtype, trust_remote_code, draft model name = loading), generate (streaming unless
     as_json), report stats; the JSON result. With ``memory_path``, the generator's memory across
     requests is read from that file first (when it exists) and written back after."""
@@ -119,6 +138,7 @@ def _generate(model_name, prompt, max_new_tokens, chat, as_json, loading, config
         torch.manual_seed(seed)
     out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer, **sampling)
     stats = gen.last_stats
+    assert stats is not None  # (set by every generate call)
     if memory_path is not None:
         gen.save_memory(Path(memory_path).expanduser())
     text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

@@ -3,9 +3,18 @@
 from .call.result import LookaheadOutput
 from .call.stats import GenerationStats
 from .config import LookaheadConfig
-from .errors import (ConfigError, ContextLimitWarning, DeviceError, DraftModelError, GenerateInputError,
-                     MemoryFileError, ModelLoadError, ProcessorOutputError, UnsupportedModelError,
-                     UntestedModelWarning)
+from .errors import (
+    ConfigError,
+    ContextLimitWarning,
+    DeviceError,
+    DraftModelError,
+    GenerateInputError,
+    MemoryFileError,
+    ModelLoadError,
+    ProcessorOutputError,
+    UnsupportedModelError,
+    UntestedModelWarning,
+)
 from .generator import Learned, LookaheadGenerator
 from .hf import CustomGenerate, custom_generate
 from .loading.models import DEFAULT_MODEL, load_model

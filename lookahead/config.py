@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from .errors import ConfigError
 
+from .errors import ConfigError
 
 CHOICES = {"budget": ("adaptive", "fixed"), "budget_curve": ("measured", "flat")}  # fields with fixed string values
 
 
-def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
     """Raise ConfigError unless value is an int in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
@@ -23,6 +23,10 @@ class LookaheadConfig:
     """Settings of one LookaheadGenerator (hardware choices are measured where it runs, not set here).
 
     Letters used in shape comments: W = window, N = ngram, G = candidates.
+
+    Example: ``LookaheadConfig(window=15, ngram=5)`` asks for a window of 15 columns, N - 1 = 4 levels
+    deep (``lookahead_rows`` 60); ``LookaheadConfig(window=0)`` raises ConfigError("window must be
+    between 1 and 64, got 0").
     """
 
     # With budget="adaptive" (the default) every step verifies exactly as many tree
@@ -34,8 +38,8 @@ class LookaheadConfig:
     pool_ngram: int = 2  # n-gram size of the pool fed by the prompt and the output (its own, not N)
     # With window=1 and the adaptive budget: open a W=15, N=5 window (its columns then fed step by step
     # as they pay) where the measured cost curve says rows are nearly free (a step over 1 + max_tree_nodes
-    # rows costs at most 1.3 one-row steps: a GPU at batch 1, or budget_curve="flat"). Where rows cost
-    # more (a CPU, typically) it stays x alone: there a window has not paid (benchmarks/RESULTS.md).
+    # rows costs at most CHEAP_STEP = 1.3 one-row steps, plan/window.py: a GPU at batch 1, or
+    # budget_curve="flat"); elsewhere (a CPU, typically) it stays x alone (why: docs/DESIGN.md).
     auto_window: bool = True
     candidates: int = 4  # G: max candidate continuations per source per step (0 = none)
     pool_capacity: int = 4  # n-grams kept per first token in the pool (LRU)

@@ -4,6 +4,7 @@ for Python callers, ``cli_text`` for the CLI)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,9 +21,11 @@ class OptionFix:
     purpose: str  # e.g. "to try it anyway"
 
     def python_text(self) -> str:
+        """'pass LookaheadConfig(allow_untested_models=True) to try it anyway'."""
         return f"pass {self.python} {self.purpose}"
 
     def cli_text(self) -> str:
+        """'pass --allow-untested-models to try it anyway'."""
         return f"pass --{self.option.replace('_', '-')} {self.purpose}"
 
 
@@ -33,7 +36,7 @@ def one_line(exc: BaseException) -> str:
 
 def with_fix(error_type: type[Exception], problem: str, fix: OptionFix) -> Exception:
     """An ``error_type`` saying problem and the Python fix; ``.problem`` and ``.fix`` kept for the CLI."""
-    error = error_type(f"{problem}; {fix.python_text()}")
+    error: Any = error_type(f"{problem}; {fix.python_text()}")  # (any exception takes the two attributes)
     error.problem = problem
     error.fix = fix
     return error

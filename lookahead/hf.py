@@ -30,15 +30,21 @@ from __future__ import annotations
 
 import sys
 import weakref
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
+from .call.decoding import stop_string_list
+from .call.inputs import GenerateInputError
+from .call.result import LookaheadOutput
 from .config import LookaheadConfig
 from .generator import Learned, LookaheadGenerator
-from .call.inputs import GenerateInputError
-from .call.decoding import stop_string_list
-from .call.result import LookaheadOutput
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.generation.streamers import BaseStreamer
 
 # model_kwargs that only say how transformers would run its own forward passes (we run ours)
 FORWARD_SETTINGS = ("logits_to_keep", "use_cache")
@@ -75,7 +81,7 @@ def prompt_mask(model_kwargs: dict, length: int) -> torch.Tensor | None:
     return mask
 
 
-def streamer_given(frame) -> object | None:
+def streamer_given(frame: FrameType | None) -> object | None:
     """The ``streamer=`` of the model.generate call running in ``frame`` (a custom_generate callable's
     caller), which transformers does not hand the callable; None when there is none or the frame is
     not GenerationMixin.generate's."""
@@ -84,7 +90,7 @@ def streamer_given(frame) -> object | None:
     return frame.f_locals.get("streamer")
 
 
-def refuse_streamer(streamer) -> None:
+def refuse_streamer(streamer: Any) -> None:
     """End the streamer transformers gave the prompt to (a reader thread stops waiting) and say what to pass."""
     streamer.end()
     raise GenerateInputError("streamer=: transformers does not hand a streamer to a custom_generate callable (it "
@@ -110,7 +116,8 @@ class CustomGenerate:
     def __init__(self):
         self._learned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {config: Learned}
 
-    def generator(self, model, config: LookaheadConfig | None = None, tokenizer=None) -> LookaheadGenerator:
+    def generator(self, model: PreTrainedModel, config: LookaheadConfig | None = None,
+                  tokenizer: PreTrainedTokenizerBase | None = None) -> LookaheadGenerator:
         """A LookaheadGenerator for model and config that continues from what earlier calls learned."""
         config = config if config is not None else LookaheadConfig()
         if not isinstance(config, LookaheadConfig):
@@ -120,10 +127,15 @@ class CustomGenerate:
         learned[config] = gen.learned
         return gen
 
-    def __call__(self, model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
-                 generation_config=None, lookahead_config: LookaheadConfig | None = None, lookahead_streamer=None,
-                 lookahead_tokenizer=None, stop_strings: str | list[str] | None = None,
-                 **model_kwargs) -> torch.LongTensor | LookaheadOutput:
+    def __call__(self, model: PreTrainedModel, input_ids: torch.LongTensor,
+                 logits_processor: LogitsProcessorList | None = None,
+                 stopping_criteria: StoppingCriteriaList | None = None,
+                 generation_config: GenerationConfig | None = None,
+                 lookahead_config: LookaheadConfig | None = None,
+                 lookahead_streamer: BaseStreamer | None = None,
+                 lookahead_tokenizer: PreTrainedTokenizerBase | None = None,
+                 stop_strings: str | list[str] | None = None,
+                 **model_kwargs: Any) -> torch.LongTensor | LookaheadOutput:
         """Decode as model.generate prepared it; ids [1, prompt + new], or a LookaheadOutput when the
         config says return_dict_in_generate."""
         if generation_config is None:

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers.generation import GenerationMode, StoppingCriteriaList
+from transformers.generation import GenerationConfig, GenerationMode, StoppingCriteriaList
 from transformers.generation import logits_process as lp
 
 from .inputs import GenerateInputError, budget, eos_ids
 from .stopping import split_criteria
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Processors whose output row depends on the scores row alone (not on input_ids).
 ROW_WISE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
@@ -61,7 +65,7 @@ class Decoding:
         return runs
 
 
-def _number(name: str, value):
+def _number(name: str, value: object) -> int | float | None:
     """A plain Python number from value (numpy scalars welcome), or GenerateInputError."""
     if value is None:
         return None
@@ -70,9 +74,10 @@ def _number(name: str, value):
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
-def _checked(sampling: dict, do_sample, max_time, stop_strings, return_dict_in_generate) -> dict:
+def _checked(sampling: dict, do_sample: object, max_time: object, stop_strings: object,
+             return_dict_in_generate: object) -> dict:
     """The generation_config overrides among the call's arguments, each checked (None = not given)."""
-    kwargs = {name: _number(name, value) for name, value in sampling.items() if value is not None}
+    kwargs: dict[str, Any] = {name: _number(name, value) for name, value in sampling.items() if value is not None}
     for name, (low, high, closed) in RANGES.items():
         value = kwargs.get(name)
         if value is not None and not (low <= value <= high and (value > low or closed)):
@@ -86,16 +91,17 @@ def _checked(sampling: dict, do_sample, max_time, stop_strings, return_dict_in_g
                 raise GenerateInputError(f"{name} must be True or False, got {value!r}")
             kwargs[name] = bool(value)
     if max_time is not None:
-        max_time = _number("max_time", max_time)
-        if max_time < 0:
-            raise GenerateInputError(f"max_time must be >= 0 seconds, got {max_time}")
-        kwargs["max_time"] = float(max_time)
+        seconds = _number("max_time", max_time)
+        assert seconds is not None  # (a number: only None gives None)
+        if seconds < 0:
+            raise GenerateInputError(f"max_time must be >= 0 seconds, got {seconds}")
+        kwargs["max_time"] = float(seconds)
     if stop_strings is not None:
         kwargs["stop_strings"] = stop_string_list(stop_strings)
     return kwargs
 
 
-def stop_string_list(stop_strings) -> list[str]:
+def stop_string_list(stop_strings: object) -> list[str]:
     """stop_strings (a string or a list of strings, none empty) as a list, or GenerateInputError."""
     strings = [stop_strings] if isinstance(stop_strings, str) else stop_strings
     if not isinstance(strings, (list, tuple)) or not strings or not all(isinstance(s, str) and s for s in strings):
@@ -103,7 +109,7 @@ def stop_string_list(stop_strings) -> list[str]:
     return list(strings)
 
 
-def _user_list(name: str, items, kind: type, what: str):
+def _user_list(name: str, items: Any, kind: type, what: str):
     """The user's processors / criteria as a ``kind`` list (LogitsProcessorList, StoppingCriteriaList)."""
     if items is None:
         return None
@@ -112,7 +118,7 @@ def _user_list(name: str, items, kind: type, what: str):
     return kind(items)
 
 
-def _check_generator(generator, device) -> None:
+def _check_generator(generator: object, device: torch.device | str) -> None:
     """A torch.Generator on the device type of the model's inputs, or None."""
     if generator is None:
         return
@@ -123,10 +129,13 @@ def _check_generator(generator, device) -> None:
                                  f"create it with torch.Generator(device={str(device)!r})")
 
 
-def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_tokens=None, do_sample=None,
-                     eos_token_id=None, logits_processor=None, stopping_criteria=None, stop_strings=None,
-                     max_time=None, tokenizer=None, return_dict_in_generate=None, generator=None,
-                     generation_config=None, **sampling) -> Decoding:
+def resolve_decoding(model: PreTrainedModel, prompt_len: int, device: torch.device, *,
+                     max_new_tokens: int | None = None, do_sample: bool | None = None, eos_token_id: Any = None,
+                     logits_processor: lp.LogitsProcessorList | None = None,
+                     stopping_criteria: StoppingCriteriaList | None = None, stop_strings: str | list[str] | None = None,
+                     max_time: float | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
+                     return_dict_in_generate: bool | None = None, generator: torch.Generator | None = None,
+                     generation_config: GenerationConfig | None = None, **sampling: float | None) -> Decoding:
     """The call's arguments over the model's generation_config, as model.generate reads them.
 
     ``sampling`` holds temperature, top_k, top_p, min_p, repetition_penalty
@@ -142,8 +151,9 @@ def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_to
     stopping_criteria = _user_list("stopping_criteria", stopping_criteria, StoppingCriteriaList,
                                    "transformers StoppingCriteria objects")
     _check_generator(generator, device)
+    mixin: Any = model  # its GenerationMixin helpers, whose annotations are narrower than model.generate's calls
     try:
-        config, _ = model._prepare_generation_config(generation_config, **kwargs)  # noqa: SLF001
+        config, _ = mixin._prepare_generation_config(generation_config, **kwargs)  # noqa: SLF001
     except (TypeError, ValueError) as exc:
         raise GenerateInputError(f"invalid generation settings: {exc}") from None
     limit = budget(max_new_tokens, config.max_new_tokens)
@@ -156,11 +166,11 @@ def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_to
         raise GenerateInputError("stop_strings need the tokenizer: build LookaheadGenerator(model, tokenizer) "
                                  "or pass tokenizer= to generate")
     try:
-        model._prepare_special_tokens(config, True, device=device)  # noqa: SLF001
-        processors = model._get_logits_processor(  # noqa: SLF001
+        mixin._prepare_special_tokens(config, True, device=device)  # noqa: SLF001
+        processors = mixin._get_logits_processor(  # noqa: SLF001
             generation_config=config, input_ids_seq_length=prompt_len, logits_processor=logits_processor,
             device=device, model_kwargs=None)
-        criteria = model._get_stopping_criteria(  # noqa: SLF001
+        criteria = mixin._get_stopping_criteria(  # noqa: SLF001
             generation_config=config, stopping_criteria=stopping_criteria or StoppingCriteriaList(),
             tokenizer=tokenizer)
     except (TypeError, ValueError) as exc:
@@ -168,7 +178,7 @@ def resolve_decoding(model, prompt_len: int, device: torch.device, *, max_new_to
     return prepared_decoding(config, processors, criteria, prompt_len, generator)
 
 
-def check_supported(config) -> None:
+def check_supported(config: GenerationConfig) -> None:
     """Refuse generation settings lookahead cannot honour (beam search, per-step outputs)."""
     mode = config.get_generation_mode()
     if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
@@ -187,7 +197,9 @@ def check_supported(config) -> None:
                                      f"drop {' and '.join(asked)} (or return_dict_in_generate)")
 
 
-def prepared_decoding(config, processors, criteria, prompt_len: int, generator=None) -> Decoding:
+def prepared_decoding(config: GenerationConfig, processors: lp.LogitsProcessorList | None,
+                      criteria: StoppingCriteriaList | None, prompt_len: int,
+                      generator: torch.Generator | None = None) -> Decoding:
     """A Decoding from a resolved generation_config and the processor / criteria lists built from it.
 
     The lists are used as they are (model.generate hands a custom_generate

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from ..errors import GenerateInputError, ContextLimitWarning
+
+from ..errors import ContextLimitWarning as ContextLimitWarning  # re-exported: generator.py imports it from here
+from ..errors import GenerateInputError
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
+
+DEFAULT_MAX_NEW_TOKENS = 20  # new tokens when neither the call nor the generation_config says (model.generate's 20)
 
 
-def _integer(value) -> int | None:
+def _integer(value: object) -> int | None:
     """value as a Python int when it is an integer (numpy and 0-d torch integers too), else None."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
         value = value.item()
@@ -18,16 +26,17 @@ def _integer(value) -> int | None:
     return int(value)
 
 
-def budget(max_new_tokens, default: int | None) -> int:
-    """max_new_tokens checked (None -> the model's generation_config value, else 20)."""
-    value = default if max_new_tokens is None else max_new_tokens
-    value = 20 if value is None else _integer(value)
+def budget(max_new_tokens: object, default: int | None) -> int:
+    """max_new_tokens checked (None -> ``default``, the model's generation_config value; None there too ->
+    DEFAULT_MAX_NEW_TOKENS): budget(None, 50) = 50, budget(np.int64(8), 50) = 8, budget(-1, 50) raises."""
+    given = default if max_new_tokens is None else max_new_tokens
+    value = DEFAULT_MAX_NEW_TOKENS if given is None else _integer(given)
     if value is None or value < 0:
         raise GenerateInputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return value
 
 
-def eos_ids(eos_token_id, generation_config) -> np.ndarray:
+def eos_ids(eos_token_id: Any, generation_config: GenerationConfig | None) -> np.ndarray:
     """All end-of-sequence ids (an int, a list, a numpy or torch array, or the model's generation_config)."""
     value = eos_token_id if eos_token_id is not None else getattr(generation_config, "eos_token_id", None)
     if value is None:
@@ -41,7 +50,7 @@ def eos_ids(eos_token_id, generation_config) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def _check_not_meta(name: str, value) -> None:
+def _check_not_meta(name: str, value: object) -> None:
     """Refuse a tensor on the meta device: it has a shape but no values to read."""
     if isinstance(value, torch.Tensor) and value.device.type == "meta":
         raise GenerateInputError(f"{name} is on the meta device, which holds shapes but no values: pass real "
@@ -49,7 +58,7 @@ def _check_not_meta(name: str, value) -> None:
                                  f"tokenizer(text, return_tensors='pt').{name}")
 
 
-def _mask_tensor(attention_mask) -> torch.Tensor:
+def _mask_tensor(attention_mask: Any) -> torch.Tensor:
     """attention_mask (a tensor, a numpy array or nested lists of 0s and 1s) as a CPU tensor."""
     _check_not_meta("attention_mask", attention_mask)
     try:
@@ -60,7 +69,8 @@ def _mask_tensor(attention_mask) -> torch.Tensor:
                                  f"torch.ones_like(input_ids), or leave it out when there is no padding") from None
 
 
-def prompt_rows(input_ids, attention_mask, vocab: int) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+def prompt_rows(input_ids: torch.Tensor, attention_mask: Any,
+                vocab: int) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
     """A left-padded batch: (ids [B, T], mask [B, T] int64 on the CPU, each row's prompt without padding)."""
     if not isinstance(input_ids, torch.Tensor):
         raise GenerateInputError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")

