@@ -7,19 +7,22 @@ import contextlib
 import dataclasses
 import sys
 import warnings
-from typing import NoReturn
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from lookahead.benchmarks.configs import config_from, field_kind
 from lookahead.config import CHOICES, ConfigError, LookaheadConfig
-from lookahead.errors import one_line
+from lookahead.errors import OptionFix, one_line
+
+F = TypeVar("F", bound=Callable[..., Any])  # a command callback, its options added by the decorators below
 
 CLI_ERRORS = (ValueError, RuntimeError, OSError)  # every error type of ours subclasses one of these
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def config_options(func):
+def config_options(func: F) -> F:
     """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults from the dataclass,
     each of the type lookahead.benchmarks.configs.field_kind gives (the one config parser, --config's too)."""
     for field in reversed(dataclasses.fields(LookaheadConfig)):
@@ -37,7 +40,7 @@ def config_options(func):
     return func
 
 
-def _set_threads(ctx, param, value):
+def _set_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
     """--threads N: torch.set_num_threads(N) as soon as the option is read (before any model loads)."""
     if value is not None:
         import torch
@@ -46,7 +49,7 @@ def _set_threads(ctx, param, value):
     return value
 
 
-def threads_option(func):
+def threads_option(func: F) -> F:
     """--threads N: the threads torch (and so lookahead) computes on; left out, torch's own choice."""
     return click.option("--threads", type=click.IntRange(min=1), default=None, expose_value=False,
                         callback=_set_threads,
@@ -55,7 +58,7 @@ def threads_option(func):
                              "work runs, fewer can be much faster.")(func)
 
 
-def trust_remote_code_option(func):
+def trust_remote_code_option(func: F) -> F:
     """--trust-remote-code: load_model(trust_remote_code=True)."""
     return click.option("--trust-remote-code", is_flag=True,
                         help="Let a checkpoint that ships its own modelling code run it "
@@ -65,7 +68,7 @@ def trust_remote_code_option(func):
 SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 
-def sampling_options(func):
+def sampling_options(func: F) -> F:
     """--sample/--greedy, --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --seed.
 
     Left out, each takes the model's generation_config value, as model.generate does.
@@ -126,14 +129,14 @@ def fail(message: str) -> NoReturn:
 
 def cli_message(exc: Exception) -> str:
     """An error's message on one line, its fix spelled as a CLI option (--allow-untested-models, ...)."""
-    fix = getattr(exc, "fix", None)
-    if fix is not None and hasattr(fix, "cli_text"):
-        return f"{exc.problem}; {fix.cli_text()}"
+    fix, problem = getattr(exc, "fix", None), getattr(exc, "problem", None)  # set by lookahead.errors.with_fix
+    if isinstance(fix, OptionFix) and isinstance(problem, str):
+        return f"{problem}; {fix.cli_text()}"
     return one_line(exc)
 
 
 @contextlib.contextmanager
-def warnings_as_lines():
+def warnings_as_lines() -> Iterator[None]:
     """Show every warning raised inside as one line on stderr (not Python's two-line format)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
@@ -141,10 +144,12 @@ def warnings_as_lines():
             yield
         finally:
             for warning in caught:
-                click.echo(f"lookahead: warning: {one_line(warning.message)}", err=True)
+                message = warning.message  # a Warning: warnings.warn makes a str message one of its category
+                text = one_line(message) if isinstance(message, Warning) else " ".join(message.split())
+                click.echo(f"lookahead: warning: {text}", err=True)
 
 
-def checked_config(values: dict) -> LookaheadConfig:
+def checked_config(values: Mapping[str, object]) -> LookaheadConfig:
     """The LookaheadConfig of the config options in values (lookahead.benchmarks.configs.config_from), or one
     line naming the bad option and exit status 2."""
     try:
