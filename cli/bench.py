@@ -8,12 +8,15 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from lookahead.benchmarks.datasets import DATASETS, canonical_name
-from lookahead.cli.options import (
+
+from .options import (
     CLI_ERRORS,
     DTYPES,
     checked_config,
@@ -25,6 +28,11 @@ from lookahead.cli.options import (
     trust_remote_code_option,
     warnings_as_lines,
 )
+
+if TYPE_CHECKING:
+    from lookahead.benchmarks.parsers import Prompt
+    from lookahead.benchmarks.runner import Sampling
+    from lookahead.config import LookaheadConfig
 
 DISTRIBUTION = "lookahead-lm"  # this project's name on the package index (pyproject.toml [project] name)
 BENCH_MODULES = ("matplotlib", "tqdm")  # what the [bench] extra installs
@@ -92,9 +100,11 @@ def require_bench_extra() -> None:
 @trust_remote_code_option
 @threads_option
 @config_options
-def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, extra_configs, presets, draft, cost_curve,
-          turn2, sample, temperature, top_k, top_p, seed, ignore_eos, busy_cores, device, dtype, trust_remote_code,
-          **config_values):
+def bench(model_name: str, datasets: tuple[str, ...], prompt_files: tuple[str, ...], limit: int, max_new_tokens: int,
+          out_dir: str, extra_configs: tuple[str, ...], presets: tuple[str, ...], draft: str | None, cost_curve: bool,
+          turn2: bool, sample: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: str,
+          ignore_eos: bool, busy_cores: int, device: str, dtype: str, trust_remote_code: bool,
+          **config_values: Any) -> None:
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
     Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
@@ -108,7 +118,7 @@ def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, ex
         fail(f"--limit must be >= 1, got {limit}")
     if max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    seed = checked_seed(seed)
+    first_seed = checked_seed(seed)
     datasets = checked_datasets(datasets or (() if prompt_files else DEFAULT_DATASETS))
     prompt_sets = checked_prompt_files(prompt_files)
     sampling = checked_sampling(sample, temperature, top_k, top_p, ignore_eos)
@@ -129,8 +139,8 @@ def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, ex
     try:
         with warnings_as_lines(), busy(busy_cores):
             table, paths, mismatch = _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir,
-                                            extra_configs, draft, cost_curve, turn2,
-                                            (device, dtype, trust_remote_code), config, sampling, seed, busy_cores)
+                                            extra_configs, draft, cost_curve, turn2, (device, dtype, trust_remote_code),
+                                            config, sampling, first_seed, busy_cores)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     click.echo(table)
@@ -140,7 +150,7 @@ def bench(model_name, datasets, prompt_files, limit, max_new_tokens, out_dir, ex
         sys.exit(1)
 
 
-def checked_datasets(names) -> tuple[str, ...]:
+def checked_datasets(names: Iterable[str]) -> tuple[str, ...]:
     """The --dataset values as names in DATASETS (spellings folded), or one line listing the valid
     names and exit 2, before any model loads."""
     try:
@@ -149,7 +159,7 @@ def checked_datasets(names) -> tuple[str, ...]:
         fail(f"{exc} (option --dataset)")
 
 
-def checked_prompt_files(paths) -> list:
+def checked_prompt_files(paths: Iterable[str]) -> list[list[Prompt]]:
     """The prompts of every --prompts file (lists of Prompt), or one line naming the bad file and exit 2,
     before any model loads."""
     from lookahead.benchmarks.parsers import parse_prompt_file
@@ -180,7 +190,8 @@ def checked_out_dir(out_dir: str) -> None:
         fail(f"cannot write the report to --out {out_dir}: {exc.strerror or exc}; pick a writable directory")
 
 
-def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool = False):
+def checked_sampling(sample: bool, temperature: float | None, top_k: int | None, top_p: float | None,
+                     ignore_eos: bool = False) -> Sampling | None:
     """The Sampling settings of --sample (None when greedy), or one line naming the bad option and exit 2."""
     from lookahead.benchmarks.runner import Sampling
 
@@ -197,8 +208,10 @@ def checked_sampling(sample: bool, temperature, top_k, top_p, ignore_eos: bool =
         fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
 
 
-def _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, extra_configs, draft, cost_curve, turn2,
-           loading, config, sampling, seed, busy_cores=0):
+def _bench(model_name: str, datasets: Iterable[str], prompt_sets: list[list[Prompt]], limit: int, max_new_tokens: int,
+           out_dir: str, extra_configs: tuple[str, ...], draft: str | None, cost_curve: bool, turn2: bool,
+           loading: tuple[str, str, bool], config: LookaheadConfig, sampling: Sampling | None, seed: int | None,
+           busy_cores: int = 0) -> tuple[str, dict[str, Any], str | None]:
     """Load (device, dtype, trust_remote_code = loading), run every method on every prompt, write the
     report; (table, paths, mismatch or None). ``busy_cores``: spinning processes beside it (recorded)."""
     import torch
@@ -251,12 +264,13 @@ def _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir, ex
     if cost_curve:
         click.echo("[bench] measuring the forward-cost curve", err=True)
         cost = measure_cost(model)
-    meta = {"model": model_name, "draft": draft, "datasets": datasets + [raw[0].dataset for raw in prompt_sets],
-            "limit": limit,
-            "max_new_tokens": max_new_tokens, "dtype": dtype, "device": device, "mt_bench_turn": 2 if turn2 else 1,
-            "sampling": dataclasses.asdict(sampling) if sampling else None,  # as given; None = model default
-            "methods": [{"name": m.name, "must_match": m.exact, "config": m.config} for m in methods],
-            "busy_cores": busy_cores, "command": sys.argv, "bench_wall_s": None}
+    meta: dict[str, Any] = {
+        "model": model_name, "draft": draft, "datasets": datasets + [raw[0].dataset for raw in prompt_sets],
+        "limit": limit,
+        "max_new_tokens": max_new_tokens, "dtype": dtype, "device": device, "mt_bench_turn": 2 if turn2 else 1,
+        "sampling": dataclasses.asdict(sampling) if sampling else None,  # as given; None = model default
+        "methods": [{"name": m.name, "must_match": m.exact, "config": m.config} for m in methods],
+        "busy_cores": busy_cores, "command": sys.argv, "bench_wall_s": None}
     meta["bench_wall_s"] = time.perf_counter() - started
     paths = write_report(out_dir, records, cost, meta)
     mismatch = None
