@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
-from lookahead.cli.options import (
+from .options import (
     CLI_ERRORS,
     DTYPES,
     checked_config,
@@ -15,6 +17,9 @@ from lookahead.cli.options import (
     trust_remote_code_option,
     warnings_as_lines,
 )
+
+if TYPE_CHECKING:
+    from lookahead.config import LookaheadConfig
 
 
 @click.command("bench-batch")
@@ -31,8 +36,8 @@ from lookahead.cli.options import (
 @trust_remote_code_option
 @threads_option
 @config_options
-def bench_batch(model_name, datasets, limit, sizes, max_new_tokens, device, dtype, trust_remote_code,
-                **config_values):
+def bench_batch(model_name: str, datasets: tuple[str, ...], limit: int, sizes: tuple[int, ...], max_new_tokens: int,
+                device: str, dtype: str, trust_remote_code: bool, **config_values: Any) -> None:
     """Greedy batches: lookahead vs model.generate, tokens/s per batch size (markdown on stdout)."""
     if limit < 1 or max_new_tokens < 1 or any(s < 1 for s in sizes):
         fail("--limit, --max-new-tokens and --batch-size must be >= 1")
@@ -48,7 +53,8 @@ def bench_batch(model_name, datasets, limit, sizes, max_new_tokens, device, dtyp
     click.echo(batch_table(rows))
 
 
-def _throughput(model_name, datasets, limit, sizes, max_new_tokens, loading, config) -> list:
+def _throughput(model_name: str, datasets: tuple[str, ...], limit: int, sizes: tuple[int, ...], max_new_tokens: int,
+                loading: tuple[str, str, bool], config: LookaheadConfig) -> list[dict]:
     """Load (device, dtype, trust_remote_code = loading) and time every batch size; the table's rows."""
     import torch
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from lookahead.cli.options import (
+from .options import (
     CLI_ERRORS,
     DTYPES,
     checked_config,
@@ -18,6 +19,9 @@ from lookahead.cli.options import (
     trust_remote_code_option,
     warnings_as_lines,
 )
+
+if TYPE_CHECKING:
+    from lookahead.config import LookaheadConfig
 
 
 @click.command("bench-memory")
@@ -36,8 +40,8 @@ from lookahead.cli.options import (
 @trust_remote_code_option
 @threads_option
 @config_options
-def bench_memory(model_name, dataset, limit, max_new_tokens, slices, anchor, out_dir, device, dtype,
-                 trust_remote_code, **config_values):
+def bench_memory(model_name: str, dataset: str, limit: int, max_new_tokens: int, slices: int, anchor: bool,
+                 out_dir: str | None, device: str, dtype: str, trust_remote_code: bool, **config_values: Any) -> None:
     """Requests of one kind in order: tokens/forward and speed vs greedy per slice, memory on and off."""
     if limit < 2 or max_new_tokens < 1 or not 1 <= slices <= limit:
         fail("--limit must be >= 2, --max-new-tokens >= 1 and --slices between 1 and --limit")
@@ -61,7 +65,8 @@ def bench_memory(model_name, dataset, limit, max_new_tokens, slices, anchor, out
         (out / "results.json").write_text(json.dumps({k: v for k, v in result.items()}, indent=1, default=str))
 
 
-def _run(model_name, dataset, limit, max_new_tokens, slices, anchor, loading, config) -> dict:
+def _run(model_name: str, dataset: str, limit: int, max_new_tokens: int, slices: int, anchor: bool,
+         loading: tuple[str, str, bool], config: LookaheadConfig) -> dict:
     """Load (device, dtype, trust_remote_code = loading), build the anchor if asked, run the sequence."""
     import torch
 
@@ -87,7 +92,7 @@ def _run(model_name, dataset, limit, max_new_tokens, slices, anchor, loading, co
     click.echo(f"[bench-memory] {machine_line(environment(dtype))}; {dataset}, {len(prompts)} requests in order, "
                f"{max_new_tokens} new tokens", err=True)
 
-    def progress(index, rows):
+    def progress(index: int, rows: dict[str, tuple[int, int, float, float]]) -> None:
         cells = ", ".join(f"{name} {new}/{fwd} in {sec:.2f}s" for name, (new, fwd, sec, _) in rows.items())
         click.echo(f"[bench-memory] request {index + 1}: {cells}", err=True)
 

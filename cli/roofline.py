@@ -8,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from lookahead.cli.bench import checked_out_dir
-from lookahead.cli.options import (CLI_ERRORS, DTYPES, cli_message, fail, threads_option, trust_remote_code_option,
-                                   warnings_as_lines)
+from .bench import checked_out_dir
+from .options import CLI_ERRORS, DTYPES, cli_message, fail, threads_option, trust_remote_code_option, warnings_as_lines
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
 
@@ -30,7 +29,8 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
 @click.option("--allow-untested-models", is_flag=True, help="Measure an architecture outside the tested list.")
 @trust_remote_code_option
 @threads_option
-def roofline(model_name, device, dtype, context, rows, repeats, out_dir, allow_untested_models, trust_remote_code):
+def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple[int, ...], repeats: int, out_dir: str,
+             allow_untested_models: bool, trust_remote_code: bool) -> None:
     """The model's memory roofline on this machine beside its measured steps (markdown on stdout)."""
     if any(q < 1 for q in rows):
         fail(f"--rows must be >= 1, got {min(rows)}")
@@ -49,7 +49,8 @@ def roofline(model_name, device, dtype, context, rows, repeats, out_dir, allow_u
     click.echo(text)
 
 
-def _measure(model_name, loading, rows, context, repeats, allow_untested) -> dict:
+def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, ...], context: int, repeats: int,
+             allow_untested: bool) -> dict:
     """Load (device, dtype, trust_remote_code = loading) and measure; the result with the machine's
     and the model's names added."""
     import torch
