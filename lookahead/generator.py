@@ -5,6 +5,7 @@ build the tree -> one forward -> verify -> commit -> learn).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -236,8 +237,21 @@ class LookaheadGenerator:
                                               self.target.context)
                 warnings.warn(message, ContextLimitWarning, stacklevel=4)
 
+    def open_batch(self) -> DecodeRun:
+        """A decode that sequences join and leave between steps (``DecodeRun.join`` / ``leave`` /
+        ``step``: the server's loop), on this generator's learned state; every step priced by the
+        curve of the batch size it has (measured on first use of a size, cached on disk)."""
+        if self.draft is not None:
+            raise GenerateInputError("a draft model drafts for one sequence: open a batch without draft_model")
+        context = dataclasses.replace(self._context(1), cost_for=self._batch_cost)
+        return DecodeRun.open(context)
+
+    def _batch_cost(self, batch: int) -> CostModel | None:
+        """The budget's curve for a step over ``batch`` sequences."""
+        return self.costs.for_batch(batch, self.run_config, self.cost)
+
     def _context(self, batch: int) -> DecodeContext:
         """What a decode of ``batch`` sequences reads: the state learned so far, shared, not copied."""
         sources = SourceFactory(self.run_config, self.memory, self.recycled, self.draft)
-        cost = self.costs.for_batch(batch, self.run_config, self.cost)
+        cost = self._batch_cost(batch)
         return DecodeContext(self.target, self.run_config, cost, self.acceptance, self.recycled, self.memory, sources)

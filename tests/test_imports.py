@@ -27,6 +27,7 @@ LAYERS = (
     ("lookahead.generator",),
     ("lookahead.hf",),
     ("lookahead",),
+    ("lookahead.serve",),
     ("lookahead.benchmarks",),
     ("lookahead.cli",),
 )

@@ -6,6 +6,7 @@ read it and never see the generator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..call.decoding import Decoding
@@ -31,6 +32,8 @@ class DecodeContext:
     recycled: AdjacencyTable | None  # the recycled successors, learned across calls
     memory: RequestMemory | None  # earlier requests' text (any object with RequestMemory's methods), or None
     sources: SourceFactory  # builds each sequence's candidate sources
+    cost_for: Callable[[int], CostModel | None] | None = None  # the curve per batch size, where sequences join
+    # and leave a running batch (None: ``cost`` throughout)
 
     def acceptance(self, decoding: Decoding, proposers: list[Proposer]) -> AcceptanceStats:
         """The estimate table of this decoding's regime (made from the sources' priors when new)."""

@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from ..call.decoding import Decoding
 from ..call.stats import DEVICE_PHASES, PHASES, GenerationStats
-from ..model.cache import keep_rows
+from ..model.cache import joined, keep_rows
 from ..model.mask import PastSlots
 from ..model.target import to_device
 from ..plan.choice import StepChooser
@@ -87,28 +88,44 @@ def kept_slots(kept: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bool]:
 
 
 class DecodeRun:
-    """One generate call over B >= 1 left-padded prompts."""
+    """One generate call over B >= 1 left-padded prompts, or (``open``) a batch that sequences join
+    and leave between steps."""
 
     def __init__(self, context: DecodeContext, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray],
-                 decoding: Decoding, streamer: Any = None, rooms: list[int | None] | None = None):
+                 decoding: Decoding | None, streamer: Any = None, rooms: list[int | None] | None = None):
         """ids, mask [B, T] on the CPU; prompts: each row without its padding; ``rooms``: per row, the new
         tokens the model's context holds after its prompt (None: no limit); ``streamer``: one row only."""
+        self.context = context
         self.target = context.target
         self.ids, self.mask = ids, mask
-        self.pad = decoding.pad_token_id
+        self.pad = decoding.pad_token_id if decoding is not None else None
         self.stats = GenerationStats(prompt_tokens=int(mask.sum()))
         self.memory = context.memory  # earlier requests' text (its host time goes into the stats)
+        self.chooser: StepChooser | None = None  # the batch's one choice per step (made with the first sequence)
         rooms = rooms if rooms is not None else [None] * len(prompts)
-        parts = [sequence_parts(context, p, decoding, streamer, room) for p, room in zip(prompts, rooms)]
-        acceptance = context.acceptance(decoding, parts[0].sources)  # one regime: every sequence's sources alike
-        self.chooser = StepChooser(context.config, context.cost, acceptance)  # the batch's one choice per step
-        self.seqs = [Sequence(part, Planner(context.config, part.sources, acceptance, self.chooser), context.recycled,
-                              GenerationStats(prompt_tokens=int(p.shape[0]))) for part, p in zip(parts, prompts)]
+        assert decoding is not None or not prompts, "prompts come with their decoding"
+        self.seqs = [self._sequence(p, decoding, streamer, room) for p, room in zip(prompts, rooms) if decoding]
         self.cache = self.target.new_cache()
-        self.active = list(range(len(prompts)))  # sequences still decoding, in cache order
+        self.active: list[Sequence] = list(self.seqs)  # sequences still decoding, in cache order
         self.past = 0  # cache slots P
         self.x_pos = np.zeros(len(prompts), dtype=np.int64)  # [A] position of each sequence's x
         self.slots: PastSlots | None = None  # with several sequences: which slots each sees (see above)
+
+    @classmethod
+    def open(cls, context: DecodeContext) -> DecodeRun:
+        """A run with no sequence yet: sequences ``join`` and ``leave`` it between ``step``s."""
+        empty = torch.zeros((0, 0), dtype=torch.long)
+        return cls(context, empty, empty, [], None)
+
+    def _sequence(self, prompt: np.ndarray, decoding: Decoding, streamer: Any, room: int | None) -> Sequence:
+        """A new sequence decoding ``prompt`` [T] under ``decoding`` (its regime's acceptance table)."""
+        context = self.context
+        parts = sequence_parts(context, prompt, decoding, streamer, room)
+        acceptance = context.acceptance(decoding, parts.sources)
+        if self.chooser is None:
+            self.chooser = StepChooser(context.config, context.cost, acceptance)
+        planner = Planner(context.config, parts.sources, acceptance, self.chooser)
+        return Sequence(parts, planner, context.recycled, GenerationStats(prompt_tokens=int(prompt.shape[0])))
 
     def decode(self) -> torch.Tensor:
         """Prefill, then steps until every sequence is done; [B, T + new] like model.generate.
@@ -126,7 +143,7 @@ class DecodeRun:
             self.active = []
         self.stats.prefill_s = time.perf_counter() - start
         while self.active:
-            self._step()
+            self.step()
         out = self._output()
         self.stats.wall_time_s = time.perf_counter() - start
         self.stats.new_tokens = sum(seq.out.new_tokens for seq in self.seqs)
@@ -155,12 +172,16 @@ class DecodeRun:
         self.past = mask.shape[1] - 1
         self.x_pos = positions[:, -1].copy()  # [B]
 
-    def _step(self) -> None:
+    def step(self) -> list[Sequence]:
         """One step of every active sequence: 1. propose, 2. build the trees, 3. one forward,
-        4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn."""
+        4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn.
+
+        Returns the sequences that finished in it (they have left the batch; ``Sequence.finish``
+        is the caller's: ``decode`` finishes them all at the end)."""
         clock = time.perf_counter
         marks = [clock()]  # the end of each phase (stats.PHASES)
-        seqs = [self.seqs[b] for b in self.active]
+        seqs = list(self.active)
+        assert self.chooser is not None, "a run with sequences has its chooser"
         ranked = [seq.rank() for seq in seqs]  # 1. propose: every sequence's scored trie
         marks.append(clock())
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
@@ -186,6 +207,8 @@ class DecodeRun:
             self._drop(finished)
         else:
             self.active = []
+        if finished:
+            self._recost()
         marks.append(clock())
         seconds = marks[-1] - marks[0]
         # 6. learn what the step cost: the target's share alone (a draft's forwards, a catch-up over a
@@ -196,6 +219,64 @@ class DecodeRun:
         self.target.observe(count, width, target_seconds)
         marks.append(clock())
         self._record(seqs, rows, marks)
+        return [seqs[a] for a in finished]
+
+    def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, room: int | None = None) -> Sequence:
+        """A sequence decoding ``prompt`` [T] joins the batch at the next step.
+
+        Its prompt (all but the last token, the first step's x) is prefilled alone; its keys and
+        values then sit beside the others' as one more batch row, left-padded to the longer past (or
+        the others' are), the padding hidden by the slots' mask. ``room``: the new tokens the
+        model's context holds after the prompt (None: no limit). A sequence with nothing to
+        generate (max_new_tokens or room 0) never joins: check ``Sequence.room()``.
+        """
+        seq = self._sequence(prompt, decoding, streamer, room)
+        if seq.room() <= 0:
+            return seq
+        own = self.target.new_cache()
+        self.target.prefill(own, prompt[None, :-1])
+        length = int(prompt.shape[0]) - 1  # its cache slots: every prompt token but x
+        if not self.active:
+            self.cache, self.past, self.slots = own, length, None
+            self.x_pos = np.array([length], dtype=np.int64)
+        else:
+            self._place(own, length)
+        self.active.append(seq)
+        seq.begin()
+        self._recost()
+        return seq
+
+    def _place(self, own: DynamicCache, length: int) -> None:
+        """A new sequence's cache ``own`` (``length`` slots) beside the batch's, left-padded to the longer."""
+        dev = self.target.device
+        slots = self.slots if self.slots is not None else PastSlots(  # one sequence so far: it sees every slot
+            torch.ones((1, self.past), dtype=torch.bool, device=dev), torch.arange(self.past, device=dev)[None])
+        self.cache, before, pad = joined(self.cache, own, self.past, length, self.target.layers)
+        width = self.past + before
+        count = len(self.active)
+        valid = torch.zeros((count + 1, width), dtype=torch.bool, device=dev)  # [A + 1, P']
+        positions = torch.zeros((count + 1, width), dtype=slots.positions.dtype, device=dev)
+        valid[:count, before:], positions[:count, before:] = slots.valid, slots.positions
+        valid[count, pad:] = True
+        positions[count, pad:] = torch.arange(length, device=dev)
+        self.slots = PastSlots(valid, positions)
+        self.past = width
+        self.x_pos = np.append(self.x_pos, length)
+
+    def leave(self, seq: Sequence) -> None:
+        """``seq`` leaves the batch before the next step (a cancelled request; its cache row too)."""
+        if seq not in self.active:
+            return
+        if len(self.active) == 1:
+            self.active = []
+        else:
+            self._drop([self.active.index(seq)])
+        self._recost()
+
+    def _recost(self) -> None:
+        """The budget's curve for the batch as it now is (where the context prices batch sizes apart)."""
+        if self.context.cost_for is not None and self.chooser is not None and self.active:
+            self.chooser.cost = self.context.cost_for(len(self.active))
 
     def _record(self, seqs: list[Sequence], rows: StepRows, marks: list[float]) -> None:
         """One step into the call's stats; ``marks``: its start and the end of each phase (stats.PHASES)."""

@@ -278,3 +278,37 @@ def gather_slots(tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return tensor.index_select(2, slots[0])
     index = slots[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])  # [A, H, K, D]
     return tensor.gather(2, index)
+
+
+def joined(cache: DynamicCache, other: DynamicCache, past: int, length: int,
+           layers: int | None = None) -> tuple[SlotCache, int, int]:
+    """A new cache holding ``cache``'s sequences (``past`` slots each), then ``other``'s (``length``
+    slots), the shorter left-padded with zero slots to the longer: (the cache, the slots padded in
+    front of ``cache``'s rows, those in front of ``other``'s). The caller masks the padding.
+
+    past 5, length 3 -> keys [A + 1, H, 5, D], 0, 2; past 2, length 4 -> keys [A + 1, H, 4, D], 2, 0.
+    """
+    width = max(past, length)
+    before, pad = width - past, width - length
+    out = new_cache(layers)
+    ours_layers: list[Any] = cache.layers  # SlotLayer or DynamicLayer: keys and values [A, H, S, D]
+    their_layers: list[Any] = other.layers
+    for index, (mine, theirs) in enumerate(zip(ours_layers, their_layers)):
+        if not mine.is_initialized:  # a layer that never ran (one sharing another's cache, say)
+            continue
+        stacked = []
+        for name in ("keys", "values"):
+            ours: torch.Tensor = getattr(mine, name)  # [A, H, past, D]
+            new = getattr(theirs, name) if theirs.is_initialized else ours.new_zeros(
+                (1, ours.shape[1], 0, ours.shape[3]))  # [1, H, length, D]
+            stacked.append(torch.cat([_left_padded(ours, before), _left_padded(new, pad)]))  # [A + 1, H, width, D]
+        out.update(stacked[0], stacked[1], index)
+    return out, before, pad
+
+
+def _left_padded(tensor: torch.Tensor, slots: int) -> torch.Tensor:
+    """tensor [A, H, S, D] with ``slots`` zero slots in front: [A, H, slots + S, D]."""
+    if slots == 0:
+        return tensor
+    zeros = tensor.new_zeros(tensor.shape[:2] + (slots,) + tensor.shape[3:])
+    return torch.cat([zeros, tensor], dim=2)

@@ -1,0 +1,1 @@
+"""lookahead serve: an OpenAI-compatible server over one continuous-batching decode loop (engine.py)."""

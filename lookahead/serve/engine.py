@@ -1,0 +1,396 @@
+"""The server's engine: one thread owns the model and runs one decode loop (decode/loop.py's
+``DecodeRun``, opened empty) that requests join and leave between steps.
+
+A request (``Completion``: token ids and its sampling settings) is queued by ``Engine.submit``
+(bounded: ``QueueFull`` past ``max_queue``) and answered through its ``Ticket``: an asyncio stream
+of ``Event``s, one per step that accepted tokens for it, the last with the finish reason and the
+usage. Before every step the engine lets waiting requests join (up to ``max_batch`` sequences),
+cancelled ones leave, and after it finishes the ones that ended. Each sequence decodes under its
+own settings: a greedy one gives exactly ``model.generate``'s tokens on its prompt alone, a seeded
+sampled one the same text whatever else is in the batch (its random numbers depend on its seed
+and the output position only, verify/sampling.py). Every request reads and feeds the generator's
+one memory of earlier requests, saved atomically to ``memory_path`` every ``save_every_s`` and at
+``stop``.
+
+An exception while a request joins fails that request alone; one inside a step fails the requests
+in that step, and the engine starts a fresh batch for the next ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..call.decoding import Decoding, resolve_decoding
+from ..call.inputs import context_room
+from ..decode.loop import DecodeRun
+from ..decode.sequence import Sequence
+from ..generator import LookaheadGenerator
+from ..proposers.memory import RequestMemory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+IDLE_WAIT_S = 1.0  # how long the idle decode thread sleeps between looks at the clock (periodic saves, stop)
+RETRY_PER_WAITING_S = 0.5  # a full queue's Retry-After: this many seconds per request ahead
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One request, tokenized: its prompt and how to decode it."""
+
+    prompt: list[int]  # token ids, at least one
+    max_tokens: int  # new tokens at most, >= 1
+    temperature: float | None = None  # None or 0.0: greedy
+    top_p: float | None = None
+    seed: int | None = None  # sampling: the request's own random stream (the same text whatever runs beside it)
+    stop: tuple[str, ...] = ()  # stop strings: decoding ends at one (the tokens returned include it)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether tokens are drawn (a temperature above 0) rather than chosen greedily."""
+        return self.temperature is not None and self.temperature > 0.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a step did for one request; the last one carries the finish reason and the usage."""
+
+    tokens: list[int]  # tokens accepted since the last event (possibly none on the last)
+    finish_reason: str | None = None  # on the last: "stop" (EOS, a stop string), "length", "cancelled", "error"
+    error: str | None = None  # with "error": what went wrong, one line
+    prompt_tokens: int = 0  # usage, on the last event
+    completion_tokens: int = 0
+
+
+class QueueFull(Exception):
+    """The engine's queue holds ``max_queue`` requests already: try again after ``retry_after`` seconds."""
+
+    def __init__(self, waiting: int, retry_after: float):
+        super().__init__(f"{waiting} requests are waiting already; retry after {retry_after:.0f} s")
+        self.retry_after = retry_after
+
+
+class EngineStopped(RuntimeError):
+    """The engine is not running (not started yet, or stopped): no request is taken."""
+
+
+class Ticket:
+    """One request's answer: ``events()`` streams it (call from the event loop that submitted it)."""
+
+    def __init__(self, ident: str, completion: Completion, loop: asyncio.AbstractEventLoop):
+        self.id = ident
+        self.completion = completion
+        self.loop = loop
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.closed = False  # the final event was sent (decode thread only)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every event until, and including, the final one (the one with a finish_reason)."""
+        while True:
+            event = await self.queue.get()
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    def cancel(self) -> None:
+        """Stop decoding this request: it leaves the batch before the next step (a disconnect)."""
+        self.cancelled.set()
+
+    def send(self, event: Event) -> None:
+        """Hand ``event`` to the event loop (from the decode thread); nothing after the final one."""
+        if self.closed:
+            return
+        self.closed = event.finish_reason is not None
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody listens any more
+            pass
+
+    def close(self, reason: str, prompt_tokens: int, completion_tokens: int, error: str | None = None) -> None:
+        """The final event."""
+        self.send(Event([], reason, error, prompt_tokens, completion_tokens))
+
+
+class TicketStreamer:
+    """A streamer (transformers' put / end) that forwards a sequence's accepted tokens to its ticket.
+
+    The output buffer puts the prompt first (as ``model.generate`` streams): that one is skipped.
+    """
+
+    def __init__(self, ticket: Ticket):
+        self.ticket = ticket
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.ticket.send(Event(value.reshape(-1).tolist()))
+
+    def end(self) -> None:
+        """The final event is the engine's (it knows the finish reason)."""
+
+
+@dataclass
+class Counters:
+    """What /metrics reports (written by the decode thread, read by anyone)."""
+
+    requests_total: int = 0
+    tokens_generated_total: int = 0
+    forwards_total: int = 0
+    step_seconds_total: float = 0.0
+
+
+class Engine:
+    """One decode thread over a generator; requests join its running batch (see the module's docstring)."""
+
+    def __init__(self, generator: LookaheadGenerator, max_batch: int = 8, max_queue: int = 64,
+                 memory_path: str | os.PathLike[str] | None = None, save_every_s: float = 300.0) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if not save_every_s > 0:
+            raise ValueError(f"save_every_s must be > 0, got {save_every_s}")
+        if generator.draft_model is not None:
+            raise ValueError("a draft model drafts for one sequence; serve without draft_model")
+        if memory_path is not None and not isinstance(generator.memory, RequestMemory):
+            raise ValueError("memory_path needs a memory: LookaheadConfig(memory_tokens=N) with N >= 2")
+        self.generator = generator
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.memory_path, self.save_every_s = memory_path, save_every_s
+        self.counters = Counters()
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[Ticket] = collections.deque()
+        self._live: list[tuple[Sequence, Ticket]] = []
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count(1)
+        self._saved_at = time.monotonic()
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The generator's tokenizer."""
+        return self.generator.tokenizer
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context in tokens (None: it names none): a prompt + max_tokens must fit."""
+        return self.generator.target.context
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Load the memory file (when it exists: a damaged one raises MemoryFileError) and start decoding."""
+        if self._running:
+            return
+        if self.memory_path is not None and os.path.exists(self.memory_path):
+            self.generator.load_memory(self.memory_path)
+        self._running = True
+        self._saved_at = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="lookahead-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop decoding: every request still waiting or running ends with an error event; the memory is
+        saved (atomically) to ``memory_path``."""
+        with self._cond:
+            if not self._running:
+                return
+            self._running = False
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._save()
+
+    def submit(self, completion: Completion) -> Ticket:
+        """Queue ``completion`` (from the event loop that will read its ticket); QueueFull past max_queue."""
+        _check(completion, self.generator.vocab)
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if not self._running:
+                raise EngineStopped("the engine is not running")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(len(self._waiting), RETRY_PER_WAITING_S * (len(self._waiting) + 1))
+            ticket = Ticket(f"cmpl-{next(self._ids)}", completion, loop)
+            self._waiting.append(ticket)
+            self.counters.requests_total += 1
+            self._cond.notify_all()
+        return ticket
+
+    def metrics(self) -> dict[str, float]:
+        """Counters and gauges for /metrics."""
+        c = self.counters
+        memory = self.generator.memory
+        fill = memory.store.tokens / memory.store.capacity if isinstance(memory, RequestMemory) else 0.0
+        with self._cond:
+            waiting, running = len(self._waiting), len(self._live)
+        return {"requests_total": float(c.requests_total), "requests_running": float(running),
+                "queue_depth": float(waiting), "batch_size": float(running),
+                "tokens_generated_total": float(c.tokens_generated_total), "forwards_total": float(c.forwards_total),
+                "tokens_per_forward": c.tokens_generated_total / c.forwards_total if c.forwards_total else 0.0,
+                "tokens_per_second": (c.tokens_generated_total / c.step_seconds_total
+                                      if c.step_seconds_total else 0.0),
+                "memory_fill": fill}
+
+    # ------------------------------------------------------------------ the decode thread
+    def _loop(self) -> None:
+        run: DecodeRun | None = None
+        with torch.inference_mode():
+            while True:
+                admitted = self._next()
+                if admitted is None:
+                    break
+                if run is None:
+                    run = self.generator.open_batch()
+                for ticket in admitted:
+                    self._admit(run, ticket)
+                self._cancel(run)
+                if self._live and not self._step(run):
+                    run = None  # a step failed: its requests got an error; the next ones start afresh
+                if time.monotonic() - self._saved_at >= self.save_every_s:
+                    self._save()
+        self._fail_all("the server is stopping")
+
+    def _next(self) -> list[Ticket] | None:
+        """Wait for work; the requests that may join now (None: stop)."""
+        with self._cond:
+            while self._running and not self._waiting and not self._live:
+                self._cond.wait(IDLE_WAIT_S)
+                if time.monotonic() - self._saved_at >= self.save_every_s:
+                    break
+            if not self._running:
+                return None
+            room = self.max_batch - len(self._live)
+            return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+
+    def _admit(self, run: DecodeRun, ticket: Ticket) -> None:
+        """``ticket``'s request joins the batch (or is answered at once: cancelled, nothing to do, refused)."""
+        completion = ticket.completion
+        prompt_tokens = len(completion.prompt)
+        if ticket.cancelled.is_set():
+            ticket.close("cancelled", prompt_tokens, 0)
+            return
+        try:
+            prompt = np.asarray(completion.prompt, dtype=np.int64)
+            room = context_room(prompt.shape[0], self.context_length)
+            seq = run.join(prompt, self._decoding(completion), TicketStreamer(ticket), room)
+        except Exception as exc:  # this request alone fails
+            ticket.close("error", prompt_tokens, 0, _one_line(exc))
+            return
+        if seq.room() <= 0 or seq not in run.active:
+            self._end(seq, ticket)
+            return
+        with self._cond:
+            self._live.append((seq, ticket))
+
+    def _decoding(self, completion: Completion) -> Decoding:
+        """The request's settings as generate would resolve them (model's generation_config beneath)."""
+        gen = self.generator
+        generator = None
+        if completion.seed is not None:
+            generator = torch.Generator(device=gen.target.device).manual_seed(completion.seed)
+        sampling: dict[str, Any] = {}
+        if completion.sampled:
+            sampling = {"temperature": completion.temperature, "top_p": completion.top_p}
+        return resolve_decoding(gen.model, len(completion.prompt), gen.target.device,
+                                max_new_tokens=completion.max_tokens, do_sample=completion.sampled,
+                                stop_strings=list(completion.stop) or None, tokenizer=gen.tokenizer,
+                                generator=generator, **sampling)
+
+    def _cancel(self, run: DecodeRun) -> None:
+        """Cancelled requests leave the batch."""
+        for seq, ticket in list(self._live):
+            if ticket.cancelled.is_set():
+                run.leave(seq)
+                self._end(seq, ticket, "cancelled")
+
+    def _step(self, run: DecodeRun) -> bool:
+        """One step of the batch; the requests it finished end. False when the step failed."""
+        steps_before = run.stats.steps
+        start = time.perf_counter()
+        before = {id(seq): seq.out.new_tokens for seq, _ in self._live}
+        try:
+            finished = run.step()
+        except Exception as exc:  # the requests in this step fail; the server goes on
+            self._fail_live(_one_line(exc))
+            return False
+        c = self.counters
+        c.step_seconds_total += time.perf_counter() - start
+        c.forwards_total += run.stats.steps - steps_before
+        c.tokens_generated_total += sum(seq.out.new_tokens - before[id(seq)] for seq, _ in self._live)
+        done = {id(seq) for seq in finished}
+        for seq, ticket in list(self._live):
+            if id(seq) in done:
+                self._end(seq, ticket)
+        return True
+
+    def _end(self, seq: Sequence, ticket: Ticket, reason: str | None = None) -> None:
+        """``seq`` is done: its sources hear of it (the memory keeps it), the final event goes out."""
+        with self._cond:
+            self._live = [(s, t) for s, t in self._live if s is not seq]
+        try:
+            if seq.begun:
+                seq.finish()
+        except Exception as exc:  # noqa: BLE001 - a source's bookkeeping must not take the server down
+            ticket.close("error", seq.out.prompt_len, seq.out.new_tokens, _one_line(exc))
+            return
+        ticket.close(reason or _finish_reason(seq), seq.out.prompt_len, seq.out.new_tokens)
+
+    def _fail_live(self, message: str) -> None:
+        """Every running request ends with an error event."""
+        with self._cond:
+            live, self._live = self._live, []
+        for seq, ticket in live:
+            ticket.close("error", seq.out.prompt_len, seq.out.new_tokens, message)
+
+    def _fail_all(self, message: str) -> None:
+        """Every running and waiting request ends with an error event (the engine stops)."""
+        self._fail_live(message)
+        with self._cond:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for ticket in waiting:
+            ticket.close("error", len(ticket.completion.prompt), 0, message)
+
+    def _save(self) -> None:
+        """The memory to ``memory_path`` (atomically), if the engine keeps one there."""
+        self._saved_at = time.monotonic()
+        if self.memory_path is not None:
+            self.generator.save_memory(self.memory_path)
+
+
+def _finish_reason(seq: Sequence) -> str:
+    """'length' where the request used its max_tokens (or the model's context), else 'stop' (EOS, a stop string)."""
+    out = seq.out
+    if out.new_tokens > 0 and out.last in out.eos:
+        return "stop"
+    return "length" if out.new_tokens >= out.limit else "stop"
+
+
+def _check(completion: Completion, vocab: int) -> None:
+    """ValueError naming what is wrong with a request the engine cannot decode."""
+    if not completion.prompt:
+        raise ValueError("prompt: at least one token is needed")
+    if min(completion.prompt) < 0 or max(completion.prompt) >= vocab:
+        raise ValueError(f"prompt: token ids must lie in [0, {vocab})")
+    if completion.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {completion.max_tokens}")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -1,0 +1,189 @@
+"""Continuous batching (decode/loop.py's join / leave, serve/engine.py): sequences that join a running
+batch at different steps, of different prompt lengths, each give model.generate's tokens on their
+prompt alone; one that leaves changes nothing for the others; a seeded sampled sequence gives the
+same tokens with and without company."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import VOCAB, tiny_model
+from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.call.decoding import resolve_decoding
+from lookahead.model.cache import SlotCache, joined
+from lookahead.serve.engine import Completion, Engine, QueueFull
+
+NO_EOS = [VOCAB + 1000]
+MOTIF = [5, 9, 13, 17, 21]
+PROMPTS = [MOTIF * 3, [7, 8, 9], [40, 41] + MOTIF * 2 + [3], [11], [60, 61, 62, 60, 61, 62, 60],
+           [30] * 9, MOTIF + [2, 4, 6, 8] * 3, [77, 78]]  # 8 prompts, lengths 15, 3, 13, 1, 7, 9, 17, 2
+JOIN_AT = [0, 0, 1, 3, 4, 4, 7, 12]  # the step before which each joins
+NEW = [24, 30, 18, 26, 12, 30, 22, 16]
+
+
+def alone(model, prompt: list[int], new: int) -> list[int]:
+    """model.generate greedy on one unpadded prompt: its new tokens."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                             eos_token_id=NO_EOS)
+    return out[0, len(prompt):].tolist()
+
+
+def decoding(gen: LookaheadGenerator, prompt: list[int], new: int, **sampling):
+    return resolve_decoding(gen.model, len(prompt), gen.target.device, max_new_tokens=new,
+                            eos_token_id=NO_EOS, **sampling)
+
+
+def drive(gen: LookaheadGenerator, prompts: list[list[int]], join_at: list[int], new: list[int],
+          leave_at: dict[int, int] | None = None, **sampling) -> dict[int, list[int]]:
+    """Run an open batch: prompt i joins before step join_at[i] (and leaves before step leave_at[i]);
+    every sequence's new tokens, by index."""
+    leave_at = leave_at or {}
+    run = gen.open_batch()
+    seqs, out, step, widest = {}, {}, 0, 0
+    with torch.inference_mode():
+        while len(out) < len(prompts):
+            for i, at in enumerate(join_at):
+                if at == step:
+                    seqs[i] = run.join(np.array(prompts[i]), decoding(gen, prompts[i], new[i], **sampling))
+            for i, at in leave_at.items():
+                if at == step and i in seqs and i not in out:
+                    run.leave(seqs[i])
+                    out[i] = seqs[i].finish()[len(prompts[i]):].tolist()
+            widest = max(widest, len(run.active))
+            for seq in (run.step() if run.active else []):
+                i = next(k for k, s in seqs.items() if s is seq)
+                out[i] = seq.finish()[len(prompts[i]):].tolist()
+            step += 1
+            assert step < 500, "the batch never drained"
+    assert widest >= min(3, len(prompts) - 1), "the sequences never decoded side by side: the test shows nothing"
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2"])
+def test_sequences_joining_at_different_steps_each_equal_generate_alone(arch):
+    model = tiny_model(arch)
+    gen = LookaheadGenerator(model, config=LookaheadConfig(window=2, ngram=3))
+    out = drive(gen, PROMPTS, JOIN_AT, NEW)
+    for i, prompt in enumerate(PROMPTS):
+        assert out[i] == alone(model, prompt, NEW[i]), f"{arch}: sequence {i} differs"
+
+
+def test_a_sequence_that_leaves_changes_nothing_for_the_others():
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model)
+    out = drive(gen, PROMPTS[:4], JOIN_AT[:4], NEW[:4], leave_at={1: 3})
+    assert out[1] == alone(model, PROMPTS[1], NEW[1])[:len(out[1])] and len(out[1]) < NEW[1]
+    for i in (0, 2, 3):
+        assert out[i] == alone(model, PROMPTS[i], NEW[i])
+
+
+def test_a_batch_that_drained_takes_new_sequences():
+    """Every sequence finished (the batch is empty, its cache stale); the next joins start afresh."""
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model)
+    out = drive(gen, PROMPTS[:3], [0, 0, 40], [4, 4, 10])  # the third joins long after the first two ended
+    for i in range(3):
+        assert out[i] == alone(model, PROMPTS[i], [4, 4, 10][i])
+
+
+def test_a_seeded_sampled_sequence_is_the_same_with_and_without_company():
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model)
+    sampling = dict(do_sample=True, temperature=0.9)
+    prompt = PROMPTS[0]
+
+    def seeded(prompts, join_at, new):
+        run = gen.open_batch()
+        seqs, step = [], 0
+        with torch.inference_mode():
+            while True:
+                for i, at in enumerate(join_at):
+                    if at == step:
+                        stream = torch.Generator().manual_seed(1234 if i == 0 else i)
+                        seqs.append(run.join(np.array(prompts[i]), decoding(gen, prompts[i], new[i], generator=stream,
+                                                                             **sampling)))
+                if run.active:
+                    run.step()
+                step += 1
+                if step > max(join_at) and not run.active:
+                    return seqs[0].finish()[len(prompt):].tolist()
+
+    lone = seeded([prompt], [0], [30])
+    crowded = seeded([prompt] + PROMPTS[1:5], [0, 0, 2, 5, 9], [30, 20, 25, 10, 30])
+    assert lone == crowded and len(lone) == 30
+
+
+def test_joined_pads_the_shorter_past_in_front():
+    torch.manual_seed(0)
+    ours, theirs = SlotCache(2), SlotCache(2)
+    a = [torch.randn(2, 3, 5, 4) for _ in range(4)]  # 2 sequences, 3 heads, 5 slots, head size 4
+    b = [torch.randn(1, 3, 2, 4) for _ in range(4)]
+    for layer in range(2):
+        ours.update(a[2 * layer], a[2 * layer + 1], layer)
+        theirs.update(b[2 * layer], b[2 * layer + 1], layer)
+    out, before, pad = joined(ours, theirs, 5, 2, 2)
+    assert (before, pad) == (0, 3) and out.get_seq_length() == 5
+    keys = out.layers[1].keys  # [3, 3, 5, 4]
+    assert torch.equal(keys[:2], a[2]) and torch.equal(keys[2, :, 3:], b[2][0]) and not keys[2, :, :3].any()
+    back, before, pad = joined(theirs, ours, 2, 5, 2)  # now the batch's past is the shorter
+    assert (before, pad) == (3, 0) and torch.equal(back.layers[0].values[1:], a[1])
+
+
+def test_the_engine_answers_requests_in_flight_together():
+    """Requests submitted together and apart through the engine: each greedy one is generate's; a
+    cancelled one ends 'cancelled'; the counters add up."""
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig(memory_tokens=256))
+    engine = Engine(gen, max_batch=3, max_queue=8)
+
+    async def collect(ticket):
+        tokens, last = [], None
+        async for event in ticket.events():
+            tokens.extend(event.tokens)
+            last = event
+        return tokens, last
+
+    async def main():
+        engine.start()
+        try:
+            tickets = [engine.submit(Completion(p, n)) for p, n in zip(PROMPTS[:5], NEW[:5])]
+            gone = engine.submit(Completion(PROMPTS[5], 200))
+            gone.cancel()
+            results = await asyncio.wait_for(asyncio.gather(*(collect(t) for t in tickets + [gone])), 120)
+            return results, engine.metrics()
+        finally:
+            engine.stop()
+
+    results, metrics = asyncio.run(main())
+    for (tokens, last), prompt, new in zip(results[:5], PROMPTS, NEW):
+        expected = alone(model, prompt, new)
+        assert tokens == expected and last.finish_reason == "length"
+        assert (last.prompt_tokens, last.completion_tokens) == (len(prompt), new)
+    assert results[5][1].finish_reason == "cancelled" and len(results[5][0]) < 200
+    assert metrics["requests_total"] == 6 and metrics["tokens_generated_total"] >= sum(NEW[:5])
+    assert metrics["forwards_total"] > 0 and metrics["memory_fill"] > 0
+
+
+def test_the_engine_refuses_past_its_queue_and_bad_requests():
+    gen = LookaheadGenerator(tiny_model("llama"))
+    engine = Engine(gen, max_batch=1, max_queue=0)
+
+    async def main():
+        engine.start()
+        try:
+            with pytest.raises(QueueFull):
+                engine.submit(Completion([5, 6], 4))
+            with pytest.raises(ValueError, match="max_tokens"):
+                engine.submit(Completion([5, 6], 0))
+            with pytest.raises(ValueError, match="token ids"):
+                engine.submit(Completion([VOCAB], 3))
+        finally:
+            engine.stop()
+
+    asyncio.run(main())
