@@ -30,6 +30,7 @@ from lookahead.cli.options import (
     warnings_as_lines,
 )
 from lookahead.cli.roofline import roofline
+from lookahead.cli.serve import serve
 from lookahead.config import LookaheadConfig
 
 if TYPE_CHECKING:
@@ -159,6 +160,7 @@ main.add_command(bench)
 main.add_command(bench_batch)
 main.add_command(bench_memory)
 main.add_command(roofline)
+main.add_command(serve)
 
 
 if __name__ == "__main__":

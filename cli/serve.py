@@ -1,0 +1,161 @@
+"""``lookahead serve``: an OpenAI-compatible HTTP server (lookahead/serve/app.py under uvicorn) over one
+continuous-batching engine (lookahead/serve/engine.py). SIGTERM or Ctrl-C stops it cleanly: requests
+in flight get up to GRACEFUL_SHUTDOWN_S to finish, then the engine stops and saves its memory file."""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import (
+    CLI_ERRORS,
+    DTYPES,
+    checked_config,
+    cli_message,
+    config_options,
+    fail,
+    threads_option,
+    trust_remote_code_option,
+    warnings_as_lines,
+)
+
+DISTRIBUTION = "lookahead-lm"  # pyproject.toml [project] name
+SERVE_MODULES = ("fastapi", "uvicorn", "pydantic")  # what the [serve] extra installs that serving imports
+GRACEFUL_SHUTDOWN_S = 10  # on SIGTERM / Ctrl-C: how long requests in flight may take to finish
+
+
+def require_serve_extra() -> None:
+    """One line naming the install command and exit status 2 when the [serve] extra is missing."""
+    missing = [name for name in SERVE_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        fail(f"lookahead serve needs {', '.join(missing)}: pip install \"{DISTRIBUTION}[serve]\"")
+
+
+def checked_memory_file(path: str | None, memory_tokens: int) -> None:
+    """One line and exit status 2, before the model loads, when --memory cannot work: no store
+    (--memory-tokens 0), a directory, or a place the file cannot be written to."""
+    if path is None:
+        return
+    if memory_tokens == 0:
+        fail("--memory keeps requests in a memory store, and --memory-tokens 0 turns it off: "
+             "pass --memory-tokens N (N >= 2) or leave --memory out")
+    where = Path(path).expanduser()
+    if where.is_dir():
+        fail(f"--memory {path} is a directory: pass a file path, e.g. {where / 'memory.lkm'}")
+    parent = where.parent if where.parent != Path("") else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) \
+            or (where.exists() and not os.access(where, os.R_OK)):
+        fail(f"--memory {path}: cannot read and write there (the directory {parent} does not exist or is not "
+             f"writable): pass a path in a directory you can write to")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@click.option("--model", "model_name", default="smollm2-135m", show_default=True,
+              help="Built-in alias, .gguf file, local directory or hub id.")
+@click.option("--served-model-name", default=None,
+              help="The name clients send as \"model\" [default: --model as given].")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; set --api-key then).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: any free one, printed at start).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests decoded together at most; more wait in the queue.")
+@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests waiting at most; past that a request gets 429 with Retry-After.")
+@click.option("--memory", "memory_path", default=None, metavar="PATH",
+              help="Keep the memory of earlier requests in this file: read at start (when it exists), written "
+                   "back every --save-every seconds and at shutdown. It holds your users' text.")
+@click.option("--save-every", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="Seconds between saves of --memory.")
+@click.option("--api-key", default=None, envvar="LOOKAHEAD_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics [default: no key].")
+@trust_remote_code_option
+@threads_option
+@config_options
+def serve(model_name: str, served_model_name: str | None, device: str, dtype: str, host: str, port: int,
+          max_batch: int, max_queue: int, memory_path: str | None, save_every: float, api_key: str | None,
+          trust_remote_code: bool, **values: Any) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health, /metrics), decoding requests together with lookahead decoding."""
+    require_serve_extra()
+    if api_key is not None and not api_key.strip():
+        fail("--api-key is empty: pass a key, or leave the option out for no key")
+    config = checked_config(values)
+    checked_memory_file(memory_path, config.memory_tokens)
+    name = served_model_name if served_model_name is not None else model_name
+    if not name.strip():
+        fail("--served-model-name is empty: pass the name clients send as \"model\"")
+    if not is_loopback(host) and api_key is None:
+        click.echo(f"lookahead: warning: serving on {host} without --api-key: whoever reaches this port can use the "
+                   f"model (and, through timing, tell what text went through it before)", err=True)
+    try:
+        with warnings_as_lines():
+            engine = _engine(model_name, device, dtype, trust_remote_code, config, max_batch, max_queue,
+                             memory_path, save_every)
+            engine.start()  # reads --memory: a damaged file stops here, before the port opens
+    except CLI_ERRORS as exc:
+        fail(cli_message(exc))
+    _run(engine, name, host, port, api_key)
+
+
+def _engine(model_name: str, device: str, dtype: str, trust_remote_code: bool, config: Any, max_batch: int,
+            max_queue: int, memory_path: str | None, save_every: float) -> Any:
+    """The model loaded, its generator and the engine over it (not started)."""
+    import torch
+
+    from lookahead import LookaheadGenerator, load_model
+    from lookahead.serve.engine import Engine
+
+    model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
+                                  trust_remote_code=trust_remote_code)
+    generator = LookaheadGenerator(model, tokenizer, config)
+    memory = str(Path(memory_path).expanduser()) if memory_path is not None else None
+    return Engine(generator, max_batch=max_batch, max_queue=max_queue, memory_path=memory, save_every_s=save_every)
+
+
+def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> None:
+    """uvicorn over the app until SIGTERM or Ctrl-C; the engine stops (and saves) on the way out, also when
+    the port cannot be opened."""
+    import uvicorn
+
+    from lookahead.serve.app import create_app
+
+    app = create_app(engine, name, api_key, stop_engine=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info",
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+    # uvicorn re-raises the signal that stopped it once it is done: SIGTERM then ends the process with exit
+    # status 0 here, after the engine has stopped, rather than by the default action.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    where = f"http://{host}:{port}/v1" if port else f"http://{host}:PORT/v1 (the port uvicorn names below)"
+    click.echo(f"lookahead: serving {name!r} on {where}: OpenAI-compatible; Ctrl-C stops", err=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        try:
+            engine.stop()  # (already stopped by the app's shutdown, unless the server never started)
+        except CLI_ERRORS as exc:
+            fail(cli_message(exc))
+    if not server.started:
+        sys.exit(1)  # uvicorn said why (the port is taken, the address does not exist)

@@ -1,0 +1,312 @@
+"""What the server reads and refuses: the request bodies of /v1/chat/completions and /v1/completions
+(pydantic models, fields named as OpenAI names them), the OpenAI-style error (``APIError``: status,
+message, type, param, code), and the checks that name a bad field and its fix.
+
+A body is read as JSON (UTF-8), validated by the models, then checked field by field: a field this
+server does not implement is refused unless it holds its neutral value (``"n": 1``,
+``"logprobs": false``, ``"tools": []``, ...), a field no OpenAI endpoint names is refused as
+unrecognized, and numbers out of range are refused with the range.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+MAX_STOPS = 16  # stop strings per request (OpenAI takes 4)
+SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
+ROLES = ("system", "developer", "user", "assistant")  # "developer" is rendered as "system"
+
+
+@dataclass
+class APIError(Exception):
+    """An error answered as OpenAI answers one: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """A 400 naming ``param``."""
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
+
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = None
+
+
+class ChatMessage(BaseModel):
+    """One message of ``messages``: a role and its text (a string, or a list of text parts)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: Any = None
+
+
+class Common(BaseModel):
+    """The fields both endpoints read; other fields are kept in ``model_extra`` for ``check_fields``."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Any = None  # a string or a list of strings (checked by stop_strings, which names the field)
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted and ignored
+
+
+class ChatRequest(Common):
+    """The body of POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(Common):
+    """The body of POST /v1/completions."""
+
+    prompt: Any  # a string (checked by prompt_text, which names the field)
+
+
+def _none_or(*neutral: Any) -> Callable[[Any], bool]:
+    return lambda value: value is None or any(value == n and type(value) is type(n) for n in neutral)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+ANY: Callable[[Any], bool] = lambda value: True  # noqa: E731 - accepted and ignored, whatever it holds
+
+# Fields OpenAI's endpoints take that this server does not implement: accepted only while they hold
+# a value that asks for nothing (what a client sends when it means "off"), refused otherwise.
+UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
+    "logprobs": _none_or(False),
+    "top_logprobs": _none_or(0),
+    "tools": _empty,
+    "tool_choice": _none_or("none", "auto"),
+    "functions": _empty,
+    "function_call": _none_or("none", "auto"),
+    "parallel_tool_calls": ANY,
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "presence_penalty": _none_or(0, 0.0),
+    "frequency_penalty": _none_or(0, 0.0),
+    "logit_bias": _empty,
+    "modalities": lambda v: v is None or v == ["text"],
+    "audio": _none_or(),
+    "prediction": _none_or(),
+    "reasoning_effort": _none_or(),
+    "web_search_options": _none_or(),
+    "service_tier": _none_or("auto", "default"),
+    "store": _none_or(False),
+    "metadata": ANY,
+    "verbosity": _none_or(),
+}
+UNSUPPORTED_COMPLETION: dict[str, Callable[[Any], bool]] = {
+    "logprobs": _none_or(),
+    "echo": _none_or(False),
+    "suffix": lambda v: v is None or v == "",
+    "best_of": _none_or(1),
+    "presence_penalty": _none_or(0, 0.0),
+    "frequency_penalty": _none_or(0, 0.0),
+    "logit_bias": _empty,
+}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body; APIError 400 when it is not UTF-8, not JSON or not an object."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"the request body is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                          f"send the JSON encoded as UTF-8", code="invalid_encoding") from None
+    if not text.strip():
+        raise bad_request("the request body is empty: send a JSON object", code="invalid_json")
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
+                          f"send one JSON object", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got a JSON {_json_kind(body)}",
+                          code="invalid_json")
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("the request body holds a lone surrogate escape (\\ud800-\\udfff without its pair), which is "
+                          "no character: send whole UTF-16 pairs or the characters themselves",
+                          code="invalid_encoding") from None
+    return body
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"
+
+
+R = TypeVar("R", bound=Common)
+
+
+def validated(model: type[R], body: Mapping[str, Any]) -> R:
+    """``body`` as ``model``; APIError 400 naming the first bad field (OpenAI's shape, not FastAPI's 422)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    error = exc.errors(include_url=False)[0]
+    param = field_path(error["loc"])
+    if error["type"] == "missing":
+        return bad_request(f"missing required field '{param}'", param, "missing_required_parameter")
+    got = json.dumps(error.get("input"), ensure_ascii=False, default=str)
+    got = got if len(got) <= 60 else got[:57] + "..."
+    return bad_request(f"invalid value for '{param}': {error['msg']} (got {got})", param, "invalid_value")
+
+
+def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """A pydantic location as a field path: ("messages", 0, "content") -> "messages[0].content"."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def check_fields(request: Common, unsupported: Mapping[str, Callable[[Any], bool]]) -> None:
+    """APIError 400 for a field this server does not implement (unless neutral) or does not know."""
+    for name, value in (request.model_extra or {}).items():
+        neutral = unsupported.get(name)
+        if neutral is None:
+            raise bad_request(f"unrecognized request field '{name}': remove it (this endpoint takes "
+                              f"{', '.join(known_fields(type(request)))})", name, "unknown_parameter")
+        if not neutral(value):
+            raise bad_request(f"'{name}' is not supported by this server: leave it out", name, "unsupported_parameter")
+    if request.n is not None and request.n != 1:
+        raise bad_request(f"n={request.n} is not supported: this server returns one choice per request; "
+                          f"send n=1 (or leave it out) and repeat the request for more", "n", "unsupported_parameter")
+
+
+def known_fields(model: type[Common]) -> list[str]:
+    """The fields ``model`` reads, in order."""
+    return list(model.model_fields)
+
+
+def stop_strings(value: Any) -> tuple[str, ...]:
+    """``stop``: a string or a list of strings (up to MAX_STOPS, none empty) as a tuple."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request("'stop' must be a string or a list of strings", "stop", "invalid_value")
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"'stop' holds {len(stops)} strings: send at most {MAX_STOPS}", "stop", "invalid_value")
+    if any(s == "" for s in stops):
+        raise bad_request("'stop' holds an empty string, which would stop before the first token: remove it",
+                          "stop", "invalid_value")
+    return tuple(dict.fromkeys(stops))
+
+
+def check_sampling(request: Common) -> None:
+    """APIError 400 for a temperature, top_p or seed out of its range."""
+    if request.temperature is not None and not 0.0 <= request.temperature <= 2.0:
+        raise bad_request(f"'temperature' must lie in [0, 2] (0: greedy), got {request.temperature}",
+                          "temperature", "invalid_value")
+    if request.top_p is not None and not 0.0 < request.top_p <= 1.0:
+        raise bad_request(f"'top_p' must lie in (0, 1], got {request.top_p}", "top_p", "invalid_value")
+    if request.seed is not None and not SEED_RANGE[0] <= request.seed <= SEED_RANGE[1]:
+        raise bad_request(f"'seed' must lie in [-2**63, 2**64-1], got {request.seed}", "seed", "invalid_value")
+
+
+def max_tokens(request: Common) -> tuple[int | None, str]:
+    """The request's max_tokens (None: left out) and the field it came from (max_completion_tokens first)."""
+    value, name = request.max_tokens, "max_tokens"
+    if isinstance(request, ChatRequest) and request.max_completion_tokens is not None:
+        if value is not None and value != request.max_completion_tokens:
+            raise bad_request(f"'max_tokens' ({value}) and 'max_completion_tokens' ({request.max_completion_tokens}) "
+                              f"disagree: send one of them", "max_completion_tokens", "invalid_value")
+        value, name = request.max_completion_tokens, "max_completion_tokens"
+    if value is not None and value < 1:
+        raise bad_request(f"'{name}' must be at least 1, got {value}: ask for one new token or more", name,
+                          "invalid_value")
+    return value, name
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """``messages`` as the chat template reads them ({"role", "content"} with text content); APIError 400
+    naming the message for a role or content this server cannot render (tools, images, audio)."""
+    if not messages:
+        raise bad_request("'messages' is empty: send at least one message", "messages", "invalid_value")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if message.role not in ROLES:
+            raise bad_request(f"'{where}.role' is {message.role!r}: this server takes {', '.join(ROLES)} messages "
+                              f"(no tool or function messages)", f"{where}.role", "invalid_value")
+        for name in ("tool_calls", "function_call", "audio"):
+            if (message.model_extra or {}).get(name):
+                raise bad_request(f"'{where}.{name}' is not supported by this server: leave it out",
+                                  f"{where}.{name}", "unsupported_parameter")
+        role = "system" if message.role == "developer" else message.role
+        out.append({"role": role, "content": _message_text(message.content, where)})
+    return out
+
+
+def _message_text(content: Any, where: str) -> str:
+    """A message's content as one string: a string, or the text parts of a list joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        raise bad_request(f"'{where}.content' is missing: send the message's text", f"{where}.content",
+                          "invalid_value")
+    if not isinstance(content, list):
+        raise bad_request(f"'{where}.content' must be a string or a list of text parts", f"{where}.content",
+                          "invalid_value")
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = f"of type {kind!r}" if isinstance(kind, str) else "not a text part"
+            raise bad_request(f"'{at}' is {what}: this server takes text only ({{\"type\": \"text\", \"text\": ...}})",
+                              at, "unsupported_content")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def prompt_text(value: Any) -> str:
+    """/v1/completions' ``prompt``: a string (or a list holding one string)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if not isinstance(value, str):
+        raise bad_request("'prompt' must be a string (one prompt per request)", "prompt", "invalid_value")
+    if not value:
+        raise bad_request("'prompt' is empty: send the text to continue", "prompt", "invalid_value")
+    return value
