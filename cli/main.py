@@ -14,6 +14,7 @@ import click
 from lookahead.cli.bench import bench
 from lookahead.cli.bench_batch import bench_batch
 from lookahead.cli.bench_memory import bench_memory
+from lookahead.cli.bench_serve import bench_serve
 from lookahead.cli.options import (
     CLI_ERRORS,
     DTYPES,
@@ -159,6 +160,7 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
 main.add_command(bench)
 main.add_command(bench_batch)
 main.add_command(bench_memory)
+main.add_command(bench_serve)
 main.add_command(roofline)
 main.add_command(serve)
 
