@@ -297,3 +297,14 @@ def test_flat_curve_opens_the_auto_window_and_stays_exact():
     again = LookaheadGenerator(model_for("llama"), config=gen.config, learned=gen.learned)
     assert again.run_config is gen.run_config  # a generator continuing from it keeps the window
     assert LookaheadGenerator(model_for("llama")).run_config.window == 1
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_a_config_with_every_source_off_decodes_exactly(window):
+    """No candidate source at all (no memory, recycling, pool or matcher; the window alone or x alone):
+    the acceptance table has no classes, and decoding is still model.generate's."""
+    config = LookaheadConfig(memory_tokens=0, recycle=False, ngram_pool=False, context_match=False, window=window,
+                             ngram=3 if window > 1 else 2, auto_window=False)
+    gen = LookaheadGenerator(model_for("llama"), config=config)
+    for name, ids in PROMPTS.items():
+        assert torch.equal(gen.generate(ids, max_new_tokens=NEW), ref_for("llama", name)), name

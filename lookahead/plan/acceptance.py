@@ -107,7 +107,7 @@ class AcceptanceStats:
                  horizon: float = HORIZON):
         sizes = [int(p.shape[0]) for p in priors]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # [S + 1]
-        self.prior = np.concatenate(priors).astype(np.float64)  # [C]
+        self.prior = np.concatenate([np.zeros(0), *priors]).astype(np.float64)  # [C] (C = 0: no sources)
         self.seen_trials = np.zeros((self.prior.shape[0], depth))  # [C, D] verified nodes whose parent held
         self.seen_hits = np.zeros((self.prior.shape[0], depth))  # [C, D] those accepted too
         self.weight = np.full((self.prior.shape[0], depth), float(strength))  # [C, D] pseudo-trials of the prior
