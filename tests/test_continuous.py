@@ -168,6 +168,8 @@ def test_the_engine_answers_requests_in_flight_together():
     assert results[5][1].finish_reason == "cancelled" and len(results[5][0]) < 200
     assert metrics["requests_total"] == 6 and metrics["tokens_generated_total"] >= sum(NEW[:5])
     assert metrics["forwards_total"] > 0 and metrics["memory_fill"] > 0
+    assert metrics["sequence_steps_total"] >= metrics["forwards_total"]  # some steps held several requests
+    assert 1.0 <= metrics["tokens_per_forward"] <= metrics["tokens_generated_total"] / metrics["forwards_total"]
 
 
 def test_the_engine_refuses_past_its_queue_and_bad_requests():

@@ -149,7 +149,8 @@ class Counters:
 
     requests_total: int = 0
     tokens_generated_total: int = 0
-    forwards_total: int = 0
+    forwards_total: int = 0  # steps of the batch: one forward each
+    sequence_steps_total: int = 0  # steps counted once per sequence in them (a step of 4 sequences: 4)
     step_seconds_total: float = 0.0
 
 
@@ -240,7 +241,10 @@ class Engine:
         return {"requests_total": float(c.requests_total), "requests_running": float(running),
                 "queue_depth": float(waiting), "batch_size": float(running),
                 "tokens_generated_total": float(c.tokens_generated_total), "forwards_total": float(c.forwards_total),
-                "tokens_per_forward": c.tokens_generated_total / c.forwards_total if c.forwards_total else 0.0,
+                "sequence_steps_total": float(c.sequence_steps_total),
+                # tokens each sequence gained per step it was in: 1.0 for plain decoding at any batch size
+                "tokens_per_forward": (c.tokens_generated_total / c.sequence_steps_total
+                                       if c.sequence_steps_total else 0.0),
                 "tokens_per_second": (c.tokens_generated_total / c.step_seconds_total
                                       if c.step_seconds_total else 0.0),
                 "memory_fill": fill}
@@ -330,6 +334,7 @@ class Engine:
         c = self.counters
         c.step_seconds_total += time.perf_counter() - start
         c.forwards_total += run.stats.steps - steps_before
+        c.sequence_steps_total += len(self._live) * (run.stats.steps - steps_before)
         c.tokens_generated_total += sum(seq.out.new_tokens - before[id(seq)] for seq, _ in self._live)
         done = {id(seq) for seq in finished}
         for seq, ticket in list(self._live):
