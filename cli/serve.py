@@ -86,17 +86,22 @@ def is_loopback(host: str) -> bool:
                    "back every --save-every seconds and at shutdown. It holds your users' text.")
 @click.option("--save-every", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
               help="Seconds between saves of --memory.")
-@click.option("--api-key", default=None, envvar="LOOKAHEAD_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics [default: no key].")
+@click.option("--api-key", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics [default: no key]. A key on the "
+                   "command line shows in the process list: --api-key-file keeps it out.")
+@click.option("--api-key-file", default=None, metavar="PATH", type=click.Path(dir_okay=False),
+              help="Read the --api-key from this file (its first line).")
 @trust_remote_code_option
 @threads_option
 @config_options
 def serve(model_name: str, served_model_name: str | None, device: str, dtype: str, host: str, port: int,
           max_batch: int, max_queue: int, memory_path: str | None, save_every: float, api_key: str | None,
-          trust_remote_code: bool, **values: Any) -> None:
+          api_key_file: str | None, trust_remote_code: bool, **values: Any) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics), decoding requests together with lookahead decoding."""
     require_serve_extra()
+    if api_key_file is not None:
+        api_key = read_api_key(api_key_file, api_key)
     if api_key is not None and not api_key.strip():
         fail("--api-key is empty: pass a key, or leave the option out for no key")
     config = checked_config(values)
@@ -130,6 +135,21 @@ def _engine(model_name: str, device: str, dtype: str, trust_remote_code: bool, c
     generator = LookaheadGenerator(model, tokenizer, config)
     memory = str(Path(memory_path).expanduser()) if memory_path is not None else None
     return Engine(generator, max_batch=max_batch, max_queue=max_queue, memory_path=memory, save_every_s=save_every)
+
+
+def read_api_key(path: str, given: str | None) -> str:
+    """The key in the first line of ``path`` (a one-line CLI error when it cannot be read, is empty, or
+    --api-key is given too)."""
+    if given is not None:
+        fail("--api-key and --api-key-file both given: pass one")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            key = handle.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"--api-key-file {path}: cannot be read ({exc}); pass a readable text file holding the key")
+    if not key:
+        fail(f"--api-key-file {path}: its first line is empty; write the key there")
+    return key
 
 
 def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> None:

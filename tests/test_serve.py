@@ -525,6 +525,14 @@ def test_serve_command_checks_before_loading(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "is a directory" in result.stderr
     result = runner.invoke(main, ["serve", "--model", "/nonexistent", "--api-key", " "])
     assert result.exit_code == 2 and "--api-key is empty" in result.stderr
+    empty = tmp_path / "key"
+    empty.write_text("\n")
+    result = runner.invoke(main, ["serve", "--model", "/nonexistent", "--api-key-file", str(empty)])
+    assert result.exit_code == 2 and "first line is empty" in result.stderr
+    result = runner.invoke(main, ["serve", "--model", "/nonexistent", "--api-key-file", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "cannot be read" in result.stderr
+    result = runner.invoke(main, ["serve", "--model", "/nonexistent", "--api-key-file", str(empty), "--api-key", "k"])
+    assert result.exit_code == 2 and "both given" in result.stderr
     result = runner.invoke(main, ["serve", "--model", "/nonexistent", "--max-batch", "0"])
     assert result.exit_code == 2
     monkeypatch.setitem(sys.modules, "fastapi", None)  # find_spec -> None: as if not installed
