@@ -20,7 +20,8 @@ Per run: throughput (output tokens / wall time, first request sent to last answe
 time to first token (TTFT: request sent to its first streamed text) and time per output token (TPOT,
 as vLLM's benchmark defines it: (latency - TTFT) / (output tokens - 1)), their p50 and p99 over the
 requests, and for the lookahead servers tokens per forward from ``/metrics`` (the deltas of
-``lookahead_tokens_generated_total`` and ``lookahead_forwards_total`` over the measured requests).
+``lookahead_tokens_generated_total`` and ``lookahead_sequence_steps_total`` over the measured requests:
+the tokens each sequence gained per step it was in, 1.0 for plain decoding at any concurrency).
 Output tokens are the usage the server reports on its last chunk (``stream_options.include_usage``
 for lookahead; transformers sends it unasked and refuses the option), else the reply's text
 re-tokenized (recorded per request as ``tokens_from``).
@@ -65,7 +66,7 @@ WARMUP_STEP = 4  # warm-up request i asks for WARMUP_STEP * (i + 1) tokens: they
 STDERR_LINES = 8  # a server's last stderr lines quoted when it does not come up
 STOP_WAIT_S = 30.0  # SIGTERM, then this long before SIGKILL
 METRIC_TOKENS = "lookahead_tokens_generated_total"
-METRIC_FORWARDS = "lookahead_forwards_total"
+METRIC_FORWARDS = "lookahead_sequence_steps_total"  # steps counted once per sequence in them
 
 
 class BenchServeError(RuntimeError):
@@ -273,9 +274,9 @@ def report_text(data: dict[str, Any]) -> str:
         lines += ["", "lookahead against the others (> 1: lookahead faster; TPOT: theirs / ours, p50):", "",
                   ratio_table(data["ratios"])]
     lines += ["", "TTFT: request sent to its first streamed text; TPOT: (latency - TTFT) / (output tokens - 1); "
-              "tokens/forward: the lookahead servers' /metrics over the measured requests, every sequence's "
-              "tokens per batched forward (above concurrency 1 it counts the batch's width too: "
-              "lookahead-plain's is that width alone).", "", "Servers:", ""]
+              "tokens/forward: the lookahead servers' /metrics over the measured requests, the tokens each "
+              "sequence gained per step it was in (1.0 for plain decoding at any concurrency).", "", "Servers:",
+              ""]
     for name, server in data["servers"].items():
         extra = ""
         if name == "transformers":

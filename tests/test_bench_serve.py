@@ -56,8 +56,8 @@ def test_metrics_text_parse_and_tokens_per_forward():
     text = """# HELP lookahead_tokens_generated_total Tokens generated.
 # TYPE lookahead_tokens_generated_total counter
 lookahead_tokens_generated_total 120.0
-# TYPE lookahead_forwards_total counter
-lookahead_forwards_total 50
+# TYPE lookahead_sequence_steps_total counter
+lookahead_sequence_steps_total 50
 lookahead_tokens_per_forward 2.4
 lookahead_http_responses_total{status="200"} 7
 lookahead_http_responses_total{status="429",path="/v1 x"} 1 1700000000
@@ -65,10 +65,10 @@ lookahead_http_responses_total{status="429",path="/v1 x"} 1 1700000000
 lookahead_broken not-a-number
 """
     samples = parse_metrics(text)
-    assert samples == {"lookahead_tokens_generated_total": 120.0, "lookahead_forwards_total": 50.0,
+    assert samples == {"lookahead_tokens_generated_total": 120.0, "lookahead_sequence_steps_total": 50.0,
                        "lookahead_tokens_per_forward": 2.4, 'lookahead_http_responses_total{status="200"}': 7.0,
                        'lookahead_http_responses_total{status="429",path="/v1 x"}': 1.0}
-    after = {**samples, "lookahead_tokens_generated_total": 420.0, "lookahead_forwards_total": 150.0}
+    after = {**samples, "lookahead_tokens_generated_total": 420.0, "lookahead_sequence_steps_total": 150.0}
     assert tokens_per_forward(samples, after) == 3.0
     assert tokens_per_forward(samples, samples) is None  # no forwards in between
     assert tokens_per_forward(None, after) is None
