@@ -221,7 +221,7 @@ def test_a_saved_memory_loads_back(tmp_path):
     other = memory_with((9, 9))
     other.load(path)
     assert [r.tolist() for r in other.store.held()] == [[1, 2, 3], [4, 5]]
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".memory.lkm.")]  # no temporary left
+    assert os.listdir(tmp_path) == ["memory.lkm"]  # no temporary, no lock file left
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -255,7 +255,8 @@ def test_a_missing_file_and_an_unwritable_place_name_the_fix(tmp_path):
         memory_with().load(tmp_path / "absent.lkm")
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(MemoryFileError, match="cannot write the memory file .* directory you can write to"):
+    with pytest.raises(MemoryFileError, match="cannot write the memory file .* is a file, not a directory; "
+                                              "pass a path in a directory you can write to"):
         memory_with((1,)).save(blocker / "memory.lkm")  # its "directory" is a file
 
 
@@ -271,7 +272,7 @@ def test_a_failed_save_leaves_the_good_file_as_it_was(tmp_path, monkeypatch):
     with pytest.raises(MemoryFileError, match="No space left on device"):
         memory_with((4, 5)).save(path)
     assert path.read_bytes() == before
-    assert sorted(os.listdir(tmp_path)) == ["memory.lkm", "memory.lkm.lock"]
+    assert sorted(os.listdir(tmp_path)) == ["memory.lkm"]  # no temporary, no lock file
 
 
 def test_two_processes_saving_to_one_file_never_corrupt_it(tmp_path):
@@ -287,6 +288,60 @@ def test_two_processes_saving_to_one_file_never_corrupt_it(tmp_path):
     assert [run.wait(timeout=120) for run in runs] == [0, 0]
     requests = memfile.read(path, "size:100", 100)  # a whole file from one of them
     assert len(requests) == 1 and requests[0].shape[0] == 239 and len(set(requests[0].tolist())) == 1
+    assert os.listdir(tmp_path) == ["shared.lkm"]  # the last writer removed the lock file
+
+
+def test_the_lock_excludes_writers_that_wait_on_a_removed_lock_file(tmp_path):
+    """Each holder removes <path>.lock before it lets go; a writer that opened that file while
+    waiting must not count its lock as held (it would write beside the next holder). Threads
+    here: flock locks of separately opened files exclude each other within one process too."""
+    import threading
+
+    path = tmp_path / "m.lkm"
+    inside, most, errors = [0], [0], []
+    guard = threading.Lock()
+
+    def writer() -> None:
+        try:
+            for _ in range(60):
+                with memfile.locked(path):
+                    with guard:
+                        inside[0] += 1
+                        most[0] = max(most[0], inside[0])
+                    os.sched_yield()
+                    with guard:
+                        inside[0] -= 1
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and most[0] == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_lock_taken_on_a_removed_lock_file_starts_over(tmp_path, monkeypatch):
+    """The race itself, staged: a writer opens <path>.lock, the holder removes it meanwhile;
+    the writer's lock on the removed file is not taken as held: it locks the file at the name."""
+    path = tmp_path / "m.lkm"
+    name = f"{path}.lock"
+    opened = []
+    real_open = open
+
+    def open_then_lose_it(file, *args, **kwargs):
+        handle = real_open(file, *args, **kwargs)
+        if file == name and not opened:
+            os.unlink(name)  # what the previous holder does before letting go
+        opened.append(os.fstat(handle.fileno()).st_ino)
+        return handle
+
+    monkeypatch.setattr("builtins.open", open_then_lose_it)
+    with memfile.locked(path):
+        assert len(opened) == 2 and os.stat(name).st_ino == opened[1]  # started over on the file at the name
+    assert not os.path.exists(name)
 
 
 # ---------------------------------------------------------------- the generator

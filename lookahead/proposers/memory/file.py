@@ -5,7 +5,9 @@ Layout (little-endian): MAGIC, then a JSON header line {"version", "vocabulary",
 of everything before it. A file that is truncated, altered, of another format version or of
 another vocabulary is refused whole (``MemoryFileError``); nothing is half-read. Writers take an
 exclusive lock on ``<path>.lock`` and replace the file in one rename, so two processes sharing a
-file never leave it half-written (the later save wins).
+file never leave it half-written (the later save wins); the lock file is gone once the last writer
+is done (``locked``). ``check_path`` is the one check of a memory file's place (save_memory and
+the commands' ``--memory``): a missing directory is refused, never created.
 """
 
 from __future__ import annotations
@@ -93,23 +95,75 @@ def damaged(where: str, what: str) -> MemoryFileError:
     return MemoryFileError(f"{where} {what}: delete it (it is rebuilt as requests run) or restore it from a copy")
 
 
+def check_path(path: str | os.PathLike[str], reading: bool = False) -> Path:
+    """``path`` (``~`` expanded) when a memory file can be written there: its directory exists and is
+    writable, and it is not itself a directory; with ``reading``, an existing file must be readable
+    too (what ``--memory`` reads first and writes back). MemoryFileError naming the path and the fix
+    otherwise: a missing directory is refused, never created (a typo would scatter users' text)."""
+    where = Path(path).expanduser()
+    parent = where.parent  # Path("m.lkm").parent is Path(".")
+    if where.is_dir():
+        raise MemoryFileError(f"the memory file {path} is a directory: pass a file path, "
+                              f"e.g. {where / 'memory.lkm'}")
+    if not parent.exists():
+        raise MemoryFileError(f"cannot write the memory file {path}: the directory {parent} does not exist; "
+                              f"create it first (mkdir -p {parent}) or pass a path in a directory you can write to")
+    if not parent.is_dir():
+        raise MemoryFileError(f"cannot write the memory file {path}: {parent} is a file, not a directory; "
+                              f"pass a path in a directory you can write to")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MemoryFileError(f"cannot write the memory file {path}: the directory {parent} is not writable; "
+                              f"pass a path in a directory you can write to")
+    if reading and where.exists() and not os.access(where, os.R_OK):
+        raise MemoryFileError(f"cannot read the memory file {path}: it is not readable; make it readable "
+                              f"(chmod u+r) or pass another path")
+    return where
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``<path>.lock`` while writing path (other writers wait)."""
-    with open(f"{path}.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """An exclusive lock on ``<path>.lock`` while writing path (other writers wait); no lock file is
+    left behind.
+
+    The holder removes the lock file before it lets go, so a writer that opened it earlier and was
+    waiting may then hold a lock on a file that is no longer there: each writer, once it holds the
+    lock, checks that the file it locked is still the one at ``<path>.lock`` (same device and inode)
+    and starts over if not. Only the holder ever removes the file, and ``open`` only creates one
+    where none is, so at any moment at most one writer holds a lock on the file at that name: two
+    writers never write at once, and none waits on a file nobody else can reach.
+    """
+    name = f"{path}.lock"
+    while True:
+        lock = open(name, "a+b")  # closed below: at once if stale, else after the unlink
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held = os.fstat(lock.fileno())
+            try:
+                current = os.stat(name)
+            except FileNotFoundError:
+                current = None
+            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                break  # the lock is held on the file at that name: ours until unlinked
+        except BaseException:
+            lock.close()
+            raise
+        lock.close()  # a file the previous holder removed: open the one at the name now
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)  # while still holding it: a writer waiting on this file starts over
+        lock.close()  # lets go of the lock
 
 
-def write(path: str | os.PathLike, requests: list[np.ndarray], vocabulary: str) -> None:
-    """Write the requests to path atomically (a temporary file in its directory, then one rename)."""
-    path = Path(path)
+def write(path: str | os.PathLike[str], requests: list[np.ndarray], vocabulary: str) -> None:
+    """Write the requests to path atomically (a temporary file in its directory, then one rename).
+
+    A path whose directory does not exist (or is not one, or is not writable) is refused
+    (``check_path``): no directory is created."""
+    path = check_path(path)
     data = encode(requests, vocabulary)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         with locked(path):
             handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             try:
@@ -127,7 +181,7 @@ def write(path: str | os.PathLike, requests: list[np.ndarray], vocabulary: str) 
                               f"directory you can write to") from None
 
 
-def read(path: str | os.PathLike, vocabulary: str, vocab: int) -> list[np.ndarray]:
+def read(path: str | os.PathLike[str], vocabulary: str, vocab: int) -> list[np.ndarray]:
     """The requests saved at path (MemoryFileError when it cannot be read or is not a good memory file)."""
     try:
         data = Path(path).read_bytes()

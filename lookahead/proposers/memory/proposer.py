@@ -75,7 +75,9 @@ class RequestMemory:
         self.seconds += time.perf_counter() - began
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write what the store holds to path (atomically; file.py)."""
+        """Write what the store holds to path (atomically; file.py). A path in a directory that does not
+        exist is refused (MemoryFileError naming it and the fix), not created (``file.check_path``, a check
+        the commands' ``--memory`` can share)."""
         file.write(path, self.store.held(), self.vocabulary)
 
     def load(self, path: str | os.PathLike[str]) -> None:
