@@ -62,6 +62,11 @@ class ContextLimitWarning(UserWarning):
     """Generation stopped at the model's context (max_position_embeddings) before max_new_tokens."""
 
 
+class PaddingWarning(UserWarning):
+    """input_ids look padded (the pad token at a row's start or end) and no attention_mask says which
+    tokens are padding: the padding is read as text (what transformers warns about too)."""
+
+
 class UnsupportedModelError(ValueError):
     """The engine cannot drive this model exactly; the message says why and what to do."""
 

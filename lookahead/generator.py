@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from .call.decoding import Decoding, prepared_decoding, resolve_decoding
-from .call.inputs import ContextLimitWarning, GenerateInputError, context_cut_message, context_room, prompt_rows
+from .call.inputs import (
+    ContextLimitWarning,
+    GenerateInputError,
+    context_cut_message,
+    context_room,
+    prompt_rows,
+    refuse_kwargs,
+)
 from .call.result import LookaheadOutput, generate_output
 from .call.stats import GenerationStats
 from .config import LookaheadConfig
@@ -168,7 +175,7 @@ class LookaheadGenerator:
                  stopping_criteria: StoppingCriteriaList | None = None,
                  stop_strings: str | list[str] | None = None, max_time: float | None = None,
                  tokenizer: PreTrainedTokenizerBase | None = None,
-                 return_dict_in_generate: bool | None = None) -> torch.LongTensor | LookaheadOutput:
+                 return_dict_in_generate: bool | None = None, **kwargs: Any) -> torch.LongTensor | LookaheadOutput:
         """Decode up to max_new_tokens; returns [B, prompt + new] like model.generate.
 
         Every argument left as None takes the model's ``generation_config``
@@ -181,9 +188,14 @@ class LookaheadGenerator:
         max_new_tokens, ``stopping_criteria``, ``stop_strings`` (decoded with
         ``tokenizer``, else the generator's) or ``max_time`` seconds, even inside
         a multi-token step. With ``return_dict_in_generate`` the result is a
-        LookaheadOutput (``.sequences``, ``.stats``).
+        LookaheadOutput (``.sequences``, ``.stats``). Any other keyword of ``model.generate`` is refused
+        by name with what lookahead takes instead (GenerateInputError; beam search gets the refusal
+        custom_generate gives it), save those that change nothing here (``use_cache``, ``num_beams=1``).
+        Ids that look padded without an attention_mask get a PaddingWarning, as transformers warns.
         """
-        ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab)  # [B, T], [B, T], B prompts
+        ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab,
+                                         self.model.generation_config)  # [B, T], [B, T], B prompts
+        refuse_kwargs(kwargs, "LookaheadGenerator.generate", ids.shape[1], self.generate)
         decoding = resolve_decoding(
             self.model, ids.shape[1], self.target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
             eos_token_id=eos_token_id, logits_processor=logits_processor, stopping_criteria=stopping_criteria,

@@ -37,7 +37,7 @@ import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
 from .call.decoding import stop_string_list
-from .call.inputs import GenerateInputError
+from .call.inputs import GenerateInputError, refuse_kwargs
 from .call.result import LookaheadOutput
 from .config import LookaheadConfig
 from .generator import Learned, LookaheadGenerator
@@ -46,38 +46,21 @@ if TYPE_CHECKING:
     from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
     from transformers.generation.streamers import BaseStreamer
 
-# model_kwargs that only say how transformers would run its own forward passes (we run ours)
-FORWARD_SETTINGS = ("logits_to_keep", "use_cache")
-
-
-def _default_positions(positions: torch.Tensor, length: int) -> bool:
-    """Whether position_ids [1, T] are 0..T-1 (what model.generate derives for an unpadded prompt)."""
-    expected = torch.arange(length, device=positions.device)
-    return positions.shape[-1] == length and bool((positions.reshape(-1, length) == expected).all())
-
-
 def prompt_mask(model_kwargs: dict, length: int) -> torch.Tensor | None:
     """The prompt's attention mask (None: no padding), after checking the rest of model_kwargs.
 
     What lookahead does itself is dropped (a fresh empty cache, logits_to_keep,
-    use_cache, default positions); anything it cannot honour is refused.
+    use_cache, default positions); anything it cannot honour is refused by name
+    with what it takes instead, in the words ``LookaheadGenerator.generate`` uses
+    (call/inputs.py ``refuse_kwargs``).
     """
     kwargs = dict(model_kwargs)
     mask = kwargs.pop("attention_mask", None)
-    for name in FORWARD_SETTINGS:
-        kwargs.pop(name, None)
     for name in ("past_key_values", "cache"):  # transformers 5.24 renamed the first to the second
-        cache = kwargs.pop(name, None)
-        if cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0):
-            raise GenerateInputError("past_key_values / cache: lookahead keeps its own KV cache and can neither "
-                                     "continue from nor fill yours; drop it (the whole prompt is prefilled)")
-    positions = kwargs.pop("position_ids", None)
-    if positions is not None and not _default_positions(positions, length):
-        raise GenerateInputError("position_ids other than 0..T-1: lookahead places the prompt at positions "
-                                 "0..T-1; drop position_ids")
-    if kwargs:
-        raise GenerateInputError(f"model.generate handed lookahead {', '.join(sorted(kwargs))}, which it cannot "
-                                 f"honour; drop {'it' if len(kwargs) == 1 else 'them'} from the generate call")
+        cache = kwargs.get(name)
+        if cache is not None and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0:
+            del kwargs[name]  # the empty cache transformers made for its own forwards
+    refuse_kwargs(kwargs, "model.generate(..., custom_generate=lookahead.custom_generate)", length)
     return mask
 
 

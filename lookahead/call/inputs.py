@@ -1,8 +1,12 @@
-"""Validation of generate()'s arguments: one clear error per bad input."""
+"""Validation of generate()'s arguments: one clear error per bad input (and a warning where transformers
+warns: padding without an attention_mask)."""
 
 from __future__ import annotations
 
+import difflib
 import numbers
+import warnings
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -10,6 +14,7 @@ import torch
 
 from ..errors import ContextLimitWarning as ContextLimitWarning  # re-exported: generator.py imports it from here
 from ..errors import GenerateInputError
+from ..errors import PaddingWarning as PaddingWarning  # re-exported beside prompt_rows, which gives it
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig
@@ -69,9 +74,41 @@ def _mask_tensor(attention_mask: Any) -> torch.Tensor:
                                  f"torch.ones_like(input_ids), or leave it out when there is no padding") from None
 
 
-def prompt_rows(input_ids: torch.Tensor, attention_mask: Any,
-                vocab: int) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
-    """A left-padded batch: (ids [B, T], mask [B, T] int64 on the CPU, each row's prompt without padding)."""
+def padding_without_mask(ids: torch.Tensor, pad_token_id: Any, bos_token_id: Any = None,
+                         eos_token_id: Any = None) -> bool:
+    """Whether ids [B, T] look padded: the pad token at a row's start (left padding) or end (right
+    padding), as transformers' own check reads the first and last ids. Where the pad token is also
+    the BOS, a row must start with it twice (a prompt starts with one BOS); where it is also an EOS,
+    a row's last id is not counted (a prompt may end with one)."""
+    pad = _integer(pad_token_id)
+    if pad is None or ids.numel() == 0:
+        return False
+    bos = _integer(bos_token_id)
+    eos = {_integer(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
+    first = ids[:, 0] == pad
+    if pad == bos:
+        first &= (ids[:, 1] == pad) if ids.shape[1] > 1 else torch.zeros_like(first)
+    last = ids[:, -1] == pad if pad not in eos else torch.zeros_like(first)
+    return bool((first | last).any())
+
+
+def padding_message(pad_token_id: int) -> str:
+    """The PaddingWarning's text: what goes wrong and the fix."""
+    return (f"input_ids hold the pad token ({pad_token_id}) at a row's start or end and no attention_mask "
+            f"was given: the padding is read as text, so a padded row decodes differently from the same "
+            f"prompt alone; pass the tokenizer's mask, e.g. batch = tokenizer(texts, padding=True, "
+            f"return_tensors='pt') (padding_side='left') and generate(batch['input_ids'], "
+            f"attention_mask=batch['attention_mask'])")
+
+
+def prompt_rows(input_ids: torch.Tensor, attention_mask: Any, vocab: int,
+                special: GenerationConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    """A left-padded batch: (ids [B, T], mask [B, T] int64 on the CPU, each row's prompt without padding).
+
+    ``special``: where the pad, BOS and EOS ids are read (the model's generation_config); without an
+    attention_mask, ids that look padded (``padding_without_mask``) get a PaddingWarning, as transformers
+    warns (every token is still read as text, as it was given).
+    """
     if not isinstance(input_ids, torch.Tensor):
         raise GenerateInputError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
     _check_not_meta("input_ids", input_ids)
@@ -80,6 +117,12 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: Any,
         raise GenerateInputError(f"input_ids must be integer token ids [batch, tokens], got shape "
                                  f"{tuple(input_ids.shape)} dtype {input_ids.dtype}")
     ids = ids.to("cpu", torch.int64)
+    if attention_mask is None and special is not None:
+        given = getattr(special, "pad_token_id", None)
+        pad = _integer(given[0] if isinstance(given, (list, tuple)) and given else given)
+        if pad is not None and padding_without_mask(ids, pad, getattr(special, "bos_token_id", None),
+                                                    getattr(special, "eos_token_id", None)):
+            warnings.warn(padding_message(pad), PaddingWarning, stacklevel=3)
     mask = torch.ones_like(ids) if attention_mask is None else _mask_tensor(attention_mask)
     mask = mask[None] if mask.dim() == 1 else mask
     if tuple(mask.shape) != tuple(ids.shape):
@@ -95,6 +138,108 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: Any,
         raise GenerateInputError(f"input_ids hold token ids outside the vocabulary [0, {vocab})")
     prompts = [row[m.bool()].numpy().copy() for row, m in zip(ids, mask)]
     return ids, mask, prompts
+
+
+# ---------------------------------------------------------------- keywords lookahead does not take
+def default_positions(positions: Any, length: int) -> bool:
+    """Whether position_ids [1, T] are 0..T-1 (what model.generate derives for an unpadded prompt)."""
+    if not isinstance(positions, torch.Tensor):
+        return False
+    expected = torch.arange(length, device=positions.device)
+    return positions.shape[-1] == length and bool((positions.reshape(-1, length) == expected).all())
+
+
+def _neutral(name: str, value: Any, length: int) -> bool:
+    """A keyword that changes nothing lookahead does: how transformers would run its own forwards
+    (use_cache, logits_to_keep), default positions, or a mode setting left at its off value."""
+    if name in ("use_cache", "logits_to_keep") or value is None:
+        return True
+    if name == "position_ids":
+        return default_positions(value, length)
+    off = {"num_beams": 1, "num_beam_groups": 1, "num_return_sequences": 1, "output_scores": False,
+           "output_logits": False, "output_attentions": False, "output_hidden_states": False, "synced_gpus": False}
+    return name in off and not isinstance(value, torch.Tensor) and value == off[name]
+
+
+def _instead(name: str, value: Any, call: str, known: list[str] | None) -> str:
+    """Why lookahead refuses keyword ``name`` and what it supports instead (one clause, no ';')."""
+    from transformers import GenerationConfig
+
+    shown = f"{name}={value!r}" if isinstance(value, (bool, int, float, str)) else name
+    if name in ("past_key_values", "cache"):
+        return ("past_key_values / cache: lookahead keeps its own KV cache and can neither continue from nor "
+                "fill yours, drop it (the whole prompt is prefilled)")
+    if name == "position_ids":
+        return "position_ids other than 0..T-1: lookahead places the prompt at positions 0..T-1, drop position_ids"
+    if name in ("assistant_model", "assistant_tokenizer"):
+        return (f"{name}: lookahead drafts in its own tree, pass the draft model to LookaheadGenerator(model, "
+                f"tokenizer, config, draft_model, draft_tokenizer=...) instead")
+    if name == "prefix_allowed_tokens_fn":
+        return ("prefix_allowed_tokens_fn: pass logits_processor=LogitsProcessorList("
+                "[PrefixConstrainedLogitsProcessor(fn, num_beams=1)]) instead")
+    if name in ("negative_prompt_ids", "negative_prompt_attention_mask", "guidance_scale"):
+        return f"{shown}: lookahead decodes without classifier-free guidance, drop it"
+    if name in ("inputs", "inputs_embeds"):
+        return f"{name}: lookahead takes token ids, pass input_ids (e.g. tokenizer(text, return_tensors='pt'))"
+    if name == "max_length":
+        return (f"{shown}: pass max_new_tokens (new tokens after the prompt, prompt length not counted) "
+                f"instead")
+    if name.startswith("output_") and name in GenerationConfig().__dict__:
+        return (f"{shown}: lookahead returns the sequences and its stats only "
+                f"(return_dict_in_generate=True: .sequences, .stats), drop it")
+    strategies = ("penalty_alpha", "dola_layers", "constraints", "force_words_ids", "num_beam_groups",
+                  "diversity_penalty", "length_penalty", "early_stopping", "low_memory", "prompt_lookup_num_tokens",
+                  "max_matching_ngram_size", "num_assistant_tokens", "num_assistant_tokens_schedule",
+                  "assistant_confidence_threshold", "assistant_early_exit", "assistant_lookbehind",
+                  "target_lookbehind", "token_healing")
+    if name in strategies:
+        return (f"{shown}: a setting of another decoding strategy (beam, contrastive, DoLa, constrained or "
+                f"assisted search), lookahead decodes greedily or by sampling, drop it")
+    if name in GenerationConfig().__dict__:
+        return (f"{shown}: a generation setting {call} takes inside a generation config, pass "
+                f"generation_config=GenerationConfig({name}=...) instead")
+    if known is None:  # a model input transformers handed on
+        return f"{name}: a model input lookahead cannot pass to its forwards, drop it from the generate call"
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{name}: no such argument{hint}, drop it"
+
+
+def refuse_kwargs(kwargs: Mapping[str, Any], call: str, length: int,
+                  takes: Callable[..., object] | None = None) -> None:
+    """Refuse, by name, every keyword of a generate call that lookahead cannot honour, with what it
+    supports instead; neutral ones (``use_cache``, default ``position_ids``, ``num_beams=1``, ...) pass.
+
+    ``call`` names the call in the message; ``takes``: the function whose arguments those are (its
+    parameter names give "did you mean"), None for the model inputs transformers hands a
+    custom_generate callable (hf.py). Beam search, contrastive search, assisted generation and
+    ``num_return_sequences`` get the refusal every path gives them (call/decoding.py check_supported).
+    """
+    import inspect
+
+    from transformers import GenerationConfig
+
+    from .decoding import check_supported  # (decoding.py imports this module)
+
+    asked = {name: value for name, value in kwargs.items() if not _neutral(name, value, length)}
+    if not asked:
+        return
+    fields = GenerationConfig().__dict__
+    modes = {name: value for name, value in asked.items() if name in fields and not name.startswith("output_")}
+    if modes:
+        settings = GenerationConfig()
+        for name, value in modes.items():
+            setattr(settings, name, value)  # not validated: transformers' checks would speak before ours
+        try:
+            check_supported(settings)
+        except (TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, GenerateInputError):
+                raise
+            raise GenerateInputError(f"invalid generation settings {modes}: {exc}") from None
+    known = None if takes is None else [name for name, parameter in inspect.signature(takes).parameters.items()
+                                        if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
+    clauses = [_instead(name, value, call, known) for name, value in asked.items()]
+    raise GenerateInputError(f"{call} cannot honour {'; '.join(clauses)}")
 
 
 def context_room(prompt_len: int, context: int | None) -> int | None:
