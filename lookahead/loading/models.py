@@ -39,6 +39,7 @@ class ModelAlias:
 
 DEFAULT_MODEL = "smollm2-135m"
 ALIAS_TYPO_CUTOFF = 0.7  # difflib ratio from which a bare unknown name is taken for a typo of an alias
+HUB_PROBE_SECONDS = 3.0  # how long load_model waits for the hub to answer at all before loading hub ids offline
 
 ALIASES: dict[str, ModelAlias] = {
     "smollm2-135m": ModelAlias(
@@ -313,6 +314,44 @@ def check_load_arguments(device: str | torch.device, dtype: torch.dtype,
     return resolve_device(device)
 
 
+def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
+    """Whether the Hugging Face hub answers at all: one HEAD request to its endpoint through
+    huggingface_hub's own client (its endpoint and proxy settings), no retries; any HTTP answer counts.
+    False at once when huggingface_hub is set offline."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception:  # noqa: BLE001 (no answer, whatever the reason: DNS, refused, timeout, TLS, proxy)
+        return False
+    return True
+
+
+def _valid_hub_id(name: str) -> bool:
+    """Whether name is spelled as a hub repository id at all (org/name or a bare name; no paths)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _offline_message(name: str, tried: list[str]) -> str:
+    """The one line for a name that could only be a hub id, not in the hub cache, with the hub out of reach."""
+    from huggingface_hub import constants
+
+    tried = [*tried, f"hub id {name!r} (not in the hub cache {constants.HF_HUB_CACHE}, or not all of it; the hub "
+                     f"{constants.ENDPOINT} cannot be reached from this machine, so nothing was downloaded)"]
+    return (f"cannot load model {name!r}; tried: " + "; ".join(tried) + f"; pass a built-in alias "
+            f"({', '.join(sorted(ALIASES))}), a .gguf file or a model directory, or connect to the internet to "
+            f"download a hub id")
+
+
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None,
                attn_implementation: str | None = None,
@@ -324,7 +363,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
     sdpa where the architecture supports it, else eager). A checkpoint
     that ships its own modelling code loads only with ``trust_remote_code=True``.
     Raises ``ModelLoadError`` (or ``DeviceError``) with one line naming the
-    problem, or everything that was tried.
+    problem, or everything that was tried. A hub id is loaded from the hub
+    cache alone, without retries, when the hub does not answer within
+    HUB_PROBE_SECONDS (``hub_reachable``): a name that is no alias, file,
+    directory or cached hub id then fails at once.
 
     Example: ``model, tokenizer = load_model("smollm2-135m")`` (the GGUF fetched and de-quantized
     on first use); ``load_model("./my-model", device="cuda", dtype=torch.bfloat16)``.
@@ -343,16 +385,20 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         raise ModelLoadError(str(exc)) from exc
     source = str(local) if local is not None else name_or_path
     where = f"local directory {source}" if local is not None else f"hub id {name_or_path!r}"
+    offline = local is None and _valid_hub_id(name_or_path) and not hub_reachable()  # then the hub cache alone
+    local_only = local is not None or offline
     try:
-        check_checkpoint(read_config_dict(source, local is not None), name_or_path, trust_remote_code)
+        check_checkpoint(read_config_dict(source, local_only), name_or_path, trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, attn_implementation=attn_implementation,
-            local_files_only=local is not None, trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local is not None,
+            local_files_only=local_only, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only,
                                                   trust_remote_code=trust_remote_code)
     except SafetensorError as exc:
         raise ModelLoadError(_damaged_weights(name_or_path, local, cache, exc)) from exc
     except (OSError, ValueError, ImportError, KeyError) as exc:
+        if offline:
+            raise ModelLoadError(_offline_message(name_or_path, tried)) from exc
         tried.append(f"{where} ({type(exc).__name__}: {one_line(exc)})")
         rebuild = f"; {_rebuild_hint(local)}" if _in_cache(local, cache) else ""
         raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried) + rebuild) from exc
