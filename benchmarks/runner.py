@@ -7,6 +7,10 @@ Methods (each a ``Method``: a name and ``run(ids [1, T], max_new_tokens) -> Run`
     prompt-lookup  transformers ``prompt_lookup_num_tokens=10``
     assisted       transformers assisted generation with a draft model (optional)
     lookahead      ``LookaheadGenerator`` with the default config
+    lookahead-plain  the same ``LookaheadGenerator`` routes with speculation off (``plain_config``:
+                   candidates 0, the window x alone): one token a forward through lookahead's
+                   own kernels and cache, so lookahead-plain vs greedy is the kernels' gain and
+                   lookahead vs lookahead-plain speculation's (benchmarks/report.py ``gain_table``)
     <name>         ``LookaheadGenerator`` with an extra config ``name:window=5,ngram=4``
 
 Every method of one benchmark decodes the same way: greedy, or sampling with
@@ -33,13 +37,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.benchmarks.configs import parse_config_spec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from lookahead.benchmarks.parsers import Prompt
+
 PROMPT_LOOKUP_TOKENS = 10
+PLAIN = "lookahead-plain"  # the method that decodes through lookahead's routes without speculating
 NEVER_EOS = 2 ** 31 - 1  # an end-of-sequence id no tokenizer has: EOS ignored
 REFERENCES = ("greedy", "sampling")  # the first method of a benchmark, by mode
 
@@ -91,12 +102,13 @@ def decode_kwargs(sampling: Sampling | None) -> dict:
     return sampling.kwargs() if sampling is not None else {"do_sample": False}
 
 
-def mode_label(sampling: Sampling | None, model) -> str:
+def mode_label(sampling: Sampling | None, model: PreTrainedModel) -> str:
     """"greedy", or "sampling T=0.7 top_k=50 top_p=1.0" with the values model.generate will use."""
     if sampling is None:
         return "greedy"
     # the model's generation_config over transformers' defaults, then the given values: what generate reads
-    config, _ = model._prepare_generation_config(None, **sampling.kwargs())  # noqa: SLF001
+    mixin: Any = model  # (GenerationMixin's helpers are typed narrower than these calls)
+    config, _ = mixin._prepare_generation_config(None, **sampling.kwargs())  # noqa: SLF001
     label = f"sampling T={config.temperature:g} top_k={config.top_k} top_p={config.top_p:g}"
     return label + (", EOS ignored" if sampling.ignore_eos else "")
 
@@ -128,40 +140,58 @@ class Method:
 
 # ---------------------------------------------------------------- methods
 
-def _hf_generate(model, sampling: Sampling | None, **extra) -> Callable[[torch.Tensor, int], torch.Tensor]:
+def _hf_generate(model: PreTrainedModel, sampling: Sampling | None,
+                 **extra: Any) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    mixin: Any = model  # (model.generate is typed narrower than these calls)
+
     def run(ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+        return mixin.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                               **decode_kwargs(sampling), **extra)
     return run
 
 
-def reference_method(model, sampling: Sampling | None = None) -> Method:
+def reference_method(model: PreTrainedModel, sampling: Sampling | None = None) -> Method:
     """transformers greedy ("greedy"), or transformers sampling ("sampling") with these settings."""
     return Method(REFERENCES[sampling is not None], _hf_generate(model, sampling), sampling=sampling)
 
 
-def prompt_lookup_method(model, sampling: Sampling | None = None) -> Method:
+def prompt_lookup_method(model: PreTrainedModel, sampling: Sampling | None = None) -> Method:
+    """transformers' prompt lookup decoding (PROMPT_LOOKUP_TOKENS a step)."""
     return Method("prompt-lookup", _hf_generate(model, sampling, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
                   sampling=sampling)
 
 
-def assisted_method(model, draft, sampling: Sampling | None = None) -> Method:
+def assisted_method(model: PreTrainedModel, draft: PreTrainedModel, sampling: Sampling | None = None) -> Method:
+    """transformers' assisted generation with ``draft``."""
     return Method("assisted", _hf_generate(model, sampling, assistant_model=draft), sampling=sampling)
 
 
-def lookahead_method(model, tokenizer, config: LookaheadConfig | None = None, name: str = "lookahead",
-                     sampling: Sampling | None = None, draft=None) -> Method:
+def lookahead_method(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,
+                     config: LookaheadConfig | None = None, name: str = "lookahead",
+                     sampling: Sampling | None = None, draft: PreTrainedModel | None = None) -> Method:
     """Exact (must equal greedy) when greedy; sampled outputs only share the distribution."""
     gen = LookaheadGenerator(model, tokenizer, config or LookaheadConfig(), draft)
     kwargs = decode_kwargs(sampling)
-    return Method(name, lambda ids, m: gen.generate(ids, max_new_tokens=m, **kwargs), exact=sampling is None,
-                  generator=gen, config=asdict(gen.run_config), sampling=sampling)
+
+    def run(ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        return cast(torch.Tensor, gen.generate(ids, max_new_tokens=max_new_tokens, **kwargs))  # (no return_dict)
+
+    return Method(name, run, exact=sampling is None, generator=gen, config=asdict(gen.run_config),
+                  sampling=sampling)
+
+
+def plain_config(config: LookaheadConfig) -> LookaheadConfig:
+    """``config`` with speculation off and everything else kept: no candidates from any source and
+    the window x alone (not opened by auto_window), so every step verifies exactly one token through
+    the same routes (few-row kernels, KV cache, host loop) the lookahead method's steps take."""
+    return replace(config, candidates=0, window=1, auto_window=False)
 
 
 # Named configs for `lookahead bench --preset`: LADE's published GPU setting run by our
 # engine, the ablations (each candidate source alone; all sources with a fixed budget), and
-# the two halves of the gain on the CPU: our kernels without speculation, speculation through
-# torch's own kernels.
+# the two halves of the gain on the CPU: our kernels without speculation (lookahead-plain, which
+# every bench now runs, is the same with the window kept x alone), speculation through torch's
+# own kernels.
 PRESETS = {
     "lade-gpu": ("window=15,ngram=5,pool_ngram=5,candidates=15,max_tree_nodes=60,budget=fixed,recycle=false,"
                  "context_match=false"),
@@ -183,10 +213,14 @@ def preset_specs(names: Iterable[str]) -> list[str]:
     return [f"{name}:{spec}" for name, spec in PRESETS.items() if name in names or "all" in names]
 
 
-def default_methods(model, tokenizer, config: LookaheadConfig | None = None, extra_configs: Iterable[str] = (),
-                    draft=None, sampling: Sampling | None = None) -> list[Method]:
-    """greedy (or sampling), prompt-lookup, [assisted], lookahead, [lookahead+draft, draft-only], then one
-    lookahead method per extra config.
+def default_methods(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,
+                    config: LookaheadConfig | None = None, extra_configs: Iterable[str] = (),
+                    draft: PreTrainedModel | None = None, sampling: Sampling | None = None) -> list[Method]:
+    """greedy (or sampling), prompt-lookup, [assisted], lookahead, lookahead-plain, [lookahead+draft,
+    draft-only], then one lookahead method per extra config.
+
+    lookahead-plain is ``config`` through ``plain_config``: what lookahead's kernels give without
+    speculation (benchmarks/report.py separates the two gains with it).
 
     sampling None: every method decodes greedily; else every method samples with these settings.
     With a draft model: transformers assisted generation with it, lookahead with it as one more
@@ -197,6 +231,7 @@ def default_methods(model, tokenizer, config: LookaheadConfig | None = None, ext
         methods.append(assisted_method(model, draft, sampling))
     config = config or LookaheadConfig()
     methods.append(lookahead_method(model, tokenizer, config, sampling=sampling))
+    methods.append(lookahead_method(model, tokenizer, plain_config(config), PLAIN, sampling))
     if draft is not None:
         methods.append(lookahead_method(model, tokenizer, config, "lookahead+draft", sampling, draft))
         alone = replace(config, context_match=False, ngram_pool=False, recycle=False)
@@ -215,17 +250,19 @@ class ForwardCounter:
     """Counts forward calls of a module (a pre-hook; removed on exit)."""
 
     def __init__(self, module: torch.nn.Module):
-        self.module, self.count, self.handle = module, 0, None
+        self.module, self.count = module, 0
+        self.handle: torch.utils.hooks.RemovableHandle | None = None
 
     def __enter__(self) -> ForwardCounter:
         self.handle = self.module.register_forward_pre_hook(self._hook)
         return self
 
-    def _hook(self, *_args) -> None:
+    def _hook(self, *_args: object) -> None:
         self.count += 1
 
-    def __exit__(self, *_exc) -> None:
-        self.handle.remove()
+    def __exit__(self, *_exc: object) -> None:
+        if self.handle is not None:
+            self.handle.remove()
 
 
 def peak_rss_mb() -> float:
@@ -234,7 +271,7 @@ def peak_rss_mb() -> float:
 
 
 @torch.inference_mode()
-def run_method(method: Method, model, ids: torch.Tensor, max_new_tokens: int) -> Run:
+def run_method(method: Method, model: PreTrainedModel, ids: torch.Tensor, max_new_tokens: int) -> Run:
     """Time one generate call; count target forwards."""
     with ForwardCounter(model) as counter:
         start = time.perf_counter()
@@ -256,7 +293,8 @@ def _accepted_per_step(run: Run) -> float:
     return (len(run.tokens) - 1) / decode if decode > 0 else float(len(run.tokens) > 0)
 
 
-def warm_up(methods: list[Method], model, prompt: BenchPrompt, max_new_tokens: int = 8, seed: int = 0) -> None:
+def warm_up(methods: list[Method], model: PreTrainedModel, prompt: BenchPrompt, max_new_tokens: int = 8,
+            seed: int = 0) -> None:
     """Run every method once, untimed (kernels, allocator, Numba)."""
     ids = torch.tensor([prompt.input_ids])
     for method in methods:
@@ -275,7 +313,7 @@ def _check_methods(methods: list[Method]) -> None:
         raise ValueError(f"method(s) {', '.join(mixed)} decode differently from the reference {methods[0].name!r}")
 
 
-def run_benchmark(model, methods: list[Method], prompts: list[BenchPrompt], max_new_tokens: int,
+def run_benchmark(model: PreTrainedModel, methods: list[Method], prompts: list[BenchPrompt], max_new_tokens: int,
                   warmup: bool = True, progress: Callable[[str], None] | None = None, seed: int = 0) -> list[dict]:
     """One record per (prompt, method), methods interleaved per prompt; the reference must come first.
 
@@ -337,7 +375,8 @@ def check_exact(records: list[dict]) -> None:
 # ---------------------------------------------------------------- prompts
 
 @torch.inference_mode()
-def prepare_prompts(dataset: str, prompts: list, model, tokenizer, max_new_tokens: int,
+def prepare_prompts(dataset: str, prompts: list[Prompt], model: PreTrainedModel,
+                    tokenizer: PreTrainedTokenizerBase, max_new_tokens: int,
                     turn2: bool = True) -> list[BenchPrompt]:
     """Tokenize data-set prompts; multi-turn ones (MT-bench) become turn 2.
 
@@ -354,7 +393,7 @@ def prepare_prompts(dataset: str, prompts: list, model, tokenizer, max_new_token
         turn = 1
         if turn2 and prompt.turns and len(prompt.turns) > 1:
             t = torch.tensor([ids])
-            answer_ids = model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=max_new_tokens,
+            answer_ids = cast(Any, model).generate(t, attention_mask=torch.ones_like(t), max_new_tokens=max_new_tokens,
                                         do_sample=False)[0, t.shape[1]:]
             answer = tokenizer.decode(answer_ids, skip_special_tokens=True)
             ids = render_prompt(prompt, tokenizer, chat, followup_messages(prompt, [answer]))

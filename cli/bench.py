@@ -1,4 +1,5 @@
-"""``lookahead bench``: greedy (or sampling) vs prompt lookup vs [assisted] vs lookahead on real prompts."""
+"""``lookahead bench``: greedy (or sampling) vs prompt lookup vs [assisted] vs lookahead (and lookahead-plain,
+the same routes without speculation) on real prompts."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def require_bench_extra() -> None:
               help="Extra lookahead config (repeatable), e.g. 'wide:window=5,ngram=4,candidates=8'.")
 @click.option("--preset", "presets", multiple=True,
               help="Named extra config (repeatable): lade-gpu, context-only, pool-only, recycle-only, "
-                   "fixed-budget, no-speculation (one token per step, lookahead's CPU kernels), "
+                   "fixed-budget, no-speculation (one token per step, lookahead's CPU kernels; lookahead-plain, which "
+                   "always runs, is the same with the window kept x alone), "
                    "stock-kernels (torch's own linear kernels), or all.")
 @click.option("--draft-model", "--draft", "draft", default=None,
               help="Draft model (any name --model takes, same tokenizer): adds transformers assisted generation, "
@@ -108,8 +110,12 @@ def bench(model_name: str, datasets: tuple[str, ...], prompt_files: tuple[str, .
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
     Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
-    method. Greedy (default): exits with status 1 if a lookahead method's tokens
-    differ from greedy decoding in float32. --sample: every method samples with
+    method; 'lookahead-plain' runs the same config with speculation off (no
+    candidates, the window x alone), so the report splits lookahead's speedup
+    into its kernels' gain and speculation's. The report's table and figure
+    name the model, CPU, threads, prompts, new tokens and mode. Greedy
+    (default): exits with status 1 if a lookahead method's tokens differ from
+    greedy decoding in float32. --sample: every method samples with
     the same settings and seed; outputs differ, so nothing is checked.
     Needs the [bench] extra (matplotlib, tqdm).
     """

@@ -13,8 +13,19 @@ from conftest import tiny_model
 from lookahead import LookaheadConfig
 from lookahead.benchmarks.configs import config_from, parse_config_spec, parse_value
 from lookahead.benchmarks.costcurve import cost_curve
-from lookahead.benchmarks.report import geomean, summarize, write_report
+from lookahead.benchmarks.report import (
+    caption,
+    figure,
+    gain_table,
+    gains,
+    geomean,
+    redraw,
+    summarize,
+    tick_overlaps,
+    write_report,
+)
 from lookahead.benchmarks.runner import (
+    PLAIN,
     PRESETS,
     BenchPrompt,
     ExactMatchError,
@@ -23,6 +34,7 @@ from lookahead.benchmarks.runner import (
     check_exact,
     default_methods,
     lookahead_method,
+    plain_config,
     preset_specs,
     run_benchmark,
 )
@@ -53,14 +65,14 @@ def records(model, prompts):
 
 def test_runner_records_every_prompt_and_method(records):
     assert [(r["prompt_id"], r["method"]) for r in records] == [
-        (p, m) for p in ("a", "b") for m in ("greedy", "prompt-lookup", "lookahead", "wide")]
+        (p, m) for p in ("a", "b") for m in ("greedy", "prompt-lookup", "lookahead", PLAIN, "wide")]
     for r in records:
         assert r["new_tokens"] == MAX_NEW == len(r["tokens"])
         assert r["wall_time_s"] > 0 and r["tokens_per_s"] > 0 and r["speedup"] > 0 and r["peak_rss_mb"] > 0
         assert r["exact_match"], r
     greedy = [r for r in records if r["method"] == "greedy"]
     assert all(r["forwards"] == MAX_NEW and r["accepted_per_step"] == 1.0 and r["speedup"] == 1.0 for r in greedy)
-    lookahead = [r for r in records if r["method"] in ("lookahead", "wide")]
+    lookahead = [r for r in records if r["method"] in ("lookahead", PLAIN, "wide")]
     assert all(r["must_match"] and r["accepted"] and r["forwards"] == len(r["accepted"]) + 1 for r in lookahead)
     # every decode step's host and forward time, one of each per step (none for transformers' methods)
     assert all(len(r["host_s"]) == len(r["forward_s"]) == len(r["accepted"]) for r in lookahead)
@@ -209,9 +221,9 @@ def by_prompt(records):
 def test_sample_mode_runs_every_method_with_the_mode_and_seed(sampled):
     records = sampled[0]
     assert [(r["prompt_id"], r["method"]) for r in records] == [
-        (p, m) for p in ("a", "b") for m in ("sampling", "prompt-lookup", "lookahead", "half")]
+        (p, m) for p in ("a", "b") for m in ("sampling", "prompt-lookup", "lookahead", PLAIN, "half")]
     assert {r["mode"] for r in records} == {"sampling T=0.7 top_k=20 top_p=1"}  # top_p: transformers' default
-    assert [r["seed"] for r in records] == [SEED] * 4 + [SEED + 1] * 4
+    assert [r["seed"] for r in records] == [SEED] * 5 + [SEED + 1] * 5
     lookahead = [r for r in records if r["method"] == "lookahead"]
     assert all(r["accepted"] and r["forwards"] == len(r["accepted"]) + 1 for r in lookahead)
     assert all(r["accepted_per_step"] >= 1 for r in records if r["new_tokens"] > 1)
@@ -407,3 +419,110 @@ def test_the_report_names_the_machine(tmp_path):
     assert "1 core kept busy by other processes" in line and "nothing else running" in machine_line(env)
     paths = write_report(tmp_path, [], meta={"busy_cores": 1})
     assert "1 core kept busy" in paths["table"]
+
+
+# ---------------------------------------------------------------- where the numbers come from (issue 36)
+
+def test_lookahead_plain_is_the_same_routes_without_speculation(model, records):
+    """lookahead-plain: the lookahead config with no candidates and the window x alone, one token
+    a forward, equal to greedy; in every default bench beside lookahead."""
+    config = LookaheadConfig(window=3, ngram=4, candidates=6, recycle=False)
+    plain = plain_config(config)
+    assert (plain.candidates, plain.window, plain.auto_window) == (0, 1, False)
+    assert plain == LookaheadConfig(window=1, ngram=4, candidates=0, recycle=False, auto_window=False)
+    methods = default_methods(model, None, config)
+    assert [m.name for m in methods][2:4] == ["lookahead", PLAIN]
+    assert methods[3].config["candidates"] == 0 and methods[3].exact
+    runs = [r for r in records if r["method"] == PLAIN]
+    assert len(runs) == 2
+    assert all(r["accepted"] == [1] * MAX_NEW and r["forwards"] == MAX_NEW + 1 and r["exact_match"] for r in runs)
+    assert all(r["routes"] for r in runs) or all(not r["routes"] for r in records)  # lookahead's own routes
+
+
+def test_gains_split_lookahead_into_kernels_and_speculation():
+    def record(dataset, prompt, method, speedup):
+        return dict(dataset=dataset, prompt_id=prompt, turn=1, seed=0, method=method, speedup=speedup)
+
+    records = [record("d", "a", "greedy", 1.0), record("d", "a", PLAIN, 1.5), record("d", "a", "lookahead", 3.0),
+               record("d", "b", "greedy", 1.0), record("d", "b", PLAIN, 2.0), record("d", "b", "lookahead", 2.0),
+               record("e", "c", "greedy", 1.0), record("e", "c", PLAIN, 1.2), record("e", "c", "lookahead", 3.6)]
+    rows = {r["dataset"]: r for r in gains(records)}
+    assert list(rows) == ["d", "e", "all"]
+    assert rows["d"]["kernel"] == pytest.approx(geomean([1.5, 2.0]))
+    assert rows["d"]["speculation"] == pytest.approx(geomean([2.0, 1.0]))
+    assert rows["e"]["speculation"] == pytest.approx(3.0) and rows["all"]["prompts"] == 3
+    for row in rows.values():  # per prompt total = kernels x speculation, so the geomeans multiply too
+        assert row["total"] == pytest.approx(row["kernel"] * row["speculation"])
+    table = gain_table(gains(records), "greedy")
+    assert f"| dataset | n | kernels: {PLAIN} vs greedy | speculation: lookahead vs {PLAIN} " in table
+    assert "| **all** | 3 |" in table and "| e | 1 | 1.20x | 3.00x | 3.60x |" in table
+    assert gains([r for r in records if r["method"] != PLAIN]) == [] and gain_table([], "greedy") == ""
+
+
+def test_the_report_says_where_its_numbers_come_from(tmp_path, records):
+    paths = write_report(tmp_path / "out", records, None,
+                         {"model": "tiny-llama", "dtype": "float32", "max_new_tokens": MAX_NEW})
+    table = paths["markdown"].read_text()
+    head = table.splitlines()[:3]
+    assert head[0] == f"Model tiny-llama (float32), 2 prompts from 1 data set, up to {MAX_NEW} new tokens each."
+    assert head[1].startswith("Mode: greedy, seed 0") and head[2].startswith("Measured on ")
+    assert "torch on " in head[2] and " thread" in head[2]
+    assert f"| tiny | {PLAIN} | 2 |" in table  # one more row (column of the figure)
+    assert f"kernels: {PLAIN} vs greedy" in table and f"speculation: lookahead vs {PLAIN}" in table
+    assert table.index("| dataset | method |") < table.index("Where lookahead's speedup comes from")
+    data = json.loads(paths["json"].read_text())
+    text = caption(data["meta"], data["environment"], records)
+    env = data["environment"]
+    assert text.startswith(f"tiny-llama (float32) on {env['cpu']} ({env['cpu_count']} cores, torch on ")
+    assert text.endswith(f"2 prompts, up to {MAX_NEW} new tokens; greedy")
+
+
+def test_the_figure_has_a_title_and_readable_labels(records):
+    import matplotlib.pyplot as plt
+
+    rows = summarize(records)
+    fig = figure(records, rows, None, "tiny-llama on a CPU; 2 prompts, up to 12 new tokens; greedy")
+    try:
+        assert fig._suptitle.get_text() == ("lookahead bench: tiny-llama on a CPU; 2 prompts, up to 12 new tokens; "
+                                            "greedy")  # noqa: SLF001
+        assert f"{PLAIN}: lookahead's kernels alone" in fig.axes[0].get_title()
+        assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+            "prompt-lookup", "lookahead", PLAIN, "wide"]
+    finally:
+        plt.close(fig)
+    # many long data-set names: the labels turn (or shrink) until none overlaps another
+    names = ["humaneval-annotate", "humaneval-chat", "mt-bench-1", "passage-qa", "translate", "summarize",
+             "tool-calls", "open-qa", "writing", "gsm8k", "mt-bench", "humaneval"]
+    many = [dict(r, dataset=name, prompt_id=f"{name}/{r['prompt_id']}") for name in names for r in records]
+    fig = figure(many, summarize(many), None, "many")
+    try:
+        assert not tick_overlaps(fig, fig.axes[0])
+        assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == names
+    finally:
+        plt.close(fig)
+
+
+def test_a_recorded_run_is_redrawn_without_running_anything(tmp_path, records, monkeypatch):
+    paths = write_report(tmp_path / "out", records, None, {"model": "tiny", "max_new_tokens": MAX_NEW})
+    monkeypatch.setattr("lookahead.benchmarks.runner.run_benchmark",
+                        lambda *a, **k: pytest.fail("redraw ran a benchmark"))
+    out = redraw(paths["json"], tmp_path / "again.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_smoke_run_names_model_and_splits_the_gain(tmp_path):
+    """The whole command on a tiny saved model and two prompts of one's own: the printed table and
+    bench.md name the model, prompts, new tokens and mode, and carry lookahead-plain's split."""
+    from conftest import save_model_dir
+
+    model_dir = save_model_dir(tmp_path / "model", tiny_model("llama"))
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"text": "w3 w4 w5 w6 w3 w4 w5 w6 w3"}\n{"text": "w7 w8 w9 w7 w8 w9 w7"}\n')
+    result = bench_cli("--model", model_dir, "--prompts", str(prompts), "--max-new-tokens", "6",
+                       "--no-cost-curve", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    head = f"Model {model_dir} (float32), 2 prompts from 1 data set, up to 6 new tokens each."
+    assert head in result.stdout and "Mode: greedy" in result.stdout and "Measured on " in result.stdout
+    assert f"| mine | {PLAIN} | 2 |" in result.stdout and f"speculation: lookahead vs {PLAIN}" in result.stdout
+    assert (tmp_path / "out" / "bench.md").read_text().startswith(head)
+    assert (tmp_path / "out" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
