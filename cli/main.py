@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -21,13 +21,17 @@ from lookahead.cli.options import (
     SAMPLING_FIELDS,
     checked_config,
     checked_prompt,
+    checked_sampling,
     checked_seed,
     cli_message,
     config_options,
     fail,
+    interrupted,
+    reader_gone,
     sampling_options,
     threads_option,
     trust_remote_code_option,
+    warn_line,
     warnings_as_lines,
 )
 from lookahead.cli.roofline import roofline
@@ -36,10 +40,26 @@ from lookahead.config import LookaheadConfig
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from lookahead import LookaheadGenerator
 
 
-@click.group()
+class LookaheadGroup(click.Group):
+    """The ``lookahead`` command group: Ctrl-C in any command ends it with one line and exit status 130
+    (not a traceback, not click's "Aborted!" and 1); a reader of stdout that goes away (``| head``) ends
+    it quietly with status 141 (options.reader_gone says why)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted()
+        except BrokenPipeError:
+            reader_gone()
+
+
+@click.group(cls=LookaheadGroup)
 def main() -> None:
     """Lookahead decoding: the same greedy tokens as model.generate, in fewer forward passes."""
 
@@ -57,14 +77,19 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool) -
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True,
               help="Built-in alias, .gguf file, local directory or hub id.")
 @click.option("--prompt", required=True, help="The text to continue (a user message unless --no-chat).")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True,
+              help="Most new tokens to generate (the answer is cut there, said on stderr); the model's context "
+                   "(max_position_embeddings) caps it, with a warning at start.")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @click.option("--draft-model", default=None,
               help="A small model with the target's tokenizer (any name --model takes) that drafts "
                    "candidates too, on the same device and dtype.")
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--device", default="cpu", show_default=True,
+              help="Where the model runs: cpu, cuda, cuda:N, mps (a torch device on this machine).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+              help="The weights' dtype. Greedy output equals model.generate's exactly in float32; in bfloat16 or "
+                   "float16 a near-tie can round the other way, and float16 on a CPU is several times slower.")
 @click.option("--memory", "memory_path", default=None, metavar="PATH",
               help="Remember requests across runs in this file: read before generating (when it exists), "
                    "written back after (it holds your prompts' outputs).")
@@ -81,8 +106,10 @@ def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_j
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     sampling = {name: values.pop(name) for name in SAMPLING_FIELDS}
+    checked_sampling(sampling)
     config = checked_config(values)
     checked_memory_path(memory_path, config)
+    warn_about_dtype(dtype, device)
     try:
         with warnings_as_lines():
             result = _generate(model_name, prompt, max_new_tokens, chat, as_json,
@@ -91,6 +118,18 @@ def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_j
         fail(cli_message(exc))
     if as_json:
         click.echo(json.dumps(result))
+
+
+def warn_about_dtype(dtype: str, device: str) -> None:
+    """One warning line for a half-precision --dtype: greedy output is exact only in float32, and float16
+    on a CPU is computed slowly."""
+    if dtype == "float32":
+        return
+    slow = (" and most CPUs compute float16 in software, typically several times slower than float32"
+            if dtype == "float16" and device.split(":")[0] == "cpu" else "")
+    warn_line(f"--dtype {dtype}: greedy output equals model.generate's exactly only in float32 (in {dtype} a "
+              f"forward over many rows can round differently from one over a single row, so a near-tie can go "
+              f"the other way){slow}; pass --dtype float32 (the default) for exact output")
 
 
 def checked_memory_path(path: str | None, config: LookaheadConfig) -> None:
@@ -116,45 +155,119 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
               seed: int | None, memory_path: str | None = None) -> dict:
     """Load (device, dtype, trust_remote_code, draft model name = loading), generate (streaming unless
     as_json), report stats; the JSON result. With ``memory_path``, the generator's memory across
-    requests is read from that file first (when it exists) and written back after."""
+    requests is read from that file first (when it exists: checked right after the model and its
+    tokenizer load, before the generator measures costs) and written back after, each said on stderr."""
     import torch
     from transformers import TextStreamer
 
     from lookahead import LookaheadGenerator, load_model
+    from lookahead.model.support import context_length
     from lookahead.proposers.draft.checks import check_draft_source
 
     device, dtype, trust_remote_code, draft_name = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
                                   trust_remote_code=trust_remote_code)
+    memory_file = Path(memory_path).expanduser() if memory_path is not None else None
+    if memory_file is not None and memory_file.exists():
+        check_memory_file(memory_file, model, tokenizer)  # a foreign or damaged file fails before the cost curve
     draft, draft_tokenizer = None, None
     if draft_name is not None:
         check_draft_source(model, draft_name)  # its vocabulary, from its config, before its weights load
         draft, draft_tokenizer = load_model(draft_name, device=device, dtype=getattr(torch, dtype),
                                             trust_remote_code=trust_remote_code)
     ids = encode_prompt(tokenizer, prompt, chat).to(device)
+    context = context_length(model.config)
+    warn_about_context(ids.shape[1], max_new_tokens, context)
     gen = LookaheadGenerator(model, tokenizer, config, draft, draft_tokenizer=draft_tokenizer)
-    if memory_path is not None and Path(memory_path).expanduser().exists():
-        gen.load_memory(Path(memory_path).expanduser())
+    if memory_file is not None and memory_file.exists():
+        gen.load_memory(memory_file)
+        click.echo(f"lookahead: memory: loaded {memory_held(gen)} from {memory_path}", err=True)
+    elif memory_file is not None:
+        click.echo(f"lookahead: memory: {memory_path} does not exist yet; it is written after this request",
+                   err=True)
     streamer = None if as_json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     if seed is not None:
         torch.manual_seed(seed)
     out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer, **sampling)
     stats = gen.last_stats
     assert stats is not None  # (set by every generate call)
-    if memory_path is not None:
-        gen.save_memory(Path(memory_path).expanduser())
-    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    if memory_file is not None:
+        gen.save_memory(memory_file)
+        click.echo(f"lookahead: memory: saved {memory_held(gen)} to {memory_path}", err=True)
+    new = out[0, ids.shape[1]:].tolist()
+    used = settings_used(model, sampling)
+    reason = stop_reason(new, used.pop("eos"), max_new_tokens, None if context is None else context - ids.shape[1])
+    text = tokenizer.decode(new, skip_special_tokens=True)
     click.echo(f"[lookahead] {stats.new_tokens} new tokens in {stats.steps} forward passes after the prefill, "
                f"{stats.accepted_per_step:.2f} tokens/step, {stats.tokens_per_s:.1f} tokens/s"
                + (f", {stats.draft_forwards} draft forwards" if draft is not None else ""), err=True)
+    if reason == "length" and max_new_tokens > 0 and not as_json:
+        click.echo(f"lookahead: the answer was cut at --max-new-tokens {max_new_tokens} before it ended: pass a "
+                   f"larger --max-new-tokens for the rest", err=True)
     return {"text": text, "model": model_name, "prompt_tokens": stats.prompt_tokens,
-            "new_tokens": stats.new_tokens, "steps": stats.steps,
+            "new_tokens": stats.new_tokens, "stop_reason": reason, "steps": stats.steps,
             "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
-            "wall_time_s": stats.wall_time_s, "memory_s": stats.memory_s, "sampling": {**sampling, "seed": seed},
+            "wall_time_s": stats.wall_time_s, "memory_s": stats.memory_s, "sampling": {**used, "seed": seed},
             "draft_model": draft_name, "draft_forwards": stats.draft_forwards,
             "routes": {route: stats.routes.count(route) for route in sorted(set(stats.routes)) if route},
             "config": dataclasses.asdict(config),
             "window": [gen.run_config.window, gen.run_config.ngram]}  # (W, N) decoded with: auto_window's choice
+
+
+def check_memory_file(path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Read the --memory file through every check load_memory makes (format version, the tokenizer's
+    vocabulary, size and checksum, ids in range): MemoryFileError before the generator is built."""
+    import torch
+
+    from lookahead.proposers.memory import file
+
+    embedding = cast(torch.Tensor, model.get_input_embeddings().weight)  # [V, hidden]
+    vocab = int(embedding.shape[0])  # what the generator bounds ids by (lookahead/model/target.py)
+    file.read(path, file.vocabulary_key(tokenizer, vocab), vocab)
+
+
+def memory_held(gen: LookaheadGenerator) -> str:
+    """'N requests (M tokens)': what the generator's memory store holds."""
+    from lookahead.proposers.memory import RequestMemory
+
+    store = gen.memory.store if isinstance(gen.memory, RequestMemory) else None
+    requests, tokens = (store.requests, store.tokens) if store is not None else (0, 0)
+    return f"{requests} request{'s' if requests != 1 else ''} ({tokens} token{'s' if tokens != 1 else ''})"
+
+
+def warn_about_context(prompt_tokens: int, max_new_tokens: int, context: int | None) -> None:
+    """A warning at start when the prompt and --max-new-tokens do not fit in the model's context (a prompt
+    that fills it is refused by generate itself)."""
+    if context is None or prompt_tokens >= context or prompt_tokens + max_new_tokens <= context:
+        return
+    warn_line(f"--max-new-tokens {max_new_tokens} does not fit: the model's context (max_position_embeddings) "
+              f"is {context} tokens and the prompt takes {prompt_tokens}, so at most {context - prompt_tokens} "
+              f"new tokens are generated")
+
+
+def settings_used(model: PreTrainedModel, sampling: dict[str, Any]) -> dict[str, Any]:
+    """The sampling settings generate decoded with: the options given over the model's generation_config,
+    resolved as model.generate resolves them (temperature 0 is greedy), and the end-of-sequence ids ("eos")."""
+    from lookahead.call.inputs import eos_ids
+
+    mixin: Any = model  # GenerationMixin's own resolution, as lookahead/call/decoding.py uses it
+    config, _ = mixin._prepare_generation_config(None, **{k: v for k, v in sampling.items() if v is not None})  # noqa: SLF001
+    used = {name: getattr(config, name, None) for name in SAMPLING_FIELDS}
+    used["do_sample"] = bool(config.do_sample) and config.temperature != 0
+    used["eos"] = set(eos_ids(None, config).tolist())
+    return used
+
+
+def stop_reason(new: list[int], eos: set[int], max_new_tokens: int, room: int | None) -> str:
+    """Why generation stopped: "eos" (the model ended its answer), "length" (cut at --max-new-tokens),
+    "context" (the model's context is full), else "other" (a stopping criterion the CLI does not set)."""
+    if new and new[-1] in eos:
+        return "eos"
+    if len(new) >= max_new_tokens:
+        return "length"
+    if room is not None and len(new) >= room:
+        return "context"
+    return "other"
 
 
 main.add_command(bench)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import re
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -22,29 +25,53 @@ CLI_ERRORS = (ValueError, RuntimeError, OSError)  # every error type of ours sub
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def field_help(field: dataclasses.Field) -> str:
+    """A LookaheadConfig field's --help text: its documentation (``metadata["help"]``, lookahead/config.py),
+    the other fields it names spelled as flags (max_tree_nodes -> --max-tree-nodes)."""
+    text = field.metadata.get("help") or f"LookaheadConfig.{field.name} (undocumented)"
+    for name in sorted(LookaheadConfig.field_names(), key=len, reverse=True):
+        if name != field.name and "_" in name:
+            text = re.sub(rf"\b{name}\b", f"--{name.replace('_', '-')}", text)
+    return text
+
+
 def config_options(func: F) -> F:
-    """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults from the dataclass,
-    each of the type lookahead.benchmarks.configs.field_kind gives (the one config parser, --config's too)."""
+    """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults and help from the
+    dataclass, each of the type lookahead.benchmarks.configs.field_kind gives (the one config parser,
+    --config's too)."""
     for field in reversed(dataclasses.fields(LookaheadConfig)):
-        flag, kind = field.name.replace("_", "-"), field_kind(field.name)
+        flag, kind, text = field.name.replace("_", "-"), field_kind(field.name), field_help(field)
         if kind is bool:
             func = click.option(f"--{flag}/--no-{flag}", field.name, default=field.default, show_default=True,
-                                help=f"LookaheadConfig.{field.name}")(func)
+                                help=text)(func)
         elif kind is str:  # checked by LookaheadConfig, so a bad value gets one line
-            choices = f": {' or '.join(CHOICES[field.name])}" if field.name in CHOICES else ""
+            metavar = "|".join(CHOICES[field.name]) if field.name in CHOICES else "TEXT"
             func = click.option(f"--{flag}", field.name, type=str, default=field.default, show_default=True,
-                                help=f"LookaheadConfig.{field.name}{choices}")(func)
+                                metavar=metavar, help=text)(func)
         else:
             func = click.option(f"--{flag}", field.name, type=kind, default=field.default, show_default=True,
-                                help=f"LookaheadConfig.{field.name}")(func)
+                                help=text)(func)
     return func
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system tells it, else every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _set_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    """--threads N: torch.set_num_threads(N) as soon as the option is read (before any model loads)."""
+    """--threads N: torch.set_num_threads(N) as soon as the option is read (before any model loads); a
+    warning when N is more than the cores this process can run on."""
     if value is not None:
         import torch
 
+        cores = usable_cores()
+        if value > cores:
+            warn_line(f"--threads {value} is more than the {cores} core{'s' if cores != 1 else ''} this process "
+                      f"can run on: the extra threads wait for each other and every step slows down; pass "
+                      f"--threads {cores} or fewer")
         torch.set_num_threads(value)
     return value
 
@@ -91,6 +118,22 @@ def sampling_options(func: F) -> F:
     return func
 
 
+def checked_sampling(sampling: Mapping[str, object]) -> None:
+    """One line naming the flag (--top-p, not top_p) and exit status 2 for a sampling value out of the
+    range generate takes (lookahead.call.decoding.RANGES, the engine's own check)."""
+    from lookahead.call.decoding import RANGES
+
+    for name, (low, high, closed) in RANGES.items():
+        value = sampling.get(name)
+        if not isinstance(value, (int, float)) or (low <= value <= high and (value > low or closed)):
+            continue
+        if high == float("inf"):
+            bound = f"{'>=' if closed else '>'} {low:g}"
+        else:
+            bound = f"in {'[' if closed else '('}{low:g}, {high:g}]"
+        fail(f"--{name.replace('_', '-')} must be {bound}, got {value:g}")
+
+
 SEED_MAX = 2 ** 64 - 1  # torch.manual_seed takes 0 .. 2**64-1 (negatives only wrap around to those)
 
 
@@ -127,8 +170,42 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def warn_line(message: str) -> None:
+    """One warning line on stderr (the run goes on)."""
+    click.echo(f"lookahead: warning: {message}", err=True)
+
+
+INTERRUPTED = 128 + signal.SIGINT  # 130: what a shell reports for a command Ctrl-C ended
+READER_GONE = 128 + signal.SIGPIPE  # 141: what a shell reports for a command whose reader went away
+
+
+def interrupted() -> NoReturn:
+    """Ctrl-C: one line on stderr, exit status 130, no traceback."""
+    if sys.stdout.isatty():
+        click.echo("")  # end the line of text streamed so far
+    click.echo("lookahead: interrupted (Ctrl-C)", err=True)
+    sys.exit(INTERRUPTED)
+
+
+def reader_gone() -> NoReturn:
+    """stdout's reader went away (``lookahead generate ... | head -c 20``): exit at once and quietly with
+    status 141, as a Unix tool killed by SIGPIPE does (the shell reports 128 + 13; ``set -o pipefail``
+    scripts see the run was cut short, as for ``yes | head``). stdout is pointed at /dev/null first, so
+    Python's last flush at exit has nowhere to fail."""
+    with contextlib.suppress(OSError, ValueError):  # (a stdout without a file descriptor: nothing to flush)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    sys.exit(READER_GONE)
+
+
 def cli_message(exc: Exception) -> str:
-    """An error's message on one line, its fix spelled as a CLI option (--allow-untested-models, ...)."""
+    """An error's message on one line, its fix spelled as a CLI option (--allow-untested-models, ...).
+
+    A BrokenPipeError is no error to report (stdout's reader went away): it is raised again, for the
+    ``lookahead`` group to end quietly (reader_gone) whichever command caught it."""
+    if isinstance(exc, BrokenPipeError):
+        raise exc
     fix, problem = getattr(exc, "fix", None), getattr(exc, "problem", None)  # set by lookahead.errors.with_fix
     if isinstance(fix, OptionFix) and isinstance(problem, str):
         return f"{problem}; {fix.cli_text()}"
@@ -145,8 +222,7 @@ def warnings_as_lines() -> Iterator[None]:
         finally:
             for warning in caught:
                 message = warning.message  # a Warning: warnings.warn makes a str message one of its category
-                text = one_line(message) if isinstance(message, Warning) else " ".join(message.split())
-                click.echo(f"lookahead: warning: {text}", err=True)
+                warn_line(one_line(message) if isinstance(message, Warning) else " ".join(message.split()))
 
 
 def checked_config(values: Mapping[str, object]) -> LookaheadConfig:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 from .errors import ConfigError
 
 CHOICES = {"budget": ("adaptive", "fixed"), "budget_curve": ("measured", "flat")}  # fields with fixed string values
+T = TypeVar("T")
+
+
+def documented(default: T, help_text: str) -> T:
+    """A LookaheadConfig field with its default and its documentation, kept in ``metadata["help"]``
+    (``dataclasses.fields(LookaheadConfig)[i].metadata["help"]``: the one place the CLI's --help reads)."""
+    return field(default=default, metadata={"help": help_text})
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
@@ -29,57 +37,71 @@ class LookaheadConfig:
     between 1 and 64, got 0").
     """
 
-    # With budget="adaptive" (the default) every step verifies exactly as many tree
-    # nodes as pay on this machine: it measures the forward-cost curve once (cached on
-    # disk) and tracks acceptance per source, class and depth, and feeds 0 to W of the
-    # window's columns. W=1 (x alone) leaves the window to auto_window.
-    window: int = 1  # W: columns of the Jacobi lookahead window (>= 1)
-    ngram: int = 2  # N: n-gram size of the window's columns; the window has N-1 levels (>= 2)
-    pool_ngram: int = 2  # n-gram size of the pool fed by the prompt and the output (its own, not N)
-    # With window=1 and the adaptive budget: open a W=15, N=5 window (its columns then fed step by step
-    # as they pay) where the measured cost curve says rows are nearly free (a step over 1 + max_tree_nodes
-    # rows costs at most CHEAP_STEP = 1.3 one-row steps, plan/window.py: a GPU at batch 1, or
-    # budget_curve="flat"); elsewhere (a CPU, typically) it stays x alone (why: docs/DESIGN.md).
-    auto_window: bool = True
-    candidates: int = 4  # G: max candidate continuations per source per step (0 = none)
-    pool_capacity: int = 4  # n-grams kept per first token in the pool (LRU)
-    pool_max_keys: int = 16384  # distinct first tokens kept in the pool (LRU)
-    ngram_pool: bool = True  # propose the pool's n-grams that start with x
-    seed_from_prompt: bool = True  # put every prompt n-gram into the pool
-    seed_from_output: bool = True  # put every accepted n-gram into the pool
-    context_match: bool = True  # propose continuations of suffix matches in prompt + output
-    match_min: int = 2  # shortest suffix that counts as a context match
-    match_max: int = 4  # longest suffix tried by the context matcher
-    match_length: int = 32  # most tokens proposed after a context match
-    recycle: bool = True  # propose the model's own recent top-k successors (token recycling)
-    recycle_width: int = 8  # successors remembered per token (R)
-    draft_tokens: int = 8  # longest chain a draft model drafts per step (with LookaheadGenerator(draft_model=))
-    draft_alternatives: int = 1  # greedy: the draft's runner-ups per chain depth, as one-token branches
-    # Most tokens a draft model reads at once to catch up (the prompt, or text accepted while it was
-    # silent): past that it starts over on the last draft_context tokens (0: it always reads everything).
-    draft_context: int = 64
-    # Memory across requests: tokens of earlier requests' text kept (the generator's lifetime, or a file
-    # with save_memory / --memory) and proposed from when the current text repeats them; oldest requests
-    # are evicted first; about 76 bytes of host memory per token (0: no store).
-    memory_tokens: int = 262144
-    memory_prompts: bool = False  # keep the requests' prompts in the store too, not only their outputs
-    max_tree_nodes: int = 32  # cap on verification-tree nodes per step
-    budget: str = "adaptive"  # "adaptive": size each step's tree by cost model; "fixed": always the cap
-    # "measured": the budget prices a step by this machine's measured cost curve; "flat": every step
-    # costs the same whatever its rows (what a GPU at batch 1 does up to a few hundred rows): a
-    # simulation that shows what the budget builds where rows are free.
-    budget_curve: str = "measured"
-    cost_cache_dir: str = "~/.cache/lookahead/costs"  # where measured cost curves are kept ("" = nowhere)
-    calibration_context: int = 256  # context tokens behind the cost measurement
-    calibration_repeats: int = 5  # most timed passes per row count (median; stops once 3 agree)
-    # On the CPU, let the cost measurement try lookahead's own linear kernel for 1-64-row forwards
-    # (lookahead/model/fewrows.py) beside torch's (F.linear, and W @ x^T for 2-7 rows), each on torch's
-    # threads and on one: every row count then runs through whichever route was fastest on this
-    # machine, re-checked as steps run (lookahead/model/routing.py). False: torch's kernels only. No effect
-    # on a GPU.
-    few_row_matmul: bool = True
-    window_seed: int = 0  # RNG seed of the window's initial guesses (sampling uses torch's generator)
-    allow_untested_models: bool = False  # drive architectures outside the tested list
+    # With budget="adaptive" (the default) every step verifies exactly as many tree nodes as pay on this
+    # machine: it measures the forward-cost curve once (cached on disk), tracks acceptance per source,
+    # class and depth, and feeds 0 to W of the window's columns. W=1 (x alone) leaves the window to
+    # auto_window. Each field's help (metadata["help"], documented()) is its documentation: the CLI's
+    # --help shows it (cli/options.py), the README's table says the same.
+    window: int = documented(1, "W: columns of the Jacobi lookahead window (1-64); the budget feeds 0 to W of "
+                                "them each step; 1: no window (see auto_window)")
+    ngram: int = documented(2, "N: n-gram size of the window's columns; the window has N-1 levels (2-16)")
+    pool_ngram: int = documented(2, "n-gram size of the pool fed by the prompt and the output, its own, not N (2-16)")
+    # 1.3 is CHEAP_STEP (plan/window.py); why a CPU typically stays at x alone: docs/DESIGN.md.
+    auto_window: bool = documented(True, "with window 1 and the adaptive budget, open a W=15, N=5 window where "
+                                         "the measured cost curve says rows are nearly free (a step of "
+                                         "1 + max_tree_nodes rows costs at most 1.3 one-row steps: a GPU at "
+                                         "batch 1, or budget_curve flat); elsewhere, typically a CPU, no window")
+    candidates: int = documented(4, "G: most candidate continuations per source per step (0-256; 0: none)")
+    pool_capacity: int = documented(4, "n-grams kept per first token in the pool, least recently used dropped "
+                                       "(1-1024)")
+    pool_max_keys: int = documented(16384, "distinct first tokens kept in the pool, least recently used dropped "
+                                           "(>= 1)")
+    ngram_pool: bool = documented(True, "propose the pool's n-grams that start with the last token")
+    seed_from_prompt: bool = documented(True, "put every n-gram of the prompt into the pool")
+    seed_from_output: bool = documented(True, "put every accepted n-gram into the pool")
+    context_match: bool = documented(True, "propose what followed earlier occurrences of the current suffix in "
+                                           "the prompt and the output")
+    match_min: int = documented(2, "shortest suffix that counts as a context match (1-64)")
+    match_max: int = documented(4, "longest suffix the context matcher tries (match_min to 64)")
+    match_length: int = documented(32, "most tokens proposed after a context match (1-256)")
+    recycle: bool = documented(True, "token recycling: propose the model's own recent top-k successors")
+    recycle_width: int = documented(8, "R: successors remembered per token for recycling (1-64)")
+    draft_tokens: int = documented(8, "longest chain a draft model drafts per step, with a draft model only "
+                                      "(1-64)")
+    draft_alternatives: int = documented(1, "greedy: the draft's runner-ups per chain depth, added as one-token "
+                                            "branches (0-8)")
+    draft_context: int = documented(64, "most tokens a draft model reads at once to catch up (the prompt, or "
+                                        "text accepted while it was silent); past that it starts over on the "
+                                        "last that many tokens (0: it always reads everything)")
+    memory_tokens: int = documented(262144, "memory across requests: tokens of earlier requests' text kept (for "
+                                            "the generator's lifetime, or in a file with save_memory / --memory) "
+                                            "and proposed from when the current text repeats them; oldest "
+                                            "requests evicted first; about 76 bytes of host memory each (0: no "
+                                            "store, else >= 2)")
+    memory_prompts: bool = documented(False, "keep the requests' prompts in the memory store too, not only their "
+                                             "outputs")
+    max_tree_nodes: int = documented(32, "cap on verification-tree nodes per step (0-4096)")
+    budget: str = documented("adaptive", "adaptive: size each step's tree and window by the cost curve; fixed: "
+                                         "always the whole window and up to max_tree_nodes")
+    # "flat" is what a GPU at batch 1 does up to a few hundred rows.
+    budget_curve: str = documented("measured", "measured: the budget prices a step by this machine's measured "
+                                               "cost curve; flat: every step costs one row's whatever its rows (a "
+                                               "simulation of what the budget builds where rows are free)")
+    cost_cache_dir: str = documented("~/.cache/lookahead/costs", "where measured cost curves are kept "
+                                                                 "('': keep nothing on disk)")
+    calibration_context: int = documented(256, "context tokens behind the cost measurement (1-65536)")
+    calibration_repeats: int = documented(5, "most timed passes per row count in the cost measurement (median; "
+                                             "stops once 3 agree; 1-100)")
+    # The routes: lookahead/model/fewrows.py beside F.linear (and W @ x^T for 2-7 rows), each on torch's
+    # threads and on one; every row count runs through the fastest, re-checked as steps run (model/routing.py).
+    few_row_matmul: bool = documented(True, "on the CPU, let the cost measurement try lookahead's own linear "
+                                            "kernel for 1-64-row forwards beside torch's, each row count then "
+                                            "running through the fastest route; off: torch's kernels only (no "
+                                            "effect on a GPU)")
+    window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
+                                     "random generator)")
+    allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "
+                                                    "UntestedModelWarning)")
 
     def __post_init__(self) -> None:
         _check_int("window", self.window, 1, 64)
