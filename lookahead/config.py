@@ -92,6 +92,17 @@ class LookaheadConfig:
     calibration_context: int = documented(256, "context tokens behind the cost measurement (1-65536)")
     calibration_repeats: int = documented(5, "most timed passes per row count in the cost measurement (median; "
                                              "stops once 3 agree; 1-100)")
+    # Each curve is bounded on its own: the target's, a draft's, each batch size's (lookahead/cost/measure.py).
+    calibration_seconds: int = documented(20, "wall-clock bound in seconds on one cost measurement, its prefill "
+                                              "included (1-3600); where the full one would not fit it times fewer "
+                                              "row counts (the others interpolated) or fewer passes, and says "
+                                              "which; only the coarsest (every route once at the smallest and "
+                                              "largest step) may take longer")
+    # What a step costs under someone else's load is unknown, so by default such a curve is not kept.
+    keep_busy_curve: bool = documented(False, "cache a cost curve measured while other processes kept a quarter "
+                                              "core or more busy; by default it is used for that run only and "
+                                              "measured again next run (or measure one while the machine is idle: "
+                                              "lookahead costs measure)")
     # The routes: lookahead/model/fewrows.py beside F.linear (and W @ x^T for 2-7 rows), each on torch's
     # threads and on one; every row count runs through the fastest, re-checked as steps run (model/routing.py).
     few_row_matmul: bool = documented(True, "on the CPU, let the cost measurement try lookahead's own linear "
@@ -123,6 +134,7 @@ class LookaheadConfig:
             raise ConfigError("memory_tokens must be 0 (no memory across requests) or at least 2, got 1")
         _check_int("calibration_context", self.calibration_context, 1, 65536)
         _check_int("calibration_repeats", self.calibration_repeats, 1, 100)
+        _check_int("calibration_seconds", self.calibration_seconds, 1, 3600)
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}, "
@@ -132,7 +144,8 @@ class LookaheadConfig:
                               f"got {self.cost_cache_dir!r}")
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
-                     "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts"):
+                     "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
+                     "keep_busy_curve"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -101,8 +101,40 @@ def test_passes_alternate_and_stop_once_three_agree():
     jitter = iter(np.tile([1.0, 1.6], 20))
     assert time_passes(lambda q: cpu_time(q) * next(jitter), (1, 2), passes=5).shape == (5, 2)
     assert time_passes(steady, (1, 2), passes=1).shape == (1, 2)
-    clock = iter(range(100))
-    assert time_passes(lambda q: 1.0 + q, (1, 2), passes=5, deadline=0.5, clock=lambda: next(clock)).shape == (2, 2)
+
+
+class FakeClock:
+    """A clock that only moves when a fake forward 'takes' time: ``forward(seconds)`` wraps a
+    time_one so each call advances the clock by what it returns."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def forward(self, seconds):
+        def time_one(q, route=None):
+            took = seconds(q) if route is None else seconds(q, route)
+            self.now += took
+            return took
+
+        return time_one
+
+
+def test_no_pass_is_begun_or_finished_past_the_deadline():
+    clock = FakeClock()
+    slow = clock.forward(lambda q: 1.0 + q)  # a pass over (1, 2) takes 5 s and never agrees: 2, 3, 2, 3, ...
+    assert time_passes(slow, (1, 2), passes=5, deadline=11.0, clock=clock).shape == (2, 2)  # a 3rd would end at 15
+    assert clock.now == 10.0
+    clock.now = 0.0
+    assert time_passes(slow, (1, 2), passes=5, deadline=1.0, clock=clock).shape == (1, 2)  # the first always runs
+    assert time_passes(slow, (1, 2), passes=5, deadline=0.0, clock=clock, whole_first=False).shape == (0, 2)
+    clock.now = 0.0
+    burst = iter([1.0, 1.0, 9.0] + [1.0] * 20)  # the second pass hits a burst: dropped unfinished
+    assert time_passes(clock.forward(lambda q: next(burst)), (1, 2), passes=5, deadline=4.5, clock=clock).shape \
+        == (1, 2)
+    assert clock.now == 11.0  # two forwards of the first pass, one of the second, the other never begun
 
 
 def test_measurement_retries_and_falls_back_to_a_repaired_curve():
@@ -191,7 +223,8 @@ def test_measuring_talks_and_reading_the_cache_is_silent(llama, tmp_path, monkey
     first = load_cost_model(model, layout, 4, 8, 5, str(tmp_path))
     before, after = capsys.readouterr().err.strip().splitlines()
     assert before.startswith("lookahead: measuring the step cost of") and "1 to 4 rows" in before
-    assert "about" in before and f"once, then read from {tmp_path}" in before
+    assert "about" in before and f"then kept in {tmp_path} if it looks right and the CPU stays otherwise idle" \
+        in before and "once" not in before  # (kept only then: no promise it is measured once)
     assert after.startswith("lookahead: step cost measured in")
     assert f"({first_passes(model) + MIN_PASSES} passes)" in after and "1-4 rows kernel x" in after
     assert "1 row 20 ms" in after and "4 rows 1.4x" in after

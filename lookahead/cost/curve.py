@@ -50,6 +50,7 @@ class CostModel:
     store: CurveStore | None = None  # where the refined curve goes once confirmed (measured in this process)
     repaired: bool = False  # the start is a repaired implausible measurement: kept only once steps covered it
     routing: Routing | None = None  # how forwards run on this CPU (model/routing.py), saved beside the curve
+    cached: str | None = None  # the file this curve was read from or saved to as it was loaded (None: neither)
     # Kept as measured, dips included (docs/DESIGN.md, "The cost curve").
     start: np.ndarray = field(init=False, repr=False)  # [S] the curve as it began (measured or read)
     seen: np.ndarray = field(init=False, repr=False)  # [S] steps observed at each point (interpolation weight)
@@ -112,7 +113,7 @@ class CostModel:
         if self.store is None or (self.repaired and (self.seen < 1.0).any()) \
                 or implausibility(self.rows, self.seconds[None]) is not None:
             return False
-        self.store.save(self.seconds.tolist(), route_seconds(self.routing, self.seconds))
+        self.store.save(self.seconds.tolist(), route_seconds(self.routing, self.seconds), {"refined_steps": self.steps})
         self.store = None
         return True
 

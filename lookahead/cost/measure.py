@@ -1,28 +1,31 @@
 """Timing decode-shaped forwards and checking what they say: the measurement a cost curve starts from.
 
-Measured once, the first time a model is decoded with the adaptive budget:
-passes over the grid of row counts up to the largest step, each pass timing
-one decode-shaped forward per row count (explicit positions, a 4-D mask,
-logits only for the kept rows, the host sync) after a synthetic context. The
-passes are interleaved, so a burst of load elsewhere on the machine hits one
-pass rather than one row count, and measuring stops once three passes agree.
-The curve is checked for plausibility (``implausibility``: passes that
-disagree far beyond noise, a step over fewer rows costing far more than one
-over more, a cost growing far faster than the rows) and measured again a
-bounded number of times, within a time cap; one that still looks wrong comes
-out repaired (``repair``). On the CPU every route (lookahead/model/routing.py)
-is timed (``measure_routes``), and what other processes kept the cores busy
-with meanwhile is counted (``others_busy``). Keeping the curve and saying what
-was measured: store.py.
+Measured the first time a model is decoded with the adaptive budget (and
+again on every run until a curve is cached, store.py): passes over the grid
+of row counts up to the largest step, each pass timing one decode-shaped
+forward per row count (explicit positions, a 4-D mask, logits only for the
+kept rows, the host sync) after a synthetic context. The passes are
+interleaved, so a burst of load elsewhere on the machine hits one pass rather
+than one row count, and measuring stops once three passes agree. The whole
+measurement has a wall-clock bound (``calibration_seconds``): three forwards
+(``probe_forwards``) size a ``Plan`` that fits it, timing fewer row counts
+(the rest interpolated) and fewer passes where the full grid would not fit,
+and no pass starts (or goes on) past it. The curve is checked for
+plausibility (``implausibility``: passes that disagree far beyond noise, a
+step over fewer rows costing far more than one over more, a cost growing far
+faster than the rows) and measured again while time is left; one that still
+looks wrong comes out repaired (``repair``). On the CPU every route
+(lookahead/model/routing.py) is timed (``measure_routes``), and what other
+processes kept the cores busy with meanwhile is counted (``others_busy``).
+Keeping the curve and saying what was measured: store.py.
 """
 
 from __future__ import annotations
 
-import math
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -46,7 +49,9 @@ DIP_LIMIT = 3.0  # fewer rows costing more than this times more rows is no CPU d
 GROWTH_LIMIT = 1.5  # from one grid point to the next the cost grows at most this times the rows
 ROUNDING = 1 + 1e-9  # a repaired curve sits exactly at the limits
 ATTEMPTS = 3  # measurements of one curve at most (the first and two retries) ...
-MEASURE_CAP_S = 30.0  # ... and a retry only when it should end within this many seconds of the start
+MEASURE_CAP_S = 20.0  # ... and a retry only when it should end within this many seconds of the start (the
+# default of measure_curve and measure_routes called alone; the engine passes calibration_seconds' bound)
+NEAR_LAST = 1.25  # a coarser grid drops a row count within this factor of the largest (32 beside 33)
 
 
 # ---------------------------------------------------------------- plausibility
@@ -119,61 +124,188 @@ def passes_agree(times: np.ndarray) -> bool:
 
 
 def time_passes(time_one: Callable[[int], float], rows: tuple[int, ...], passes: int,
-                deadline: float = float("inf"), clock: Callable[[], float] = time.perf_counter) -> np.ndarray:
-    """[P, S] seconds of time_one(rows[s]) in pass p, 1 <= P <= passes.
+                deadline: float = float("inf"), clock: Callable[[], float] = time.perf_counter,
+                whole_first: bool = True) -> np.ndarray:
+    """[P, S] seconds of time_one(rows[s]) in pass p, P <= passes (P >= 1 with ``whole_first``).
 
     Each pass times every row count once, ascending and descending in turn,
     so a burst of load elsewhere lands on one pass, not on one row count.
-    Stops early once the last MIN_PASSES passes agree, or after the pass
-    that ends past ``deadline`` (a clock() value).
+    Stops early once the last MIN_PASSES passes agree, or at ``deadline`` (a
+    clock() value): a pass is not begun when one as long as the last would
+    end past it, and one that runs past it is dropped unfinished. With
+    ``whole_first`` the first pass always runs to its end (a curve needs one).
     """
     times: list[list[float]] = []
+    last = 0.0  # seconds the last pass took
     for index in range(passes):
-        order = rows if index % 2 == 0 else rows[::-1]
-        took = {q: time_one(q) for q in order}
-        times.append([took[q] for q in rows])
-        recent = np.array(times[-MIN_PASSES:])  # [<= MIN_PASSES, S]
-        if (recent.shape[0] == MIN_PASSES and passes_agree(recent)) or clock() > deadline:
+        began = clock()
+        bounded = bool(times) or not whole_first
+        if bounded and began + last >= deadline:
             break
-    return np.array(times)
+        order = rows if index % 2 == 0 else rows[::-1]
+        took: dict[int, float] = {}
+        for q in order:
+            if bounded and clock() >= deadline:
+                break
+            took[q] = time_one(q)
+        if len(took) < len(rows):
+            break
+        times.append([took[q] for q in rows])
+        last = clock() - began
+        if agreed(np.array(times)):  # [P, S]
+            break
+    return np.array(times).reshape(-1, len(rows))
+
+
+def agreed(times: np.ndarray) -> bool:
+    """Whether the last MIN_PASSES of these passes [P, S] agree (what ends a measurement early)."""
+    return times.shape[0] >= MIN_PASSES and passes_agree(times[-MIN_PASSES:])
 
 
 @dataclass
 class Measurement:
-    """A measured curve: seconds [S], why it looks wrong (None: plausible), passes and tries it took."""
+    """A measured curve: seconds [S], why it looks wrong (None: plausible), passes and tries it took, the
+    seconds it took, and whether its deadline stopped the passes before MIN_PASSES agreed (``cut``)."""
 
     seconds: np.ndarray  # [S]
     problem: str | None
     passes: int
     tries: int
     elapsed: float
+    cut: bool = False
 
 
 def measure_curve(time_one: Callable[[int], float], rows: tuple[int, ...], repeats: int,
-                  cap_s: float = MEASURE_CAP_S, clock: Callable[[], float] = time.perf_counter) -> Measurement:
+                  cap_s: float = MEASURE_CAP_S, clock: Callable[[], float] = time.perf_counter,
+                  fallback: np.ndarray | None = None) -> Measurement:
     """Measure the curve (time_passes) until it looks plausible, ATTEMPTS times at most.
 
     A retry starts only when it should end within cap_s of the start (the
-    last try's duration is the guess), and no try runs passes past cap_s.
+    last try's duration is the guess), and no try runs passes past cap_s,
+    but for the first try's first pass where no ``fallback`` [S] is given
+    (a curve needs one); with one, a deadline that leaves no pass gives it.
     A plausible try gives the median of its passes; if none is, the fastest
     time seen at each size (load only ever adds time), repaired.
     """
     start = clock()
     tried: list[np.ndarray] = []  # [P, S] arrays of the implausible tries
     problem = None
+    cut = False
     for _ in range(ATTEMPTS):
         began = clock()
-        times = time_passes(time_one, rows, repeats, start + cap_s, clock)  # [P, S]
+        times = time_passes(time_one, rows, repeats, start + cap_s, clock,
+                            whole_first=fallback is None and not tried)  # [P, S]
+        cut = cut or (times.shape[0] < repeats and not agreed(times))
+        if times.shape[0] == 0:  # the deadline left no pass
+            break
         problem = implausibility(rows, times)
         if problem is None:
             return Measurement(np.median(times, axis=0), None, sum(t.shape[0] for t in tried) + times.shape[0],
-                               len(tried) + 1, clock() - start)
+                               len(tried) + 1, clock() - start, cut)
         tried.append(times)
         now = clock()
         if now + (now - began) > start + cap_s:
             break
+    if not tried and fallback is not None:
+        problem = implausibility(rows, fallback[None])
+        return Measurement(fallback if problem is None else repair(rows, fallback), problem, 0, 1,
+                           clock() - start, True)
     every = np.concatenate(tried)  # [P_all, S]
-    return Measurement(repair(rows, every.min(axis=0)), problem, every.shape[0], len(tried), clock() - start)
+    return Measurement(repair(rows, every.min(axis=0)), problem, every.shape[0], len(tried), clock() - start, cut)
+
+
+# ---------------------------------------------------------------- fitting a time bound
+@dataclass(frozen=True)
+class Plan:
+    """What of a measurement fits its time bound: the row counts timed (the grid's others are
+    interpolated), the most passes per route, the seconds it should likely take and at most (both from
+    now), whether that fits the time left, and what was given up for it (said after measuring)."""
+
+    rows: tuple[int, ...]
+    passes: int
+    likely: float
+    longest: float
+    fits: bool
+    cuts: tuple[str, ...] = field(default=())
+
+
+def coarser_grids(rows: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """``rows``, then ever coarser subsets of it for a measurement short of time, each with rows' first and
+    last: the row counts at powers of 2, at powers of 4, then the two ends alone (a count within NEAR_LAST
+    of the last is dropped from the coarser ones).
+
+    (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33) -> itself, (1, 2, 4, 8, 16, 33), (1, 4, 16, 33), (1, 33).
+    """
+    grids = [rows]
+    for base in (2, 4, 0):
+        keep = {q for q in rows if base and _power_of(q, base) and q * NEAR_LAST < rows[-1]}
+        grid = tuple(sorted(keep | {rows[0], rows[-1]}))
+        if grid != grids[-1]:
+            grids.append(grid)
+    return grids
+
+
+def _power_of(q: int, base: int) -> bool:
+    """Whether q is a power of base (1 is base ** 0)."""
+    while q % base == 0:
+        q //= base
+    return q == 1
+
+
+# (grid of coarser_grids, most passes: None = calibration_repeats), most wanted first
+PLAN_STEPS = ((0, None), (1, None), (1, 2), (2, 2), (2, 1), (3, 1))
+
+
+def plan_measurement(rows: tuple[int, ...], routes: list, repeats: int, forwards: tuple[float, float],
+                     left: float) -> Plan:
+    """The most of the measurement that should fit in ``left`` seconds.
+
+    ``forwards``: seconds of one forward over rows[0] and over rows[-1] rows
+    (``probe_forwards``), a forward in between priced by the line through
+    them. A measurement likely takes one pass over every route (with more
+    than one) and MIN_PASSES passes of the fastest (they agree), at most
+    ``repeats`` passes of every route. Tried in the order of PLAN_STEPS:
+    the whole grid; coarser grids (``coarser_grids``); fewer passes than
+    MIN_PASSES. When even the least does not fit, the least (fits False).
+    """
+    first = len(routes) if len(routes) > 1 else 0  # passes of the first round, over every route
+
+    def option(grid: tuple[int, ...], passes: int) -> Plan:
+        one = float(np.interp(grid, (rows[0], rows[-1]), forwards).sum()) if len(rows) > 1 else \
+            forwards[0] * len(grid)  # seconds of one pass over the grid
+        likely = (first + min(MIN_PASSES, passes)) * one
+        longest = min((first + len(routes) * passes) * one, max(left, likely))
+        cuts = []
+        if grid != rows:
+            cuts.append(f"timed {len(grid)} of {len(rows)} row counts ({', '.join(map(str, grid))}; "
+                        f"the others interpolated)")
+        if passes < min(MIN_PASSES, repeats):
+            cuts.append(f"ran {passes} pass{'es' if passes > 1 else ''} per row count (not {MIN_PASSES} that agree)")
+        return Plan(grid, passes, likely, longest, likely <= left, tuple(cuts))
+
+    grids = coarser_grids(rows)
+    plans = [option(grids[min(g, len(grids) - 1)], repeats if p is None else min(p, repeats)) for g, p in PLAN_STEPS]
+    return next((plan for plan in plans if plan.fits), plans[-1])
+
+
+def probe_forwards(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...],
+                   routes: list) -> tuple[float, float]:
+    """Seconds of one forward over rows[0] and over rows[-1] rows through the first route, after one
+    untimed warm-up at the largest (first-call allocations, kernels): what ``plan_measurement`` sizes a
+    measurement by."""
+    time_one(rows[-1], routes[0])  # warm-up
+    return time_one(rows[0], routes[0]), time_one(rows[-1], routes[0])
+
+
+def interpolated(rows: tuple[int, ...], measured: tuple[int, ...], seconds: ArrayLike) -> np.ndarray:
+    """Curves [..., S'] measured at the row counts ``measured`` (a subset of ``rows``), on every row count of
+    ``rows`` [..., S]: linear between the measured ones, as CostModel prices steps between grid points."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if tuple(measured) == tuple(rows):
+        return seconds
+    flat = seconds.reshape(-1, len(measured))
+    full = np.array([np.interp(rows, measured, curve) for curve in flat])  # [N, S]
+    return full.reshape(seconds.shape[:-1] + (len(rows),))
 
 
 # ---------------------------------------------------------------- one decode-shaped forward
@@ -251,24 +383,6 @@ def measured_routes(model: PreTrainedModel, few_row_matmul: bool) -> list:
     return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype))
 
 
-def estimate_seconds(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], repeats: int,
-                     routes: list) -> tuple[float, float]:
-    """(likely, longest) seconds measure_routes should take, from three forwards.
-
-    One untimed warm-up at the largest size, then one timed forward at the
-    smallest and at the largest (the first route); a pass costs their mean at
-    every grid point. Likely: one pass per route, then MIN_PASSES passes of
-    one (they agree); longest: every pass of every route; both no more
-    passes than fit in the time cap, plus the one that crosses it.
-    """
-    time_one(rows[-1], routes[0])  # warm-up (first-call allocations, kernels)
-    per_pass = len(rows) * (time_one(rows[0], routes[0]) + time_one(rows[-1], routes[0])) / 2
-    within_cap = max(1, math.ceil(MEASURE_CAP_S / per_pass)) if per_pass > 0 else repeats  # passes
-    first = len(routes) if len(routes) > 1 else 0
-    likely = first + min(MIN_PASSES, repeats, within_cap)  # usually one route is measured on
-    return likely * per_pass, (first + min(len(routes) * repeats, within_cap)) * per_pass
-
-
 def first_pass(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list) -> np.ndarray:
     """[R, S] one forward per route and row count, row counts ascending, every route at one row count
     before the next. A route HOPELESS times slower than the fastest at a row count is timed no further
@@ -297,26 +411,30 @@ def _through(time_one: Callable[[int, Route | None], float], route: Route | None
 def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list,
                    repeats: int, cap_s: float = MEASURE_CAP_S,
                    clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, Measurement]:
-    """(seconds [R, S] of every route, the measurement of the fastest at each row count).
+    """(seconds [R, S] of every route, the measurement of the fastest at each row count), within cap_s.
 
     One pass through every route first (``first_pass``); a route PRUNE times
     slower than the fastest at every row count keeps that pass as its curve,
-    the others are measured to the end (measure_curve, sharing the time cap).
+    the others are measured to the end (measure_curve), each in an equal
+    share of the time left; where none is left, the first pass is their
+    curve too (the Measurement says ``cut``).
     """
     start = clock()
     first = first_pass(time_one, rows, routes) if len(routes) > 1 else np.zeros((0, len(rows)))  # [R, S]
     kept = [i for i in range(len(routes)) if first.shape[0] == 0 or (first[i] <= PRUNE * first.min(axis=0)).any()]
     seconds = first.copy() if first.shape[0] else np.zeros((len(routes), len(rows)))
     parts = []
-    for i in kept:
-        part = measure_curve(_through(time_one, routes[i]), rows, repeats, cap_s / len(kept), clock)
+    for n, i in enumerate(kept):
+        share = max(0.0, start + cap_s - clock()) / (len(kept) - n)
+        part = measure_curve(_through(time_one, routes[i]), rows, repeats, share, clock,
+                             fallback=first[i] if first.shape[0] else None)
         seconds[i] = part.seconds
         parts.append(part)
     best = seconds.min(axis=0)  # [S]
     problem = next((p.problem for p in parts if p.problem is not None), None) or implausibility(rows, best[None])
     passes = min(first.shape[0], 1) + sum(p.passes for p in parts)
     return seconds, Measurement(best if problem is None else repair(rows, best), problem, passes,
-                                max(p.tries for p in parts), clock() - start)
+                                max(p.tries for p in parts), clock() - start, any(p.cut for p in parts))
 
 
 # ---------------------------------------------------------------- other processes' load

@@ -14,8 +14,9 @@ from ..config import LookaheadConfig
 from ..model.support import AttentionLayout, context_length
 from ..model.target import Target
 from .curve import CostModel, flat_curve
-from .store import load_cost_model
+from .store import BOUND_S, KEEP_BUSY, load_cost_model
 
+MEASURING_DEFAULTS = {"bound_s": BOUND_S, "keep_busy": KEEP_BUSY, "fresh": False}  # load_cost_model's
 DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)
 
 
@@ -40,6 +41,16 @@ def fitted_context(context: int, limit: int | None) -> int:
     return context if limit is None else max(1, min(context, limit - 1))
 
 
+def measuring(config: LookaheadConfig, fresh: bool = False) -> dict[str, Any]:
+    """``load_cost_model``'s keywords for how a curve is measured and kept (its time bound,
+    ``calibration_seconds``; whether a curve measured under load is cached, ``keep_busy_curve``;
+    ``fresh``), only those that differ from its defaults (LookaheadConfig's): the test suite's
+    stand-in for load_cost_model (tests/conftest.py) takes the older keywords alone."""
+    wanted = {"bound_s": float(config.calibration_seconds), "keep_busy": config.keep_busy_curve, "fresh": fresh}
+    return {key: value for key, value in wanted.items() if value != MEASURING_DEFAULTS[key]}
+
+
+
 class CostPolicy:
     """The curves one generator prices steps by (for the target, every batch size, and a draft)."""
 
@@ -55,15 +66,16 @@ class CostPolicy:
             return None
         return flat_curve(curve) if self.config.budget_curve == "flat" else curve
 
-    def measure(self, config: LookaheadConfig, batch: int = 1) -> CostModel | None:
-        """The forward-cost curve up to the largest step ``config`` can build (cached on disk), with the
-        routes forwards run through on the CPU; None where nothing needs it (no adaptive budget, no CPU)."""
+    def measure(self, config: LookaheadConfig, batch: int = 1, fresh: bool = False) -> CostModel | None:
+        """The forward-cost curve up to the largest step ``config`` can build (cached on disk; ``fresh``:
+        measured whatever the cache holds, ``lookahead costs measure``), with the routes forwards run
+        through on the CPU; None where nothing needs it (no adaptive budget, no CPU)."""
         if not budgeted(config) and self.target.device.type != "cpu":
             return None
         context = fitted_context(config.calibration_context, self.target.context)
         return load_cost_model(self.target.model, self.target.layout, largest_step(config), context,
                                config.calibration_repeats, config.cost_cache_dir, batch,
-                               few_row_matmul=config.few_row_matmul)
+                               few_row_matmul=config.few_row_matmul, **measuring(config, fresh))
 
     def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None) -> CostModel | None:
         """The budget's curve of a step over ``batch`` sequences decoded under ``run_config``: ``single``
@@ -83,4 +95,5 @@ class CostPolicy:
         rows = min(DRAFT_COST_ROWS, config.max_tree_nodes + 2)
         context = fitted_context(config.calibration_context, context_length(draft_model.config))
         return load_cost_model(draft_model, layout, rows, context, config.calibration_repeats, config.cost_cache_dir,
-                               few_row_matmul=config.few_row_matmul)  # with the draft's routes (drafter.py)
+                               few_row_matmul=config.few_row_matmul,
+                               **measuring(config))  # with the draft's routes (drafter.py)

@@ -2,20 +2,24 @@
 
 ``load_cost_model`` reads the curve of this model, device, dtype, CPU and
 thread count from the disk cache (``CurveStore``, keyed by
-``model_fingerprint``), or measures it (measure.py) and stores it. A
-plausible curve is cached; one that still looks wrong is not: this run
-starts from a repaired copy. One measured while other processes kept the
-CPU busy is used but not cached either. A line on stderr says what is
-measured and for about how long (``announcement``), another what came out
+``model_fingerprint``), or measures it (measure.py), within its time bound,
+and stores it. A plausible curve is cached; one that still looks wrong is
+not: this run starts from a repaired copy. One measured while other
+processes kept the CPU busy is used but not cached either (the next run
+measures again), unless ``keep_busy``. A line on stderr says what is
+measured and for about how long (``announcement``), another what came out,
+what the time bound made it give up, and whether and where it is kept
 (``outcome``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,20 +27,26 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
+from ..config import LookaheadConfig
+from ..loading.models import ALIASES
 from ..model.routing import Routing
 from ..model.support import AttentionLayout
 from ..model.target import input_device
 from .curve import TRUST_MEASURED, TRUST_REPAIRED, CostModel, row_grid
 from .disk import CurveStore
 from .measure import (
+    MIN_PASSES,
     Measurement,
+    Plan,
     cpu_name,
     cpu_snapshot,
     decode_step_timer,
-    estimate_seconds,
+    interpolated,
     measure_routes,
     measured_routes,
     others_busy,
+    plan_measurement,
+    probe_forwards,
     short_duration,
 )
 
@@ -47,6 +57,8 @@ LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measurin
 ROUTES_VERSION = 3  # in cost curves' fingerprints: a change to the routes or kernels re-measures
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
+BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds
+KEEP_BUSY = LookaheadConfig.keep_busy_curve  # by default a curve measured under load is not cached
 
 Say = Callable[[str], None]
 
@@ -57,16 +69,23 @@ def say_on_stderr(line: str) -> None:
 
 
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
-                    cache_dir: str, batch: int = 1, say: Say = say_on_stderr,
-                    few_row_matmul: bool = True) -> CostModel:
-    """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent.
+                    cache_dir: str, batch: int = 1, say: Say = say_on_stderr, few_row_matmul: bool = True,
+                    bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
+                    clock: Callable[[], float] = time.perf_counter) -> CostModel:
+    """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
+    (or ``fresh``: measured whatever the cache holds, and written over it).
 
     On the CPU the curve is measured through every route (``measured_routes``)
-    and its ``routing`` says which one each row count runs through. A
-    measurement says so through ``say`` (a line on stderr): what is measured
-    and for about how long, then the curve, the routes and where it is kept. A
-    plausible curve measured while the machine was otherwise quiet is saved at
-    once and again, refined, after CONFIRM_STEPS real steps; an implausible one
+    and its ``routing`` says which one each row count runs through. The whole
+    measurement, the synthetic context's prefill included, keeps to
+    ``bound_s`` seconds on ``clock``: three forwards (``probe_forwards``) size
+    a plan that fits (``plan_measurement``: fewer row counts, the others
+    interpolated, or fewer passes), and no pass runs past it. A measurement
+    says so through ``say`` (a line on stderr): what is measured and for
+    about how long, then the curve, the routes, what the bound cut, and
+    whether and where it is kept. A plausible curve measured while the
+    machine was otherwise quiet (or with ``keep_busy``) is saved at once and
+    again, refined, after CONFIRM_STEPS real steps; an implausible one
     (``measure_curve``), or one measured while other processes kept
     LOAD_LIMIT cores busy, is used for this run and not saved as measured.
     ``cache_dir`` "" measures without reading or writing the disk.
@@ -80,22 +99,48 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     if cache_dir:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:KEY_DIGITS]
         store = CurveStore(os.path.join(os.path.expanduser(cache_dir), f"{key}.json"), fingerprint)
-        saved = store.read()
+        saved = store.read() if not fresh else None
         if saved is not None:
             return CostModel(np.array(rows, dtype=np.float64), np.array(saved[0], dtype=np.float64),
-                             routing=_routing(rows, routes, saved[1]))
-    time_one = decode_step_timer(model, layout, context, batch=batch)
-    say(announcement(fingerprint, rows, estimate_seconds(time_one, rows, repeats, routes), store))
-    before = cpu_snapshot()
-    every, measured = measure_routes(time_one, rows, routes, repeats)
+                             routing=_routing(rows, routes, saved[1]), cached=store.path)
+    started, before = clock(), cpu_snapshot()
+    time_one = decode_step_timer(model, layout, context, batch=batch)  # (prefills the synthetic context)
+    forwards = probe_forwards(time_one, rows, routes)
+    plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
+    say(announcement(fingerprint, rows, (clock() - started + plan.likely, clock() - started + plan.longest),
+                     store, bound=(bound_s, plan.fits), keep_busy=keep_busy))
+    every, measured = measure_routes(time_one, plan.rows, routes, plan.passes, started + bound_s - clock(), clock)
     busy = others_busy(before, cpu_snapshot())
+    every = interpolated(rows, plan.rows, every)  # [R, S]
+    measured = dataclasses.replace(measured, seconds=interpolated(rows, plan.rows, measured.seconds),
+                                   elapsed=clock() - started)
     routing = _routing(rows, routes, every)
     wrong = measured.problem is not None
-    keep = store is not None and not wrong and busy < LOAD_LIMIT
-    unwritten = store.save(measured.seconds.tolist(), every.tolist()) if keep and store is not None else None
-    say(outcome(fingerprint, rows, measured, store, routing, busy, unwritten))
+    keeping = busy < LOAD_LIMIT or keep_busy
+    unwritten = None
+    if store is not None and keeping and not wrong:
+        unwritten = store.save(measured.seconds.tolist(), every.tolist(),
+                               about(measured, plan, busy, bound_s))
+    say(outcome(fingerprint, rows, measured, store, routing, busy, unwritten,
+                cuts=bound_cuts(plan, measured), bound_s=bound_s, keep_busy=keep_busy))
+    cached = store.path if store is not None and keeping and not wrong and unwritten is None else None
     return CostModel(np.array(rows, dtype=np.float64), measured.seconds, routing=routing, repaired=wrong,
-                     store=store if busy < LOAD_LIMIT else None, trust=TRUST_REPAIRED if wrong else TRUST_MEASURED)
+                     store=store if keeping else None, trust=TRUST_REPAIRED if wrong else TRUST_MEASURED,
+                     cached=cached)
+
+
+def bound_cuts(plan: Plan, measured: Measurement) -> tuple[str, ...]:
+    """What the time bound made a measurement give up: the plan's cuts, and passes it stopped (where the
+    plan had more than one)."""
+    stopped = (f"stopped its passes at the bound before {MIN_PASSES} agreed",) if measured.cut and plan.passes > 1 \
+        else ()
+    return plan.cuts + stopped
+
+
+def about(measured: Measurement, plan: Plan, busy: float, bound_s: float) -> dict:
+    """How a cached curve was measured, saved beside it (``lookahead costs list`` shows it)."""
+    return {"measured_s": round(measured.elapsed, 2), "bound_s": bound_s, "busy_cores": round(busy, 2),
+            "rows_timed": list(plan.rows), "passes": measured.passes, "cuts": list(bound_cuts(plan, measured))}
 
 
 def _routing(rows: tuple[int, ...], routes: list, seconds: ArrayLike) -> Routing | None:
@@ -132,42 +177,74 @@ def model_fingerprint(model: PreTrainedModel, rows: tuple[int, ...], context: in
 
 # ---------------------------------------------------------------- what is said
 def announcement(fingerprint: dict, rows: tuple[int, ...], estimate: tuple[float, float],
-                 store: CurveStore | None) -> str:
-    """The line said before measuring: what, on what, for about how long, and whether it is kept."""
-    name = fingerprint["name_or_path"] or fingerprint["model_type"]
+                 store: CurveStore | None, bound: tuple[float, bool] = (BOUND_S, True),
+                 keep_busy: bool = KEEP_BUSY) -> str:
+    """The line said before measuring: what, on what, for about how long (``estimate``: likely and longest
+    seconds; ``bound``: the time bound and whether the plan fits it), and where it is kept on which terms."""
+    name = model_name(fingerprint) if fingerprint["name_or_path"] else fingerprint["model_type"]
     batch = f", batch of {fingerprint['batch']}" if "batch" in fingerprint else ""
     likely, longest = estimate
-    duration = f"about {_s(likely)}" + (f" (up to {_s(longest)})" if longest > SPREAD_SAID * likely else "")
-    kept = f"once, then read from {os.path.dirname(store.path)}" if store is not None else \
-        "not kept: cost_cache_dir is empty"
+    limit, fits = bound
+    if not fits:
+        duration = f"about {_s(likely)}, over the {_s(limit)} bound (calibration_seconds): it cannot be measured " \
+                   f"in less"
+    else:
+        duration = f"about {_s(likely)}" + (f" (up to {_s(longest)})" if longest > SPREAD_SAID * likely else "")
+    if store is None:
+        kept = "not kept: cost_cache_dir is empty"
+    elif keep_busy:
+        kept = f"then kept in {os.path.dirname(store.path)} if it looks right"
+    else:
+        kept = f"then kept in {os.path.dirname(store.path)} if it looks right and the CPU stays otherwise idle"
     return (f"lookahead: measuring the step cost of {name} on {fingerprint['device']} "
             f"({fingerprint['dtype'].removeprefix('torch.')}, {_count(fingerprint['threads'], 'thread')}{batch}) "
-            f"over {rows[0]} to {rows[-1]} rows: {duration}, {kept}")
+            f"over {rows[0]} to {rows[-1]} rows: {duration}; {kept}")
 
 
 def outcome(fingerprint: dict, rows: tuple[int, ...], measured: Measurement, store: CurveStore | None,
-            routing: Routing | None = None, busy: float = 0.0, unwritten: str | None = None) -> str:
-    """The line said after measuring: the curve in brief, the routes chosen and where it is kept (or why not:
-    ``unwritten``, why the store could not be written)."""
+            routing: Routing | None = None, busy: float = 0.0, unwritten: str | None = None,
+            cuts: tuple[str, ...] = (), bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY) -> str:
+    """The line said after measuring: the curve in brief, the routes chosen, what the time bound cut
+    (``cuts``), and where it is kept, or why not and how to keep one (``unwritten``: why the store could
+    not be written)."""
     tries = f", {measured.tries} tries" if measured.tries > 1 else ""
     done = f"lookahead: step cost measured in {_s(measured.elapsed)} ({_count(measured.passes, 'pass')}{tries})"
     routes = f"; {routing.summary()}" if routing is not None and len(routing.routes) > 1 else ""
+    said = f"{', '.join(cuts[:-1])} and {cuts[-1]}" if len(cuts) > 1 else "".join(cuts)
+    bounded = f"; to keep within {_s(bound_s)} (calibration_seconds) it {said}" if cuts else ""
     if measured.problem is not None:
         why = "is another process busy on this machine?"
         if fingerprint["device"] == "cpu" and fingerprint["threads"] > 1:
             why += " (on a shared CPU, fewer threads - --threads 1 or torch.set_num_threads(1) - can be much faster)"
-        return (f"{done} looks wrong ({measured.problem}; {why}): not cached; this run starts from a "
-                f"repaired curve{routes}, refines it from its own steps and caches it only once it looks right")
-    summary = f"{done}: {curve_summary(rows, measured.seconds)}{routes}"
+        later = "caches it once they make it look right (else the next run measures again)" \
+            if store is not None and (busy < LOAD_LIMIT or keep_busy) else "the next run measures again"
+        return (f"{done} looks wrong ({measured.problem}; {why}){bounded}: not cached; this run starts from a "
+                f"repaired curve{routes} and refines it from its own steps; {later}")
+    summary = f"{done}: {curve_summary(rows, measured.seconds)}{routes}{bounded}"
     if busy >= LOAD_LIMIT:
-        return (f"{summary}; other processes kept {busy:.1f} of {os.cpu_count()} cores busy meanwhile, so it is "
-                f"used for this run and not cached (the steps re-check it)")
+        load = f"other processes kept {busy:.1f} of {os.cpu_count()} cores busy meanwhile"
+        if store is not None and keep_busy and unwritten is None:
+            return f"{summary}; {load}: cached anyway (keep_busy_curve) in {store.path}"
+        if store is not None and not keep_busy:
+            return (f"{summary}; {load}, so it is used for this run only and not cached: the next run measures "
+                    f"again. To keep it, pass --keep-busy-curve (keep_busy_curve=True), or run `lookahead costs "
+                    f"measure --model {model_name(fingerprint)}` while the machine is idle")
     if store is None:
-        return f"{summary}; not cached"
+        return f"{summary}; not cached (cost_cache_dir is empty): every run measures again"
     if unwritten is not None:
         return (f"{summary}; not cached: {os.path.dirname(store.path)} cannot be written ({unwritten}); pass a "
                 f"writable --cost-cache-dir DIR (cost_cache_dir), or '' to measure every run without caching")
     return f"{summary}; cached in {store.path}"
+
+
+def model_name(fingerprint: dict) -> str:
+    """What ``--model`` names this fingerprint's model by: the alias whose directory lookahead built, else its
+    name or path as loaded ('NAME' for a model loaded without one)."""
+    name = fingerprint["name_or_path"]
+    parent, base = os.path.split(os.path.normpath(name)) if name else ("", "")
+    if base in ALIASES and os.path.basename(parent) == "models":
+        return base
+    return name or "NAME"
 
 
 def curve_summary(rows: tuple[int, ...], seconds: np.ndarray) -> str:
