@@ -15,6 +15,7 @@ from lookahead.cli.bench import bench
 from lookahead.cli.bench_batch import bench_batch
 from lookahead.cli.bench_memory import bench_memory
 from lookahead.cli.bench_serve import bench_serve
+from lookahead.cli.costs import costs
 from lookahead.cli.options import (
     CLI_ERRORS,
     DTYPES,
@@ -274,6 +275,7 @@ main.add_command(bench)
 main.add_command(bench_batch)
 main.add_command(bench_memory)
 main.add_command(bench_serve)
+main.add_command(costs)
 main.add_command(roofline)
 main.add_command(serve)
 
