@@ -21,8 +21,8 @@ from .call.inputs import (
     context_cut_message,
     context_room,
     prompt_rows,
-    refuse_kwargs,
 )
+from .call.keywords import refuse_kwargs
 from .call.result import LookaheadOutput, generate_output
 from .call.stats import GenerationStats
 from .config import LookaheadConfig

@@ -37,7 +37,8 @@ import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
 from .call.decoding import stop_string_list
-from .call.inputs import GenerateInputError, refuse_kwargs
+from .call.inputs import GenerateInputError
+from .call.keywords import refuse_kwargs
 from .call.result import LookaheadOutput
 from .config import LookaheadConfig
 from .generator import Learned, LookaheadGenerator
