@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -21,6 +20,7 @@ from lookahead.cli.options import (
     DTYPES,
     SAMPLING_FIELDS,
     checked_config,
+    checked_memory_path,
     checked_prompt,
     checked_sampling,
     checked_seed,
@@ -109,7 +109,7 @@ def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_j
     sampling = {name: values.pop(name) for name in SAMPLING_FIELDS}
     checked_sampling(sampling)
     config = checked_config(values)
-    checked_memory_path(memory_path, config)
+    checked_memory_path(memory_path, config.memory_tokens)
     warn_about_dtype(dtype, device)
     try:
         with warnings_as_lines():
@@ -131,24 +131,6 @@ def warn_about_dtype(dtype: str, device: str) -> None:
     warn_line(f"--dtype {dtype}: greedy output equals model.generate's exactly only in float32 (in {dtype} a "
               f"forward over many rows can round differently from one over a single row, so a near-tie can go "
               f"the other way){slow}; pass --dtype float32 (the default) for exact output")
-
-
-def checked_memory_path(path: str | None, config: LookaheadConfig) -> None:
-    """One line and exit status 2, before any model loads, when --memory cannot work: no store
-    (--memory-tokens 0), a directory, or a place the file cannot be written back to."""
-    if path is None:
-        return
-    if config.memory_tokens == 0:
-        fail("--memory keeps requests in a memory store, and --memory-tokens 0 turns it off: "
-             "pass --memory-tokens N (N >= 2) or leave --memory out")
-    where = Path(path).expanduser()
-    if where.is_dir():
-        fail(f"--memory {path} is a directory: pass a file path, e.g. {where / 'memory.lkm'}")
-    parent = where.parent if where.parent != Path("") else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) \
-            or (where.exists() and not os.access(where, os.R_OK)):
-        fail(f"--memory {path}: cannot read and write there (the directory {parent} does not exist or is not "
-             f"writable): pass a path in a directory you can write to")
 
 
 def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool,

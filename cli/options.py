@@ -232,3 +232,21 @@ def checked_config(values: Mapping[str, object]) -> LookaheadConfig:
         return config_from(values)
     except ConfigError as exc:
         fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
+
+
+def checked_memory_path(path: str | None, memory_tokens: int) -> None:
+    """One line and exit status 2, before any model loads, when --memory cannot work: no store
+    (--memory-tokens 0), or a path the memory file cannot be read from and written back to (the
+    API's own check, lookahead/proposers/memory/file.py ``check_path``, so both say the same)."""
+    if path is None:
+        return
+    if memory_tokens == 0:
+        fail("--memory keeps requests in a memory store, and --memory-tokens 0 turns it off: "
+             "pass --memory-tokens N (N >= 2) or leave --memory out")
+    from lookahead.errors import MemoryFileError
+    from lookahead.proposers.memory.file import check_path  # (numba's import: only when --memory is given)
+    try:
+        check_path(path, reading=True)
+    except MemoryFileError as exc:
+        fail(f"--memory: {exc}")
+

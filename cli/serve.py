@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
-import os
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from .options import (
     CLI_ERRORS,
     DTYPES,
     checked_config,
+    checked_memory_path,
     cli_message,
     config_options,
     fail,
@@ -36,24 +36,6 @@ def require_serve_extra() -> None:
     missing = [name for name in SERVE_MODULES if importlib.util.find_spec(name) is None]
     if missing:
         fail(f"lookahead serve needs {', '.join(missing)}: pip install \"{DISTRIBUTION}[serve]\"")
-
-
-def checked_memory_file(path: str | None, memory_tokens: int) -> None:
-    """One line and exit status 2, before the model loads, when --memory cannot work: no store
-    (--memory-tokens 0), a directory, or a place the file cannot be written to."""
-    if path is None:
-        return
-    if memory_tokens == 0:
-        fail("--memory keeps requests in a memory store, and --memory-tokens 0 turns it off: "
-             "pass --memory-tokens N (N >= 2) or leave --memory out")
-    where = Path(path).expanduser()
-    if where.is_dir():
-        fail(f"--memory {path} is a directory: pass a file path, e.g. {where / 'memory.lkm'}")
-    parent = where.parent if where.parent != Path("") else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) \
-            or (where.exists() and not os.access(where, os.R_OK)):
-        fail(f"--memory {path}: cannot read and write there (the directory {parent} does not exist or is not "
-             f"writable): pass a path in a directory you can write to")
 
 
 def is_loopback(host: str) -> bool:
@@ -105,7 +87,7 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
     if api_key is not None and not api_key.strip():
         fail("--api-key is empty: pass a key, or leave the option out for no key")
     config = checked_config(values)
-    checked_memory_file(memory_path, config.memory_tokens)
+    checked_memory_path(memory_path, config.memory_tokens)
     name = served_model_name if served_model_name is not None else model_name
     if not name.strip():
         fail("--served-model-name is empty: pass the name clients send as \"model\"")

@@ -294,7 +294,7 @@ def test_memory_file_is_written_and_read_back(model_dir, tmp_path):
 @pytest.mark.parametrize("case, words", [
     ("off", "--memory-tokens 0 turns it off"),
     ("directory", "is a directory: pass a file path"),
-    ("no-directory", "cannot read and write there"),
+    ("no-directory", "does not exist; create it first"),
 ])
 def test_memory_paths_that_cannot_work_fail_before_loading(tmp_path, case, words):
     path = {"off": tmp_path / "m.lkm", "directory": tmp_path, "no-directory": tmp_path / "absent" / "m.lkm"}[case]

@@ -111,7 +111,7 @@ def test_the_config_fields_are_validated_and_reach_the_measurement(llama, tmp_pa
                          (dict(keep_busy_curve="yes"), "keep_busy_curve must be True or False")):
         with pytest.raises(ConfigError, match=message):
             LookaheadConfig(**bad)
-    assert engine.measuring(LookaheadConfig()) == {}  # the defaults: the call as it always was
+    assert engine.measuring(LookaheadConfig()) == {"bound_s": 20.0, "keep_busy": False, "fresh": False}
     assert engine.measuring(LookaheadConfig(calibration_seconds=5, keep_busy_curve=True), fresh=True) == \
         {"bound_s": 5.0, "keep_busy": True, "fresh": True}
     model, _ = llama

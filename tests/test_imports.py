@@ -151,3 +151,26 @@ def test_the_walk_sees_an_upward_import_inside_a_function(tmp_path):
     assert found == {"lookahead.plan.planner", "lookahead.kernels.trie"}
     assert RANK[unit("lookahead.plan.planner")] > RANK[unit("lookahead.core.fake")]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_public_names_load_on_first_use_and_every_one_resolves():
+    """``import lookahead`` (and the command's start) imports neither torch nor transformers; every name in
+    ``__all__`` resolves, from the module the lazy table names."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lookahead, lookahead.cli.main\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported eagerly'\n"
+            "assert sorted(lookahead._HOMES) == sorted(lookahead.__all__)\n"
+            "for name in lookahead.__all__:\n"
+            "    assert getattr(lookahead, name) is not None, name\n"
+            "from lookahead import LookaheadGenerator\n"
+            "assert LookaheadGenerator.__module__ == 'lookahead.generator'\n"
+            "try:\n"
+            "    lookahead.no_such_name\n"
+            "except AttributeError:\n"
+            "    pass\n"
+            "else:\n"
+            "    raise SystemExit('an unknown name resolved')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

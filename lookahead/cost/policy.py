@@ -14,9 +14,8 @@ from ..config import LookaheadConfig
 from ..model.support import AttentionLayout, context_length
 from ..model.target import Target
 from .curve import CostModel, flat_curve
-from .store import BOUND_S, KEEP_BUSY, load_cost_model
+from .store import load_cost_model
 
-MEASURING_DEFAULTS = {"bound_s": BOUND_S, "keep_busy": KEEP_BUSY, "fresh": False}  # load_cost_model's
 DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)
 
 
@@ -42,13 +41,10 @@ def fitted_context(context: int, limit: int | None) -> int:
 
 
 def measuring(config: LookaheadConfig, fresh: bool = False) -> dict[str, Any]:
-    """``load_cost_model``'s keywords for how a curve is measured and kept (its time bound,
-    ``calibration_seconds``; whether a curve measured under load is cached, ``keep_busy_curve``;
-    ``fresh``), only those that differ from its defaults (LookaheadConfig's): the test suite's
-    stand-in for load_cost_model (tests/conftest.py) takes the older keywords alone."""
-    wanted = {"bound_s": float(config.calibration_seconds), "keep_busy": config.keep_busy_curve, "fresh": fresh}
-    return {key: value for key, value in wanted.items() if value != MEASURING_DEFAULTS[key]}
-
+    """``load_cost_model``'s keywords for how a curve is measured and kept: its time bound
+    (``calibration_seconds``), whether a curve measured under load is cached (``keep_busy_curve``),
+    and ``fresh`` (measured whatever the cache holds)."""
+    return {"bound_s": float(config.calibration_seconds), "keep_busy": config.keep_busy_curve, "fresh": fresh}
 
 
 class CostPolicy:
