@@ -327,3 +327,11 @@ def plan_step(planner, seq: np.ndarray, stop: int, room: int):
     ranked = planner.rank(seq, stop, room)
     width, size = planner.chooser.choose([ranked.probs], planner.column_worth(), ranked.seconds)
     return planner.cut(ranked, size), width
+
+
+@pytest.fixture(scope="module")
+def short_model_dir(tmp_path_factory):
+    """A tiny Llama whose context holds 48 positions."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 48}))
+    return save_model_dir(tmp_path_factory.mktemp("short-llama"), model.eval())

@@ -64,14 +64,6 @@ def test_bad_input_gets_one_line(args, words):
 
 
 @pytest.fixture(scope="module")
-def short_model_dir(tmp_path_factory):
-    """A tiny Llama whose context holds 48 positions."""
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 48}))
-    return save_model_dir(tmp_path_factory.mktemp("short-llama"), model.eval())
-
-
-@pytest.fixture(scope="module")
 def untested_model_dir(tmp_path_factory):
     """A tiny Arcee: loadable and causal, but not on the tested list."""
     torch.manual_seed(0)

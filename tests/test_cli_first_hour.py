@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 from click.testing import CliRunner
-from conftest import COMMON, save_model_dir, tiny_model
+from conftest import save_model_dir, tiny_model
 
 import lookahead
 from lookahead.cli import main as cli
@@ -38,14 +38,6 @@ FAST = ("--calibration-repeats", "1", "--calibration-context", "16", "--max-tree
 def model_dir(tmp_path_factory):
     """A tiny Llama with a word-level tokenizer (w0 w1 ...), saved like a local hub directory."""
     return save_model_dir(tmp_path_factory.mktemp("tiny-llama"), tiny_model("llama"))
-
-
-@pytest.fixture(scope="module")
-def short_model_dir(tmp_path_factory):
-    """A tiny Llama whose context holds 48 positions."""
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 48}))
-    return save_model_dir(tmp_path_factory.mktemp("short-llama"), model.eval())
 
 
 @pytest.fixture(scope="module")
