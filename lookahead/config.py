@@ -93,7 +93,7 @@ class LookaheadConfig:
     calibration_repeats: int = documented(5, "most timed passes per row count in the cost measurement (median; "
                                              "stops once 3 agree; 1-100)")
     # Each curve is bounded on its own: the target's, a draft's, each batch size's (lookahead/cost/measure.py).
-    calibration_seconds: int = documented(20, "wall-clock bound in seconds on one cost measurement, its prefill "
+    calibration_seconds: int = documented(12, "wall-clock bound in seconds on one cost measurement, its prefill "
                                               "included (1-3600); where the full one would not fit it times fewer "
                                               "row counts (the others interpolated) or fewer passes, and says "
                                               "which; only the coarsest (every route once at the smallest and "

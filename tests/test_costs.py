@@ -105,13 +105,13 @@ def test_a_quiet_measurement_is_cached_whatever_keep_busy_says(llama, tmp_path, 
 
 
 def test_the_config_fields_are_validated_and_reach_the_measurement(llama, tmp_path, monkeypatch):
-    assert LookaheadConfig().calibration_seconds == 20 and LookaheadConfig().keep_busy_curve is False
+    assert LookaheadConfig().calibration_seconds == 12 and LookaheadConfig().keep_busy_curve is False
     for bad, message in ((dict(calibration_seconds=0), "calibration_seconds must be between 1 and 3600"),
                          (dict(calibration_seconds=2.5), "calibration_seconds must be an integer"),
                          (dict(keep_busy_curve="yes"), "keep_busy_curve must be True or False")):
         with pytest.raises(ConfigError, match=message):
             LookaheadConfig(**bad)
-    assert engine.measuring(LookaheadConfig()) == {"bound_s": 20.0, "keep_busy": False, "fresh": False}
+    assert engine.measuring(LookaheadConfig()) == {"bound_s": 12.0, "keep_busy": False, "fresh": False}
     assert engine.measuring(LookaheadConfig(calibration_seconds=5, keep_busy_curve=True), fresh=True) == \
         {"bound_s": 5.0, "keep_busy": True, "fresh": True}
     model, _ = llama
@@ -182,7 +182,7 @@ def test_a_measurement_keeps_to_its_bound_and_says_what_it_cut(llama, tmp_path, 
                                                                    else 1.6))
     monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1: slow)
     monkeypatch.setattr(store, "others_busy", lambda before, after: 0.0)
-    cost = load_cost_model(model, layout, 33, 8, 5, str(tmp_path), clock=clock)
+    cost = load_cost_model(model, layout, 33, 8, 5, str(tmp_path), bound_s=20.0, clock=clock)
     before, after = lines(capsys)
     assert clock.now <= 20.0 and "measured in" in after
     assert "about" in before and "over the" not in before
