@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,17 @@ CONTEXT = 1024  # the tiny models' max_position_embeddings
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 WAIT_S = 20.0  # the longest any bounded wait in this file waits
+POLL_S = 0.02  # the pause between two looks of ``wait_until``
+
+
+def wait_until(ready: Callable[[], bool], what: str, looks: int = int(WAIT_S / POLL_S)) -> None:
+    """Look at ``ready`` up to ``looks`` times, POLL_S apart (a loop that ends by itself); fail naming
+    ``what`` never happened. The test asserts the state reached, never how long it took."""
+    for _ in range(looks):
+        if ready():
+            return
+        time.sleep(POLL_S)
+    pytest.fail(what)
 SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_]+="[^"]*"(,[a-zA-Z_]+="[^"]*")*\})? (\S+)')  # Prometheus
 
 
@@ -79,10 +91,8 @@ class ServerThread:
 
     def start(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + WAIT_S
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), "the server did not start")
+        assert self.thread.is_alive(), "the server thread ended before it started serving"
         return self
 
     def stop(self) -> None:
@@ -426,10 +436,7 @@ def test_a_full_queue_is_429_with_retry_after(served, client, http):
         assert fault.entered.wait(WAIT_S), "the first request never reached the model"
         for thread in threads[1:]:
             thread.start()
-        deadline = time.monotonic() + WAIT_S
-        while metrics(http)["lookahead_queue_depth"] < 2:
-            assert time.monotonic() < deadline, "the two requests never queued"
-            time.sleep(0.02)
+        wait_until(lambda: metrics(http)["lookahead_queue_depth"] >= 2, "the two requests never queued")
         response = http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3})
         error = error_of(response, 429)
         assert error["code"] == "rate_limit_exceeded"
@@ -459,14 +466,13 @@ def test_a_client_that_disconnects_cancels_its_request(served, client, http):
                     break
         with pytest.raises(httpx.ReadTimeout):
             http.post("/v1/completions", json=body, timeout=0.5)
-        deadline = time.monotonic() + WAIT_S
-        while True:
+        def both_left() -> bool:
             now = metrics(http)
-            if now["lookahead_client_disconnects_total"] == before["lookahead_client_disconnects_total"] + 2 \
-                    and now["lookahead_requests_running"] == 0 and now["lookahead_queue_depth"] == 0:
-                break
-            assert time.monotonic() < deadline, f"a request kept decoding after its client left: {now}"
-            time.sleep(0.05)
+            return now["lookahead_client_disconnects_total"] == before["lookahead_client_disconnects_total"] + 2 \
+                and now["lookahead_requests_running"] == 0 and now["lookahead_queue_depth"] == 0
+
+        wait_until(both_left, "both requests were not cancelled: one kept decoding after its client left")
+        now = metrics(http)
         assert now["lookahead_tokens_generated_total"] - before["lookahead_tokens_generated_total"] < 900
     finally:
         fault.delay = 0.0
@@ -573,14 +579,13 @@ def test_serve_command_stops_cleanly_on_sigterm_and_sigint_and_saves_memory(tmp_
                for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for sig, (process, lines) in started.items():
-            deadline = time.monotonic() + 120
-            url = None
-            while url is None:
+            def listening() -> bool:
                 assert process.poll() is None, "".join(lines)
-                assert time.monotonic() < deadline, "the server never said where it listens:\n" + "".join(lines)
-                found = [re.search(r"Uvicorn running on (http://\S+)", line) for line in lines]
-                url = next((m.group(1) for m in found if m), None)
-                time.sleep(0.1)
+                return any(re.search(r"Uvicorn running on (http://\S+)", line) for line in lines)
+
+            wait_until(listening, "the server never said where it listens:\n" + "".join(lines), looks=6000)
+            found = [re.search(r"Uvicorn running on (http://\S+)", line) for line in lines]
+            url = next(m.group(1) for m in found if m)
             response = httpx.post(url + "/v1/completions", json={"prompt": "w1 w2 w3 w1 w2", "max_tokens": 6},
                                   timeout=WAIT_S)
             assert response.status_code == 200, response.text
