@@ -104,7 +104,8 @@ class DecodeRun:
         self.chooser: StepChooser | None = None  # the batch's one choice per step (made with the first sequence)
         rooms = rooms if rooms is not None else [None] * len(prompts)
         assert decoding is not None or not prompts, "prompts come with their decoding"
-        self.seqs = [self._sequence(p, decoding, streamer, room) for p, room in zip(prompts, rooms) if decoding]
+        self.seqs = [] if decoding is None else [self._sequence(p, decoding, streamer, room)
+                                                 for p, room in zip(prompts, rooms)]
         self.cache = self.target.new_cache()
         self.active: list[Sequence] = list(self.seqs)  # sequences still decoding, in cache order
         self.past = 0  # cache slots P
