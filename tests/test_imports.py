@@ -29,6 +29,7 @@ LAYERS = (
     ("lookahead",),
     ("lookahead.serve",),
     ("lookahead.benchmarks",),
+    ("lookahead.vllm",),
     ("lookahead.cli",),
 )
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

@@ -1,0 +1,221 @@
+"""lookahead's token-only sources as a vLLM speculative proposer (``method="custom_class"``).
+
+vLLM (0.32 on) loads an outside proposer by class path and asks it each step for up to k draft
+tokens per running request, which it then verifies itself, as a chain. ``LookaheadProposer`` answers
+with lookahead's sources that need no logits, merged and scored as in lookahead's own loop:
+
+1. propose: the context matcher (what followed earlier occurrences of the current suffix), the
+   n-gram pool fed by the prompt and the output, and the memory across requests (the text of the
+   engine's finished requests, shared by all of them, bounded, optionally kept in a file);
+2. build: their candidates merged into one trie scored by the acceptance estimates, of which the
+   best path is proposed, cut where a token's chance of acceptance falls below ``least_accept``
+   (chain.py; vLLM charges a row for every token proposed);
+3. learn: what vLLM accepted of each chain counts into the estimates, and the sources see the new
+   tokens, as in lookahead's loop.
+
+vLLM gives the proposer no request ids; requests are told apart by their tokens (requests.py). The
+settings come from ``additional_config={"lookahead": {...}}`` (settings.py). Nothing here imports
+vLLM: the class is driven through the arguments vLLM passes, and the engine's config is read by
+attribute. What vLLM verifies is vLLM's: greedy output is vLLM's own greedy output, token for token.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ..core.tree import TokenTree, empty_tree, scored_tree, subtree
+from ..plan.acceptance import AcceptanceStats
+from ..plan.planner import SCORE_DEPTH, merge_candidates
+from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext
+from ..proposers.context import ContextMatcher
+from ..proposers.memory import MemoryProposer, RequestMemory
+from ..proposers.memory.file import vocabulary_key
+from ..proposers.ngram import NgramPool, NgramProposer
+from .chain import best_chain
+from .requests import RequestTracker, Tracked
+from .settings import VllmSettings, settings_from
+
+log = logging.getLogger(__name__)
+
+
+class Pending:
+    """The chain proposed to one request, waiting for what vLLM made of it."""
+
+    def __init__(self, tree: TokenTree, prob: np.ndarray):
+        self.tree = tree  # the chain as a tree: node d is depth d + 1, its parent node d - 1
+        self.prob = prob  # [L] path probabilities
+
+
+class RequestState:
+    """One request's sources (the shared memory's proposer among them) and its pending chain."""
+
+    def __init__(self, sources: list[Proposer]):
+        self.sources = sources
+        self.pending: Pending | None = None
+        self.begun = False
+
+
+class LookaheadProposer:
+    """A vLLM custom proposer (``speculative_config={"method": "custom_class", "model":
+    "lookahead.vllm.LookaheadProposer", "num_speculative_tokens": k}``); see the module docstring."""
+
+    def __init__(self, vllm_config: Any):
+        spec = vllm_config.speculative_config
+        model = vllm_config.model_config
+        self.k = int(spec.num_speculative_tokens)
+        self.max_len = int(model.max_model_len)
+        self.settings: VllmSettings = settings_from(getattr(vllm_config, "additional_config", None))
+        cfg = self.settings.config
+        self.vocab = int(model.get_vocab_size())
+        self.memory = self._memory(model) if cfg.memory_tokens else None
+        self.tracker: RequestTracker[RequestState] = RequestTracker(self._new_state)
+        priors = [source.priors for source in self._new_state().sources]
+        self.acceptance = AcceptanceStats(priors, SCORE_DEPTH)
+        self.saved_at = time.monotonic()
+        self.proposed = 0  # draft tokens proposed, all requests
+        self.accepted = 0  # of them accepted
+        if self.settings.memory is not None:
+            atexit.register(self.save)
+
+    # ---------------------------------------------------------------- vLLM's interface
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to load: the sources read tokens only."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+                slot_mappings: Any = None, **kwargs: Any) -> list[list[int]]:
+        """Draft tokens (at most k) per row of the batch: rows ``token_ids_cpu[i, :num_tokens_no_spec[i]]``,
+        of which ``sampled_token_ids[i]`` were accepted this step (none: the row is not decoding)."""
+        rows = [(i, token_ids_cpu[i], int(num_tokens_no_spec[i]), len(sampled))
+                for i, sampled in enumerate(sampled_token_ids) if sampled]
+        step = self.tracker.step(rows)
+        for ended in step.ended:
+            self._finish(ended)
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        for index, tracked in step.requests.items():
+            self._learn(tracked, rows_accepted=len(sampled_token_ids[index]))
+            drafts[index] = self._chain(tracked)
+        return drafts
+
+    # ---------------------------------------------------------------- the steps
+    def _new_state(self) -> RequestState:
+        cfg = self.settings.config
+        sources: list[Proposer] = []
+        if cfg.context_match:
+            sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
+        if self.memory is not None:
+            sources.append(MemoryProposer(self.memory, cfg.match_length))
+        if cfg.ngram_pool:
+            pool = NgramPool(self.vocab, cfg.pool_ngram, cfg.pool_capacity, cfg.pool_max_keys)
+            sources.append(NgramProposer(pool, cfg.seed_from_prompt, cfg.seed_from_output))
+        return RequestState(sources)
+
+    def _learn(self, tracked: Tracked[RequestState], rows_accepted: int) -> None:
+        """3. learn: what vLLM kept of the pending chain, and the new tokens for the sources."""
+        state, seq = tracked.state, tracked.tokens
+        stop = tracked.length
+        if not state.begun:  # the prompt and the first token: the sources start on them
+            state.begun = True
+            for source in state.sources:
+                source.begin(seq, stop)
+            return
+        start = stop - rows_accepted
+        pending, state.pending = state.pending, None
+        if pending is not None:
+            chain = pending.tree.tokens  # [L]
+            new = seq[start:stop]
+            agree = np.flatnonzero(chain[:new.shape[0]] != new[:chain.shape[0]])
+            kept = int(agree[0]) if agree.shape[0] else min(chain.shape[0], new.shape[0])
+            path = np.arange(kept, dtype=np.int64)
+            self.acceptance.update(pending.tree.classes, pending.tree.depths, pending.tree.parents, path)
+            self.acceptance.observe_gain(float(pending.prob.sum()), kept)
+            self.proposed += chain.shape[0]
+            self.accepted += kept
+            tree = pending.tree
+        else:
+            path, tree = np.zeros(0, dtype=np.int64), empty_tree()
+            self.acceptance.observe_gain(0.0, 0)
+        for i, source in enumerate(state.sources):
+            block = (int(self.acceptance.offsets[i]), int(self.acceptance.offsets[i + 1]))
+            source.learn(Outcome(tree, path, 0, block, partial(self.acceptance.state, source.name), lambda: 1.0))
+            source.observe(seq, start, stop)
+
+    def _chain(self, tracked: Tracked[RequestState]) -> list[int]:
+        """1. propose and 2. build: the best chain of the sources' merged, scored trie (maybe empty)."""
+        state, seq, stop = tracked.state, tracked.tokens, tracked.length
+        room = min(self.k, self.max_len - stop)
+        if room <= 0 or not state.sources:
+            return []
+        cfg = self.settings.config
+        estimates = self.acceptance.estimates()  # [C, D]
+        groups: list[tuple[Candidates, int]] = []
+        for i, source in enumerate(state.sources):
+            context = StepContext(room, partial(self.acceptance.state, source.name), _nothing_else, _no_cost)
+            found = source.propose(seq, stop, cfg.candidates, self.acceptance.block(i, estimates), context)
+            groups.append((found, int(self.acceptance.offsets[i])))
+        merged = merge_candidates(groups)
+        if not merged.count:
+            return []
+        tree, prob = scored_tree(merged.tokens, merged.lens, merged.classes, estimates, max(cfg.max_tree_nodes, room))
+        nodes = best_chain(tree.parents, prob, room, 0.0)  # [L] the best path, uncut
+        if nodes.shape[0] == 0:
+            return []
+        promised = float(prob[nodes].sum())
+        trust = float(self.acceptance.calibrated(np.array([promised]))[0]) / promised  # how far promises held lately
+        length = int(np.count_nonzero(prob[nodes] * trust >= self.settings.least_accept))  # path probs only fall
+        if length == 0:
+            return []
+        nodes = nodes[:length]
+        state.pending = Pending(subtree(tree, nodes), prob[nodes])
+        return [int(t) for t in tree.tokens[nodes]]
+
+    def _finish(self, tracked: Tracked[RequestState]) -> None:
+        """A request left the batch (finished, or preempted: it comes back as a new one)."""
+        state = tracked.state
+        if state.begun:
+            for source in state.sources:
+                source.finish(tracked.tokens, tracked.length)
+        if self.settings.memory is not None and time.monotonic() - self.saved_at >= self.settings.save_seconds:
+            self.save()
+
+    # ---------------------------------------------------------------- the memory
+    def _memory(self, model: Any) -> RequestMemory:
+        """The memory across requests, loaded from the settings' file when it exists."""
+        cfg, path = self.settings.config, self.settings.memory
+        vocabulary = vocabulary_key(_tokenizer(model), self.vocab) if path is not None else f"size:{self.vocab}"
+        memory = RequestMemory(cfg.memory_tokens, cfg.memory_prompts, vocabulary, self.vocab)
+        if path is not None and path.exists():
+            memory.load(path)
+        return memory
+
+    def save(self) -> None:
+        """Write the memory to the settings' file (atomically; nothing without a file)."""
+        if self.memory is None or self.settings.memory is None:
+            return
+        self.memory.save(self.settings.memory)
+        self.saved_at = time.monotonic()
+
+
+def _nothing_else() -> Others:
+    """What other sources reach, for a source that asks: none of these sources asks (no draft model here)."""
+    return Others(empty_tree(), np.zeros(SCORE_DEPTH), (1.0, 1.0))
+
+
+def _no_cost() -> float:
+    """Seconds of a plain step: unknown here (0.0, as without a cost model)."""
+    return 0.0
+
+
+def _tokenizer(model: Any) -> Any:
+    """The engine's tokenizer (transformers'), for the memory file's vocabulary key (None: the engine
+    names none, and the file is tied to the vocabulary's size alone)."""
+    if not getattr(model, "tokenizer", None):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model.tokenizer, trust_remote_code=bool(model.trust_remote_code))
