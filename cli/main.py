@@ -14,6 +14,7 @@ from lookahead.cli.bench import bench
 from lookahead.cli.bench_batch import bench_batch
 from lookahead.cli.bench_memory import bench_memory
 from lookahead.cli.bench_serve import bench_serve
+from lookahead.cli.bench_vllm import bench_vllm
 from lookahead.cli.costs import costs
 from lookahead.cli.options import (
     CLI_ERRORS,
@@ -257,6 +258,7 @@ main.add_command(bench)
 main.add_command(bench_batch)
 main.add_command(bench_memory)
 main.add_command(bench_serve)
+main.add_command(bench_vllm)
 main.add_command(costs)
 main.add_command(roofline)
 main.add_command(serve)
