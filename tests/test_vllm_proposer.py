@@ -13,6 +13,8 @@ import pytest
 from lookahead.errors import ConfigError, MemoryFileError
 from lookahead.vllm import LookaheadProposer
 from lookahead.vllm.chain import best_chain
+from lookahead.vllm.clock import CEILING, FLOOR, StepClock
+from lookahead.vllm.proposer import AUTO_START
 from lookahead.vllm.requests import RequestTracker
 from lookahead.vllm.settings import settings_from
 
@@ -78,13 +80,16 @@ def test_tracker_grows_a_long_request():
 
 
 def test_settings_defaults_and_errors(tmp_path):
-    assert settings_from(None).least_accept == 0.3 and settings_from({}).memory is None
+    assert settings_from(None).least_accept is None and settings_from({}).memory is None  # None: "auto"
+    assert settings_from({"lookahead": {"least_accept": "auto"}}).least_accept is None
     made = settings_from({"lookahead": {"memory": str(tmp_path / "m.lkm"), "match_max": 6, "least_accept": 0.5}})
     assert made.memory == tmp_path / "m.lkm" and made.config.match_max == 6 and made.least_accept == 0.5
     with pytest.raises(ConfigError, match="'windw' is no setting"):
         settings_from({"lookahead": {"windw": 3}})
     with pytest.raises(ConfigError, match="least_accept"):
         settings_from({"lookahead": {"least_accept": 2}})
+    with pytest.raises(ConfigError, match="least_accept"):
+        settings_from({"lookahead": {"least_accept": "often"}})
     with pytest.raises(ConfigError, match="save_seconds"):
         settings_from({"lookahead": {"save_seconds": -1}})
     with pytest.raises(ConfigError, match="match_min"):
@@ -96,11 +101,13 @@ def test_settings_defaults_and_errors(tmp_path):
 
 
 def _engine(k: int = 4, lookahead: dict | None = None) -> SimpleNamespace:
-    """The parts of a VllmConfig the proposer reads."""
+    """The parts of a VllmConfig the proposer reads (a fixed least_accept unless told: the steps here take
+    microseconds, so what "auto" would learn from them says nothing)."""
+    lookahead = {"least_accept": 0.3, **(lookahead or {})}
     model = SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB, tokenizer=None,
                             trust_remote_code=False)
     return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k), model_config=model,
-                           additional_config={"lookahead": lookahead or {}})
+                           additional_config={"lookahead": lookahead})
 
 
 class Batch:
@@ -212,3 +219,55 @@ def test_no_drafts_past_the_model_length():
     text = _text(4, MAX_LEN)
     _run(batch, {0: text}, prompt_len=MAX_LEN - 6)
     assert batch.lengths[0] == 0  # finished: every row stopped at MAX_LEN, nothing past it was drafted
+
+
+def test_step_clock_worked_example():
+    clock = StepClock()
+    now = 0.0
+    for step in range(40):
+        rows = 4 if step % 2 else 12
+        clock.proposed(rows)
+        now += 0.050 if rows == 4 else 0.066  # the step after this call
+        clock.tick(now, tokens=3, clean=True)
+    assert clock.slope() == pytest.approx(0.002, rel=1e-6)
+    assert clock.rate() == pytest.approx(3 / 0.058, rel=0.05)
+    assert clock.threshold(0.3) == pytest.approx(0.002 * clock.rate(), rel=1e-6)
+
+
+def test_step_clock_falls_back_until_it_can_tell_a_row_cost():
+    clock = StepClock()
+    assert clock.threshold(0.3) == 0.3  # nothing seen
+    now = 0.0
+    for _ in range(30):
+        clock.proposed(5)
+        now += 0.04
+        clock.tick(now, tokens=5, clean=True)
+    assert clock.slope() is None and clock.threshold(0.3) == 0.3  # every step had 5 rows
+
+
+def test_step_clock_leaves_out_steps_that_changed_the_batch_and_pauses():
+    clock = StepClock()
+    now = 0.0
+    for step in range(40):
+        rows = 2 + step % 3
+        clock.proposed(rows)
+        now += 0.02 + 0.001 * rows
+        if step == 30:
+            now += 5.0  # a pause between two waves of requests
+        clock.tick(now, tokens=2, clean=step % 10 != 5)  # a request joined on these
+    assert clock.slope() == pytest.approx(0.001, rel=1e-6)
+    expensive = StepClock()
+    for step in range(40):
+        expensive.proposed(2 + step % 2)
+        now += 0.02 + 0.5 * (2 + step % 2)
+        expensive.tick(now, tokens=3, clean=True)
+    assert expensive.threshold(0.3) == CEILING  # b * R = 0.5 s x 3 / 1.27 s: over the ceiling, clipped
+
+
+def test_auto_threshold_is_used_once_learned():
+    proposer = LookaheadProposer(_engine(lookahead={"least_accept": "auto"}))
+    assert proposer._least() == AUTO_START
+    for rows in (3, 9) * 10:
+        proposer.clock.proposed(rows)
+        proposer.clock.tick((proposer.clock.last or 0.0) + 0.01 * rows, tokens=2, clean=True)
+    assert proposer._least() == pytest.approx(min(max(0.01 * proposer.clock.rate(), FLOOR), CEILING))

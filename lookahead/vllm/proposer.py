@@ -38,10 +38,12 @@ from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.memory.file import vocabulary_key
 from ..proposers.ngram import NgramPool, NgramProposer
 from .chain import best_chain
+from .clock import StepClock
 from .requests import RequestTracker, Tracked
 from .settings import VllmSettings, settings_from
 
 log = logging.getLogger(__name__)
+AUTO_START = 0.3  # least_accept "auto" before the step clock has learned what a row costs
 
 
 class Pending:
@@ -78,6 +80,7 @@ class LookaheadProposer:
         priors = [source.priors for source in self._new_state().sources]
         self.acceptance = AcceptanceStats(priors, SCORE_DEPTH)
         self.saved_at = time.monotonic()
+        self.clock = StepClock()  # what a row of vLLM's step costs here (least_accept "auto")
         self.proposed = 0  # draft tokens proposed, all requests
         self.accepted = 0  # of them accepted
         if self.settings.memory is not None:
@@ -94,13 +97,21 @@ class LookaheadProposer:
         rows = [(i, token_ids_cpu[i], int(num_tokens_no_spec[i]), len(sampled))
                 for i, sampled in enumerate(sampled_token_ids) if sampled]
         step = self.tracker.step(rows)
+        self.clock.tick(time.perf_counter(), sum(r[3] for r in rows), clean=not step.begun and not step.ended)
         for ended in step.ended:
             self._finish(ended)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        least = self._least()
         for index, tracked in step.requests.items():
             self._learn(tracked, rows_accepted=len(sampled_token_ids[index]))
-            drafts[index] = self._chain(tracked)
+            drafts[index] = self._chain(tracked, least)
+        self.clock.proposed(len(step.requests) + sum(len(d) for d in drafts))
         return drafts
+
+    def _least(self) -> float:
+        """The least acceptance chance a draft token needs this step: the setting, or learned ("auto")."""
+        least = self.settings.least_accept
+        return self.clock.threshold(AUTO_START) if least is None else least
 
     # ---------------------------------------------------------------- the steps
     def _new_state(self) -> RequestState:
@@ -145,7 +156,7 @@ class LookaheadProposer:
             source.learn(Outcome(tree, path, 0, block, partial(self.acceptance.state, source.name), lambda: 1.0))
             source.observe(seq, start, stop)
 
-    def _chain(self, tracked: Tracked[RequestState]) -> list[int]:
+    def _chain(self, tracked: Tracked[RequestState], least: float) -> list[int]:
         """1. propose and 2. build: the best chain of the sources' merged, scored trie (maybe empty)."""
         state, seq, stop = tracked.state, tracked.tokens, tracked.length
         room = min(self.k, self.max_len - stop)
@@ -167,7 +178,7 @@ class LookaheadProposer:
             return []
         promised = float(prob[nodes].sum())
         trust = float(self.acceptance.calibrated(np.array([promised]))[0]) / promised  # how far promises held lately
-        length = int(np.count_nonzero(prob[nodes] * trust >= self.settings.least_accept))  # path probs only fall
+        length = int(np.count_nonzero(prob[nodes] * trust >= least))  # path probabilities only fall along a path
         if length == 0:
             return []
         nodes = nodes[:length]

@@ -10,8 +10,10 @@ under the key ``"lookahead"``. Every key is optional:
   worker exits. Without it the memory lives as long as the engine.
 - ``save_seconds`` (60): the least time between two saves of the memory file (0: after every
   request).
-- ``least_accept`` (0.3): a draft token is proposed only where its estimated chance of being
-  accepted (with every token before it) is at least this; vLLM spends a row on each token proposed.
+- ``least_accept`` ("auto"): a draft token is proposed only where its estimated chance of being
+  accepted (with every token before it) is at least this, since vLLM spends a row on each token
+  proposed; "auto" learns it from what a row of the engine's steps costs (clock.py), a number from 0
+  to 1 fixes it.
 - any field of ``LookaheadConfig`` that its token-only sources read: ``context_match``,
   ``match_min``, ``match_max``, ``match_length``, ``ngram_pool``, ``pool_ngram``, ``pool_capacity``,
   ``pool_max_keys``, ``seed_from_prompt``, ``seed_from_output``, ``candidates``, ``max_tree_nodes``,
@@ -45,14 +47,16 @@ class VllmSettings:
     config: LookaheadConfig = field(default_factory=LookaheadConfig)
     memory: Path | None = None
     save_seconds: float = 60.0
-    least_accept: float = 0.3
+    least_accept: float | None = None  # None: "auto" (clock.py)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.save_seconds, (int, float)) and math.isfinite(self.save_seconds)
                 and self.save_seconds >= 0):
             raise ConfigError(f"save_seconds must be a number >= 0, got {self.save_seconds!r}")
-        if not (isinstance(self.least_accept, (int, float)) and 0 <= self.least_accept <= 1):
-            raise ConfigError(f"least_accept must be a number from 0 to 1, got {self.least_accept!r}")
+        if self.least_accept is not None and not (isinstance(self.least_accept, (int, float))
+                                                  and not isinstance(self.least_accept, bool)
+                                                  and 0 <= self.least_accept <= 1):
+            raise ConfigError(f"least_accept must be \"auto\" or a number from 0 to 1, got {self.least_accept!r}")
         if self.memory is not None and self.config.memory_tokens == 0:
             raise ConfigError("memory names a file but memory_tokens is 0 (no memory across requests); "
                               "drop one of the two")
@@ -75,4 +79,6 @@ def settings_from(additional: Any) -> VllmSettings:
     if memory is not None and not isinstance(memory, str):
         raise ConfigError(f"memory must be a file path (a string), got {memory!r}")
     own = {k: given[k] for k in ("save_seconds", "least_accept") if k in given}
+    if own.get("least_accept") == "auto":
+        own["least_accept"] = None
     return VllmSettings(config, Path(memory).expanduser() if memory else None, **own)
