@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import time
 from functools import partial
 from typing import Any
@@ -83,8 +84,13 @@ class LookaheadProposer:
         self.clock = StepClock()  # what a row of vLLM's step costs here (least_accept "auto")
         self.proposed = 0  # draft tokens proposed, all requests
         self.accepted = 0  # of them accepted
+        self.closed = False
         if self.settings.memory is not None:
-            atexit.register(self.save)
+            # On the way out, where the process gets to run its exit handlers: atexit for an engine in
+            # this process, multiprocessing's finalizers for a worker process that ends normally. (vLLM's
+            # OpenAI server stopped with Ctrl-C ends its worker without either: settings.py.)
+            atexit.register(self.close)
+            multiprocessing.util.Finalize(self, self.close, exitpriority=0)
 
     # ---------------------------------------------------------------- vLLM's interface
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -203,6 +209,19 @@ class LookaheadProposer:
         if path is not None and path.exists():
             memory.load(path)
         return memory
+
+    def close(self) -> None:
+        """The engine is going away: every request still tracked is done (its last step was seen), so it
+        goes into the memory, which is saved. Once only."""
+        if self.closed:
+            return
+        self.closed = True
+        for tracked in self.tracker.finish_all():
+            state = tracked.state
+            if state.begun:
+                for source in state.sources:
+                    source.finish(tracked.tokens, tracked.length)
+        self.save()
 
     def save(self) -> None:
         """Write the memory to the settings' file (atomically; nothing without a file)."""

@@ -6,9 +6,12 @@ under the key ``"lookahead"``. Every key is optional:
 
 - ``memory``: a file for the memory across requests (the format of ``lookahead serve --memory``),
   loaded when the engine starts (a damaged file or one of another tokenizer is refused: the engine
-  does not start) and saved, atomically, every ``save_seconds`` as requests finish and when the
-  worker exits. Without it the memory lives as long as the engine.
-- ``save_seconds`` (60): the least time between two saves of the memory file (0: after every
+  does not start) and saved, atomically, as requests finish, at most every ``save_seconds``. The
+  proposer sees a request finish at the next step that no longer carries it, and vLLM's worker
+  process is ended without running exit handlers (tried with its OpenAI server and Ctrl-C), so what
+  finished in the last ``save_seconds`` before a shutdown, or just before the engine went idle, may
+  be missing from the file. Without a file the memory lives as long as the engine.
+- ``save_seconds`` (10): the least time between two saves of the memory file (0: after every
   request).
 - ``least_accept`` ("auto"): a draft token is proposed only where its estimated chance of being
   accepted (with every token before it) is at least this, since vLLM spends a row on each token
@@ -46,7 +49,7 @@ class VllmSettings:
 
     config: LookaheadConfig = field(default_factory=LookaheadConfig)
     memory: Path | None = None
-    save_seconds: float = 60.0
+    save_seconds: float = 10.0
     least_accept: float | None = None  # None: "auto" (clock.py)
 
     def __post_init__(self) -> None:
