@@ -22,7 +22,6 @@ attribute. What vLLM verifies is vLLM's: greedy output is vLLM's own greedy outp
 from __future__ import annotations
 
 import atexit
-import logging
 import multiprocessing.util
 import time
 from functools import partial
@@ -43,7 +42,6 @@ from .clock import StepClock
 from .requests import RequestTracker, Tracked
 from .settings import VllmSettings, settings_from
 
-log = logging.getLogger(__name__)
 AUTO_START = 0.3  # least_accept "auto" before the step clock has learned what a row costs
 
 
@@ -106,11 +104,12 @@ class LookaheadProposer:
         self.clock.tick(time.perf_counter(), sum(r[3] for r in rows), clean=not step.begun and not step.ended)
         for ended in step.ended:
             self._finish(ended)
-        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        least = self._least()
         for index, tracked in step.requests.items():
             self._learn(tracked, rows_accepted=len(sampled_token_ids[index]))
-            drafts[index] = self._chain(tracked, least)
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        least, estimates = self._least(), self.acceptance.estimates()  # once a step: [C, D] for every request
+        for index, tracked in step.requests.items():
+            drafts[index] = self._chain(tracked, least, estimates)
         self.clock.proposed(len(step.requests) + sum(len(d) for d in drafts))
         return drafts
 
@@ -162,14 +161,14 @@ class LookaheadProposer:
             source.learn(Outcome(tree, path, 0, block, partial(self.acceptance.state, source.name), lambda: 1.0))
             source.observe(seq, start, stop)
 
-    def _chain(self, tracked: Tracked[RequestState], least: float) -> list[int]:
-        """1. propose and 2. build: the best chain of the sources' merged, scored trie (maybe empty)."""
+    def _chain(self, tracked: Tracked[RequestState], least: float, estimates: np.ndarray) -> list[int]:
+        """1. propose and 2. build: the best chain of the sources' merged trie, scored by estimates [C, D]
+        (maybe empty)."""
         state, seq, stop = tracked.state, tracked.tokens, tracked.length
         room = min(self.k, self.max_len - stop)
         if room <= 0 or not state.sources:
             return []
         cfg = self.settings.config
-        estimates = self.acceptance.estimates()  # [C, D]
         groups: list[tuple[Candidates, int]] = []
         for i, source in enumerate(state.sources):
             context = StepContext(room, partial(self.acceptance.state, source.name), _nothing_else, _no_cost)
@@ -193,10 +192,7 @@ class LookaheadProposer:
 
     def _finish(self, tracked: Tracked[RequestState]) -> None:
         """A request left the batch (finished, or preempted: it comes back as a new one)."""
-        state = tracked.state
-        if state.begun:
-            for source in state.sources:
-                source.finish(tracked.tokens, tracked.length)
+        _end(tracked)
         if self.settings.memory is not None and time.monotonic() - self.saved_at >= self.settings.save_seconds:
             self.save()
 
@@ -217,10 +213,7 @@ class LookaheadProposer:
             return
         self.closed = True
         for tracked in self.tracker.finish_all():
-            state = tracked.state
-            if state.begun:
-                for source in state.sources:
-                    source.finish(tracked.tokens, tracked.length)
+            _end(tracked)
         self.save()
 
     def save(self) -> None:
@@ -229,6 +222,13 @@ class LookaheadProposer:
             return
         self.memory.save(self.settings.memory)
         self.saved_at = time.monotonic()
+
+
+def _end(tracked: Tracked[RequestState]) -> None:
+    """The request is done: its sources hear so (the memory keeps its text), if they ever began."""
+    if tracked.state.begun:
+        for source in tracked.state.sources:
+            source.finish(tracked.tokens, tracked.length)
 
 
 def _nothing_else() -> Others:
