@@ -87,6 +87,9 @@ class LookaheadConfig:
     budget_curve: str = documented("measured", "measured: the budget prices a step by this machine's measured "
                                                "cost curve; flat: every step costs one row's whatever its rows (a "
                                                "simulation of what the budget builds where rows are free)")
+    check_speculation: bool = documented(True, "scale what the budget expects of speculative steps by what they "
+                                               "really gave lately against their forecast, relative to plain "
+                                               "steps (lookahead/plan/speculation.py); off: trust the forecast")
     cost_cache_dir: str = documented("~/.cache/lookahead/costs", "where measured cost curves are kept "
                                                                  "('': keep nothing on disk)")
     calibration_context: int = documented(256, "context tokens behind the cost measurement (1-65536)")
@@ -145,7 +148,7 @@ class LookaheadConfig:
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
-                     "keep_busy_curve"):
+                     "keep_busy_curve", "check_speculation"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -362,6 +362,11 @@ def test_choose_step_docstring_example():
     cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.1]), smoothing=0.0)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8) == (1, 1)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), None, 8) == (1, 2)  # fixed
+    # Speculative steps lately 2x dearer than forecast: the plain step wins (docstring); trees that gave
+    # half their promise alone leave the window's column worth taking.
+    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, dearer=2.0) == (0, 0)
+    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, extra=0.5) == (1, 1)
+    assert choose_step([np.array([.9, .1])], np.array([1]), np.array([0.0]), cost, 8, extra=0.1) == (0, 0)
 
 
 def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():

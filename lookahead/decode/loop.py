@@ -187,7 +187,7 @@ class DecodeRun:
         marks.append(clock())
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
         worth = sum(seq.planner.column_worth() for seq in seqs) / len(seqs)  # a window column, to the sources
-        width, size = self.chooser.choose([r.probs for r in ranked], worth, spent)  # 2. one shape for all
+        width, size = self.chooser.decide([r.probs for r in ranked], worth, spent)  # 2. one shape for all
         plans = [seq.plan(r, size, width) for seq, r in zip(seqs, ranked)]
         rows = step_rows(plans, self.x_pos)
         marks.append(clock())
@@ -217,6 +217,7 @@ class DecodeRun:
         target_seconds = max(seconds - spent, 0.0)
         count, width = rows.tokens.shape
         self.chooser.observe(width, target_seconds)  # the batch's cost curve
+        self.chooser.settle(sum(seq.stats.accepted[-1] for seq in seqs), seconds)  # ... and its forecast
         self.target.observe(count, width, target_seconds)
         marks.append(clock())
         self._record(seqs, rows, marks)

@@ -28,9 +28,23 @@ def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -
     return 1.0 + np.maximum.accumulate(calibrate(promised))
 
 
+def step_options(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray, cost: CostModel,
+                 limit: int, spent: float = 0.0, calibrate: Calibrate | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [O, limit + 1], seconds [O, limit + 1]): what every option (window option o, the first
+    k tree nodes) is expected to yield and cost; see ``choose_step``. tokens[0, 0] is the plain step's
+    one token per sequence."""
+    gains = np.zeros(limit + 1)  # [k + 1] summed over the sequences
+    for row in probs:
+        own = expected_gains(row, limit, calibrate)  # [min(M_b, limit) + 1]
+        gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
+    tokens = gains[None, :] + len(probs) * window_gain[:, None]  # [O, k + 1]
+    seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :]) + spent  # [O, k + 1]
+    return tokens, seconds
+
+
 def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
                 cost: CostModel | None, cap: int, spent: float = 0.0,
-                calibrate: Calibrate | None = None) -> tuple[int, int]:
+                calibrate: Calibrate | None = None, extra: float = 1.0, dearer: float = 1.0) -> tuple[int, int]:
     """(window option o, tree nodes k) of the step with the most expected tokens per second.
 
     probs[b] [M_b]: sequence b's path probabilities in best-first order (one
@@ -44,21 +58,25 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
     Window option o puts window_rows[o] rows before each tree (x included)
     and adds window_gain[o] expected tokens per sequence (what the sources
     say its columns are worth later, ``Planner.column_worth``); option 0 must be x
-    alone with no gain: option 0 with k = 0 is a plain decode step. Without
-    a cost model (a fixed budget): the last (widest) option and min(M, cap) nodes.
+    alone with no gain: option 0 with k = 0 is a plain decode step. What speculative
+    steps really gave against their forecast lately (``SpeculationCheck``; 1: as
+    forecast) corrects every option but the plain step: ``extra`` scales the tree's
+    tokens beyond the bonus tokens, ``dearer`` the step's seconds. Without a cost model
+    (a fixed budget): the last (widest) option and min(M, cap) nodes.
 
     probs [[.9, .1]], rows [1, 3], gains [0, .5], a step costing 1 + 0.1 per row past the
-    first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1.
+    first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1. Speculative
+    steps 2x dearer than forecast -> (0, 0): 2.4 / 2.6 = 0.92 and 1.9 / 2.2 = 0.86 lose to 1.
     """
     limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
     options = window_rows.shape[0]
     if cost is None:
         return options - 1, limit
-    gains = np.zeros(limit + 1)  # [k + 1] summed over the sequences
-    for row in probs:
-        own = expected_gains(row, limit, calibrate)  # [min(M_b, limit) + 1]
-        gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
-    tokens = gains[None, :] + len(probs) * window_gain[:, None]  # [O, k + 1]
-    seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :]) + spent  # [O, k + 1]
-    best = int(np.argmax(tokens / seconds))  # flat index into [O, k + 1]; ties go to (0, 0), a plain step
+    tokens, seconds = step_options(probs, window_rows, np.zeros_like(window_gain), cost, limit, spent, calibrate)
+    base = float(len(probs))  # the bonus tokens: what a plain step gives
+    tokens = base + extra * (tokens - base) + base * window_gain[:, None]  # [O, k + 1]
+    seconds = seconds * dearer
+    seconds[0, 0] /= dearer  # the plain step as forecast
+    rate = tokens / seconds  # [O, k + 1]
+    best = int(np.argmax(rate))  # flat index into [O, k + 1]; ties go to (0, 0), a plain step
     return best // (limit + 1), best % (limit + 1)

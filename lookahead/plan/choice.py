@@ -12,7 +12,8 @@ import numpy as np
 from ..config import LookaheadConfig
 from ..cost import CostModel
 from .acceptance import AcceptanceStats
-from .budget import choose_step
+from .budget import choose_step, step_options
+from .speculation import SpeculationCheck
 from .window import window_rows
 
 
@@ -38,6 +39,9 @@ class StepChooser:
         self.acceptance = acceptance  # the call's regime table: its calibration maps promises to yields
         self.widths = window_widths(config, cost is not None)  # [O] the window's options, x alone first
         self.window_rows = np.array([window_rows(w, config.ngram) for w in self.widths])  # [O]
+        self.check = SpeculationCheck()  # what speculative steps gave against their forecasts
+        self.forecast: tuple[str, int, float, float] | None = None  # the loop's step: (kind, sequences, tokens,
+        # seconds) as forecast
 
     def choose(self, probs: list[np.ndarray], worth: float, spent: float = 0.0) -> tuple[int, int]:
         """(window width, tree nodes) for sequences whose ranked path probabilities are ``probs``
@@ -45,8 +49,32 @@ class StepChooser:
         ``spent``: seconds the sources already spent on forwards of their own this step."""
         gain = self.widths * worth  # [O] tokens the window's columns are worth
         option, size = choose_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes, spent,
-                                   self.acceptance.calibrated)
+                                   self.acceptance.calibrated, *self.corrections())
         return int(self.widths[option]), size
+
+    def corrections(self) -> tuple[float, float]:
+        """(extra, dearer): what a speculative option's forecast extra tokens and seconds are multiplied by
+        (SpeculationCheck; (1, 1) with the check off)."""
+        return (self.check.extra(), self.check.dearer()) if self.config.check_speculation else (1.0, 1.0)
+
+    def decide(self, probs: list[np.ndarray], worth: float, spent: float = 0.0) -> tuple[int, int]:
+        """``choose`` for the step about to run, remembering what it expects of it for ``settle``."""
+        width, size = self.choose(probs, worth, spent)
+        self.forecast = None
+        if self.cost is not None:
+            tokens, seconds = step_options(probs, self.window_rows, np.zeros_like(self.widths, dtype=float),
+                                           self.cost, size, spent, self.acceptance.calibrated)  # [O, size + 1]
+            option = int(np.searchsorted(self.widths, width))
+            kind = "window" if width > 0 else ("tree" if size > 0 else "plain")
+            self.forecast = (kind, len(probs), float(tokens[option, size]), float(seconds[option, size]))
+        return width, size
+
+    def settle(self, tokens: int, seconds: float) -> None:
+        """The step ``decide`` shaped gave ``tokens`` in ``seconds``: learn how far off its forecast was."""
+        if self.forecast is not None:
+            kind, sequences, expected_tokens, expected_seconds = self.forecast
+            self.check.observe(kind, sequences, (expected_tokens, expected_seconds), (float(tokens), seconds))
+            self.forecast = None
 
     def rows(self, width: int) -> int:
         """Rows the window takes at ``width`` columns (x included)."""
