@@ -42,7 +42,8 @@ STREAM_REPEATS = 7  # timed sums; the median counts
 PROFILED_STEPS = 3  # profiled steps per row count in a breakdown
 HOST_TOKENS = 48  # new tokens per prompt of the host-time measurement
 LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::baddbmm",
-                        "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot"})  # matrix products, by name
+                        "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot",
+                        "mkldnn::_linear_pointwise"})  # matrix products, by name (the last: the onednn route)
 KV_RANGE = "lookahead::kv_cache_update"  # the profiler range put around the KV cache's update (``attributed``)
 PARTS = ("linears", "attention", "kv cache", "other ops", "python and dispatch")  # a step's breakdown, in order
 LOG_SPAN = 20  # the plot's ms axis turns logarithmic past this ratio of its largest to its smallest value
@@ -251,7 +252,7 @@ def op_part(name: str, ancestors: tuple[str, ...]) -> str | None:
     *scaled_dot_product* "attention"; else "other ops".
     """
     if not name.startswith("aten::"):
-        return None
+        return "linears" if name in LINEAR_OPS else None  # (oneDNN's packed linear is no aten op)
     for outer in (*reversed(ancestors), name):
         if outer == KV_RANGE:
             return "kv cache"
@@ -403,7 +404,7 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     stream_bytes = max(weights, stream_min_bytes)
     bandwidth, stream_times = streaming_bandwidth(stream_bytes, device)
     roofline = roofline_seconds(weights, bandwidth)
-    routes = measured_routes(model, True)
+    routes = measured_routes(model, True, onednn=True)  # every route there is, oneDNN's included
     time_one = decode_step_timer(model, layout, context)
     seconds = step_seconds(time_one, rows, routes, repeats, threads)
     best = best_routes(seconds)

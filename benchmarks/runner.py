@@ -200,7 +200,7 @@ PRESETS = {
     "recycle-only": "context_match=false,ngram_pool=false",
     "fixed-budget": "budget=fixed",
     "no-speculation": "candidates=0",
-    "stock-kernels": "few_row_matmul=false",
+    "stock-kernels": "few_row_matmul=false,onednn_linear=true",
 }
 
 

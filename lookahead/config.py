@@ -108,6 +108,10 @@ class LookaheadConfig:
                                               "lookahead costs measure)")
     # The routes: lookahead/model/fewrows.py beside F.linear (and W @ x^T for 2-7 rows), each on torch's
     # threads and on one; every row count runs through the fastest, re-checked as steps run (model/routing.py).
+    onednn_linear: bool = documented(False, "on the CPU, let the cost measurement also try torch's oneDNN linear "
+                                            "over weights packed once (a copy as large as the linear layers' "
+                                            "weights, float32, made only where it fits in a third of the free "
+                                            "memory); it wins over 8 rows and more, and with few_row_matmul off")
     few_row_matmul: bool = documented(True, "on the CPU, let the cost measurement try lookahead's own linear "
                                             "kernel for 1-64-row forwards beside torch's, each row count then "
                                             "running through the fastest route; off: torch's kernels only (no "
@@ -148,7 +152,7 @@ class LookaheadConfig:
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
-                     "keep_busy_curve", "check_speculation"):
+                     "keep_busy_curve", "check_speculation", "onednn_linear"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

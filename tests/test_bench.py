@@ -150,6 +150,7 @@ def test_presets_are_valid_configs():
     assert not configs["recycle-only"].context_match and not configs["recycle-only"].ngram_pool
     assert configs["no-speculation"].candidates == 0 and configs["no-speculation"].few_row_matmul
     assert not configs["stock-kernels"].few_row_matmul and configs["stock-kernels"].candidates > 0
+    assert configs["stock-kernels"].onednn_linear and not LookaheadConfig().onednn_linear  # torch's oneDNN too
     assert preset_specs(["pool-only"]) == [f"pool-only:{PRESETS['pool-only']}"]
     with pytest.raises(ValueError, match="unknown preset 'lade'"):
         preset_specs(["lade"])

@@ -340,6 +340,24 @@ def test_without_the_kernel_only_torch_routes_are_measured(llama, monkeypatch):
     assert {r.linear for r in measure.measured_routes(model, False)} == {"torch", "mm"}
     assert {r.linear for r in measure.measured_routes(model, True)} == {"torch", "mm", "kernel"}
     assert {r.threads for r in measure.measured_routes(model, True)} == {1, torch.get_num_threads()}
+    from lookahead.model.fewrows import onednn_available
+    offered = {r.linear for r in measure.measured_routes(model, False, onednn=True)}
+    assert offered == ({"torch", "mm", "onednn"} if onednn_available() else {"torch", "mm"})  # torch's oneDNN too
+
+
+def test_load_cost_model_offers_the_onednn_route_only_when_asked(llama, tmp_path, monkeypatch):
+    model, layout = llama
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
+    seen, real = [], store.measured_routes
+
+    def recording(model, kernel, onednn=False):
+        seen.append(onednn)
+        return real(model, kernel, onednn)
+
+    monkeypatch.setattr(store, "measured_routes", recording)
+    load_cost_model(model, layout, 4, 8, 3, str(tmp_path / "default"))
+    load_cost_model(model, layout, 4, 8, 3, str(tmp_path / "asked"), onednn=True)
+    assert seen == [False, True]
 
 
 def test_a_curve_measured_under_load_is_used_but_not_cached(llama, tmp_path, monkeypatch, capsys):

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
-from lookahead.model.fewrows import KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, RoutedWeight, few_row_linear
+from lookahead.model.fewrows import (KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, RoutedWeight, few_row_linear,
+                                     onednn_available, pack_for_onednn)
 from lookahead.model.routing import Route, Routing
 from lookahead.kernels.linear import WIDE_INPUTS, WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
 
@@ -165,3 +166,54 @@ def test_without_the_kernel_only_two_to_seven_rows_go_through_w_times_x():
         with FewRowLinear(layer).routed(kernel=False):
             inside = layer(x)
         assert torch.equal(inside, torch.addmm(layer.bias[:, None], layer.weight, x.t()).t())
+
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_onednn_route_is_the_same_product_and_only_inside(rows, bias):
+    torch.manual_seed(rows)
+    layer = torch.nn.Linear(24, 40, bias=bias)
+    x = torch.randn(1, rows, 24)  # [B, R, I]
+    linears = FewRowLinear(layer)
+    with torch.no_grad():
+        with linears.routed(onednn=True):
+            assert type(layer.weight) is RoutedWeight and layer.weight.packed is not None
+            inside = layer(x)
+        assert type(layer.weight) is torch.nn.Parameter  # put back
+        torch.testing.assert_close(inside, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        packed = linears.wrapped["onednn"][0].packed
+        with linears.routed(onednn=True):
+            assert linears.wrapped["onednn"][0].packed is packed  # packed once, on first use
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # outside: torch's own
+
+
+def test_weights_oneDNN_cannot_take_stay_with_torch():
+    assert pack_for_onednn(torch.randn(4, 4, dtype=torch.float64)) is None
+    assert pack_for_onednn(torch.randn(4, 4).bfloat16()) is None
+    layer = torch.nn.Linear(16, 8).double()
+    x = torch.randn(3, 16, dtype=torch.float64)
+    with torch.no_grad():
+        with FewRowLinear(layer).routed(onednn=True):
+            assert layer.weight.packed is None
+            inside = layer(x)
+    assert torch.equal(inside, torch.addmm(layer.bias[:, None], layer.weight, x.t()).t())  # the mm route's product
+
+
+@needs_onednn
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_onednn_routing_is_exact(arch):
+    model = tiny_model(arch)
+    motif = torch.arange(3, 9)
+    prompt = torch.cat([motif, motif, motif[:3]])[None]  # copies: multi-token steps of few rows
+    ref = reference(model, prompt, 40, eos_token_id=[VOCAB + 1000])
+    gen = LookaheadGenerator(model, config=LookaheadConfig(max_tree_nodes=5, budget="fixed"))
+    route = Route(1, "onednn")
+    gen.target.routings[1] = Routing(np.array([1]), [route], np.array([[0.01]]))
+    out = gen.generate(prompt, max_new_tokens=40, eos_token_id=[VOCAB + 1000])
+    assert torch.equal(out, ref)
+    rows = gen.last_stats.rows_per_step
+    assert sum(r > 1 for r in rows) > 3 and set(gen.last_stats.routes) == {"onednn x1"}

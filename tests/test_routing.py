@@ -34,6 +34,18 @@ def run(r: Routing, q: int, took) -> Route:
     return route
 
 
+def test_onednn_route_is_offered_where_it_applies_and_its_copy_fits():
+    from lookahead.model.routing import onednn_applies
+    from lookahead.model.fewrows import onednn_available
+    cpu = torch.device("cpu")
+    assert candidate_routes(2, True, onednn=True) == [TORCH2, KERNEL2, MM2, Route(2, "onednn"),
+                                                     TORCH1, KERNEL1, MM1, Route(1, "onednn")]
+    assert onednn_applies(cpu, torch.float32, 100, 300) is onednn_available()
+    assert not onednn_applies(cpu, torch.float32, 101, 300)  # the packed copy would take over a third
+    assert not onednn_applies(cpu, torch.bfloat16, 100, 10 ** 9)
+    assert not onednn_applies(torch.device("meta"), torch.float32, 100, 10 ** 9)
+
+
 def test_candidate_routes():
     assert candidate_routes(2, True) == [TORCH2, KERNEL2, MM2, TORCH1, KERNEL1, MM1]
     assert candidate_routes(1, True) == [TORCH1, KERNEL1, MM1]

@@ -33,8 +33,9 @@ import psutil
 import torch
 from numpy.typing import ArrayLike
 
+from ..model.fewrows import routable_linears
 from ..model.mask import PastSlots
-from ..model.routing import Route, candidate_routes, kernel_applies, route_mode
+from ..model.routing import Route, candidate_routes, kernel_applies, onednn_applies, route_mode
 from ..model.support import AttentionLayout
 from ..model.target import Target, input_device
 
@@ -374,13 +375,17 @@ PRUNE = 1.25  # a route over this times the fastest at every row count after one
 HOPELESS = 3.0  # ... and one over this times the fastest at one row count is not even timed at the others
 
 
-def measured_routes(model: PreTrainedModel, few_row_matmul: bool) -> list:
+def measured_routes(model: PreTrainedModel, few_row_matmul: bool, onednn: bool = False) -> list:
     """The routes a forward of this model is measured through: on the CPU torch's threads and one,
-    through torch's linear and (``few_row_matmul``) lookahead's; elsewhere [None] (as set)."""
+    through torch's linear, (``onednn``) oneDNN's over packed weights (float32, where a packed copy of
+    the linears fits in a third of the free memory) and (``few_row_matmul``) lookahead's; elsewhere [None]
+    (as set)."""
     device, dtype = input_device(model), cast(torch.Tensor, model.get_input_embeddings().weight).dtype
     if device.type != "cpu":
         return [None]
-    return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype))
+    weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in routable_linears(model))
+    onednn = onednn and onednn_applies(device, dtype, weight_bytes, int(psutil.virtual_memory().available))
+    return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype), onednn)
 
 
 def first_pass(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list) -> np.ndarray:

@@ -71,7 +71,8 @@ class CostPolicy:
         context = fitted_context(config.calibration_context, self.target.context)
         return load_cost_model(self.target.model, self.target.layout, largest_step(config), context,
                                config.calibration_repeats, config.cost_cache_dir, batch,
-                               few_row_matmul=config.few_row_matmul, **measuring(config, fresh))
+                               few_row_matmul=config.few_row_matmul, onednn=config.onednn_linear,
+                               **measuring(config, fresh))
 
     def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None) -> CostModel | None:
         """The budget's curve of a step over ``batch`` sequences decoded under ``run_config``: ``single``
@@ -91,5 +92,5 @@ class CostPolicy:
         rows = min(DRAFT_COST_ROWS, config.max_tree_nodes + 2)
         context = fitted_context(config.calibration_context, context_length(draft_model.config))
         return load_cost_model(draft_model, layout, rows, context, config.calibration_repeats, config.cost_cache_dir,
-                               few_row_matmul=config.few_row_matmul,
+                               few_row_matmul=config.few_row_matmul, onednn=config.onednn_linear,
                                **measuring(config))  # with the draft's routes (drafter.py)

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
-ROUTES_VERSION = 3  # in cost curves' fingerprints: a change to the routes or kernels re-measures
+ROUTES_VERSION = 4  # in cost curves' fingerprints: a change to the routes or kernels re-measures
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds
@@ -70,6 +70,7 @@ def say_on_stderr(line: str) -> None:
 
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr, few_row_matmul: bool = True,
+                    onednn: bool = False,
                     bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
                     clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
@@ -91,7 +92,7 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     ``cache_dir`` "" measures without reading or writing the disk.
     """
     rows = row_grid(max_rows)
-    routes = measured_routes(model, few_row_matmul)
+    routes = measured_routes(model, few_row_matmul, onednn)
     fingerprint = model_fingerprint(model, rows, context, repeats, routes)
     if batch > 1:
         fingerprint["batch"] = batch

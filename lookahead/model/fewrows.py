@@ -15,6 +15,15 @@ or float64 runs its linear layers through ``kernels.linear.rows_linear``
 float16, which numba does not compute in) run 2..MM_ROWS_MAX rows as
 W @ x^T; anything else is torch's own.
 
+A third route is torch's own oneDNN (``onednn``): every weight packed once
+into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
+a copy as large as the linear layers' weights, made on the route's first
+use) and multiplied by its register-blocked kernel
+(``torch.ops.mkldnn._linear_pointwise``). On an AMD EPYC it runs SmolLM2's
+linears over 6 to 48 rows 1.2-1.6x faster than lookahead's kernel, and
+loses to it over 1 to 3 (results/RESULTS.md, run 96); float32 only, and
+only where ``LookaheadConfig.onednn_linear`` offers it to the measurement.
+
 The rerouting touches the linear layers alone: while ``FewRowLinear`` is
 entered, each ``nn.Linear`` of the model holds a ``RoutedWeight`` (the same
 storage, a tensor subclass) in place of its weight, so ``F.linear`` over that
@@ -45,6 +54,7 @@ from ..kernels.linear import rows_linear
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
+ONEDNN_DTYPES = (torch.float32,)  # what the onednn route packs
 KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (the cost measurement decides where it wins)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
 FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
@@ -71,12 +81,14 @@ class RoutedWeight(torch.Tensor):
     plain: torch.Tensor  # the weight as torch.Tensor, detached
     array: np.ndarray | None  # ... and as a numpy array (made once: the kernel reads it every step), if the kernel can
     kernel: bool
+    packed: torch.Tensor | None  # ... and packed for oneDNN (the onednn route), else None
 
     @staticmethod
-    def __new__(cls: type[RoutedWeight], weight: torch.Tensor, kernel: bool) -> RoutedWeight:
+    def __new__(cls: type[RoutedWeight], weight: torch.Tensor, kernel: bool,
+                packed: torch.Tensor | None = None) -> RoutedWeight:
         plain = weight.detach()
         routed = torch.Tensor._make_subclass(cls, plain, False)
-        routed.plain, routed.kernel = plain, kernel
+        routed.plain, routed.kernel, routed.packed = plain, kernel, packed
         routed.array = plain.numpy() if plain.is_contiguous() and plain.dtype in KERNEL_DTYPES else None
         return routed
 
@@ -88,6 +100,12 @@ class RoutedWeight(torch.Tensor):
             bias = args[2] if len(args) == 3 else None
             # (the weight's own attributes are read from .array and .plain: a tensor property read
             # on the subclass would go through this function again)
+            packed = weight.packed if type(weight) is RoutedWeight else None
+            if packed is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == packed.dtype \
+                    and not x.requires_grad and (bias is None or not bias.requires_grad) \
+                    and x.shape[-1] == weight.plain.shape[1]:
+                out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+                return out.view(*x.shape[:-1], out.shape[-1])  # [..., O]
             array = weight.array if type(weight) is RoutedWeight and weight.kernel else None
             if array is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == weight.plain.dtype \
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
@@ -134,20 +152,29 @@ class FewRowLinear:
         self._wrap()
 
     def _wrap(self) -> None:
-        """Find the layers and wrap their weights as they are now."""
+        """Find the layers and wrap their weights as they are now (packed for oneDNN on first use)."""
         self.layers = routable_linears(self.model)
         self.weights: list[torch.Tensor] = [layer.weight for layer in self.layers]  # (each a Parameter)
-        self.wrapped = {kernel: [RoutedWeight(w, kernel) for w in self.weights] for kernel in (True, False)}
+        self.wrapped = {kind: [RoutedWeight(w, kind == "kernel") for w in self.weights] for kind in ("kernel", "mm")}
+
+    def _packed(self) -> list[RoutedWeight]:
+        """The weights packed for oneDNN (made once: a copy of every linear layer's weight); a weight it
+        cannot take (not float32) is routed as by the "mm" route."""
+        if "onednn" not in self.wrapped:
+            self.wrapped["onednn"] = [RoutedWeight(w, False, pack_for_onednn(w)) for w in self.weights]
+        return self.wrapped["onednn"]
 
     @contextmanager
-    def routed(self, kernel: bool = True) -> Iterator[None]:
-        """The body's forwards run the layers' linears through few_row_linear."""
+    def routed(self, kernel: bool = True, onednn: bool = False) -> Iterator[None]:
+        """The body's forwards run the layers' linears through few_row_linear (``onednn``: through
+        oneDNN's packed kernel, where a weight could be packed)."""
         if any(layer._parameters["weight"] is not w for layer, w in zip(self.layers, self.weights)):
             self._wrap()  # the model's weights were replaced (moved, cast, reloaded) since they were wrapped
         start_numba_threads()
         threads = numba.get_num_threads()
         numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        for layer, routed in zip(self.layers, self.wrapped[kernel]):
+        chosen = self._packed() if onednn else self.wrapped["kernel" if kernel else "mm"]
+        for layer, routed in zip(self.layers, chosen):
             layer._parameters["weight"] = routed  # type: ignore[assignment]  # (a Tensor standing in for the Parameter)
         try:
             yield
@@ -155,6 +182,24 @@ class FewRowLinear:
             for layer, weight in zip(self.layers, self.weights):
                 layer._parameters["weight"] = weight  # type: ignore[assignment]
             numba.set_num_threads(threads)
+
+
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear (``torch.ops.mkldnn``) usable on this CPU."""
+    try:
+        return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
+    """weight [O, I] packed in oneDNN's blocked layout for ``torch.ops.mkldnn._linear_pointwise`` (a copy);
+    None where it cannot be (not a float32 CPU tensor, or this build has no oneDNN)."""
+    if weight.dtype not in ONEDNN_DTYPES or weight.device.type != "cpu" or weight.dim() != 2 or not onednn_available():
+        return None
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .fewrows import FEW_ROWS_MAX, KERNEL_DTYPES, FewRowLinear
+from .fewrows import FEW_ROWS_MAX, KERNEL_DTYPES, ONEDNN_DTYPES, FewRowLinear, onednn_available
 
 RECHECK = 1.5  # the chosen route's steps this many times slower or faster than when chosen: try the others
 EXPLORE_FIRST = 32  # steps before the runner-up route is tried again ...
@@ -42,15 +42,16 @@ EXPLORE_BUSY = 64  # ... or this many while a route other than the measured fast
 SMOOTHING = 0.3  # weight of a route's newest step in its running log ratio of taken / measured
 
 
-LINEARS = ("torch", "kernel", "mm")  # torch's F.linear; lookahead's few-row kernel; torch's W @ x^T (2-7 rows)
+# torch's F.linear; lookahead's few-row kernel; torch's W @ x^T (2-7 rows); torch's oneDNN over packed weights
+LINEARS = ("torch", "kernel", "mm", "onednn")
 
 
 @dataclass(frozen=True)
 class Route:
     """One way to run a forward: on ``threads`` threads (at most torch's), linears through
-    ``linear``: "torch" (F.linear as it is), "kernel" (lookahead's few-row kernel, fewrows.py) or
+    ``linear``: "torch" (F.linear as it is), "kernel" (lookahead's few-row kernel, fewrows.py),
     "mm" (2..7 rows as W @ x^T: torch's own kernels, through a faster path than F.linear's on some
-    CPUs)."""
+    CPUs) or "onednn" (torch's oneDNN kernel over weights packed once, fewrows.py)."""
 
     threads: int
     linear: str
@@ -61,11 +62,20 @@ class Route:
         return f"{self.linear} x{self.threads}"
 
 
-def candidate_routes(threads: int, kernel: bool) -> list[Route]:
+def candidate_routes(threads: int, kernel: bool, onednn: bool = False) -> list[Route]:
     """The routes worth measuring with torch at ``threads`` threads: that count and one thread,
-    each through every linear (lookahead's kernel only when ``kernel``); the first is torch as set."""
+    each through every linear (lookahead's kernel only when ``kernel``, oneDNN's packed one only
+    when ``onednn``); the first is torch as set."""
     counts = sorted({max(1, threads), 1}, reverse=True)
-    return [Route(t, linear) for t in counts for linear in LINEARS if kernel or linear != "kernel"]
+    offered = {"kernel": kernel, "onednn": onednn}
+    return [Route(t, linear) for t in counts for linear in LINEARS if offered.get(linear, True)]
+
+
+def onednn_applies(device: torch.device, dtype: torch.dtype, weight_bytes: int, available: int) -> bool:
+    """Whether the onednn route can run for a model on device in dtype (the CPU, float32, a torch built
+    with oneDNN) and its packed copy of the linears' ``weight_bytes`` fits: at most a third of the
+    ``available`` host memory."""
+    return device.type == "cpu" and dtype in ONEDNN_DTYPES and 3 * weight_bytes <= available and onednn_available()
 
 
 def kernel_applies(device: torch.device, dtype: torch.dtype) -> bool:
@@ -91,7 +101,7 @@ def route_mode(route: Route | None, rows: int, linears: FewRowLinear | None) -> 
         torch.set_num_threads(route.threads)
     try:
         if route.linear != "torch" and linears is not None:
-            with linears.routed(kernel=route.linear == "kernel"):
+            with linears.routed(kernel=route.linear == "kernel", onednn=route.linear == "onednn"):
                 yield
         else:
             yield
