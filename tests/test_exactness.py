@@ -239,7 +239,7 @@ def test_window_width_changing_every_step_stays_exact(monkeypatch):
     import itertools
     from lookahead.plan.choice import StepChooser
 
-    original = StepChooser.choose
+    original = StepChooser.decide  # (the loop's choice of each step's shape)
     widths = itertools.cycle([3, 0, 1, 2, 3, 1, 0, 2])
     seen = []
 
@@ -248,7 +248,7 @@ def test_window_width_changing_every_step_stays_exact(monkeypatch):
         seen.append(next(widths))
         return seen[-1], size
 
-    monkeypatch.setattr(StepChooser, "choose", cycling)
+    monkeypatch.setattr(StepChooser, "decide", cycling)
     for arch in ("llama", "gpt2"):
         gen = LookaheadGenerator(model_for(arch), config=LookaheadConfig(window=3, ngram=4, candidates=4))
         for name, ids in PROMPTS.items():

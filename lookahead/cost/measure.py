@@ -383,8 +383,9 @@ def measured_routes(model: PreTrainedModel, few_row_matmul: bool, onednn: bool =
     device, dtype = input_device(model), cast(torch.Tensor, model.get_input_embeddings().weight).dtype
     if device.type != "cpu":
         return [None]
-    weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in routable_linears(model))
-    onednn = onednn and onednn_applies(device, dtype, weight_bytes, int(psutil.virtual_memory().available))
+    if onednn:  # (its packed copy must fit)
+        weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in routable_linears(model))
+        onednn = onednn_applies(device, dtype, weight_bytes, int(psutil.virtual_memory().available))
     return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype), onednn)
 
 

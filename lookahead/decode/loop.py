@@ -217,10 +217,11 @@ class DecodeRun:
         target_seconds = max(seconds - spent, 0.0)
         count, width = rows.tokens.shape
         self.chooser.observe(width, target_seconds)  # the batch's cost curve
-        self.chooser.settle(sum(seq.stats.accepted[-1] for seq in seqs), seconds)  # ... and its forecast
+        accepted = sum(seq.stats.accepted[-1] for seq in seqs)  # tokens the step gave, all sequences
+        self.chooser.settle(accepted, seconds)  # ... and what was forecast of it
         self.target.observe(count, width, target_seconds)
         marks.append(clock())
-        self._record(seqs, rows, marks)
+        self._record(rows, accepted, marks)
         return [seqs[a] for a in finished]
 
     def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, room: int | None = None) -> Sequence:
@@ -280,13 +281,13 @@ class DecodeRun:
         if self.context.cost_for is not None and self.chooser is not None and self.active:
             self.chooser.cost = self.context.cost_for(len(self.active))
 
-    def _record(self, seqs: list[Sequence], rows: StepRows, marks: list[float]) -> None:
+    def _record(self, rows: StepRows, accepted: int, marks: list[float]) -> None:
         """One step into the call's stats; ``marks``: its start and the end of each phase (stats.PHASES)."""
         stats = self.stats
         stats.steps += 1
         stats.routes.append(self.target.last_route)
         stats.rows_per_step.append(int(rows.tokens.size))
-        stats.accepted.append(sum(seq.stats.accepted[-1] for seq in seqs))
+        stats.accepted.append(accepted)
         device = 0.0
         for phase, start, end in zip(PHASES, marks, marks[1:]):
             stats.phase_seconds[phase] += end - start

@@ -12,7 +12,7 @@ import numpy as np
 from ..config import LookaheadConfig
 from ..cost import CostModel
 from .acceptance import AcceptanceStats
-from .budget import choose_step, step_options
+from .budget import forecast_step
 from .speculation import SpeculationCheck
 from .window import window_rows
 
@@ -47,10 +47,8 @@ class StepChooser:
         """(window width, tree nodes) for sequences whose ranked path probabilities are ``probs``
         (one array per sequence); ``worth``: tokens one window column fed is worth to the sources,
         ``spent``: seconds the sources already spent on forwards of their own this step."""
-        gain = self.widths * worth  # [O] tokens the window's columns are worth
-        option, size = choose_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes, spent,
-                                   self.acceptance.calibrated, *self.corrections())
-        return int(self.widths[option]), size
+        width, size, _ = self._forecast(probs, worth, spent)
+        return width, size
 
     def corrections(self) -> tuple[float, float]:
         """(extra, dearer): what a speculative option's forecast extra tokens and seconds are multiplied by
@@ -59,15 +57,20 @@ class StepChooser:
 
     def decide(self, probs: list[np.ndarray], worth: float, spent: float = 0.0) -> tuple[int, int]:
         """``choose`` for the step about to run, remembering what it expects of it for ``settle``."""
-        width, size = self.choose(probs, worth, spent)
+        width, size, expected = self._forecast(probs, worth, spent)
         self.forecast = None
-        if self.cost is not None:
-            tokens, seconds = step_options(probs, self.window_rows, np.zeros_like(self.widths, dtype=float),
-                                           self.cost, size, spent, self.acceptance.calibrated)  # [O, size + 1]
-            option = int(np.searchsorted(self.widths, width))
+        if expected is not None:
             kind = "window" if width > 0 else ("tree" if size > 0 else "plain")
-            self.forecast = (kind, len(probs), float(tokens[option, size]), float(seconds[option, size]))
+            self.forecast = (kind, len(probs), expected[0], expected[1])
         return width, size
+
+    def _forecast(self, probs: list[np.ndarray], worth: float,
+                  spent: float) -> tuple[int, int, tuple[float, float] | None]:
+        """(window width, tree nodes, what the step is expected to give before the check's corrections)."""
+        gain = self.widths * worth  # [O] tokens the window's columns are worth
+        option, size, expected = forecast_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes,
+                                               spent, self.acceptance.calibrated, *self.corrections())
+        return int(self.widths[option]), size, expected
 
     def settle(self, tokens: int, seconds: float) -> None:
         """The step ``decide`` shaped gave ``tokens`` in ``seconds``: learn how far off its forecast was."""
