@@ -10,6 +10,7 @@ import transformers
 from lookahead.cost import CostModel, row_grid
 
 VOCAB = 96
+RUN_ON = {"device": "cpu"}  # the device tiny models run on: pytest's --device (conftest's own option)
 
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
               num_attention_heads=4, max_position_embeddings=1024, pad_token_id=0)
@@ -171,6 +172,16 @@ BUILDERS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "mistral": _mistr
             "gpt_bigcode": _gpt_bigcode, "mixtral": _mixtral, "smollm3": _smollm3, "glm4": _glm4}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="device the tiny models run on, e.g. cuda: tests/test_exactness.py proves greedy "
+                          "exactness there (other modules assume the CPU)")
+
+
+def pytest_configure(config):
+    RUN_ON["device"] = config.getoption("--device")
+
+
 def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):
     """A tiny random model of ``arch`` in float32 eval mode, deterministic in seed; ``attn`` where the
     architecture supports it (as transformers chooses by default), else eager attention."""
@@ -179,7 +190,7 @@ def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):
     if attn == "eager" or model._supports_sdpa:  # noqa: SLF001 (GPT-J, CodeGen, soft-capped Gemma 2: eager only)
         model.config._attn_implementation = attn  # noqa: SLF001 (public setter path differs across 5.x)
     model.generation_config.pad_token_id = 0
-    return model.eval()
+    return model.eval().to(RUN_ON["device"])
 
 
 def tiny_tokenizer():
@@ -312,7 +323,8 @@ def reference(model, ids, max_new_tokens, eos_token_id=None):
     if eos_token_id is not None:
         kwargs["eos_token_id"] = eos_token_id
     with torch.inference_mode():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        ids = ids.to(model.device)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs).cpu()
 
 
 def make_planner(config, proposers, acceptance, cost):
