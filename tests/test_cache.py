@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from lookahead.model.cache import SLOTS_MIN, SlotCache, keep_rows, new_cache
+from lookahead.model.cache import SLOTS_MIN, SlotCache, compact_slots, keep_rows, new_cache
+from lookahead.model.mask import PastSlots, compacted
 
 KINDS = [lambda: new_cache(2), new_cache, DynamicCache]  # an arena for both layers; a buffer per layer; transformers'
 
@@ -147,3 +148,26 @@ def test_a_reset_cache_starts_again_in_its_arena():
         keys, values = cache.update(fresh, -fresh, layer)
         assert torch.equal(keys, fresh) and torch.equal(values, -fresh)
     assert len(cache.arena.members) == 2 and cache.arena.holds(cache.layers)  # each layer joined once
+
+
+def test_compacted_moves_each_sequences_visible_slots_to_the_right_end():
+    valid = torch.tensor([[1, 0, 1, 0], [0, 1, 1, 1]], dtype=torch.bool)
+    positions = torch.tensor([[0, 9, 1, 9], [9, 0, 1, 2]])
+    index, after = compacted(PastSlots(valid, positions), torch.tensor([2, 3]), 3)
+    assert index.tolist() == [[0, 0, 2], [1, 2, 3]]
+    assert after.valid.tolist() == [[False, True, True], [True, True, True]]
+    assert after.positions[after.valid].tolist() == [0, 1, 0, 1, 2]
+
+
+def test_compact_slots_gathers_every_layer_of_every_sequence(kind):
+    """Two sequences, sequence a's slot s holding 100 a + s: each keeps its own slots, in order."""
+    cache = kind()
+    for layer in range(2):
+        ramp = torch.arange(6, dtype=torch.float32).view(1, 1, 6, 1).expand(2, 2, 6, 3).clone()
+        ramp[1] += 100
+        cache.update(ramp, ramp + 1000, layer)
+    compact_slots(cache, torch.tensor([[0, 2, 5], [1, 3, 4]]))
+    assert cache.get_seq_length() == 3
+    for layer in range(2):
+        assert cache.layers[layer].keys[:, 1, :, 2].tolist() == [[0, 2, 5], [101, 103, 104]]
+        assert cache.layers[layer].values[:, 0, :, 0].tolist() == [[1000, 1002, 1005], [1101, 1103, 1104]]

@@ -14,6 +14,7 @@ import torch
 from conftest import VOCAB, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.call.decoding import resolve_decoding
+from lookahead.decode import loop
 from lookahead.model.cache import SlotCache, joined
 from lookahead.serve.engine import Completion, Engine, QueueFull
 
@@ -66,12 +67,44 @@ def drive(gen: LookaheadGenerator, prompts: list[list[int]], join_at: list[int],
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2"])
-def test_sequences_joining_at_different_steps_each_equal_generate_alone(arch):
+def test_sequences_joining_at_different_steps_each_equal_generate_alone(arch, monkeypatch):
+    """... across the cache's compactions too (decode/loop.py drops its holes on the way)."""
+    compactions = []
+    real = loop.compact_slots
+    monkeypatch.setattr(loop, "compact_slots", lambda cache, index: (compactions.append(index.shape), real(cache, index)))
     model = tiny_model(arch)
     gen = LookaheadGenerator(model, config=LookaheadConfig(window=2, ngram=3))
     out = drive(gen, PROMPTS, JOIN_AT, NEW)
     for i, prompt in enumerate(PROMPTS):
         assert out[i] == alone(model, prompt, NEW[i]), f"{arch}: sequence {i} differs"
+    assert compactions, "the cache was never compacted: the test would not cover it"
+
+
+def test_compaction_keeps_the_slots_each_sequence_sees():
+    """After every step of a joining batch, each sequence sees as many slots as its x's position, the
+    visible slots' positions count 0, 1, ... in order, and compaction leaves no more slots than the
+    longest sequence needs plus the holes it tolerates."""
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig(window=2, ngram=3))
+    run = gen.open_batch()
+    seen_compacted = False
+    with torch.inference_mode():
+        for i in range(4):
+            run.join(np.array(PROMPTS[i]), decoding(gen, PROMPTS[i], NEW[i]))
+        while run.active:
+            past = run.past
+            run.step()
+            if run.slots is None or not run.active:
+                continue
+            valid, positions = run.slots.valid.numpy(), run.slots.positions.numpy()
+            assert valid.shape == (len(run.active), run.past)
+            for a in range(len(run.active)):
+                assert valid[a].sum() == run.x_pos[a]
+                assert positions[a][valid[a]].tolist() == list(range(int(run.x_pos[a])))
+            holes = run.past - int(run.x_pos.max())
+            assert holes < max(loop.COMPACT_MIN_SLOTS, loop.COMPACT_SHARE * run.past)
+            seen_compacted |= run.past < past
+    assert seen_compacted, "no step compacted the cache"
 
 
 def test_a_sequence_that_leaves_changes_nothing_for_the_others():

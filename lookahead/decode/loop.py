@@ -31,13 +31,19 @@ from transformers import DynamicCache
 
 from ..call.decoding import Decoding
 from ..call.stats import DEVICE_PHASES, PHASES, GenerationStats
-from ..model.cache import joined, keep_rows
-from ..model.mask import PastSlots
+from ..model.cache import compact_slots, joined, keep_rows
+from ..model.mask import PastSlots, compacted
 from ..model.target import to_device
 from ..plan.choice import StepChooser
 from ..plan.planner import Planner
 from .context import DecodeContext
 from .sequence import Sequence, StepPlan, sequence_parts
+
+# The cache is compacted (every sequence's visible slots moved together, the holes dropped) once its
+# holes reach this share of its slots and at least COMPACT_MIN_SLOTS: a step reads every slot, a hole
+# too, while compacting copies the visible ones once.
+COMPACT_SHARE = 0.25
+COMPACT_MIN_SLOTS = 32
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,7 @@ class DecodeRun:
         if len(finished) < len(seqs):
             self._keep([kept for _, kept in results])
             self._drop(finished)
+            self._compact()
         else:
             self.active = []
         if finished:
@@ -310,6 +317,24 @@ class DecodeRun:
                 torch.cat([self.slots.positions, to_device(self.x_pos[:, None] + column, dev)], dim=1))
         self.past += rows.shape[1]
         self.x_pos = self.x_pos + counts  # the next x is the last token each sequence appended
+
+    def _compact(self) -> None:
+        """Drop the cache's holes (slots no sequence sees) once they are COMPACT_SHARE of it.
+
+        Sequences accept different numbers of tokens, and every step keeps the longest one's count
+        of slots for all; joins pad the shorter past. Left alone, holes grow with every step the
+        batch lives (four sequences of open chat: 431 slots a step where plain decoding had 245).
+        Each sequence's visible slot count is its x's position (``x_pos``), known on the host.
+        """
+        if self.slots is None:
+            return
+        longest = int(self.x_pos.max())
+        holes = self.past - longest
+        if holes < COMPACT_MIN_SLOTS or holes < COMPACT_SHARE * self.past:
+            return
+        index, self.slots = compacted(self.slots, to_device(self.x_pos, self.target.device), longest)
+        compact_slots(self.cache, index)
+        self.past = longest
 
     def _drop(self, finished: list[int]) -> None:
         """Finished sequences leave the batch (their cache rows too)."""

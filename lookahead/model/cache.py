@@ -272,6 +272,33 @@ def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool
         cache.crop(-surplus)  # negative = number of rows to drop (all transformers 5.x)
 
 
+def compact_slots(cache: DynamicCache, index: torch.Tensor) -> None:
+    """Keep, for each sequence a, the slots index[a, :] [A, W] in that order at slots 0 .. W-1 (W no
+    more than the cache holds); the rest is cropped: one gather of the arena, or two per layer.
+
+    Keys [[k0 k1 k2]] (one sequence, 3 slots), index [[0 2]] -> [[k0 k2]].
+    """
+    width = index.shape[1]
+    arena = getattr(cache, "arena", None)
+    if arena is not None and arena.holds(cache.layers):
+        buffer = arena.buffer  # [2, L, A, H, C, D]
+        slots = index.to(buffer.device, non_blocking=True)[None, None, :, None, :, None]
+        buffer[:, :, :, :, :width] = buffer.gather(4, slots.expand(*buffer.shape[:4], width, buffer.shape[5]))
+    else:
+        sources: dict[torch.device, torch.Tensor] = {}  # [A, W] per device
+        layers: list[Any] = cache.layers  # SlotLayer or DynamicLayer: keys and values [A, H, P, D]
+        for layer in layers:
+            if not layer.is_initialized:
+                continue
+            for tensor in (layer.keys, layer.values):  # [A, H, P, D]
+                if tensor.device not in sources:
+                    sources[tensor.device] = index.to(tensor.device, non_blocking=True)
+                tensor[:, :, :width] = gather_slots(tensor, sources[tensor.device])
+    surplus = cache.get_seq_length() - width
+    if surplus > 0:
+        cache.crop(-surplus)
+
+
 def gather_slots(tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """tensor [A, H, S, D] at slots [A, K] of each sequence: [A, H, K, D] (one sequence: an index_select)."""
     if tensor.shape[0] == 1:

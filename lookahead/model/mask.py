@@ -26,6 +26,28 @@ class PastSlots:
     positions: torch.Tensor  # [A, P] long
 
 
+def compacted(slots: PastSlots, counts: torch.Tensor, width: int) -> tuple[torch.Tensor, PastSlots]:
+    """(index [A, W], the slots after): the cache slots that put each sequence's visible slots, in
+    their order, at the right end of W = ``width`` slots (W >= every count), left-padded with hidden
+    ones, and the ``PastSlots`` of that layout. ``counts`` [A]: each sequence's visible slots (the
+    caller knows them; nothing is read back from the device). A padding slot points at slot 0.
+
+    valid [[1 0 1 0] [0 1 1 1]], counts [2 3], width 3 -> index [[0 0 2] [1 2 3]],
+    valid after [[0 1 1] [1 1 1]].
+    """
+    valid = slots.valid  # [A, P]
+    count, past = valid.shape
+    device = valid.device
+    start = (width - counts)[:, None]  # [A, 1] the first visible slot after
+    rank = valid.long().cumsum(1) - 1  # [A, P] each visible slot's place among its sequence's
+    dest = torch.where(valid, start + rank, width)  # [A, P]: hidden slots go to a spare column W
+    index = torch.zeros((count, width + 1), dtype=torch.long, device=device)
+    index.scatter_(1, dest, torch.arange(past, device=device).expand(count, past))
+    index = index[:, :width]  # [A, W]
+    after = torch.arange(width, device=device)[None] >= start  # [A, W]
+    return index, PastSlots(after, slots.positions.gather(1, index))
+
+
 def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[A, 1, Q, P+Q]: 0 where visible [A, Q, P+Q], the dtype's lowest value elsewhere (built on the device)."""
     hidden = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
