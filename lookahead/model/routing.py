@@ -166,7 +166,7 @@ class Routing:
         return self.routes[self.ran]
 
     def observe(self, q: int, seconds: float) -> None:
-        """The forward route_for gave for q rows took ``seconds`` (its step, host work included)."""
+        """The forward route_for gave for q rows took ``seconds`` (with its read-back, as measured)."""
         r, point = self.ran, self._point(q)
         self.ran = -1
         if r < 0 or seconds <= 0 or q > self.rows[-1]:  # (a forward over more rows than measured says little)
