@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks this repository runs on a CUDA GPU, in one go, on a machine with no hub and no package
 # index (torch, transformers, numba, click, pytest and hypothesis already installed there):
-#   1. the exactness suite with its tiny models on the GPU (tests/conftest.py's --device);
+#   1. the exactness suites with their tiny models on the GPU (tests/conftest.py's --device);
 #   2. a random-weight model of SmolLM2-1.7B's shape (benchmarks/shaped_model.py) in bfloat16:
 #      its roofline and step cost per row count, the host's share of a step, host syncs per step,
 #      and the bench against transformers greedy (its tokens per step are a random model's: noise).
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, transformers, numba; print('torch', torch.__version__, 'transformers', transformers.__version__, 'numba', numba.__version__)" | tee -a "$out/gpu.txt"
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | grep -v WARNING | tail -3
 echo "== 1. exactness on cuda"
-timeout 240 python3 -m pytest tests/test_exactness.py --device cuda -q -p no:cacheprovider --tb=line 2>&1 | tail -25 | tee "$out/exactness.txt"
+timeout 300 python3 -m pytest tests/test_exactness.py tests/test_batch.py tests/test_continuous.py --device cuda -q -p no:cacheprovider --tb=line 2>&1 | tail -25 | tee "$out/exactness.txt"
 echo "== 2. smollm2-1.7b shape, bfloat16"
 model=/tmp/shaped-1.7b
 python3 -m lookahead.benchmarks.shaped_model build --shape smollm2-1.7b --tokenizer "$tok" --out "$model" --dtype bfloat16 --device cuda 2>&1 | tail -1

@@ -27,7 +27,7 @@ def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, t
 
 def alone(model, prompt: list[int], new: int = NEW, eos=NO_EOS) -> list[int]:
     """model.generate greedy on one unpadded prompt: its new tokens."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                              eos_token_id=eos)
@@ -58,7 +58,8 @@ def test_rows_stopping_at_eos_are_padded_like_model_generate():
     firsts = [alone(model, p)[3] for p in PROMPTS]  # an EOS that makes rows stop at different steps
     eos = [firsts[0]]
     with torch.inference_mode():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+        ref = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=NEW,
+                             do_sample=False, eos_token_id=eos,
                              pad_token_id=0)
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos)
     for i, prompt in enumerate(PROMPTS):  # row by row against each prompt alone (exact), then the padding
@@ -107,7 +108,7 @@ def test_sampled_rows_follow_their_own_distribution():
     gen = LookaheadGenerator(model, config=LookaheadConfig(budget="fixed", max_tree_nodes=8))
     ids, mask = left_padded([MOTIF * 2, [7, 8, 9]])
     with torch.inference_mode():
-        probs = torch.softmax(model(torch.tensor([[7, 8, 9]])).logits[0, -1].double() / 0.5, -1)
+        probs = torch.softmax(model(torch.tensor([[7, 8, 9]], device=model.device)).logits[0, -1].double().cpu() / 0.5, -1)
     torch.manual_seed(0)
     counts = Counter()
     for _ in range(400):

@@ -28,7 +28,7 @@ NEW = [24, 30, 18, 26, 12, 30, 22, 16]
 
 def alone(model, prompt: list[int], new: int) -> list[int]:
     """model.generate greedy on one unpadded prompt: its new tokens."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                              eos_token_id=NO_EOS)
@@ -96,7 +96,7 @@ def test_compaction_keeps_the_slots_each_sequence_sees():
             run.step()
             if run.slots is None or not run.active:
                 continue
-            valid, positions = run.slots.valid.numpy(), run.slots.positions.numpy()
+            valid, positions = run.slots.valid.cpu().numpy(), run.slots.positions.cpu().numpy()
             assert valid.shape == (len(run.active), run.past)
             for a in range(len(run.active)):
                 assert valid[a].sum() == run.x_pos[a]
@@ -138,7 +138,7 @@ def test_a_seeded_sampled_sequence_is_the_same_with_and_without_company():
             while True:
                 for i, at in enumerate(join_at):
                     if at == step:
-                        stream = torch.Generator().manual_seed(1234 if i == 0 else i)
+                        stream = torch.Generator(device=gen.target.device).manual_seed(1234 if i == 0 else i)
                         seqs.append(run.join(np.array(prompts[i]), decoding(gen, prompts[i], new[i], generator=stream,
                                                                              **sampling)))
                 if run.active:
