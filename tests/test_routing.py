@@ -107,6 +107,26 @@ def test_one_unlucky_try_is_corrected_by_a_later_one():
     assert seen[-1] == KERNEL1  # the estimated runner-up's scheduled try won it back
 
 
+def test_a_route_slow_at_one_row_count_keeps_its_place_at_another():
+    """kernel x2 runs twice its measurement at one row (four sequences on two cores, say) and as
+    measured at four: one row moves to kernel x1, four rows stay on kernel x2, with steps of both
+    sizes interleaved (one level per route would swing both choices with the mix)."""
+    r = routing()
+
+    def took(route, q):
+        slow = 2.0 if route == KERNEL2 and q == 1 else 1.0
+        return r.seconds[r.routes.index(route), 0 if q == 1 else 1] * slow
+
+    seen = {1: [], 4: []}
+    for _ in range(40):
+        for q in (1, 4):
+            route = r.route_for(q)
+            r.observe(q, took(route, q))
+            seen[q].append(route)
+    assert seen[1][-10:].count(KERNEL1) >= 9 and r.route_for(1) == KERNEL1
+    assert seen[4][-10:].count(KERNEL2) >= 9 and r.route_for(4) == KERNEL2
+
+
 def test_a_forward_over_more_rows_than_measured_is_not_counted():
     r = routing()
     seen = [run(r, 64, lambda route: 10.0) for _ in range(4)]  # a draft catching up on a whole prompt

@@ -115,9 +115,15 @@ class Routing:
     """The route each row count runs through: measured, then re-checked by the steps that run.
 
     ``seconds[r, s]`` is what a forward over rows[s] rows took through
-    routes[r] when measured. Each route keeps a running log ratio of what its
-    steps take now to that (``level``, 0 until it ran); a row count runs the
-    route with the least seconds * exp(level). The steps re-check the choice:
+    routes[r] when measured. Each route keeps, per row count, a running log
+    ratio of what its steps take now to that (``level``, 0 until it ran at that
+    row count); a row count runs the route with the least seconds *
+    exp(level). Per row count, because a route can fall behind its measurement
+    at one row count and not at another (four sequences on two cores:
+    ``kernel x2`` 20-40% over its measurement at one row each, on it at four),
+    and one level for both would swing the choice at each with the mix of steps
+    that ran; a load that slows a route everywhere is found at each row count
+    by the first steps that run there. The steps re-check the choice:
     when the chosen route's level moves RECHECK away from where it stood when
     chosen (the machine got busy or quiet), every other route runs one step;
     and every EXPLORE_FIRST steps (doubling while it loses, up to
@@ -130,8 +136,8 @@ class Routing:
     rows: np.ndarray  # [S] row counts measured
     routes: list[Route]
     seconds: np.ndarray  # [R, S]
-    level: np.ndarray = field(init=False)  # [R] running log(taken / measured) per route
-    tried: np.ndarray = field(init=False)  # [R] whether the route ran since measuring
+    level: np.ndarray = field(init=False)  # [R, S] running log(taken / measured) per route and row count
+    tried: np.ndarray = field(init=False)  # [R, S] whether the route ran at that row count since measuring
     choice: np.ndarray = field(init=False)  # [S] route index per row count
     chosen_level: np.ndarray = field(init=False)  # [S] the chosen route's level when it was chosen
     queue: list[int] = field(init=False, default_factory=list)  # routes to try next, one step each
@@ -144,17 +150,17 @@ class Routing:
     def __post_init__(self) -> None:
         self.rows = np.asarray(self.rows, dtype=np.float64)
         self.seconds = np.asarray(self.seconds, dtype=np.float64).reshape(len(self.routes), -1)
-        self.level = np.zeros(len(self.routes))
-        self.tried = np.zeros(len(self.routes), dtype=bool)
+        self.level = np.zeros(self.seconds.shape)
+        self.tried = np.zeros(self.seconds.shape, dtype=bool)
         self._choose()
 
     def _now(self) -> np.ndarray:
         """[R, S] what every route should take now."""
-        return self.seconds * np.exp(self.level)[:, None]
+        return self.seconds * np.exp(self.level)
 
     def _choose(self) -> None:
         self.choice = np.argmin(self._now(), axis=0)  # [S]
-        self.chosen_level = self.level[self.choice]  # [S]
+        self.chosen_level = self.level[self.choice, np.arange(self.choice.shape[0])]  # [S]
 
     def _point(self, q: int) -> int:
         """The grid point that prices a step of q rows (the first at or above q, the last past it)."""
@@ -173,9 +179,9 @@ class Routing:
             return
         taken = math.log(seconds / self.seconds[r, point])
         chosen = int(self.choice[point])
-        fresh = r != chosen or not self.tried[r]  # a try: what the route did long ago says little now
-        self.level[r] = taken if fresh else self.level[r] + SMOOTHING * (taken - self.level[r])
-        self.tried[r] = True
+        fresh = r != chosen or not self.tried[r, point]  # a try: what the route did long ago says little now
+        level = taken if fresh else self.level[r, point] + SMOOTHING * (taken - self.level[r, point])
+        self.level[r, point], self.tried[r, point] = level, True
         if self.queue:
             return
         if r != chosen:  # a try ended: choose again; a runner-up that lost waits longer next time
@@ -186,7 +192,7 @@ class Routing:
             self.interval = EXPLORE_FIRST if (self.choice != before).any() else min(2 * self.interval, longest)
             return
         self.since += 1
-        if abs(self.level[r] - self.chosen_level[point]) > math.log(RECHECK):
+        if abs(level - self.chosen_level[point]) > math.log(RECHECK):
             self._recheck([i for i in range(len(self.routes)) if i != r])
         elif self.since >= self.interval and len(self.routes) > 1:
             # The runner-up as measured (a route slowed by a load that has gone looks no better now than
