@@ -323,7 +323,7 @@ def reference(model, ids, max_new_tokens, eos_token_id=None):
     if eos_token_id is not None:
         kwargs["eos_token_id"] = eos_token_id
     with torch.inference_mode():
-        ids = ids.to(model.device)
+        ids = ids.to(RUN_ON["device"])  # (not model.device: an offloaded model says "meta")
         return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs).cpu()
 
 
