@@ -110,7 +110,7 @@ def build_command(shape: str, tokenizer_dir: Path, out: Path, dtype: str, device
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--prompt", default="Write a Python function that returns the n-th Fibonacci number.", show_default=True)
 def syncs_command(model_dir: str, device: str, dtype: str, max_new_tokens: int, prompt: str) -> None:
-    if not torch.device(device).type == "cuda" or not torch.cuda.is_available():
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         raise click.UsageError("syncs counts CUDA host syncs: give --device cuda on a machine with a CUDA GPU")
     click.echo(json.dumps(count_syncs(model_dir, device, dtype, max_new_tokens, prompt), indent=1))
 

@@ -244,59 +244,54 @@ def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool
     """Sequence a keeps its step rows rows[a, :] (indices into this step's Q rows, padded to a common
     length K) at slots past .. past + K - 1; the rest is cropped.
 
-    ``in_place`` (every sequence keeps rows 0 .. k-1, known on the host) skips the gather. The
-    layers may sit on several devices (a device_map): the indices go to each.
+    ``in_place`` (every sequence keeps rows 0 .. k-1, known on the host) skips the gather.
     """
-    count = rows.shape[1]
-    arena = getattr(cache, "arena", None)
-    if not in_place and arena is not None and arena.holds(cache.layers):
-        buffer = arena.buffer  # [2, L, A, H, C, D]: every layer's keys and values, one gather
-        slots = rows.to(buffer.device, non_blocking=True) + past  # [A, K]
-        if buffer.shape[2] == 1:
-            buffer[:, :, :, :, past:past + count] = buffer.index_select(4, slots[0])
-        else:
-            index = slots[None, None, :, None, :, None].expand(*buffer.shape[:4], count, buffer.shape[5])
-            buffer[:, :, :, :, past:past + count] = buffer.gather(4, index)
-    elif not in_place:
-        sources: dict[torch.device, torch.Tensor] = {}  # [A, K] absolute cache slots, per device
-        layers: list[Any] = cache.layers  # SlotLayer or DynamicLayer: keys and values [A, H, P+Q, D]
-        for layer in layers:
-            if not layer.is_initialized:
-                continue  # a layer that never ran (one sharing another's cache, say)
-            for tensor in (layer.keys, layer.values):  # [A, H, P+Q, D]
-                if tensor.device not in sources:
-                    sources[tensor.device] = rows.to(tensor.device, non_blocking=True) + past
-                tensor[:, :, past:past + count] = gather_slots(tensor, sources[tensor.device])
-    surplus = cache.get_seq_length() - (past + count)
-    if surplus > 0:
-        cache.crop(-surplus)  # negative = number of rows to drop (all transformers 5.x)
+    if not in_place:
+        _gather_to(cache, rows, past, past)
+    _crop_to(cache, past + rows.shape[1])
 
 
 def compact_slots(cache: DynamicCache, index: torch.Tensor) -> None:
     """Keep, for each sequence a, the slots index[a, :] [A, W] in that order at slots 0 .. W-1 (W no
-    more than the cache holds); the rest is cropped: one gather of the arena, or two per layer.
+    more than the cache holds); the rest is cropped.
 
     Keys [[k0 k1 k2]] (one sequence, 3 slots), index [[0 2]] -> [[k0 k2]].
     """
-    width = index.shape[1]
+    _gather_to(cache, index, 0, 0)
+    _crop_to(cache, index.shape[1])
+
+
+def _gather_to(cache: DynamicCache, index: torch.Tensor, offset: int, start: int) -> None:
+    """Write every sequence a's slots offset + index[a, :] [A, K] at slots start .. start + K - 1 of every
+    layer: one gather of the arena where it holds every layer, else two per layer. The layers may sit
+    on several devices (a device_map): the indices go to each."""
+    count = index.shape[1]
     arena = getattr(cache, "arena", None)
     if arena is not None and arena.holds(cache.layers):
-        buffer = arena.buffer  # [2, L, A, H, C, D]
-        slots = index.to(buffer.device, non_blocking=True)[None, None, :, None, :, None]
-        buffer[:, :, :, :, :width] = buffer.gather(4, slots.expand(*buffer.shape[:4], width, buffer.shape[5]))
-    else:
-        sources: dict[torch.device, torch.Tensor] = {}  # [A, W] per device
-        layers: list[Any] = cache.layers  # SlotLayer or DynamicLayer: keys and values [A, H, P, D]
-        for layer in layers:
-            if not layer.is_initialized:
-                continue
-            for tensor in (layer.keys, layer.values):  # [A, H, P, D]
-                if tensor.device not in sources:
-                    sources[tensor.device] = index.to(tensor.device, non_blocking=True)
-                tensor[:, :, :width] = gather_slots(tensor, sources[tensor.device])
-    surplus = cache.get_seq_length() - width
+        buffer = arena.buffer  # [2, L, A, H, C, D]: every layer's keys and values
+        slots = index.to(buffer.device, non_blocking=True) + offset  # [A, K]
+        if buffer.shape[2] == 1:
+            buffer[:, :, :, :, start:start + count] = buffer.index_select(4, slots[0])
+        else:
+            spread = slots[None, None, :, None, :, None].expand(*buffer.shape[:4], count, buffer.shape[5])
+            buffer[:, :, :, :, start:start + count] = buffer.gather(4, spread)
+        return
+    sources: dict[torch.device, torch.Tensor] = {}  # [A, K] absolute cache slots, per device
+    layers: list[Any] = cache.layers  # SlotLayer or DynamicLayer: keys and values [A, H, S, D]
+    for layer in layers:
+        if not layer.is_initialized:
+            continue  # a layer that never ran (one sharing another's cache, say)
+        for tensor in (layer.keys, layer.values):  # [A, H, S, D]
+            if tensor.device not in sources:
+                sources[tensor.device] = index.to(tensor.device, non_blocking=True) + offset
+            tensor[:, :, start:start + count] = gather_slots(tensor, sources[tensor.device])
+
+
+def _crop_to(cache: DynamicCache, length: int) -> None:
+    """Forget every slot past ``length``."""
+    surplus = cache.get_seq_length() - length
     if surplus > 0:
-        cache.crop(-surplus)
+        cache.crop(-surplus)  # negative = number of rows to drop (all transformers 5.x)
 
 
 def gather_slots(tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
