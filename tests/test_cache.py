@@ -134,7 +134,22 @@ def test_slot_cache_writes_in_place_and_crop_is_a_length():
 def test_buffers_grow_by_the_rule():
     from lookahead.model.cache import grown
 
-    assert grown(100, 120) == SLOTS_MIN and grown(400, 401) == 600 and grown(400, 900) == 900
+    assert grown(100, 120) == SLOTS_MIN and grown(400, 401) == 601 and grown(400, 900) == 1350
+    assert grown(0, 300) == 450  # a new buffer has room past what it holds
+
+
+def test_a_joined_batch_takes_its_next_steps_without_copying_its_past():
+    """A batch built by a join at exactly its past (300 slots) must not be copied again by the next
+    step's rows: its buffer was made with room to spare."""
+    from lookahead.model.cache import joined
+
+    ours, theirs = filled(past=300, rows=0, kind=lambda: new_cache(2)), filled(past=200, rows=0, kind=lambda: new_cache(2))
+    out, _, _ = joined(ours, theirs, 300, 200, 2)
+    buffer = out.arena.buffer
+    for layer in range(2):
+        step = torch.zeros((2, 2, 16, 3))
+        out.update(step, step, layer)
+    assert out.arena.buffer is buffer and out.get_seq_length() == 316
 
 
 def test_a_reset_cache_starts_again_in_its_arena():

@@ -27,12 +27,17 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 SLOTS_MIN = 256  # the fewest slots a layer's buffer holds ...
-GROWTH = 1.5  # ... and by how much it grows when full (a few copies of the past per decode)
+GROWTH = 1.5  # ... and the headroom it is given past what must fit (a few copies of the past per decode)
 
 
 def grown(capacity: int, length: int) -> int:
-    """Slots a full buffer of ``capacity`` grows to so that ``length`` fit: 100, 120 -> 256; 400, 401 -> 600."""
-    return max(length, int(capacity * GROWTH), SLOTS_MIN)
+    """Slots a buffer of ``capacity`` grows to so that ``length`` fit, with room to spare: GROWTH times
+    the larger of the two. A new buffer (capacity 0) gets that room too: a prefill or a batch's join
+    builds one at exactly its past, and the very next step would otherwise copy it all again.
+
+    100, 120 -> 256; 400, 401 -> 601; 0, 300 -> 450.
+    """
+    return max(int(max(capacity, length) * GROWTH), SLOTS_MIN)
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
