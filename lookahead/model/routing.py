@@ -13,10 +13,16 @@ loop re-checks that choice while it runs:
 - each route keeps a running ratio of what its steps take now to what it
   measured; when the chosen route's steps run ``RECHECK`` times slower or
   faster than when it was chosen (the machine got busy or quiet), every other
-  route runs one real step and the choice is made again;
-- a runner-up also runs one step on a schedule (``EXPLORE_FIRST`` steps,
-  doubling while it loses), so a load that ended, or one unlucky step, does
-  not keep a fast route off for good.
+  route runs TRY_STEPS real steps and the choice is made again;
+- a runner-up also runs TRY_STEPS steps on a schedule (``EXPLORE_FIRST``
+  steps, doubling while it loses), so a load that ended, or one unlucky step,
+  does not keep a fast route off for good.
+
+A try is judged by the median of its steps, and takes a row count over only
+when it beats the route there by SWITCH_MARGIN: two routes within noise of
+each other (a step of four sequences on two cores moves 10-20% from one step
+to the next) would otherwise trade places on every lucky step, the loser
+running until the next try.
 
 Threads are the user's: a route never runs on more threads than
 ``torch.get_num_threads()`` says, and a forward run on fewer puts torch's
@@ -40,6 +46,8 @@ EXPLORE_FIRST = 32  # steps before the runner-up route is tried again ...
 EXPLORE_LAST = 512  # ... doubling each time it loses, up to this many
 EXPLORE_BUSY = 64  # ... or this many while a route other than the measured fastest runs (a load may end)
 SMOOTHING = 0.3  # weight of a route's newest step in its running log ratio of taken / measured
+TRY_STEPS = 3  # steps a route runs when tried (its level: their median)
+SWITCH_MARGIN = 0.05  # a tried route takes a row count over when it is this much faster (log ratio) there
 
 
 # torch's F.linear; lookahead's few-row kernel; torch's W @ x^T (2-7 rows); torch's oneDNN over packed weights
@@ -125,12 +133,14 @@ class Routing:
     that ran; a load that slows a route everywhere is found at each row count
     by the first steps that run there. The steps re-check the choice:
     when the chosen route's level moves RECHECK away from where it stood when
-    chosen (the machine got busy or quiet), every other route runs one step;
-    and every EXPLORE_FIRST steps (doubling while it loses, up to
+    chosen (the machine got busy or quiet), every other route runs TRY_STEPS
+    steps; and every EXPLORE_FIRST steps (doubling while it loses, up to
     EXPLORE_LAST, or EXPLORE_BUSY while a load keeps the measured fastest
-    route off) the runner-up runs one: as measured (the route that would win
-    if a load had gone) and as estimated now, in turn. Then the choice is
-    made again.
+    route off) the runner-up runs TRY_STEPS: as measured (the route that would
+    win if a load had gone) and as estimated now, in turn. A tried route's
+    level at a row count is the median of its try's steps there. Then the
+    choice is made again, a route keeping a row count unless another is
+    SWITCH_MARGIN faster there.
     """
 
     rows: np.ndarray  # [S] row counts measured
@@ -140,7 +150,9 @@ class Routing:
     tried: np.ndarray = field(init=False)  # [R, S] whether the route ran at that row count since measuring
     choice: np.ndarray = field(init=False)  # [S] route index per row count
     chosen_level: np.ndarray = field(init=False)  # [S] the chosen route's level when it was chosen
-    queue: list[int] = field(init=False, default_factory=list)  # routes to try next, one step each
+    queue: list[int] = field(init=False, default_factory=list)  # routes to try next, a step each entry
+    samples: dict[tuple[int, int], list[float]] = field(init=False, default_factory=dict)  # this try's
+    # log ratios per (route, grid point)
     ran: int = field(init=False, default=-1)  # the route the last route_for gave
     since: int = field(init=False, default=0)  # steps since the runner-up was last tried
     interval: int = field(init=False, default=EXPLORE_FIRST)  # steps between tries of the runner-up
@@ -152,15 +164,21 @@ class Routing:
         self.seconds = np.asarray(self.seconds, dtype=np.float64).reshape(len(self.routes), -1)
         self.level = np.zeros(self.seconds.shape)
         self.tried = np.zeros(self.seconds.shape, dtype=bool)
-        self._choose()
+        self.choice = np.argmin(self._now(), axis=0)  # [S]
+        self.chosen_level = np.zeros(self.choice.shape)
 
     def _now(self) -> np.ndarray:
         """[R, S] what every route should take now."""
         return self.seconds * np.exp(self.level)
 
     def _choose(self) -> None:
-        self.choice = np.argmin(self._now(), axis=0)  # [S]
-        self.chosen_level = self.level[self.choice, np.arange(self.choice.shape[0])]  # [S]
+        """Each row count's route: the fastest now, unless the current one is within SWITCH_MARGIN of it."""
+        now = np.log(self._now())  # [R, S]
+        points = np.arange(self.choice.shape[0])
+        best = np.argmin(now, axis=0)  # [S]
+        stay = now[self.choice, points] <= now[best, points] + SWITCH_MARGIN
+        self.choice = np.where(stay, self.choice, best)
+        self.chosen_level = self.level[self.choice, points]  # [S]
 
     def _point(self, q: int) -> int:
         """The grid point that prices a step of q rows (the first at or above q, the last past it)."""
@@ -179,8 +197,14 @@ class Routing:
             return
         taken = math.log(seconds / self.seconds[r, point])
         chosen = int(self.choice[point])
-        fresh = r != chosen or not self.tried[r, point]  # a try: what the route did long ago says little now
-        level = taken if fresh else self.level[r, point] + SMOOTHING * (taken - self.level[r, point])
+        if r != chosen:  # a try: what the route did long ago says little now; its steps' median does
+            samples = self.samples.setdefault((r, point), [])
+            samples.append(taken)
+            level = float(np.median(samples))
+        elif not self.tried[r, point]:
+            level = taken
+        else:
+            level = self.level[r, point] + SMOOTHING * (taken - self.level[r, point])
         self.level[r, point], self.tried[r, point] = level, True
         if self.queue:
             return
@@ -204,8 +228,9 @@ class Routing:
             self._recheck([int(np.argmin(ahead))])
 
     def _recheck(self, routes: list[int]) -> None:
-        """Run these routes for one step each, then choose again."""
-        self.queue, self.since = routes, 0
+        """Run these routes for TRY_STEPS steps each, then choose again."""
+        self.queue, self.since = [r for r in routes for _ in range(TRY_STEPS)], 0
+        self.samples = {}
         self.rounds += 1
 
     def summary(self) -> str:
