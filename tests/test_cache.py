@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from lookahead.model.cache import SLOTS_MIN, SlotCache, compact_slots, keep_rows, new_cache
+from lookahead.model.cache import SLOTS_MIN, SlotCache, compact_slots, keep_rows, keep_sequences, new_cache
 from lookahead.model.mask import PastSlots, compacted
 
 KINDS = [lambda: new_cache(2), new_cache, DynamicCache]  # an arena for both layers; a buffer per layer; transformers'
@@ -115,6 +115,30 @@ def test_the_arena_keeps_the_rows_a_dynamic_cache_keeps(batch):
             cache.batch_select_indices(torch.tensor([2, 0]))
     for mine, theirs in zip(arena.layers, dynamic.layers):
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+@pytest.mark.parametrize("stay", [[0, 2], [1, 2, 3], [0, 1, 2], [3]])
+def test_dropped_sequences_leave_the_others_rows_and_steps_as_a_dynamic_cache_keeps_them(kind, stay):
+    """Four sequences, some dropped (in the arena: rows moved down in place, no copy of the buffer),
+    then more steps appended and kept: the same keys and values as a DynamicCache's selection."""
+    torch.manual_seed(len(stay))
+    mine, theirs = kind(), DynamicCache()
+    for layer in range(2):
+        prompt = torch.randn(4, 2, 7, 3)  # [A, H, T, D]
+        for cache in (mine, theirs):
+            cache.update(prompt, -prompt, layer)
+    keep_sequences(mine, stay, torch.device("cpu"))
+    theirs.batch_select_indices(torch.tensor(stay))
+    for _ in range(3):
+        for layer in range(2):
+            new = torch.randn(len(stay), 2, 5, 3)
+            for cache in (mine, theirs):
+                cache.update(new, -new, layer)
+        kept = torch.tensor([[0, 3]] * len(stay))
+        for cache in (mine, theirs):
+            keep_rows(cache, cache.get_seq_length() - 5, kept, in_place=False)
+    for a, b in zip(mine.layers, theirs.layers):
+        assert a.keys.shape[0] == len(stay) and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 def test_slot_cache_writes_in_place_and_crop_is_a_length():

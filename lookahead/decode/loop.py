@@ -31,7 +31,7 @@ from transformers import DynamicCache
 
 from ..call.decoding import Decoding
 from ..call.stats import DEVICE_PHASES, PHASES, GenerationStats
-from ..model.cache import compact_slots, joined, keep_rows
+from ..model.cache import compact_slots, joined, keep_rows, keep_sequences
 from ..model.mask import PastSlots, compacted
 from ..model.target import to_device
 from ..plan.choice import StepChooser
@@ -211,6 +211,8 @@ class DecodeRun:
         finished = [a for a, (done, _) in enumerate(results) if done]
         if len(finished) < len(seqs):
             self._keep([kept for _, kept in results])
+        changed = clock()
+        if len(finished) < len(seqs):
             self._drop(finished)
             self._compact()
         else:
@@ -220,12 +222,14 @@ class DecodeRun:
         marks.append(clock())
         seconds = marks[-1] - marks[0]
         # 6. learn what the step cost: the target's share alone (a draft's forwards, a catch-up over a
-        # whole prompt among them, would make every row count look dearer).
-        target_seconds = max(seconds - spent, 0.0)
+        # whole prompt among them, would make every row count look dearer), without the batch's own
+        # changes (a sequence leaving, the cache compacted: the same whatever shape the step took).
+        changes = marks[-1] - changed
+        target_seconds = max(seconds - spent - changes, 0.0)
         count, width = rows.tokens.shape
         self.chooser.observe(width, target_seconds)  # the batch's cost curve
         accepted = sum(seq.stats.accepted[-1] for seq in seqs)  # tokens the step gave, all sequences
-        self.chooser.settle(accepted, seconds)  # ... and what was forecast of it
+        self.chooser.settle(accepted, seconds - changes)  # ... and what was forecast of it
         # The route is re-checked on the forward and its read-back alone (what its measurement timed): the
         # host's own work (joins, compaction, a draft) is the same whichever route ran, noise to it.
         self.target.observe(count, width, marks[4] - marks[2])
@@ -346,10 +350,10 @@ class DecodeRun:
         self.active = [self.active[a] for a in stay]
         if not stay:
             return
-        index = torch.tensor(stay, device=self.target.device)
-        self.cache.batch_select_indices(index)
+        keep_sequences(self.cache, stay, self.target.device)
         self.x_pos = self.x_pos[stay]
         if self.slots is not None:
+            index = torch.tensor(stay, device=self.target.device)
             self.slots = PastSlots(self.slots.valid[index], self.slots.positions[index])
 
     def _output(self) -> torch.Tensor:

@@ -100,6 +100,22 @@ class Arena:
             layer.key_buffer, layer.value_buffer = buffer[0, layer.index], buffer[1, layer.index]
             layer._views()
 
+    def keep_sequences(self, stay: list[int]) -> None:
+        """Keep only the sequences ``stay`` (ascending), in that order, as the first rows of the buffer.
+
+        Each kept sequence's filled slots move down in place (a later row to an earlier one, so no
+        source is overwritten before it is read) and the buffer becomes a view of its first
+        len(stay) rows: no copy of the whole buffer, and none of the rows that stay where they are.
+        """
+        buffer = self.buffer
+        assert buffer is not None, "only an arena with members keeps sequences"
+        used = max((layer.length for layer in self.members), default=0)
+        for row, source in enumerate(stay):
+            if source != row:
+                buffer[:, :, row, :, :used] = buffer[:, :, source, :, :used]
+        self.buffer = buffer[:, :, :len(stay)]
+        self.refresh()
+
     def holds(self, layers: list) -> bool:
         """Whether every one of ``layers`` lives in the buffer."""
         return self.buffer is not None and len(self.members) == len(layers)
@@ -243,6 +259,18 @@ def new_cache(layers: int | None = None) -> SlotCache:
     and the 4-D mask hides what a sliding layer must not see.
     """
     return SlotCache(layers)
+
+
+def keep_sequences(cache: DynamicCache, stay: list[int], device: torch.device) -> None:
+    """Keep only the sequences ``stay`` (batch rows, ascending) of ``cache``, in that order: in place
+    where an arena holds every layer (``Arena.keep_sequences``), else through ``batch_select_indices``
+    (indices on ``device``)."""
+    assert stay == sorted(stay), "sequences stay in their order"
+    arena = getattr(cache, "arena", None)
+    if arena is not None and arena.holds(cache.layers):
+        arena.keep_sequences(stay)
+        return
+    cache.batch_select_indices(torch.tensor(stay, device=device))
 
 
 def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool) -> None:
