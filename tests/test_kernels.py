@@ -158,3 +158,37 @@ def test_warmup_compiles_every_kernel_a_generation_calls():
     tests = os.path.dirname(os.path.abspath(__file__))
     done = subprocess.run([sys.executable, "-c", WARMUP_SCRIPT, tests], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+
+
+def test_top_entries_docstring_example():
+    from lookahead.kernels.topk import top_entries
+
+    out = top_entries(np.array([[0.0, 3.0, 1.0, 3.0]], dtype=np.float32), 2, np.array([0.25, 0.5]))
+    assert out.tolist() == [[1, 3, 2, 2]]  # the earlier of two equal columns first; 0.5 each: both edges
+
+
+def test_top_entries_finds_the_top_across_blocks_and_a_short_last_block():
+    from lookahead.kernels.topk import BLOCK, top_entries
+
+    row = np.zeros(3 * BLOCK + 5, dtype=np.float32)  # three whole blocks and a short one
+    row[[7, BLOCK + 1, BLOCK + 2, 3 * BLOCK + 4]] = [5.0, 9.0, 7.0, 8.0]  # two of the best in one block
+    out = top_entries(np.stack([row, -row]), 3, np.array([0.9]))
+    assert out[0, :3].tolist() == [BLOCK + 1, 3 * BLOCK + 4, BLOCK + 2]
+    assert out[0, 3:].tolist() == [0, 0, 0]  # e^9 / (e^9 + e^8 + e^7) = 0.67: under 0.9
+    assert out[1, :3].tolist() == [0, 1, 2]  # every other column ties at 0: the earliest
+    assert out[1, 3:].tolist() == [0, 0, 0]
+
+
+def test_top_entries_matches_torch_topk_on_random_rows_and_survives_nan():
+    import torch
+
+    from lookahead.kernels.topk import top_entries
+
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((6, 1000)).astype(np.float32)  # no two equal: one right answer
+    out = top_entries(scores, 8, np.array([0.5]))
+    assert (out[:, :8] == torch.from_numpy(scores).topk(8, dim=-1).indices.numpy()).all()
+    assert top_entries(scores, 5000, np.array([0.5])).shape == (6, 2000)  # R at most the row's length
+    scores[0, :200] = np.nan  # a failed row: still valid columns, every number found
+    row = top_entries(scores[:1], 4, np.array([0.5]))[0, :4]
+    assert ((row >= 0) & (row < 1000)).all() and len(set(row.tolist())) == 4

@@ -199,6 +199,17 @@ def test_top_successors_buckets_the_share_within_the_top():
     assert set(out[1, :2].tolist()) <= {0, 1, 2}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_top_successors_takes_any_layout_and_dtype(dtype):
+    """Rows that are a strided view (a slice of a step's logits) or of a dtype numba's kernel does not
+    read (bfloat16: torch's topk) give what torch's topk gives."""
+    torch.manual_seed(0)
+    base = torch.randn(3, 400).to(dtype)
+    for logits in (base, base[:, ::2], base.t().contiguous().t()):
+        out = top_successors(logits, 4)
+        assert out[:, :4].tolist() == logits.float().topk(4, dim=-1).indices.tolist()
+
+
 def test_rank_priors_fall_with_rank_and_rise_with_confidence():
     single, paired = rank_priors(3).reshape(2, 3, BUCKETS)  # a token's successors, then a pair's
     assert (single == paired).all()

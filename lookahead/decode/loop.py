@@ -36,6 +36,7 @@ from ..model.mask import PastSlots, compacted
 from ..model.target import to_device
 from ..plan.choice import StepChooser
 from ..plan.planner import Planner
+from ..verify.verifier import stage_batch
 from .context import DecodeContext
 from .sequence import Sequence, StepPlan, sequence_parts
 
@@ -200,13 +201,9 @@ class DecodeRun:
         logits = self.target.step(self.cache, rows.tokens, rows.positions, rows.local, rows.keep, self.past,
                                   self.slots)  # 3. forward: [A, K, V]
         marks.append(clock())
-        staged = [seq.stage(logits[a, :p.keep.shape[0]], p)  # 4. verify (each plan's kept rows lead rows.keep)
-                  for a, (seq, p) in enumerate(zip(seqs, plans))]
-        host = (staged[0] if len(staged) == 1 else torch.cat(staged)).cpu().numpy()  # the step's one host sync
+        staged = self._verify(seqs, plans, logits)  # 4. verify: the step's one host sync
         marks.append(clock())
-        bounds = np.cumsum([0] + [seq.staged_size(p) for seq, p in zip(seqs, plans)])
-        results = [seq.commit(host[bounds[a]:bounds[a + 1]], p)  # 5. commit
-                   for a, (seq, p) in enumerate(zip(seqs, plans))]
+        results = [seq.commit(staged[a], p) for a, (seq, p) in enumerate(zip(seqs, plans))]  # 5. commit
         marks.append(clock())
         finished = [a for a, (done, _) in enumerate(results) if done]
         if len(finished) < len(seqs):
@@ -236,6 +233,20 @@ class DecodeRun:
         marks.append(clock())
         self._record(rows, accepted, marks)
         return [seqs[a] for a in finished]
+
+    def _verify(self, seqs: list[Sequence], plans: list[StepPlan], logits: torch.Tensor) -> list[np.ndarray]:
+        """4. verify: what each sequence's commit needs from the step's logits [A, K, V], read back to the
+        host in one transfer. Several plain greedy sequences are staged together (``stage_batch``);
+        otherwise each stages its own kept rows (they lead rows.keep) and the parts travel as one."""
+        widths = {seq.verifier.recycle_width for seq in seqs}  # (one table for the run: one width)
+        if len(seqs) > 1 and len(widths) == 1 and all(seq.verifier.plain_greedy for seq in seqs):
+            argmax, top = stage_batch(logits, seqs[0].verifier.recycle_width)
+            return [seq.verifier.restaged(argmax[a], top[a] if top is not None else None, p.rows, p.tree,
+                                          p.keep.shape[0]) for a, (seq, p) in enumerate(zip(seqs, plans))]
+        staged = [seq.stage(logits[a, :p.keep.shape[0]], p) for a, (seq, p) in enumerate(zip(seqs, plans))]
+        host = (staged[0] if len(staged) == 1 else torch.cat(staged)).cpu().numpy()
+        bounds = np.cumsum([0] + [seq.staged_size(p) for seq, p in zip(seqs, plans)])
+        return [host[bounds[a]:bounds[a + 1]] for a in range(len(seqs))]
 
     def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, room: int | None = None) -> Sequence:
         """A sequence decoding ``prompt`` [T] joins the batch at the next step.

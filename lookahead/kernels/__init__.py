@@ -10,6 +10,7 @@ from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
+from .topk import top_entries
 from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
 from .walk import accept_walk
 
@@ -43,5 +44,7 @@ def warmup() -> None:
     store_separate(ring, state)
     store_lookup(seq, 2, ring, heads, chain, state, ORDERS, 2, 2, PROB_EDGES)
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))
+    for scores in (np.zeros((1, 3), dtype=np.float32), np.zeros((1, 3))):
+        top_entries(scores, 2, np.array([0.5]))
     for rows in (1, WIDE_ROWS):  # both kernels behind rows_linear
         rows_linear(np.ones((2, 2), dtype=np.float32), np.ones((rows, 2), dtype=np.float32))

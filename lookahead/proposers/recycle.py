@@ -26,10 +26,12 @@ import numpy as np
 import torch
 
 from ..kernels.recycle import grow_recycled_tree, pair_learn, tree_paths
+from ..kernels.topk import top_entries
 from .base import Candidates, Source, StepContext, no_candidates
 
 PAIR_SLOTS = 65521  # slots of the pair table (a prime: kernels/recycle.py's pair_slot)
 CONFIDENCE_EDGES = (0.25, 0.5, 0.75, 0.9)  # bucket b holds top-R probabilities in [edge b-1, edge b)
+EDGES = np.array(CONFIDENCE_EDGES)
 BUCKETS = len(CONFIDENCE_EDGES) + 1
 BUCKET_MIDDLES = np.array([0.12, 0.37, 0.62, 0.82, 0.95])  # a typical probability in each bucket
 RANK_DAMPING = 0.8  # a rank-r successor's prior is its bucket's middle times this / (1 + r): it may be stale
@@ -49,8 +51,13 @@ def top_successors(logits: torch.Tensor, width: int) -> torch.Tensor:
     int64 [K, 2R] (tokens, then buckets).
 
     A bucket is how many CONFIDENCE_EDGES the token's probability within the
-    top R reaches (softmax over the R best logits).
+    top R reaches (softmax over the R best logits). On the CPU (float32/64) numba's
+    ``top_entries`` reads the rows, elsewhere torch's topk (the same result where no two
+    logits of a row's top R are equal).
     """
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
+        rows = np.ascontiguousarray(logits.numpy())  # (the kernel reads C-contiguous rows; a slice may not be)
+        return torch.from_numpy(top_entries(rows, width, EDGES))  # a few times torch's speed
     values, tokens = logits.topk(width, dim=-1)  # [K, R]
     share = torch.softmax(values.float(), dim=-1)  # [K, R]
     bucket = torch.zeros_like(tokens)

@@ -132,6 +132,24 @@ class Verifier:
             parts.append(chosen)
         return torch.cat(parts)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether this sequence's chosen tokens are the argmax of its raw logits (greedy, no logits
+        processor): then a batch's sequences can be staged together (``stage_batch``)."""
+        return self.uniforms is None and not self.decoding.processors
+
+    def restaged(self, argmax: np.ndarray, top: np.ndarray | None, rows: RowMap, tree: TokenTree,
+                 kept: int) -> np.ndarray:
+        """What ``stage`` would have given (on the host), from this sequence's share of ``stage_batch``:
+        argmax [K'] of its step's logit rows and top [K', 2R] (K' >= kept: the batch's rows)."""
+        assert self.plain_greedy, "only a plain greedy sequence is staged with its batch"
+        parts = [argmax[rows.window_rows()]]  # [W]
+        if self.recycle_width is not None:
+            assert top is not None, "token recycling stages the top-R successors"
+            parts.append(top[:kept].reshape(-1))  # [K * 2R]
+        parts.append(argmax[:kept] if rows.lead == 1 else np.concatenate([argmax[:1], argmax[rows.lead:kept]]))
+        return np.concatenate(parts)
+
     def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:
         """Length of ``stage``'s tensor for a tree with ``kept`` logit rows."""
         return rows.window + (kept * 2 * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size
@@ -161,6 +179,22 @@ class Verifier:
         path, new = accept_walk(tree.tokens, tree.parents, accepted_children(tree, chosen), chosen)
         check_drawn(int(new[-1]), self.decoding)
         return Choice(path, new, window_next, top)
+
+
+def stage_batch(logits: torch.Tensor, recycle_width: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A batch of plain greedy sequences' logits [A, K, V] staged at once, in one host transfer: the
+    argmax [A, K] of every row and (with token recycling) its top-R successors [A, K, 2R]. Each
+    sequence takes its share with ``Verifier.restaged``: the same values its own ``stage`` gives,
+    from two device calls for the batch instead of a handful per sequence."""
+    count, kept, vocab = logits.shape
+    flat = logits.reshape(count * kept, vocab)  # [A * K, V]
+    parts = [row_argmax(flat)]  # [A * K]
+    if recycle_width is not None:
+        parts.append(top_successors(flat, recycle_width).reshape(-1))  # [A * K * 2R]
+    host = torch.cat(parts).cpu().numpy() if len(parts) > 1 else parts[0].cpu().numpy()  # the one host sync
+    argmax = host[:count * kept].reshape(count, kept)
+    top = host[count * kept:].reshape(count, kept, 2 * recycle_width) if recycle_width is not None else None
+    return argmax, top
 
 
 def check_drawn(token: int, decoding: Decoding) -> None:
