@@ -114,3 +114,30 @@ def test_the_loop_the_sequences_and_the_sources_never_receive_the_generator(monk
             reached.extend(getattr(value, f.name) for f in dataclasses.fields(value))
     assert not any(isinstance(value, LookaheadGenerator) for value in reached)
     assert any(type(value).__name__ == "DecodeContext" for value in reached)
+
+
+def test_a_greedy_batch_staged_at_once_gives_each_sequence_what_its_own_stage_gives():
+    """stage_batch + restaged against Verifier.stage, for sequences of different windows and trees
+    (their kept rows are prefixes of the batch's K), with and without token recycling."""
+    from lookahead.call.decoding import resolve_decoding
+    from lookahead.core.tree import TokenTree
+    from lookahead.verify.verifier import Verifier, stage_batch
+    from conftest import tiny_model
+
+    decoding = resolve_decoding(tiny_model("llama"), 4, torch.device("cpu"), max_new_tokens=8, do_sample=False)
+    seq = np.array([3, 4, 5, 6, 0, 0, 0, 0], dtype=np.int64)
+    trees = [TokenTree(np.array([7, 8, 9]), np.array([-1, 0, -1]), np.array([1, 2, 1]), np.zeros(3, dtype=np.int64)),
+             TokenTree(np.array([5]), np.array([-1]), np.array([1]), np.zeros(1, dtype=np.int64)),
+             empty_tree()]
+    maps = [RowMap(3, 2, 2), RowMap(1, 0, 2), RowMap(4, 3, 3)]  # lead rows (window), then the tree's
+    kept = [m.lead + t.size for m, t in zip(maps, trees)]
+    logits = torch.randn(3, max(kept), 50)  # [A, K, V]
+    for width in (None, 4):
+        verifiers = [Verifier(decoding, width, 4) for _ in trees]
+        assert all(v.plain_greedy for v in verifiers)
+        argmax, top = stage_batch(logits, width)
+        for a, (v, m, t, k) in enumerate(zip(verifiers, maps, trees, kept)):
+            own = v.stage(logits[a, :k], m, t, seq, 4).numpy()
+            assert own.shape[0] == v.staged_size(m, t, k)
+            shared = v.restaged(argmax[a], top[a] if top is not None else None, m, t, k)
+            assert np.array_equal(own, shared)
