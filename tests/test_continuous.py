@@ -168,6 +168,29 @@ def test_joined_pads_the_shorter_past_in_front():
     assert (before, pad) == (3, 0) and torch.equal(back.layers[0].values[1:], a[1])
 
 
+@pytest.mark.parametrize("past, length", [(6, 3), (2, 6), (4, 4)])
+def test_joined_arenas_hold_what_joined_layers_hold_after_a_sequence_left(past, length):
+    """Two caches whose arenas hold every layer join in one copy of each (after one of three sequences
+    left the batch: its arena a view of the first two rows): the same keys and values, padding
+    zeroed, as joining layer by layer, and room for the next step without a copy."""
+    from lookahead.model.cache import keep_sequences, new_cache
+
+    torch.manual_seed(past)
+    states = [torch.randn(3, 2, past, 4) for _ in range(4)] + [torch.randn(1, 2, length, 4) for _ in range(4)]
+    arenas, plain = (new_cache(2), new_cache(2)), (new_cache(), new_cache())  # (batch, newcomer) each
+    for batch, newcomer in (arenas, plain):
+        for layer in range(2):
+            batch.update(states[2 * layer], states[2 * layer + 1], layer)
+            newcomer.update(states[4 + 2 * layer], states[5 + 2 * layer], layer)
+        keep_sequences(batch, [0, 2], torch.device("cpu"))
+    fast, before, pad = joined(*arenas, past, length, 2)
+    slow, before_slow, pad_slow = joined(*plain, past, length, None)
+    assert (before, pad) == (before_slow, pad_slow) == (max(past, length) - past, max(past, length) - length)
+    for mine, theirs in zip(fast.layers, slow.layers):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+    assert fast.arena.buffer.shape[4] > max(past, length)  # room to grow
+
+
 def test_the_engine_answers_requests_in_flight_together():
     """Requests submitted together and apart through the engine: each greedy one is generate's; a
     cancelled one ends 'cancelled'; the counters add up."""

@@ -217,3 +217,21 @@ def test_the_users_thread_count_survives_construction_and_generate(setup, env, t
                          env={**os.environ, **env, "HOME": str(tmp_path)}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["1", "1", "1"]
+
+
+def test_one_stalled_step_of_the_chosen_route_moves_nothing_but_a_lasting_slowdown_does():
+    """A step that stalls (8x its route's time: a page fault, the collector) among normal ones keeps
+    the route and starts no re-check; a second slow step in a row does."""
+    r = routing()
+    stalls = {5}
+    steps = iter(range(10_000))
+
+    def took(route):
+        slow = 8.0 if next(steps) in stalls else 1.0
+        return r.seconds[r.routes.index(route), 0] * slow
+
+    seen = [run(r, 1, took) for _ in range(12)]
+    assert seen == [KERNEL2] * 12 and r.rounds == 0
+    stalls.update({12, 13, 14})  # now a lasting slowdown
+    seen = [run(r, 1, took) for _ in range(3)]
+    assert seen[:2] == [KERNEL2] * 2 and seen[2] != KERNEL2 and r.rounds == 1  # the second one starts a re-check

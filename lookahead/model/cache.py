@@ -345,6 +345,9 @@ def joined(cache: DynamicCache, other: DynamicCache, past: int, length: int,
     """
     width = max(past, length)
     before, pad = width - past, width - length
+    arenas = _arena_of(cache), _arena_of(other)
+    if layers and arenas[0] is not None and arenas[1] is not None:
+        return _joined_arenas(arenas[0], arenas[1], past, length, layers), before, pad
     out = new_cache(layers)
     ours_layers: list[Any] = cache.layers  # SlotLayer or DynamicLayer: keys and values [A, H, S, D]
     their_layers: list[Any] = other.layers
@@ -359,6 +362,39 @@ def joined(cache: DynamicCache, other: DynamicCache, past: int, length: int,
             stacked.append(torch.cat([_left_padded(ours, before), _left_padded(new, pad)]))  # [A + 1, H, width, D]
         out.update(stacked[0], stacked[1], index)
     return out, before, pad
+
+
+def _arena_of(cache: DynamicCache) -> Arena | None:
+    """The cache's arena when it holds every layer of the cache, else None."""
+    arena = getattr(cache, "arena", None)
+    return arena if arena is not None and arena.holds(cache.layers) else None
+
+
+def _joined_arenas(ours: Arena, theirs: Arena, past: int, length: int, layers: int) -> SlotCache:
+    """``joined`` where both caches keep every layer in an arena of the same layout: one new buffer
+    with room to grow (``grown``), each side copied into it once, the padding zeroed."""
+    mine, new = ours.buffer, theirs.buffer  # [2, L, A, H, C, D], [2, L, 1, H, C', D]
+    assert mine is not None and new is not None, "an arena that holds its layers has a buffer"
+    if (mine.dtype, mine.device, mine.shape[:2], mine.shape[3], mine.shape[5]) != (
+            new.dtype, new.device, new.shape[:2], new.shape[3], new.shape[5]):
+        raise ValueError("joined caches must share dtype, device, layers, heads and head size")
+    width = max(past, length)
+    count = mine.shape[2]
+    out = new_cache(layers)
+    buffer = mine.new_empty(mine.shape[:2] + (count + new.shape[2], mine.shape[3], grown(0, width), mine.shape[5]))
+    buffer[:, :, :count, :, :width - past] = 0
+    buffer[:, :, :count, :, width - past:width] = mine[:, :, :, :, :past]
+    buffer[:, :, count:, :, :width - length] = 0
+    buffer[:, :, count:, :, width - length:width] = new[:, :, :, :, :length]
+    arena = out.arena
+    assert arena is not None, "a cache made with layers has an arena"
+    members: list[Any] = out.layers  # SlotLayer, one per decoder layer
+    for index, layer in enumerate(members):  # each layer joins the arena as on its first update ...
+        layer.lazy_initialization(buffer[0, index, :, :, :0], buffer[1, index, :, :, :0])
+        layer.length = width
+    arena.buffer, arena.filled = buffer, width  # ... then reads the joined buffer
+    arena.refresh()
+    return out
 
 
 def _left_padded(tensor: torch.Tensor, slots: int) -> torch.Tensor:

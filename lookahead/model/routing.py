@@ -47,6 +47,7 @@ EXPLORE_LAST = 512  # ... doubling each time it loses, up to this many
 EXPLORE_BUSY = 64  # ... or this many while a route other than the measured fastest runs (a load may end)
 SMOOTHING = 0.3  # weight of a route's newest step in its running log ratio of taken / measured
 TRY_STEPS = 3  # steps a route runs when tried (its level: their median)
+RECENT = 3  # a chosen route's level moves toward the median of its last RECENT steps (one stall moves nothing)
 SWITCH_MARGIN = 0.05  # a tried route takes a row count over when it is this much faster (log ratio) there
 
 
@@ -131,7 +132,10 @@ class Routing:
     ``kernel x2`` 20-40% over its measurement at one row each, on it at four),
     and one level for both would swing the choice at each with the mix of steps
     that ran; a load that slows a route everywhere is found at each row count
-    by the first steps that run there. The steps re-check the choice:
+    by the first steps that run there. A chosen route's level moves toward the
+    median of its last RECENT steps, so one step that stalled (a page fault,
+    the collector: 8x its route's time, seen with four sequences) does not
+    push it off its row count. The steps re-check the choice:
     when the chosen route's level moves RECHECK away from where it stood when
     chosen (the machine got busy or quiet), every other route runs TRY_STEPS
     steps; and every EXPLORE_FIRST steps (doubling while it loses, up to
@@ -152,6 +156,8 @@ class Routing:
     chosen_level: np.ndarray = field(init=False)  # [S] the chosen route's level when it was chosen
     queue: list[int] = field(init=False, default_factory=list)  # routes to try next, a step each entry
     samples: dict[tuple[int, int], list[float]] = field(init=False, default_factory=dict)  # this try's
+    # log ratios per (route, grid point)
+    recent: dict[tuple[int, int], list[float]] = field(init=False, default_factory=dict)  # the last RECENT
     # log ratios per (route, grid point)
     ran: int = field(init=False, default=-1)  # the route the last route_for gave
     since: int = field(init=False, default=0)  # steps since the runner-up was last tried
@@ -196,6 +202,9 @@ class Routing:
         if r < 0 or seconds <= 0 or q > self.rows[-1]:  # (a forward over more rows than measured says little)
             return
         taken = math.log(seconds / self.seconds[r, point])
+        recent = self.recent.setdefault((r, point), [])
+        recent.append(taken)
+        del recent[:-RECENT]
         chosen = int(self.choice[point])
         if r != chosen:  # a try: what the route did long ago says little now; its steps' median does
             samples = self.samples.setdefault((r, point), [])
@@ -203,8 +212,8 @@ class Routing:
             level = float(np.median(samples))
         elif not self.tried[r, point]:
             level = taken
-        else:
-            level = self.level[r, point] + SMOOTHING * (taken - self.level[r, point])
+        else:  # (a step that stalled - 417 ms where its route takes 52 - would have moved it 0.64 alone)
+            level = self.level[r, point] + SMOOTHING * (float(np.median(recent)) - self.level[r, point])
         self.level[r, point], self.tried[r, point] = level, True
         if self.queue:
             return
