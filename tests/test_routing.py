@@ -235,3 +235,25 @@ def test_one_stalled_step_of_the_chosen_route_moves_nothing_but_a_lasting_slowdo
     stalls.update({12, 13, 14})  # now a lasting slowdown
     seen = [run(r, 1, took) for _ in range(3)]
     assert seen[:2] == [KERNEL2] * 2 and seen[2] != KERNEL2 and r.rounds == 1  # the second one starts a re-check
+
+
+def test_a_slow_spell_the_chosen_route_meets_does_not_hand_its_row_count_to_a_route_not_seen_in_it():
+    """The whole machine runs 1.4x slower for a while (under RECHECK): kernel x2, chosen at one row,
+    meets the spell; then a re-check at four rows ends and the choice is made again everywhere.
+    kernel x1 (measured 10% slower at one row, not run since) must not take one row over: the spell
+    was the machine's, not kernel x2's."""
+    r = Routing(ROWS[:2], [KERNEL2, KERNEL1], np.array([[0.020, 0.025], [0.022, 0.038]]))
+    spell = [1.0]
+    took = lambda q: lambda route: r.seconds[r.routes.index(route), 0 if q == 1 else 1] * spell[0]
+    for _ in range(4):
+        for q in (1, 4):
+            run(r, q, took(q))
+    spell[0] = 1.4
+    seen = [run(r, 1, took(1)) for _ in range(6)]
+    assert seen == [KERNEL2] * 6 and r.rounds == 0  # under RECHECK: no re-check
+    spell[0] = 2.0  # at four rows the machine gets slower still: a re-check there
+    while r.rounds == 0:
+        run(r, 4, took(4))
+    for _ in range(TRY_STEPS):
+        run(r, 4, took(4))
+    assert r.route_for(1) == KERNEL2 and r.route_for(4) == KERNEL2

@@ -124,36 +124,43 @@ class Routing:
     """The route each row count runs through: measured, then re-checked by the steps that run.
 
     ``seconds[r, s]`` is what a forward over rows[s] rows took through
-    routes[r] when measured. Each route keeps, per row count, a running log
-    ratio of what its steps take now to that (``level``, 0 until it ran at that
-    row count); a row count runs the route with the least seconds *
-    exp(level). Per row count, because a route can fall behind its measurement
-    at one row count and not at another (four sequences on two cores:
-    ``kernel x2`` 20-40% over its measurement at one row each, on it at four),
-    and one level for both would swing the choice at each with the mix of steps
-    that ran; a load that slows a route everywhere is found at each row count
-    by the first steps that run there. A chosen route's level moves toward the
-    median of its last RECENT steps, so one step that stalled (a page fault,
-    the collector: 8x its route's time, seen with four sequences) does not
-    push it off its row count. The steps re-check the choice:
-    when the chosen route's level moves RECHECK away from where it stood when
-    chosen (the machine got busy or quiet), every other route runs TRY_STEPS
-    steps; and every EXPLORE_FIRST steps (doubling while it loses, up to
-    EXPLORE_LAST, or EXPLORE_BUSY while a load keeps the measured fastest
-    route off) the runner-up runs TRY_STEPS: as measured (the route that would
-    win if a load had gone) and as estimated now, in turn. A tried route's
-    level at a row count is the median of its try's steps there. Then the
-    choice is made again, a route keeping a row count unless another is
-    SWITCH_MARGIN faster there.
+    routes[r] when measured. What a step takes now is, in logs, the machine's
+    level at its row count (``common``: how much slower or faster than when
+    measured everything runs, e.g. while another process shares the cores)
+    plus the route's own level there (``level``: how it fares against the
+    others, 0 until it ran at that row count). A row count runs the route with
+    the least seconds * exp(level). The chosen route's steps follow the
+    machine's level (toward the median of its last RECENT steps, so one step
+    that stalled - a page fault, the collector: 8x its route's time, seen with
+    four sequences - moves nothing); a tried route's steps set its own level
+    (the median of its try's steps, less the machine's level). Levels are
+    relative so that a spell when the whole machine ran slow, met by whichever
+    route ran then, does not sink that route against routes last seen in a
+    quiet spell (on a shared 2-core machine the same route moved 52-90 ms a
+    step within a minute). Per row count, because a route can fall behind at
+    one row count and not at another (four sequences on two cores:
+    ``kernel x2`` 20-40% over its measurement at one row each, on it at four).
+
+    The steps re-check the choice: when the machine's level at a row count
+    moves RECHECK away from where it stood when the choice was made (the
+    machine got busy or quiet: routes may fare differently now, one thread
+    against two), every other route runs TRY_STEPS steps; and every
+    EXPLORE_FIRST steps (doubling while it loses, up to EXPLORE_LAST, or
+    EXPLORE_BUSY while a load keeps the measured fastest route off) the
+    runner-up runs TRY_STEPS: as measured (the route that would win if a load
+    had gone) and as estimated now, in turn. Then the choice is made again,
+    a route keeping a row count unless another is SWITCH_MARGIN faster there.
     """
 
     rows: np.ndarray  # [S] row counts measured
     routes: list[Route]
     seconds: np.ndarray  # [R, S]
-    level: np.ndarray = field(init=False)  # [R, S] running log(taken / measured) per route and row count
+    level: np.ndarray = field(init=False)  # [R, S] log(taken / measured) per route and row count, less common
     tried: np.ndarray = field(init=False)  # [R, S] whether the route ran at that row count since measuring
+    common: np.ndarray = field(init=False)  # [S] the machine's level: log(taken / measured) of every route
+    followed: np.ndarray = field(init=False)  # [S] whether a chosen route's step has set ``common`` there
     choice: np.ndarray = field(init=False)  # [S] route index per row count
-    chosen_level: np.ndarray = field(init=False)  # [S] the chosen route's level when it was chosen
+    chosen_common: np.ndarray = field(init=False)  # [S] the machine's level when the choice was made
     queue: list[int] = field(init=False, default_factory=list)  # routes to try next, a step each entry
     samples: dict[tuple[int, int], list[float]] = field(init=False, default_factory=dict)  # this try's
     # log ratios per (route, grid point)
@@ -170,8 +177,10 @@ class Routing:
         self.seconds = np.asarray(self.seconds, dtype=np.float64).reshape(len(self.routes), -1)
         self.level = np.zeros(self.seconds.shape)
         self.tried = np.zeros(self.seconds.shape, dtype=bool)
+        self.common = np.zeros(self.seconds.shape[1])
+        self.followed = np.zeros(self.seconds.shape[1], dtype=bool)
         self.choice = np.argmin(self._now(), axis=0)  # [S]
-        self.chosen_level = np.zeros(self.choice.shape)
+        self.chosen_common = np.zeros(self.choice.shape)
 
     def _now(self) -> np.ndarray:
         """[R, S] what every route should take now."""
@@ -184,7 +193,7 @@ class Routing:
         best = np.argmin(now, axis=0)  # [S]
         stay = now[self.choice, points] <= now[best, points] + SWITCH_MARGIN
         self.choice = np.where(stay, self.choice, best)
-        self.chosen_level = self.level[self.choice, points]  # [S]
+        self.chosen_common = self.common.copy()  # [S]
 
     def _point(self, q: int) -> int:
         """The grid point that prices a step of q rows (the first at or above q, the last past it)."""
@@ -209,12 +218,12 @@ class Routing:
         if r != chosen:  # a try: what the route did long ago says little now; its steps' median does
             samples = self.samples.setdefault((r, point), [])
             samples.append(taken)
-            level = float(np.median(samples))
-        elif not self.tried[r, point]:
-            level = taken
-        else:  # (a step that stalled - 417 ms where its route takes 52 - would have moved it 0.64 alone)
-            level = self.level[r, point] + SMOOTHING * (float(np.median(recent)) - self.level[r, point])
-        self.level[r, point], self.tried[r, point] = level, True
+            self.level[r, point], self.tried[r, point] = float(np.median(samples)) - self.common[point], True
+        else:  # the machine's level, as the chosen route's last steps show it (one stalled step: nothing)
+            machine = float(np.median(recent)) - self.level[r, point]
+            step = 1.0 if not self.followed[point] else SMOOTHING
+            self.common[point] += step * (machine - self.common[point])
+            self.followed[point] = self.tried[r, point] = True
         if self.queue:
             return
         if r != chosen:  # a try ended: choose again; a runner-up that lost waits longer next time
@@ -225,7 +234,7 @@ class Routing:
             self.interval = EXPLORE_FIRST if (self.choice != before).any() else min(2 * self.interval, longest)
             return
         self.since += 1
-        if abs(level - self.chosen_level[point]) > math.log(RECHECK):
+        if abs(self.common[point] - self.chosen_common[point]) > math.log(RECHECK):
             self._recheck([i for i in range(len(self.routes)) if i != r])
         elif self.since >= self.interval and len(self.routes) > 1:
             # The runner-up as measured (a route slowed by a load that has gone looks no better now than
