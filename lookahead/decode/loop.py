@@ -206,10 +206,11 @@ class DecodeRun:
         results = [seq.commit(staged[a], p) for a, (seq, p) in enumerate(zip(seqs, plans))]  # 5. commit
         marks.append(clock())
         finished = [a for a, (done, _) in enumerate(results) if done]
-        if len(finished) < len(seqs):
+        continues = len(finished) < len(seqs)
+        if continues:
             self._keep([kept for _, kept in results])
-        changed = clock()
-        if len(finished) < len(seqs):
+        changed = clock()  # from here on, the batch's own changes
+        if continues:
             self._drop(finished)
             self._compact()
         else:
