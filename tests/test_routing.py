@@ -161,7 +161,8 @@ def test_a_route_slow_at_one_row_count_keeps_its_place_at_another():
 def test_a_forward_over_more_rows_than_measured_is_not_counted():
     r = routing()
     seen = [run(r, 64, lambda route: 10.0) for _ in range(4)]  # a draft catching up on a whole prompt
-    assert seen == [TORCH2] * 4 and r.rounds == 0 and not r.tried.any()  # the largest size's route, no re-check
+    assert seen == [TORCH2] * 4 and r.rounds == 0  # the largest size's route, no re-check ...
+    assert not r.followed.any() and not r.level.any() and not r.common.any()  # ... and nothing learned
 
 
 def test_noise_within_recheck_changes_nothing():

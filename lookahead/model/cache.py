@@ -266,8 +266,8 @@ def keep_sequences(cache: DynamicCache, stay: list[int], device: torch.device) -
     where an arena holds every layer (``Arena.keep_sequences``), else through ``batch_select_indices``
     (indices on ``device``)."""
     assert stay == sorted(stay), "sequences stay in their order"
-    arena = getattr(cache, "arena", None)
-    if arena is not None and arena.holds(cache.layers):
+    arena = _arena_of(cache)
+    if arena is not None:
         arena.keep_sequences(stay)
         return
     cache.batch_select_indices(torch.tensor(stay, device=device))
@@ -299,9 +299,10 @@ def _gather_to(cache: DynamicCache, index: torch.Tensor, offset: int, start: int
     layer: one gather of the arena where it holds every layer, else two per layer. The layers may sit
     on several devices (a device_map): the indices go to each."""
     count = index.shape[1]
-    arena = getattr(cache, "arena", None)
-    if arena is not None and arena.holds(cache.layers):
+    arena = _arena_of(cache)
+    if arena is not None:
         buffer = arena.buffer  # [2, L, A, H, C, D]: every layer's keys and values
+        assert buffer is not None, "an arena that holds its layers has a buffer"
         slots = index.to(buffer.device, non_blocking=True) + offset  # [A, K]
         if buffer.shape[2] == 1:
             buffer[:, :, :, :, start:start + count] = buffer.index_select(4, slots[0])

@@ -10,10 +10,10 @@ forward over every row count through every ``Route`` (``candidate_routes``),
 ``Routing`` keeps, per row count, the route that was fastest, and the decode
 loop re-checks that choice while it runs:
 
-- each route keeps a running ratio of what its steps take now to what it
-  measured; when the chosen route's steps run ``RECHECK`` times slower or
-  faster than when it was chosen (the machine got busy or quiet), every other
-  route runs TRY_STEPS real steps and the choice is made again;
+- the chosen route's steps follow how much slower or faster than measured the
+  machine runs now; when that moves ``RECHECK`` times from where it stood at
+  the choice (the machine got busy or quiet), every other route runs
+  TRY_STEPS real steps and the choice is made again;
 - a runner-up also runs TRY_STEPS steps on a schedule (``EXPLORE_FIRST``
   steps, doubling while it loses), so a load that ended, or one unlucky step,
   does not keep a fast route off for good.
@@ -164,7 +164,6 @@ class Routing:
     routes: list[Route]
     seconds: np.ndarray  # [R, S]
     level: np.ndarray = field(init=False)  # [R, S] log(taken / measured) per route and row count, less common
-    tried: np.ndarray = field(init=False)  # [R, S] whether the route ran at that row count since measuring
     common: np.ndarray = field(init=False)  # [S] the machine's level: log(taken / measured) of every route
     followed: np.ndarray = field(init=False)  # [S] whether a chosen route's step has set ``common`` there
     choice: np.ndarray = field(init=False)  # [S] route index per row count
@@ -184,7 +183,6 @@ class Routing:
         self.rows = np.asarray(self.rows, dtype=np.float64)
         self.seconds = np.asarray(self.seconds, dtype=np.float64).reshape(len(self.routes), -1)
         self.level = np.zeros(self.seconds.shape)
-        self.tried = np.zeros(self.seconds.shape, dtype=bool)
         self.common = np.zeros(self.seconds.shape[1])
         self.followed = np.zeros(self.seconds.shape[1], dtype=bool)
         self.choice = np.argmin(self._now(), axis=0)  # [S]
@@ -226,12 +224,12 @@ class Routing:
         if r != chosen:  # a try: what the route did long ago says little now; its steps' median does
             samples = self.samples.setdefault((r, point), [])
             samples.append(taken)
-            self.level[r, point], self.tried[r, point] = median(samples) - self.common[point], True
+            self.level[r, point] = median(samples) - self.common[point]
         else:  # the machine's level, as the chosen route's last steps show it (one stalled step: nothing)
             machine = median(recent) - float(self.level[r, point])
             step = 1.0 if not self.followed[point] else SMOOTHING
             self.common[point] += step * (machine - self.common[point])
-            self.followed[point] = self.tried[r, point] = True
+            self.followed[point] = True
         if self.queue:
             return
         if r != chosen:  # a try ended: choose again; a runner-up that lost waits longer next time
