@@ -116,6 +116,11 @@ class LookaheadConfig:
                                             "kernel for 1-64-row forwards beside torch's, each row count then "
                                             "running through the fastest route; off: torch's kernels only (no "
                                             "effect on a GPU)")
+    cuda_graphs: bool = documented(True, "on a CUDA GPU, replay a single sequence's steps as CUDA graphs (one "
+                                         "captured per step size of 1-128 rows, over a KV buffer kept for "
+                                         "later calls): a step then costs its kernels, not their launches "
+                                         "from Python; no effect on the CPU, with several sequences at once "
+                                         "or on models with sliding-window layers")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "
@@ -152,7 +157,7 @@ class LookaheadConfig:
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
-                     "keep_busy_curve", "check_speculation", "onednn_linear"):
+                     "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -311,7 +311,7 @@ def interpolated(rows: tuple[int, ...], measured: tuple[int, ...], seconds: Arra
 
 # ---------------------------------------------------------------- one decode-shaped forward
 def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                      batch: int = 1) -> Callable[[int, Route | None], float]:
+                      batch: int = 1, graphs: bool = False) -> Callable[[int, Route | None], float]:
     """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
     cached ones, run through ``route`` (model/routing.py; None: as torch is set).
 
@@ -320,7 +320,7 @@ def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: 
     the step's host sync (an argmax read back), and is cropped away again. A
     synthetic context of random tokens is prefilled here, once.
     """
-    target = Target(model, layout)
+    target = Target(model, layout, graphs)  # (graphs: model/graphs.py, where the target takes them)
     rng = np.random.default_rng(seed)
     cache = target.new_cache()
     prefix = rng.integers(0, target.vocab, (batch, context), dtype=np.int64)  # [B, C]

@@ -70,7 +70,7 @@ def say_on_stderr(line: str) -> None:
 
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr, few_row_matmul: bool = True,
-                    onednn: bool = False,
+                    onednn: bool = False, graphs: bool = False,
                     bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
                     clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
@@ -89,13 +89,17 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     again, refined, after CONFIRM_STEPS real steps; an implausible one
     (``measure_curve``), or one measured while other processes kept
     LOAD_LIMIT cores busy, is used for this run and not saved as measured.
-    ``cache_dir`` "" measures without reading or writing the disk.
+    ``cache_dir`` "" measures without reading or writing the disk. ``graphs``: one sequence's steps on a
+    CUDA device run as CUDA graphs (model/graphs.py), and are measured so.
     """
     rows = row_grid(max_rows)
     routes = measured_routes(model, few_row_matmul, onednn)
     fingerprint = model_fingerprint(model, rows, context, repeats, routes)
     if batch > 1:
         fingerprint["batch"] = batch
+    graphed = graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as CUDA graphs
+    if graphed:
+        fingerprint["graphs"] = True
     store = None
     if cache_dir:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:KEY_DIGITS]
@@ -105,7 +109,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
             return CostModel(np.array(rows, dtype=np.float64), np.array(saved[0], dtype=np.float64),
                              routing=_routing(rows, routes, saved[1]), cached=store.path)
     started, before = clock(), cpu_snapshot()
-    time_one = decode_step_timer(model, layout, context, batch=batch)  # (prefills the synthetic context)
+    # (prefills the synthetic context)
+    time_one = decode_step_timer(model, layout, context, batch=batch, graphs=graphed)
     forwards = probe_forwards(time_one, rows, routes)
     plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
     say(announcement(fingerprint, rows, (clock() - started + plan.likely, clock() - started + plan.longest),

@@ -266,7 +266,7 @@ def keep_sequences(cache: DynamicCache, stay: list[int], device: torch.device) -
     where an arena holds every layer (``Arena.keep_sequences``), else through ``batch_select_indices``
     (indices on ``device``)."""
     assert stay == sorted(stay), "sequences stay in their order"
-    arena = _arena_of(cache)
+    arena = arena_of(cache)
     if arena is not None:
         arena.keep_sequences(stay)
         return
@@ -299,7 +299,7 @@ def _gather_to(cache: DynamicCache, index: torch.Tensor, offset: int, start: int
     layer: one gather of the arena where it holds every layer, else two per layer. The layers may sit
     on several devices (a device_map): the indices go to each."""
     count = index.shape[1]
-    arena = _arena_of(cache)
+    arena = arena_of(cache)
     if arena is not None:
         buffer = arena.buffer  # [2, L, A, H, C, D]: every layer's keys and values
         assert buffer is not None, "an arena that holds its layers has a buffer"
@@ -346,7 +346,7 @@ def joined(cache: DynamicCache, other: DynamicCache, past: int, length: int,
     """
     width = max(past, length)
     before, pad = width - past, width - length
-    arenas = _arena_of(cache), _arena_of(other)
+    arenas = arena_of(cache), arena_of(other)
     if layers and arenas[0] is not None and arenas[1] is not None:
         return _joined_arenas(arenas[0], arenas[1], past, length, layers), before, pad
     out = new_cache(layers)
@@ -365,7 +365,7 @@ def joined(cache: DynamicCache, other: DynamicCache, past: int, length: int,
     return out, before, pad
 
 
-def _arena_of(cache: DynamicCache) -> Arena | None:
+def arena_of(cache: Cache) -> Arena | None:
     """The cache's arena when it holds every layer of the cache, else None."""
     arena = getattr(cache, "arena", None)
     return arena if arena is not None and arena.holds(cache.layers) else None

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from .attention import GroupedAttention
-from .cache import SlotCache, cache_keyword, new_cache
+from .cache import SlotCache, arena_of, cache_keyword, new_cache
 from .fewrows import FewRowLinear
+from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
@@ -84,7 +85,9 @@ def spans_devices(model: torch.nn.Module, main: torch.device) -> bool:
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
-    def __init__(self, model: PreTrainedModel, layout: AttentionLayout):
+    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False):
+        """``graphs``: run one sequence's steps as CUDA graphs (graphs.py) where the model is on a CUDA
+        device, every layer attends fully and the layers sit on one device."""
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -106,6 +109,9 @@ class Target:
         self.context = context_length(model.config)  # max_position_embeddings, or None
         # A one-row step needs no mask when no layer slides: the model's own causal mask is all-visible.
         self.plain_single_row = layout.sliding_window is None or layout.kinds == frozenset({"full_attention"})
+        self.graphs: StepGraphs | None = None
+        if graphs and self.device.type == "cuda" and self.plain_single_row and not self.select_after:
+            self.graphs = StepGraphs(model, self.cache_keyword, self.attention, self.dtype, capture=True)
 
     def positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position ids as fed to the model: any past the context as the last one.
@@ -166,6 +172,14 @@ class Target:
         """
         dev = self.device
         count, rows = tokens.shape
+        if self.graphs is not None and slots is None:
+            arena = arena_of(cache)
+            if arena is not None and arena.buffer is not None and arena.buffer.shape[2] == 1:
+                clamped = positions if self.context is None else np.minimum(positions, self.context - 1)
+                logits = self.graphs.step(arena, tokens, clamped, local, keep, past)
+                if logits is not None:
+                    self.last_route = "graph"
+                    return logits  # [1, K, V]
         q_pos = to_device(positions, dev)  # [A, Q]
         keep_t = to_device(keep, dev)  # [K]
         mask = None  # x alone under full attention sees every cached row: a plain decode step, no mask to build
