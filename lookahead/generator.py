@@ -33,10 +33,10 @@ from .decode.loop import DecodeRun
 from .decode.sequence import Sequence
 from .decode.sources import DraftModel, SourceFactory
 from .kernels import warmup
-from .model.fewrows import FewRowLinear, host_threads, start_numba_threads
+from .model.fewrows import FewRowLinear, start_numba_threads
 from .model.routing import Routing
 from .model.support import check_model
-from .model.target import Target, input_device
+from .model.target import Target
 from .plan.acceptance import AcceptanceStats
 from .plan.window import auto_window
 from .proposers.draft.checks import check_draft
@@ -233,7 +233,7 @@ class LookaheadGenerator:
             raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
                                      "or pass streamer=None for a batch")
         rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
-        with torch.inference_mode(), host_threads(self.accelerated):
+        with torch.inference_mode():
             run = DecodeRun(self._context(len(prompts)), ids, mask, prompts, decoding, streamer, rooms)
             out = run.decode()
         self.last_stats = run.stats
@@ -248,13 +248,6 @@ class LookaheadGenerator:
                 message = context_cut_message(seq.out.prompt_len, seq.out.new_tokens, seq.asked,
                                               self.target.context)
                 warnings.warn(message, ContextLimitWarning, stacklevel=4)
-
-    @property
-    def accelerated(self) -> bool:
-        """Whether the model (and the draft model, if any) run on an accelerator: then numba keeps to one
-        thread while this generator decodes (``host_threads``)."""
-        models = [self.model] if self.draft_model is None else [self.model, self.draft_model]
-        return all(input_device(model).type != "cpu" for model in models)
 
     def open_batch(self) -> DecodeRun:
         """A decode that sequences join and leave between steps (``DecodeRun.join`` / ``leave`` /

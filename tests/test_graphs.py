@@ -158,17 +158,3 @@ def test_cuda_graphs_is_checked_and_off_on_the_cpu():
     gen = LookaheadGenerator(tiny_model("llama").to("cpu"), config=LookaheadConfig())
     assert gen.target.graphs is None  # graphs are for CUDA devices only
 
-
-def test_numba_keeps_to_one_thread_only_around_an_accelerated_decode():
-    import numba
-
-    from lookahead.model.fewrows import host_threads
-
-    before = numba.get_num_threads()
-    with host_threads(False):
-        assert numba.get_num_threads() == before
-    with host_threads(True):
-        assert numba.get_num_threads() == 1
-    assert numba.get_num_threads() == before
-    gen = LookaheadGenerator(tiny_model("llama").to("cpu"), config=LookaheadConfig())
-    assert not gen.accelerated  # a CPU model keeps numba's threads for its linear layers

@@ -74,27 +74,6 @@ def start_numba_threads() -> None:
         torch.set_num_threads(threads)
 
 
-@contextmanager
-def host_threads(accelerated: bool) -> Iterator[None]:
-    """numba on one thread for the body where every model runs on an accelerator (``accelerated``).
-
-    numba's parallel kernels are the CPU's linear layers; the host work of a step around a GPU forward
-    is small and single-threaded, while that forward is bound by the one Python thread launching its
-    kernels. On a 16-core GPU host, a plain decode's eager forward took 49 ms a step with numba's pool
-    at 16 threads and 16 ms at one (results/RESULTS.md, run 104). numba's count is the calling
-    thread's own, and put back on exit.
-    """
-    if not accelerated:
-        yield
-        return
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(threads)
-
-
 class RoutedWeight(torch.Tensor):
     """A linear layer's weight (the same storage) whose ``F.linear`` runs through ``few_row_linear``
     (``kernel``: see there); any other op on it runs as on the weight itself and returns plain tensors."""

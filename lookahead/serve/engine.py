@@ -36,7 +36,6 @@ from ..call.inputs import context_room
 from ..decode.loop import DecodeRun
 from ..decode.sequence import Sequence
 from ..generator import LookaheadGenerator
-from ..model.fewrows import host_threads
 from ..proposers.memory import RequestMemory
 
 if TYPE_CHECKING:
@@ -253,7 +252,7 @@ class Engine:
     # ------------------------------------------------------------------ the decode thread
     def _loop(self) -> None:
         run: DecodeRun | None = None
-        with torch.inference_mode(), host_threads(self.generator.accelerated):
+        with torch.inference_mode():
             while True:
                 admitted = self._next()
                 if admitted is None:
