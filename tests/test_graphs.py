@@ -16,7 +16,7 @@ from conftest import RUN_ON, VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.errors import ConfigError
 from lookahead.model.cache import arena_of
-from lookahead.model.graphs import BUCKETS, StepGraphs, bucket, packed_inputs, static_mask
+from lookahead.model.graphs import BUCKETS, StepGraphs, bucket, graph_capacity, packed_inputs, static_mask
 from lookahead.model.mask import step_mask
 
 NEW = 40
@@ -28,6 +28,11 @@ ARCHS = ("llama", "qwen3", "gpt2", "gpt_neox")
 def test_bucket_is_the_least_that_holds():
     assert [bucket(r) for r in (1, 2, 3, 5, 8, 9, 128)] == [1, 2, 4, 8, 8, 16, 128]
     assert bucket(BUCKETS[-1] + 1) is None
+
+
+def test_graph_capacity_starts_large_and_doubles():
+    assert [graph_capacity(0, 300), graph_capacity(1024, 1024), graph_capacity(1024, 1100),
+            graph_capacity(3000, 5000)] == [1024, 1024, 2048, 6000]
 
 
 def test_packed_inputs_worked_example():

@@ -38,7 +38,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .cache import Arena, grown
+from .cache import Arena
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -47,6 +47,18 @@ if TYPE_CHECKING:
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # the row counts a graph is captured for (a step pads up to the next)
 WARMUPS = 2  # eager forwards on a side stream before a capture (cuBLAS handles, lazy initialisations)
+# The buffer's slots: every growth recaptures the graphs (each capture costs a few eager forwards), so
+# the buffer starts large and doubles; attending over unused slots costs a GPU little.
+GRAPH_SLOTS_MIN = 1024
+
+
+def graph_capacity(capacity: int, need: int) -> int:
+    """Slots the graphs' buffer takes to hold ``need``: GRAPH_SLOTS_MIN, doubled from the larger of that
+    and ``capacity`` until it fits. 0, 300 -> 1024; 1024, 1100 -> 2048; 3000, 5000 -> 6000."""
+    size = max(capacity, GRAPH_SLOTS_MIN)
+    while size < need:
+        size *= 2
+    return size
 
 
 def bucket(rows: int) -> int | None:
@@ -218,7 +230,7 @@ class StepGraphs:
     def _adopt(self, arena: Arena, need: int) -> torch.Tensor:
         """The buffer, holding at least ``need`` slots, as ``arena``'s buffer (its filled slots copied in).
 
-        A buffer too small (or of another layout) is replaced by one ``grown`` to fit, and every graph
+        A buffer too small (or of another layout) is replaced by one of ``graph_capacity``, and every graph
         over the old one is dropped; another arena still holding it first gets a copy of its own.
         """
         current = arena.buffer  # [2, L, 1, H, C, D]
@@ -230,7 +242,7 @@ class StepGraphs:
         layout = current.shape[:4] + current.shape[5:]
         if own is None or own.shape[:4] + own.shape[5:] != layout or own.dtype != current.dtype \
                 or own.device != current.device or own.shape[4] < need:
-            capacity = grown(max(current.shape[4], own.shape[4] if own is not None else 0), need)
+            capacity = graph_capacity(own.shape[4] if own is not None else 0, need)
             self._release(arena)
             self.graphs.clear()
             self.buffer = None  # (the old buffer and its graphs go before the new one is allocated)
