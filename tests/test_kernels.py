@@ -192,3 +192,44 @@ def test_top_entries_matches_torch_topk_on_random_rows_and_survives_nan():
     scores[0, :200] = np.nan  # a failed row: still valid columns, every number found
     row = top_entries(scores[:1], 4, np.array([0.5]))[0, :4]
     assert ((row >= 0) & (row < 1000)).all() and len(set(row.tolist())) == 4
+
+
+def test_refine_curve_worked_example():
+    from lookahead.kernels.curve import refine_curve
+
+    seen, mean, seconds = np.zeros(2), np.zeros(2), np.zeros(2)
+    level = refine_curve(np.array([1.0, 4.0]), np.array([1.0, 2.0]), seen, mean, seconds, 1.0, 2.0, 0.1, 1.0, 1, 8.0)
+    assert seen.tolist() == [1.0, 0.0] and np.allclose(mean, [np.log(2), 0.0])
+    assert np.isclose(level, np.log(2) * (1 - np.exp(-1)))
+    assert np.allclose(seconds, [1.76, 3.10], atol=0.01)
+    # a step between the points splits its weight; one far off the curve counts as ratio_limit at most
+    refine_curve(np.array([1.0, 4.0]), np.array([1.0, 2.0]), seen, mean, seconds, 2.5, 1e6, 0.1, 1.0, 2, 8.0)
+    assert np.allclose(seen, [1.5, 0.5]) and np.isclose(mean[1], np.log(8.0))
+
+
+def test_table_learn_worked_example_and_last_row_wins():
+    from lookahead.kernels.recycle import pair_slot, table_learn
+
+    successors, confidence = np.full((8, 2), -1, dtype=np.int64), np.zeros((8, 2), dtype=np.int64)
+    keys, pairs, pair_conf = np.full((5, 2), -1, dtype=np.int64), np.full((5, 2), -1, dtype=np.int64), \
+        np.zeros((5, 2), dtype=np.int64)
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    table_learn(i64(5), i64(-1), i64([7, 8]).reshape(1, 2), i64([9, 0]).reshape(1, 2), 3, successors, confidence,
+                keys, pairs, pair_conf)
+    assert successors[5].tolist() == [7, 8] and confidence[5].tolist() == [2, 0] and (keys == -1).all()
+    # a token twice: the later row wins; a known predecessor fills the pair's slot; a token past V is skipped
+    table_learn(i64(3, 3, 99), i64(-1, 4, 2), i64([1, 2], [6, 7], [5, 5]), i64([1, 1], [0, 2], [0, 0]), 3,
+                successors, confidence, keys, pairs, pair_conf)
+    assert successors[3].tolist() == [6, 7] and confidence[3].tolist() == [0, 2]
+    s = pair_slot(4, 3, 5)
+    assert keys[s].tolist() == [4, 3] and pairs[s].tolist() == [6, 7] and pair_conf[s].tolist() == [0, 2]
+
+
+def test_previous_tokens_worked_example_and_window_rows():
+    from lookahead.kernels.recycle import previous_tokens
+
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    assert previous_tokens(i64(0), 0, i64(9, 4, 6), i64(-1, 0), i64(4, 6), 9, 2).tolist() == [2, 9, 4]
+    # width 2, N 3: step rows [x | level 0: 11 12 | level 1: 21 22]; kept x, 21, 22 follow before-x, 11, 12
+    step = i64(9, 11, 12, 21, 22, 30)
+    assert previous_tokens(i64(0, 3, 4), 2, step, i64(-1), i64(30), 9, 5).tolist() == [5, 11, 12, 9]

@@ -53,3 +53,20 @@ def test_per_slot_priors_and_a_prior_given_when_asked():
     assert ratio.value(0, prior_den=1.0) == pytest.approx(1.6 / 4.0)
     assert ratio.value(1, prior_den=0.4) == pytest.approx(0.5)  # untouched: its prior over 0.4
     assert ratio.values(prior_den=1.0) == pytest.approx([0.4, 0.2])
+
+
+def test_a_decayed_scalar_is_a_one_slot_decayed_ratio():
+    from lookahead.core.learner import DecayedRatio, DecayedScalar
+
+    rng = np.random.default_rng(3)
+    scalar, ratio = DecayedScalar(1.0, 20.0, 0.97), DecayedRatio(1.0, 20.0, 0.97)
+    for _ in range(200):
+        if rng.random() < 0.3:
+            scalar.step(), ratio.step()
+        else:
+            num, den = float(rng.random() * 3), float(rng.random() * 2)
+            scalar.step(num, den), ratio.step(num, den)
+        assert np.isclose(scalar.value(), ratio.value()) and np.isclose(scalar.value(5.0), ratio.value(prior_den=5.0))
+    half = DecayedScalar(0.0, 0.0, 0.5)
+    half.step(4, 2), half.step(2, 2)
+    assert (half.num, half.den) == (4.0, 3.0)  # the docstring's example

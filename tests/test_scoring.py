@@ -415,7 +415,7 @@ def test_planner_credits_accepted_nodes_of_the_window_source_only():
     tree = TokenTree(a(5, 6, 7), a(-1, 0, 1), a(1, 2, 3), a(0, off, off + 1))  # a matcher node, then two window nodes
     planner.learn(tree, a(0, 1), width=3)  # the matcher's node and one window node accepted
     worth = stats.state("window", column_learner)  # the window source's own learner, kept in the table
-    assert np.isclose(worth.num[0], 1.0) and np.isclose(worth.den[0], 3.0)
+    assert np.isclose(worth.num, 1.0) and np.isclose(worth.den, 3.0)
     assert np.isclose(planner.column_worth(), (1.0 + 1.0) / (3.0 + 20.0))  # what the planner asks the sources
 
 

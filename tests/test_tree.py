@@ -109,7 +109,8 @@ def test_window_of_width_zero_is_x_alone():
 
 
 def test_window_previous_is_the_row_each_kept_row_follows():
-    from lookahead.plan.window import kept_window_rows, window_layout, window_previous
+    from lookahead.kernels.recycle import window_previous
+    from lookahead.plan.window import kept_window_rows, window_layout
     assert window_previous(kept_window_rows(3, 4), 3).tolist() == [-1, 3, 4, 5]  # the level before, same column
     assert window_previous(kept_window_rows(3, 2), 3).tolist() == [-1, 0, 1]  # level 0: the column before
     assert window_previous(kept_window_rows(0, 4), 0).tolist() == [-1]  # x alone

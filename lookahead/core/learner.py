@@ -60,3 +60,26 @@ class DecayedRatio:
         weights = np.zeros(slots)
         weights[slot] = 1.0
         return weights
+
+
+class DecayedScalar:
+    """A one-slot ``DecayedRatio`` in plain floats: the same values, a fraction of its cost per step
+    (several learn once a step, after a forward has pushed the host's data out of the CPU's caches)."""
+
+    def __init__(self, prior_num: float, prior_den: float, decay: float):
+        self.decay = decay
+        self.prior_num, self.prior_den = float(prior_num), float(prior_den)
+        self.num = 0.0  # decayed sums
+        self.den = 0.0
+
+    def step(self, num: float = 0.0, den: float = 0.0) -> None:
+        """One step: decay both sums, then add ``num`` and ``den``; step() alone only decays.
+
+        decay 0.5: step(4, 2) then step(2, 2) -> num 4, den 3.
+        """
+        self.num = self.num * self.decay + num
+        self.den = self.den * self.decay + den
+
+    def value(self, prior_den: float | None = None) -> float:
+        """(num + prior_num) / (den + prior_den); ``prior_den`` replaces the denominator's prior when given."""
+        return (self.num + self.prior_num) / (self.den + (self.prior_den if prior_den is None else prior_den))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels.curve import refine_curve
 from ..model.routing import Routing
 from .disk import CurveStore
 from .measure import implausibility
@@ -55,8 +56,6 @@ class CostModel:
     start: np.ndarray = field(init=False, repr=False)  # [S] the curve as it began (measured or read)
     seen: np.ndarray = field(init=False, repr=False)  # [S] steps observed at each point (interpolation weight)
     mean: np.ndarray = field(init=False, repr=False)  # [S] running mean of log(taken / start) there
-    shrink: np.ndarray = field(init=False, repr=False)  # [S] scratch: seen / (trust + seen)
-    work: np.ndarray = field(init=False, repr=False)  # [S] scratch
     scale: float = field(init=False, default=1.0)  # what every size is off by (load slows all alike)
     steps: int = field(init=False, default=0)  # steps observed
 
@@ -64,7 +63,7 @@ class CostModel:
         self.rows = np.asarray(self.rows, dtype=np.float64)
         self.seconds = np.array(self.seconds, dtype=np.float64)  # own copy: refined in place
         self.start = self.seconds.copy()
-        self.seen, self.mean, self.shrink, self.work = (np.zeros_like(self.seconds) for _ in range(4))
+        self.seen, self.mean = np.zeros_like(self.seconds), np.zeros_like(self.seconds)
 
     def step(self, q: np.ndarray | float) -> np.ndarray:
         """Expected seconds of a decode step with q rows (interpolated; linear past the last point)."""
@@ -77,30 +76,21 @@ class CostModel:
         start) to their running means, weighted by their interpolation
         weight; the newest step weighs at least ``smoothing``, so the means
         follow a machine that gets busier or quieter. The curve is then
-        start * exp(level + shape), a shrinkage estimate (``refined_log``):
-        each point believes its own mean in proportion to seen / (trust +
-        seen), and what the points agree on (the level) moves every size,
-        tried or not, so a curve measured under load is rescaled everywhere
-        and a bad point is corrected where steps run. A few floats and a few
-        in-place operations on [S] per call; no device work. A pass over more rows
-        than the curve spans (a draft catching up on a whole prompt) says nothing about
-        the steps it prices, and is ignored.
+        start * exp(level + shape), a shrinkage estimate: each point
+        believes its own mean in proportion to seen / (trust + seen), and
+        what the points agree on (the level) moves every size, tried or
+        not, so a curve measured under load is rescaled everywhere and a
+        bad point is corrected where steps run. One kernel call
+        (kernels/curve.py); no device work. A pass over more rows than the
+        curve spans (a draft catching up on a whole prompt) says nothing
+        about the steps it prices, and is ignored.
         """
         if self.smoothing <= 0 or q > self.rows[-1]:
             return
-        lo, hi, upper = _bracket(self.rows, q)  # q = rows[lo] + upper * (rows[hi] - rows[lo])
-        start = (1.0 - upper) * self.start[lo] + upper * self.start[hi]
-        taken = math.log(min(max(seconds / start, 1.0 / RATIO_LIMIT), RATIO_LIMIT))
-        for point, weight in ((lo, 1.0 - upper), (hi, upper)):
-            if weight > 0.0:
-                self.seen[point] += weight
-                rate = max(weight / self.seen[point], weight * self.smoothing)
-                self.mean[point] += rate * (taken - self.mean[point])
         self.steps += 1
-        level = refined_log(self.seen, self.mean, self.trust, self.steps, self.shrink, self.work)  # work: [S]
+        level = refine_curve(self.rows, self.start, self.seen, self.mean, self.seconds, float(q), float(seconds),
+                             float(self.smoothing), float(self.trust), self.steps, RATIO_LIMIT)
         self.scale = math.exp(level)
-        np.exp(self.work, out=self.work)
-        np.multiply(self.start, self.work, out=self.seconds)
         if self.store is not None and self.steps % CONFIRM_STEPS == 0:
             self.write_back()
 
@@ -140,33 +130,3 @@ def _extend(rows: np.ndarray, seconds: np.ndarray, q: np.ndarray | float) -> np.
     return np.where(q > rows[-1], seconds[-1] + slope * (q - rows[-1]), inside)
 
 
-def refined_log(seen: np.ndarray, mean: np.ndarray, trust: float, steps: int, shrink: np.ndarray,
-                out: np.ndarray) -> float:
-    """log(refined / start) at every grid point into out [S]; returns the level (the part all sizes share).
-
-    A point with ``seen`` steps whose log ratios average ``mean`` believes
-    them in proportion shrink = seen / (trust + seen), the rest it takes from
-    the level: out = level + shrink * (mean - level). The level is the
-    shrink-weighted mean of the points' means, believed in proportion
-    1 - exp(-steps / trust): one step hitting a burst moves a trusted curve
-    only a little, a few dozen steps move it all the way. shrink is scratch.
-    """
-    np.add(seen, trust, out=out)
-    np.divide(seen, out, out=shrink)
-    weight = float(shrink.sum())
-    level = float(np.dot(shrink, mean)) / weight * (1.0 - math.exp(-steps / trust)) if weight > 0 else 0.0
-    np.subtract(mean, level, out=out)
-    out *= shrink
-    out += level
-    return level
-
-
-def _bracket(rows: np.ndarray, q: float) -> tuple[int, int, float]:
-    """(lo, hi, upper): the grid points around q and hi's interpolation weight (clamped at both ends)."""
-    hi = int(np.searchsorted(rows, q))
-    if hi == 0:
-        return 0, 0, 0.0
-    if hi >= rows.shape[0]:
-        return hi - 1, hi - 1, 0.0
-    lo = hi - 1
-    return lo, hi, float((q - rows[lo]) / (rows[hi] - rows[lo]))

@@ -19,8 +19,9 @@ from ..call.output import OutputBuffer
 from ..call.stats import GenerationStats
 from ..core.rows import DrawnRows, RowMap
 from ..core.tree import StepLayout, TokenTree, step_layout
+from ..kernels.recycle import previous_tokens
 from ..plan.planner import Planner, RankedTree
-from ..plan.window import JacobiWindow, window_previous
+from ..plan.window import JacobiWindow
 from ..proposers.base import Proposer
 from ..proposers.draft.proposer import DraftProposer
 from ..proposers.ngram import NgramPool
@@ -132,14 +133,8 @@ class Sequence:
         for x, the window row's in its column (the level before, or the column before on level 0;
         ``window_previous``), a tree node's parent (x for depth 1)."""
         seq, stop, tree = self.out.seq, self.out.stop, plan.tree
-        x = int(seq[stop - 1])
-        lead = plan.rows.lead
-        rows = plan.keep[:lead]  # [lead] window rows kept, x (row 0) first
-        prev = np.empty(plan.keep.shape[0], dtype=np.int64)  # [K]
-        before = window_previous(rows, plan.rows.window)  # [lead] their previous rows (-1: x's)
-        prev[:lead] = np.where(before >= 0, plan.tokens[np.maximum(before, 0)], seq[stop - 2] if stop >= 2 else -1)
-        prev[lead:] = np.where(tree.parents >= 0, tree.tokens[np.maximum(tree.parents, 0)], x)  # [M]
-        return prev
+        return previous_tokens(plan.keep[:plan.rows.lead], plan.rows.window, plan.tokens, tree.parents, tree.tokens,
+                               int(seq[stop - 1]), int(seq[stop - 2]) if stop >= 2 else -1)
 
     def room(self) -> int:
         """Tokens this sequence may still append."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .curve import refine_curve
 from .estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates
 from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
-from .recycle import grow_recycled_tree, pair_learn, tree_paths
+from .recycle import grow_recycled_tree, pair_learn, previous_tokens, table_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
 from .topk import top_entries
 from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
@@ -21,6 +22,7 @@ def warmup() -> None:
     backoff_estimates(np.full(1, 0.5), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), ESTIMATE_FLOOR,
                       ESTIMATE_CEILING)
     match_continuations(seq, 5, 1, 2, 2, 2)
+    refine_curve(np.array([1.0, 4.0]), np.ones(2), np.zeros(2), np.zeros(2), np.ones(2), 2.0, 1.0, 0.1, 8.0, 1, 100.0)
     pool = new_pool(8, 4, 2, 2)
     pool_insert_sequence(seq, 0, 5, *pool)
     pool_insert_grams(np.array([[1, 2, 3]], dtype=np.int64), *pool)
@@ -37,6 +39,10 @@ def warmup() -> None:
     grown = grow_recycled_tree(adj, np.zeros_like(adj), keys, pair_adj, np.zeros_like(pair_adj), 1, 1, 0,
                                np.full((4, 2), 0.5), 3)
     tree_paths(*grown)
+    previous_tokens(np.array([0, 2], dtype=np.int64), 2, seq, np.array([-1, 0], dtype=np.int64), seq[:2], 1, -1)
+    table_learn(np.array([1, 5], dtype=np.int64), np.array([0, -1], dtype=np.int64), adj, np.zeros_like(adj), 3,
+                np.full((4, 2), -1, dtype=np.int64), np.zeros((4, 2), dtype=np.int64), keys, pair_adj,
+                np.zeros_like(pair_adj))
     path_tokens(tokens, parents, depths)
 
     ring, heads, chain, state = new_store(16)

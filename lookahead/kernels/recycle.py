@@ -61,6 +61,75 @@ def pair_learn(prev: np.ndarray, tokens: np.ndarray, top: np.ndarray, buckets: n
 
 
 @njit(cache=True)
+def window_previous(rows: np.ndarray, width: int) -> np.ndarray:
+    """[R] the row holding the token each of ``rows`` [R] follows in the text it sees, in a window
+    of ``width`` columns (rows level-major: row l * width + i is level l, column i): level l >= 1
+    follows the level before in its column, level 0 the column before; -1 for x (row 0).
+
+    width 3, N 4 (kept rows [0 6 7 8]) -> [-1 3 4 5]; N 2 (kept rows [0 1 2]) -> [-1 0 1].
+    """
+    span = max(width, 1)
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    for i in range(rows.shape[0]):
+        level, column = rows[i] // span, rows[i] % span
+        out[i] = -1 if level == 0 and column == 0 else (rows[i] - width if level >= 1 else rows[i] - 1)
+    return out
+
+
+@njit(cache=True)
+def previous_tokens(lead_rows: np.ndarray, width: int, step_tokens: np.ndarray, parents: np.ndarray,
+                    tree_tokens: np.ndarray, x: int, before_x: int) -> np.ndarray:
+    """[K] the token before each kept row's token in the text that row sees: for the window rows kept
+    first (``lead_rows`` [L], x's row 0 among them; ``window_previous``) the step token of the row they
+    follow (``before_x``, x's predecessor, for x), then for each tree node [M] its parent's token (x at
+    depth 1, parent -1). K = L + M.
+
+    lead rows [0], width 0, step tokens [9 4 6], parents [-1 0], tree tokens [4 6], x 9, before x 2
+    -> [2 9 4].
+    """
+    lead = lead_rows.shape[0]
+    out = np.empty(lead + parents.shape[0], dtype=np.int64)
+    before = window_previous(lead_rows, width)
+    for i in range(lead):
+        out[i] = step_tokens[before[i]] if before[i] >= 0 else before_x
+    for m in range(parents.shape[0]):
+        out[lead + m] = tree_tokens[parents[m]] if parents[m] >= 0 else x
+    return out
+
+
+@njit(cache=True)
+def table_learn(tokens: np.ndarray, prev: np.ndarray, top: np.ndarray, buckets: np.ndarray, bucket_count: int,
+                successors: np.ndarray, confidence: np.ndarray, pair_keys: np.ndarray, pair_adj: np.ndarray,
+                pair_conf: np.ndarray) -> None:
+    """Row i of a forward carried tokens[i] after prev[i] (-1: unknown); the model's top-R there (R: the
+    table's width) were top[i, :R], with confidence buckets[i, :R] (clipped to 0 .. bucket_count - 1).
+    The token's successors [V, R] and confidence are overwritten (a later row of the same token wins),
+    and so are the pair's (``pair_learn``; none when the table holds no pairs). Tokens outside
+    0 .. V - 1 are skipped.
+
+    tokens [5], prev [-1], top [[7 8]], buckets [[9 0]], 3 buckets -> successors[5] = [7 8],
+    confidence[5] = [2 0], no pair learnt.
+    """
+    vocab, width = successors.shape
+    slots = pair_keys.shape[0]
+    for i in range(tokens.shape[0]):
+        token = tokens[i]
+        if token < 0 or token >= vocab:
+            continue
+        for r in range(width):
+            successors[token, r] = top[i, r]
+            confidence[token, r] = min(max(buckets[i, r], 0), bucket_count - 1)
+        if prev[i] < 0 or slots == 0:
+            continue
+        s = pair_slot(prev[i], token, slots)
+        pair_keys[s, 0] = prev[i]
+        pair_keys[s, 1] = token
+        for r in range(width):
+            pair_adj[s, r] = top[i, r]
+            pair_conf[s, r] = confidence[token, r]
+
+
+@njit(cache=True)
 def _offers(adj: np.ndarray, conf: np.ndarray, pair_keys: np.ndarray, pair_adj: np.ndarray, pair_conf: np.ndarray,
             buckets: int, prev: int, token: int, depth: int, est: np.ndarray, out_tok: np.ndarray, out_cls: np.ndarray,
             out_score: np.ndarray):

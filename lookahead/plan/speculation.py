@@ -38,7 +38,7 @@ to be taken (the forecast said 120, so it was).
 
 from __future__ import annotations
 
-from ..core.learner import DecayedRatio
+from ..core.learner import DecayedScalar
 
 DECAY = 0.98  # per step: about the last 50 steps count
 PRIOR_STEPS = 4.0  # the prior (ratio 1) weighs as much as this many steps' worth of each sum
@@ -51,9 +51,9 @@ class SpeculationCheck:
 
     def __init__(self) -> None:
         # Sums are in units of one step: tokens per sequence, seconds over the forecast step's own.
-        self.tokens = DecayedRatio(PRIOR_STEPS, PRIOR_STEPS, DECAY)  # trees: extra tokens given / forecast
-        self.tree_seconds = DecayedRatio(PRIOR_STEPS, PRIOR_STEPS, DECAY)  # trees: seconds taken / forecast
-        self.plain_seconds = DecayedRatio(PRIOR_STEPS, PRIOR_STEPS, DECAY)  # plain steps: the same
+        self.tokens = DecayedScalar(PRIOR_STEPS, PRIOR_STEPS, DECAY)  # trees: extra tokens given / forecast
+        self.tree_seconds = DecayedScalar(PRIOR_STEPS, PRIOR_STEPS, DECAY)  # trees: seconds taken / forecast
+        self.plain_seconds = DecayedScalar(PRIOR_STEPS, PRIOR_STEPS, DECAY)  # plain steps: the same
 
     def extra(self) -> float:
         """What a tree's forecast tokens beyond the bonus tokens are multiplied by."""
@@ -76,7 +76,7 @@ class SpeculationCheck:
         _feed(self.plain_seconds, time if counted and kind == "plain" else None)
 
 
-def _feed(learner: DecayedRatio, amounts: tuple[float, float] | None) -> None:
+def _feed(learner: DecayedScalar, amounts: tuple[float, float] | None) -> None:
     """One step of ``learner``: (numerator, denominator) added, or (None) only the decay."""
     if amounts is None:
         learner.step()

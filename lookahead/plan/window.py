@@ -77,18 +77,6 @@ def window_rows(width: int, ngram: int) -> int:
     return max(1, width * (ngram - 1))
 
 
-def window_previous(rows: np.ndarray, width: int) -> np.ndarray:
-    """[R] the row holding the token each of ``rows`` [R] follows in the text it sees, in a window
-    of ``width`` columns (rows level-major: row l * width + i is level l, column i): level l >= 1
-    follows the level before in its column, level 0 the column before; -1 for x (row 0).
-
-    width 3, N 4 (kept rows [0 6 7 8]) -> [-1 3 4 5]; N 2 (kept rows [0 1 2]) -> [-1 0 1].
-    """
-    level, column = rows // max(width, 1), rows % max(width, 1)
-    before = np.where(level >= 1, rows - width, rows - 1)  # [R]
-    return np.where((level == 0) & (column == 0), -1, before).astype(np.int64)
-
-
 def kept_window_rows(width: int, ngram: int) -> np.ndarray:
     """Rows whose logits a step keeps, x (row 0) first: the last level's ``width`` rows,
     after x unless the last level holds x (N = 2); [0] for width 0."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.learner import DecayedRatio
+from ..core.learner import DecayedScalar
 from ..kernels.pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .base import Candidates, Outcome, Source, State, StepContext, single_class
 
@@ -79,14 +79,14 @@ class NgramProposer(Source):
             self.pool.insert_sequence(seq, start - self.pool.ngram + 1, stop)
 
 
-def column_learner() -> DecayedRatio:
+def column_learner() -> DecayedScalar:
     """Accepted tokens only the window's n-grams proposed, over window columns fed, both decayed.
 
     A ratio of decayed sums: the n-grams pay off steps after the columns
     that made them, so the worth is what they added lately per column fed
     lately, not per step.
     """
-    return DecayedRatio(*COLUMN_PRIOR, COLUMN_DECAY)
+    return DecayedScalar(*COLUMN_PRIOR, COLUMN_DECAY)
 
 
 class WindowProposer(NgramProposer):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..kernels.recycle import grow_recycled_tree, pair_learn, tree_paths
+from ..kernels.recycle import grow_recycled_tree, table_learn, tree_paths
 from ..kernels.topk import top_entries
 from .base import Candidates, Source, StepContext, no_candidates
 
@@ -85,15 +85,12 @@ class AdjacencyTable:
               prev: np.ndarray | None = None) -> None:
         """Row i of a forward carried tokens[i] after prev[i] (-1 or None: unknown); the model's
         top-R there were top[i, :R], with confidence buckets buckets[i, :R] (None: all 0)."""
-        ok = (tokens >= 0) & (tokens < self.successors.shape[0])
-        top = np.ascontiguousarray(top[:, :self.width], dtype=np.int64)  # [K, R]
-        buckets = np.zeros_like(top) if buckets is None else np.clip(buckets[:, :self.width], 0, BUCKETS - 1)
-        self.successors[tokens[ok]] = top[ok]
-        self.confidence[tokens[ok]] = buckets[ok]
-        if prev is not None and self.pair_keys.shape[0]:
-            prev = np.where(ok, prev, -1).astype(np.int64)  # [K]
-            pair_learn(prev, tokens.astype(np.int64), top, np.ascontiguousarray(buckets, dtype=np.int64),
-                       self.pair_keys, self.pair_successors, self.pair_confidence)
+        count, width = tokens.shape[0], self.width
+        top = np.ascontiguousarray(top[:, :width], dtype=np.int64)  # [K, R]
+        buckets = np.zeros_like(top) if buckets is None else np.ascontiguousarray(buckets[:, :width], dtype=np.int64)
+        prev = np.full(count, -1, dtype=np.int64) if prev is None else np.ascontiguousarray(prev, dtype=np.int64)
+        table_learn(np.ascontiguousarray(tokens, dtype=np.int64), prev, top, buckets, BUCKETS, self.successors,
+                    self.confidence, self.pair_keys, self.pair_successors, self.pair_confidence)
 
 
 class RecyclingProposer(Source):
