@@ -233,3 +233,14 @@ def test_previous_tokens_worked_example_and_window_rows():
     # width 2, N 3: step rows [x | level 0: 11 12 | level 1: 21 22]; kept x, 21, 22 follow before-x, 11, 12
     step = i64(9, 11, 12, 21, 22, 30)
     assert previous_tokens(i64(0, 3, 4), 2, step, i64(-1), i64(30), 9, 5).tolist() == [5, 11, 12, 9]
+
+
+def test_forecast_options_worked_example_and_curve_seconds():
+    from lookahead.kernels.budget import curve_seconds, forecast_options
+
+    rows, seconds = np.array([1.0, 4.0]), np.array([2.0, 3.0])
+    assert [round(curve_seconds(rows, seconds, 1e-9, q), 2) for q in (2.0, 7.0, 0.0)] == [2.33, 4.0, 2.0]
+    grid = np.array([1.0, 2.0, 3.0, 4.0])
+    out = forecast_options(np.array([[0.9, 0.1]]), np.array([2]), np.array([1, 3]), np.array([0.0, 0.5]), grid,
+                           1.0 + 0.1 * (grid - 1), 1e-9, 8, 0.0, np.zeros(0), np.zeros(0), 1e-9, 1.0, 1.0)
+    assert out[:2] == (1, 1) and np.isclose(out[2], 1.9) and np.isclose(out[3], 1.3)

@@ -25,9 +25,9 @@ from lookahead.core.tree import TokenTree, scored_tree, subtree
 from conftest import make_planner, plan_step
 
 
-def choose_tree_size(probs, base_rows, cost, cap, calibrate=None):
+def choose_tree_size(probs, base_rows, cost, cap, calibration=None):
     """Tree nodes of a single sequence's step with one window option of base_rows rows."""
-    return choose_step([probs], np.array([base_rows]), np.zeros(1), cost, cap, 0.0, calibrate)[1]
+    return choose_step([probs], np.array([base_rows]), np.zeros(1), cost, cap, 0.0, calibration)[1]
 
 
 def choose_batch_width(probs, base_rows, cost, cap):
@@ -333,11 +333,11 @@ def test_budget_speculates_nothing_where_trees_never_paid():
     cost = CostModel(np.array([1., 2., 8.]), np.array([1., 1.3, 1.5]))
     probs = np.array([.5, .3, .2])
     stats = AcceptanceStats([np.array([0.5])])
-    assert choose_tree_size(probs, 1, cost, 8, calibrate=stats.calibrated) == 3  # 2.0 / 1.5 beats 1 / 1
+    assert choose_tree_size(probs, 1, cost, 8, calibration=stats.calibration()) == 3  # 2.0 / 1.5 beats 1 / 1
     for _ in range(20):
         for promised in (0.5, 0.8, 1.0):  # the sizes on offer
             stats.observe_gain(predicted=promised, realised=0)
-    assert choose_tree_size(probs, 1, cost, 8, calibrate=stats.calibrated) == 0  # a plain decode step
+    assert choose_tree_size(probs, 1, cost, 8, calibration=stats.calibration()) == 0  # a plain decode step
 
 
 def test_planner_scales_its_tree_by_the_calibration():
@@ -486,3 +486,44 @@ def test_row_argmax_is_torch_argmax_with_ties_nan_and_infinity(rows, vocab, seed
         t = torch.from_numpy(scores).to(dtype)
         got = row_argmax(t)
         assert got.dtype == torch.int64 and torch.equal(got, t.argmax(-1))
+
+
+def _forecast_in_numpy(probs, window_rows, window_gain, cost, cap, calibrate, extra, dearer):
+    """The budget's choice written out in numpy (as before its kernel): the reference for the kernel."""
+    from lookahead.plan.budget import expected_gains
+
+    limit = min(max(int(p.shape[0]) for p in probs), cap)
+    gains = np.zeros(limit + 1)
+    for row in probs:
+        own = expected_gains(row, limit, calibrate)
+        gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
+    seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :])
+    base = float(len(probs))
+    tokens = base + extra * (gains[None, :] - base) + base * window_gain[:, None]
+    priced = seconds * dearer
+    priced[0, 0] = seconds[0, 0]
+    best = int(np.argmax(tokens / priced))
+    return best // (limit + 1), best % (limit + 1), float(gains[best % (limit + 1)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_the_budget_kernel_chooses_what_numpy_chooses(seed):
+    from lookahead.plan.budget import forecast_step
+
+    rng = np.random.default_rng(seed)
+    stats = AcceptanceStats([np.array([0.5])])
+    for _ in range(int(rng.integers(0, 30))):
+        stats.observe_gain(predicted=float(rng.uniform(0.1, 10)), realised=int(rng.integers(0, 6)))
+    probs = [np.sort(rng.random(int(rng.integers(0, 20))))[::-1] * rng.random() for _ in range(int(rng.integers(1, 5)))]
+    rows = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    cost = CostModel(rows, np.sort(rng.uniform(0.01, 0.05, rows.shape[0])))
+    window_rows = np.array([1, 3, 5]) if rng.random() < 0.5 else np.array([1])
+    window_gain = np.concatenate([[0.0], rng.uniform(0, 0.3, window_rows.shape[0] - 1)])
+    extra, dearer, cap = float(rng.uniform(0.1, 1.5)), float(rng.uniform(0.67, 4.0)), int(rng.integers(0, 24))
+    calibrated = rng.random() < 0.7
+    option, size, expected = forecast_step(probs, window_rows, window_gain, cost, cap, 0.0,
+                                           stats.calibration() if calibrated else None, extra, dearer)
+    want = _forecast_in_numpy(probs, window_rows, window_gain, cost, cap, stats.calibrated if calibrated else None,
+                              extra, dearer)
+    assert (option, size) == want[:2] and np.isclose(expected[0], want[2])

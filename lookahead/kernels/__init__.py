@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .budget import forecast_options
 from .curve import refine_curve
 from .estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates
 from .linear import WIDE_ROWS, rows_linear
@@ -22,6 +23,9 @@ def warmup() -> None:
     backoff_estimates(np.full(1, 0.5), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), ESTIMATE_FLOOR,
                       ESTIMATE_CEILING)
     match_continuations(seq, 5, 1, 2, 2, 2)
+    forecast_options(np.full((1, 2), 0.5), np.array([2], dtype=np.int64), np.array([1, 3], dtype=np.int64),
+                     np.zeros(2), np.array([1.0, 4.0]), np.ones(2), 1e-9, 2, 0.0, np.zeros(1), np.ones(1), 1e-9, 1.0,
+                     1.0)
     refine_curve(np.array([1.0, 4.0]), np.ones(2), np.zeros(2), np.zeros(2), np.ones(2), 2.0, 1.0, 0.1, 8.0, 1, 100.0)
     pool = new_pool(8, 4, 2, 2)
     pool_insert_sequence(seq, 0, 5, *pool)

@@ -98,7 +98,6 @@ class Arena:
         assert buffer is not None, "only an arena with members is refreshed"
         for layer in self.members:
             layer.key_buffer, layer.value_buffer = buffer[0, layer.index], buffer[1, layer.index]
-            layer._views()
 
     def keep_sequences(self, stay: list[int]) -> None:
         """Keep only the sequences ``stay`` (ascending), in that order, as the first rows of the buffer.
@@ -124,12 +123,32 @@ class Arena:
 class SlotLayer(DynamicLayer):
     """One layer's keys and values [A, H, S, D] in buffers [A, H, capacity, D] (its slice of the
     cache's ``Arena`` when it fits there); ``keys`` and ``values`` are views of the first ``length``
-    slots, so writing into them writes the buffers."""
+    slots, made when read (a crop or a rollback only sets the length: no view of every layer made
+    each step), so writing into them writes the buffers."""
 
-    keys: torch.Tensor  # [A, H, S, D], once initialized
-    values: torch.Tensor
     key_buffer: torch.Tensor  # [A, H, capacity, D]
     value_buffer: torch.Tensor
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        """[A, H, S, D] the filled slots' keys (None before the first update)."""
+        return self.key_buffer[:, :, :self.length] if self.is_initialized else None
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        """transformers' layer sets None on construction; the buffers are this class's own."""
+        if value is not None:
+            raise AttributeError("a SlotLayer's keys are a view of its buffer: write into them instead")
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        """[A, H, S, D] the filled slots' values (None before the first update)."""
+        return self.value_buffer[:, :, :self.length] if self.is_initialized else None
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise AttributeError("a SlotLayer's values are a view of its buffer: write into them instead")
 
     def __init__(self, arena: Arena | None = None, index: int = 0):
         super().__init__()
@@ -150,12 +169,7 @@ class SlotLayer(DynamicLayer):
         else:
             self.key_buffer = key_states.new_empty(key_states.shape[:2] + (0,) + key_states.shape[3:])
             self.value_buffer = value_states.new_empty(value_states.shape[:2] + (0,) + value_states.shape[3:])
-        self._views()
         self.is_initialized = True
-
-    def _views(self) -> None:
-        self.keys = self.key_buffer[:, :, :self.length]  # [A, H, S, D]
-        self.values = self.value_buffer[:, :, :self.length]
 
     def _reserve(self, length: int) -> None:
         """Room for ``length`` slots (the filled ones copied over when the buffers grow)."""
@@ -181,8 +195,7 @@ class SlotLayer(DynamicLayer):
         self.key_buffer[:, :, self.length:end] = key_states
         self.value_buffer[:, :, self.length:end] = value_states
         self.length = end
-        self._views()
-        return self.keys, self.values
+        return self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]  # [A, H, S, D]
 
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
@@ -193,14 +206,12 @@ class SlotLayer(DynamicLayer):
             raise ValueError(f"crop takes the negative number of slots to drop, not {tokens_to_remove}")
         if self.is_initialized and tokens_to_remove:
             self.length = max(self.length + tokens_to_remove, 0)
-            self._views()
 
     def _select(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Keep the sequences ``pick`` (a function of a buffer [A, ...]) selects; arena members are
         selected with their arena (SlotCache)."""
         if self.is_initialized and not self.in_arena:
             self.key_buffer, self.value_buffer = pick(self.key_buffer), pick(self.value_buffer)
-            self._views()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._select(lambda buffer: buffer[indices])

@@ -185,7 +185,6 @@ class StepGraphs:
         end = past + tokens.shape[1]
         for layer in arena.members:
             layer.length = end
-            layer._views()
         arena.filled = max(arena.filled, end)
         return graph.logits[:, :keep.shape[0]].clone()  # (the next replay rewrites graph.logits)
 

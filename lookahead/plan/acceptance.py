@@ -38,6 +38,7 @@ import numpy as np
 
 from ..core.learner import DecayedRatio
 from ..kernels.estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates
+from .budget import LEAST_PROMISE
 
 GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated
 # apart: a tree promising 0.7 on open text and one promising 8 on a copy are trusted apart
@@ -47,7 +48,6 @@ GAIN_DECAY = 0.98  # weight of the past per step, speculative or not: about the 
 # trust follows the text
 PRIOR_STRENGTH = 4.0  # trials a class's prior counts as at every depth: a few verified nodes already move it
 HORIZON = 400.0  # trials past which a cell's counts are halved, so the estimates follow the text being generated
-LEAST_PROMISE = 1e-9  # promises are read on a log scale: nothing (0) counts as this, below every level
 GAIN_RANGE = (0.1, 1.5)  # a level's trust stays in here: never so low it stops a level for good, nor so high
 # that one lucky copy inflates it
 
@@ -86,6 +86,10 @@ class GainCalibration:
         """
         at = np.log(np.maximum(promised, LEAST_PROMISE))
         return promised * np.interp(at, self.logs, self.factors())
+
+    def curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """(log levels [L], factors [L]): ``calibrated`` maps p to p * interp(log p, logs, factors)."""
+        return self.logs, self.factors()
 
     def _weights(self, promised: float) -> np.ndarray:
         """[L] interpolation weights of ``promised`` on the levels (all on an end level beyond it)."""
@@ -166,6 +170,10 @@ class AcceptanceStats:
     def calibrated(self, promised: np.ndarray) -> np.ndarray:
         """Expected extra tokens of trees promising ``promised`` [k] (GainCalibration.calibrated)."""
         return self.gain.calibrated(promised)
+
+    def calibration(self) -> tuple[np.ndarray, np.ndarray]:
+        """The calibration as the budget's kernel reads it (``GainCalibration.curve``), as it stands now."""
+        return self.gain.curve()
 
     def state(self, name: str, factory: Callable[[], Any]) -> Any:
         """What the source called ``name`` learns for itself in this regime, made by ``factory()``

@@ -14,8 +14,13 @@ from collections.abc import Callable
 import numpy as np
 
 from ..cost import CostModel
+from ..cost.curve import MIN_SECONDS
+from ..kernels.budget import forecast_options
 
 Calibrate = Callable[[np.ndarray], np.ndarray]
+Calibration = tuple[np.ndarray, np.ndarray]  # (log promise levels [L], yield / promise there [L]); acceptance.py
+NONE = np.zeros(0)  # no calibration: promises yield what they promise
+LEAST_PROMISE = 1e-9  # promises are read on a log scale: nothing (0) counts as this, below every level
 
 
 def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -> np.ndarray:
@@ -28,29 +33,16 @@ def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -
     return 1.0 + np.maximum.accumulate(calibrate(promised))
 
 
-def step_options(probs: list[np.ndarray], window_rows: np.ndarray, cost: CostModel, limit: int,
-                 spent: float = 0.0, calibrate: Calibrate | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens [limit + 1], seconds [O, limit + 1]): what keeping the first k tree nodes is expected to
-    yield this step, summed over the sequences (tokens[0]: the plain step's one token each), and what
-    every option (window option o, k nodes) costs; see ``choose_step``."""
-    gains = np.zeros(limit + 1)  # [k + 1] summed over the sequences
-    for row in probs:
-        own = expected_gains(row, limit, calibrate)  # [min(M_b, limit) + 1]
-        gains += np.concatenate([own, np.full(limit + 1 - own.shape[0], own[-1])])
-    seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :]) + spent  # [O, k + 1]
-    return gains, seconds
-
-
 def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
                 cost: CostModel | None, cap: int, spent: float = 0.0,
-                calibrate: Calibrate | None = None, extra: float = 1.0, dearer: float = 1.0) -> tuple[int, int]:
+                calibration: Calibration | None = None, extra: float = 1.0, dearer: float = 1.0) -> tuple[int, int]:
     """(window option o, tree nodes k) of the step with the most expected tokens per second
     (``forecast_step`` without the forecast).
 
     probs[b] [M_b]: sequence b's path probabilities in best-first order (one
     array for a single sequence). Keeping the first k nodes promises
     1 + sum(probs[b][:k]) tokens (the bonus token is always produced);
-    ``calibrate`` says what such a promise yields (``AcceptanceStats.calibrated``;
+    ``calibration`` says what such a promise yields (``AcceptanceStats.calibration``;
     None: what it promises). A batch uses one k for every row (a batched step
     costs what its widest row costs; a row with fewer than k nodes keeps all).
     ``spent`` seconds were already spent on this step's candidates (a draft's
@@ -68,25 +60,29 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
     first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1. Speculative
     steps 2x dearer than forecast -> (0, 0): 2.4 / 2.6 = 0.92 and 1.9 / 2.2 = 0.86 lose to 1.
     """
-    option, size, _ = forecast_step(probs, window_rows, window_gain, cost, cap, spent, calibrate, extra, dearer)
+    option, size, _ = forecast_step(probs, window_rows, window_gain, cost, cap, spent, calibration, extra, dearer)
     return option, size
 
 
 def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
-                  cost: CostModel | None, cap: int, spent: float = 0.0, calibrate: Calibrate | None = None,
+                  cost: CostModel | None, cap: int, spent: float = 0.0, calibration: Calibration | None = None,
                   extra: float = 1.0, dearer: float = 1.0) -> tuple[int, int, tuple[float, float] | None]:
     """``choose_step``'s (o, k), and what was expected of that step before ``extra`` and ``dearer``
     corrected it: (tokens its tree yields, summed over the sequences, without the window's worth;
-    seconds); None without a cost model."""
+    seconds); None without a cost model. One kernel call (kernels/budget.py)."""
     limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
-    options = window_rows.shape[0]
     if cost is None:
-        return options - 1, limit, None
-    gains, seconds = step_options(probs, window_rows, cost, limit, spent, calibrate)  # [k + 1], [O, k + 1]
-    base = float(len(probs))  # the bonus tokens: what a plain step gives
-    tokens = base + extra * (gains[None, :] - base) + base * window_gain[:, None]  # [O, k + 1]
-    priced = seconds * dearer  # [O, k + 1]
-    priced[0, 0] = seconds[0, 0]  # the plain step as forecast
-    best = int(np.argmax(tokens / priced))  # flat index into [O, k + 1]; ties go to (0, 0), a plain step
-    option, size = best // (limit + 1), best % (limit + 1)
-    return option, size, (float(gains[size]), float(seconds[option, size]))
+        return window_rows.shape[0] - 1, limit, None
+    if len(probs) == 1:
+        table = np.ascontiguousarray(probs[0][:limit], dtype=np.float64)[None]  # [1, k]
+    else:
+        table = np.zeros((len(probs), limit))  # [A, k]
+        for a, row in enumerate(probs):
+            table[a, :min(row.shape[0], limit)] = row[:limit]
+    lengths = np.array([min(int(p.shape[0]), limit) for p in probs], dtype=np.int64)  # [A]
+    logs, factors = calibration if calibration is not None else (NONE, NONE)
+    option, size, tokens, seconds = forecast_options(
+        table, lengths, np.ascontiguousarray(window_rows, dtype=np.int64),
+        np.ascontiguousarray(window_gain, dtype=np.float64), cost.rows, cost.seconds, MIN_SECONDS, limit, spent,
+        logs, factors, LEAST_PROMISE, extra, dearer)
+    return int(option), int(size), (float(tokens), float(seconds))

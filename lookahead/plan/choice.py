@@ -69,7 +69,7 @@ class StepChooser:
         """(window width, tree nodes, what the step is expected to give before the check's corrections)."""
         gain = self.widths * worth  # [O] tokens the window's columns are worth
         option, size, expected = forecast_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes,
-                                               spent, self.acceptance.calibrated, *self.corrections())
+                                               spent, self.acceptance.calibration(), *self.corrections())
         return int(self.widths[option]), size, expected
 
     def settle(self, tokens: int, seconds: float) -> None:
