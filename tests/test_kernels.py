@@ -244,3 +244,48 @@ def test_forecast_options_worked_example_and_curve_seconds():
     out = forecast_options(np.array([[0.9, 0.1]]), np.array([2]), np.array([1, 3]), np.array([0.0, 0.5]), grid,
                            1.0 + 0.1 * (grid - 1), 1e-9, 8, 0.0, np.zeros(0), np.zeros(0), 1e-9, 1.0, 1.0)
     assert out[:2] == (1, 1) and np.isclose(out[2], 1.9) and np.isclose(out[3], 1.3)
+
+
+def _count_in_numpy(classes, depths, parents, path, trials, hits, weight, horizon):
+    """AcceptanceStats.update as numpy wrote it before its kernel: the reference."""
+    accepted = np.zeros(classes.shape[0], dtype=bool)
+    accepted[path] = True
+    reached = (parents < 0) | accepted[np.maximum(parents, 0)]
+    col = np.minimum(depths - 1, trials.shape[1] - 1)
+    cells = (classes[reached], col[reached])
+    np.add.at(trials, cells, 1.0)
+    np.add.at(hits, (classes[accepted], col[accepted]), 1.0)
+    full = trials[cells] + weight[cells] > horizon
+    if full.any():
+        halve = (cells[0][full], cells[1][full])
+        for counts in (trials, hits, weight):
+            counts[halve] *= 0.5
+
+
+def test_count_tree_worked_example_and_numpy_on_random_trees():
+    from lookahead.kernels.estimates import count_tree
+
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    trials, hits, weight = np.zeros((2, 3)), np.zeros((2, 3)), np.ones((2, 3))
+    count_tree(i64(0, 1), i64(1, 2), i64(-1, 0), i64(0), trials, hits, weight, 100.0)
+    assert trials[0, 0] == trials[1, 1] == 1.0 and hits.sum() == hits[0, 0] == 1.0 and trials.sum() == 2.0
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        size = int(rng.integers(1, 30))
+        parents = np.array([-1] + [int(rng.integers(-1, m)) for m in range(1, size)], dtype=np.int64)
+        depths = np.ones(size, dtype=np.int64)
+        for m in range(1, size):
+            depths[m] = depths[parents[m]] + 1 if parents[m] >= 0 else 1
+        path, node = [], -1  # a chain of accepted nodes from x down
+        while True:
+            children = [m for m in range(size) if parents[m] == node]
+            if not children or rng.random() < 0.3:
+                break
+            node = int(rng.choice(children))
+            path.append(node)
+        classes = rng.integers(0, 3, size).astype(np.int64)
+        tables = [rng.uniform(0, 6, (3, 4)) for _ in range(3)]
+        ours = [t.copy() for t in tables]
+        count_tree(classes, depths, parents, np.array(path, dtype=np.int64), *ours, 9.0)
+        _count_in_numpy(classes, depths, parents, np.array(path, dtype=np.int64), *tables, 9.0)
+        assert all(np.allclose(a, b) for a, b in zip(ours, tables))

@@ -6,7 +6,7 @@ import numpy as np
 
 from .budget import forecast_options
 from .curve import refine_curve
-from .estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates
+from .estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates, count_tree
 from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
@@ -23,6 +23,8 @@ def warmup() -> None:
     backoff_estimates(np.full(1, 0.5), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), ESTIMATE_FLOOR,
                       ESTIMATE_CEILING)
     match_continuations(seq, 5, 1, 2, 2, 2)
+    count_tree(np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.int64), np.array([-1, 0], dtype=np.int64),
+               np.zeros(1, dtype=np.int64), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), 8.0)
     forecast_options(np.full((1, 2), 0.5), np.array([2], dtype=np.int64), np.array([1, 3], dtype=np.int64),
                      np.zeros(2), np.array([1.0, 4.0]), np.ones(2), 1e-9, 2, 0.0, np.zeros(1), np.ones(1), 1e-9, 1.0,
                      1.0)

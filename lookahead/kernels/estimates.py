@@ -31,3 +31,47 @@ def backoff_estimates(prior: np.ndarray, hits: np.ndarray, trials: np.ndarray, w
             above = (hits[c, d] + weight[c, d] * above) / (trials[c, d] + weight[c, d])
             out[c, d] = min(max(above, lo), hi)
     return out
+
+
+@njit(cache=True)
+def count_tree(classes: np.ndarray, depths: np.ndarray, parents: np.ndarray, path: np.ndarray,
+               trials: np.ndarray, hits: np.ndarray, weight: np.ndarray, horizon: float) -> None:
+    """Count one verified tree into the table [C, D]: a node whose parent was accepted (or is x) is a
+    trial of its class at its depth (the last column for deeper ones), an accepted node (``path``) a
+    hit too. A cell counted this step whose trials plus prior weight pass ``horizon`` has its trials,
+    hits and weight halved, once, so old evidence fades.
+
+    Nodes 0 <- 1 (classes [0 1], depths [1 2], parents [-1 0]), path [0]: trials [0, 0] and [1, 1]
+    += 1 (node 1's parent was accepted), hits [0, 0] += 1.
+    """
+    count = classes.shape[0]
+    last = trials.shape[1] - 1
+    accepted = np.zeros(count, dtype=np.bool_)
+    for i in range(path.shape[0]):
+        accepted[path[i]] = True
+    reached = np.zeros(count, dtype=np.bool_)
+    for m in range(count):
+        reached[m] = parents[m] < 0 or accepted[parents[m]]
+        if reached[m]:
+            col = min(depths[m] - 1, last)
+            trials[classes[m], col] += 1.0
+            if accepted[m]:
+                hits[classes[m], col] += 1.0
+    full = np.zeros(count, dtype=np.bool_)
+    for m in range(count):  # judged on the counts after the whole tree ...
+        if reached[m]:
+            col = min(depths[m] - 1, last)
+            full[m] = trials[classes[m], col] + weight[classes[m], col] > horizon
+    for m in range(count):  # ... and each cell halved once, however many of its nodes passed
+        if not full[m]:
+            continue
+        col = min(depths[m] - 1, last)
+        first = True
+        for earlier in range(m):
+            if full[earlier] and classes[earlier] == classes[m] and min(depths[earlier] - 1, last) == col:
+                first = False
+                break
+        if first:
+            trials[classes[m], col] *= 0.5
+            hits[classes[m], col] *= 0.5
+            weight[classes[m], col] *= 0.5

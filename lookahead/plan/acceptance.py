@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..core.learner import DecayedRatio
-from ..kernels.estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates
+from ..kernels.estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates, count_tree
 from .budget import LEAST_PROMISE
 
 GAIN_LEVELS = np.array([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])  # promised extra tokens per tree, calibrated
@@ -149,18 +149,7 @@ class AcceptanceStats:
         """Count the trials and hits of one verified tree (classes, depths, parents [M]; path [k])."""
         if classes.shape[0] == 0:
             return
-        accepted = np.zeros(classes.shape[0], dtype=bool)  # [M]
-        accepted[path] = True
-        reached = (parents < 0) | accepted[np.maximum(parents, 0)]  # [M]: parent accepted (or x)
-        col = np.minimum(depths - 1, self.depth - 1)  # [M]
-        cells = (classes[reached], col[reached])  # only cells counted this step can pass the horizon
-        np.add.at(self.seen_trials, cells, 1.0)
-        np.add.at(self.seen_hits, (classes[accepted], col[accepted]), 1.0)
-        full = self.seen_trials[cells] + self.weight[cells] > self.horizon  # [R]
-        if full.any():
-            halve = (cells[0][full], cells[1][full])
-            for counts in (self.seen_trials, self.seen_hits, self.weight):
-                counts[halve] *= 0.5
+        count_tree(classes, depths, parents, path, self.seen_trials, self.seen_hits, self.weight, self.horizon)
 
     def observe_gain(self, predicted: float, realised: int) -> None:
         """A step whose tree promised ``predicted`` tokens beyond the bonus one added ``realised``
