@@ -289,3 +289,17 @@ def test_count_tree_worked_example_and_numpy_on_random_trees():
         count_tree(classes, depths, parents, np.array(path, dtype=np.int64), *ours, 9.0)
         _count_in_numpy(classes, depths, parents, np.array(path, dtype=np.int64), *tables, 9.0)
         assert all(np.allclose(a, b) for a, b in zip(ours, tables))
+
+
+def test_layout_mask_and_subtree_arrays_worked_examples():
+    from lookahead.kernels.trie import layout_mask, subtree_arrays
+
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    assert layout_mask(np.ones((1, 1), dtype=np.bool_), i64(-1, 0)).astype(int).tolist() == \
+        [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    window = np.array([[1, 0], [1, 1]], dtype=np.bool_)  # x and one window row
+    assert layout_mask(window, i64(-1)).astype(int).tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 1]]
+    tokens, parents, depths, classes, closed = subtree_arrays(i64(4, 5, 6, 7), i64(-1, 0, 0, 1), i64(1, 2, 2, 3),
+                                                              i64(0, 1, 2, 3), i64(3, 0, 1))
+    assert closed and parents.tolist() == [-1, 0, 1] and tokens.tolist() == [4, 5, 7] and classes.tolist() == [0, 1, 3]
+    assert not subtree_arrays(i64(4, 5), i64(-1, 0), i64(1, 2), i64(0, 0), i64(1))[4]  # its parent left out

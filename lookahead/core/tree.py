@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels.trie import ancestor_mask, build_scored_trie
+from ..kernels.trie import build_scored_trie, layout_mask, subtree_arrays
 from ..kernels.walk import accept_walk
 
 
@@ -83,29 +83,19 @@ def prepend_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes
 
 def subtree(tree: TokenTree, nodes: np.ndarray) -> TokenTree:
     """The tree of the given nodes (closed under parents), renumbered in their original order."""
-    keep = np.sort(nodes)  # [k]; parents keep coming before children
-    index = np.full(tree.size, -1, dtype=np.int64)
-    index[keep] = np.arange(keep.shape[0])
-    parents = tree.parents[keep]
-    parents = np.where(parents >= 0, index[np.maximum(parents, 0)], -1)
-    if (parents[tree.parents[keep] >= 0] < 0).any():
+    tokens, parents, depths, classes, closed = subtree_arrays(tree.tokens, tree.parents, tree.depths, tree.classes,
+                                                              np.ascontiguousarray(nodes, dtype=np.int64))
+    if not closed:
         raise ValueError("subtree: the nodes are not closed under parents")
-    return TokenTree(tree.tokens[keep], parents, tree.depths[keep], tree.classes[keep])
+    return TokenTree(tokens, parents, depths, classes)
 
 
 def step_layout(window: tuple[np.ndarray, np.ndarray], tree: TokenTree) -> StepLayout:
     """Offsets and local mask of [window | tree] from the window's (offsets, mask)
     (window.py); tree nodes see x and their ancestors."""
     w_offsets, w_mask = window
-    start = w_offsets.shape[0]
-    size = start + tree.size
-    mask = np.zeros((size, size), dtype=bool)
-    mask[:start, :start] = w_mask
-    if tree.size:
-        mask[start:, 0] = True
-        mask[start:, start:] = ancestor_mask(tree.parents)
     offsets = np.concatenate([w_offsets, tree.depths]).astype(np.int64)
-    return StepLayout(offsets, mask, start)
+    return StepLayout(offsets, layout_mask(w_mask, tree.parents), w_offsets.shape[0])
 
 
 def matched_depth(tree: TokenTree, tokens: np.ndarray) -> int:

@@ -13,7 +13,7 @@ from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, previous_tokens, table_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
 from .topk import top_entries
-from .trie import ancestor_mask, best_first_order, build_scored_trie, path_tokens
+from .trie import best_first_order, build_scored_trie, layout_mask, path_tokens, subtree_arrays
 from .walk import accept_walk
 
 
@@ -37,7 +37,11 @@ def warmup() -> None:
     tokens, parents, depths, _, prob = build_scored_trie(cands, np.array([2], dtype=np.int64),
                                                          np.zeros((1, 2), dtype=np.int64), np.ones((1, 1)), 4)
     best_first_order(parents, prob)
-    ancestor_mask(parents)
+    shared = np.ones((1, 1), dtype=np.bool_)
+    layout_mask(shared, parents)
+    shared.flags.writeable = False  # the window's masks are cached read-only (plan/window.py)
+    layout_mask(shared, parents)
+    subtree_arrays(tokens, parents, depths, np.zeros_like(tokens), np.zeros(1, dtype=np.int64))
     adj = np.array([[1, -1], [0, -1]], dtype=np.int64)
     keys, pair_adj = np.full((3, 2), -1, dtype=np.int64), np.full((3, 2), -1, dtype=np.int64)
     pair_learn(np.array([1], dtype=np.int64), np.array([0], dtype=np.int64), adj[:1], np.zeros_like(adj[:1]),

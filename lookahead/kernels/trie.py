@@ -100,16 +100,49 @@ def best_first_order(parents: np.ndarray, prob: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def ancestor_mask(parents: np.ndarray) -> np.ndarray:
-    """mask[M, M]: node i may attend to node j iff j is i or an ancestor of i."""
-    size = parents.shape[0]
+def layout_mask(window_mask: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """mask[Q, Q] of a step's rows [window | tree]: the window's rows as ``window_mask`` [S, S] says
+    (row 0 is x), each tree node [M] x, itself and its ancestors (Q = S + M).
+
+    window [[1]] (x alone), parents [-1 0] -> [[1 0 0] [1 1 0] [1 1 1]].
+    """
+    start, size = window_mask.shape[0], window_mask.shape[0] + parents.shape[0]
     mask = np.zeros((size, size), dtype=np.bool_)
-    for i in range(size):
+    mask[:start, :start] = window_mask
+    for i in range(parents.shape[0]):
+        mask[start + i, 0] = True
         j = i
         while j >= 0:
-            mask[i, j] = True
+            mask[start + i, start + j] = True
             j = parents[j]
     return mask
+
+
+@njit(cache=True)
+def subtree_arrays(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, classes: np.ndarray,
+                   nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """The nodes [k] of a trie (tokens, parents, depths, classes [M]) as a trie of their own, renumbered
+    in their original order (parents first still): (tokens, parents, depths, classes [k], whether the
+    nodes were closed under parents; where not, a node whose parent was left out gets parent -1).
+
+    parents [-1 0 0 1], nodes [3 0 1] -> parents [-1 0 1] (nodes 0, 1, 3 renumbered 0, 1, 2), closed.
+    """
+    keep = np.sort(nodes)
+    count = keep.shape[0]
+    index = np.full(tokens.shape[0], -1, dtype=np.int64)
+    for i in range(count):
+        index[keep[i]] = i
+    out_tokens, out_parents = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+    out_depths, out_classes = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+    closed = True
+    for i in range(count):
+        node = keep[i]
+        out_tokens[i], out_depths[i], out_classes[i] = tokens[node], depths[node], classes[node]
+        parent = parents[node]
+        out_parents[i] = index[parent] if parent >= 0 else -1
+        if parent >= 0 and index[parent] < 0:
+            closed = False
+    return out_tokens, out_parents, out_depths, out_classes, closed
 
 
 @njit(cache=True)
