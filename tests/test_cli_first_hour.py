@@ -93,8 +93,11 @@ def test_ctrl_c_while_loading_is_one_line_and_exit_130(tmp_path):
     """A real SIGINT to a real process, while the model loads: one line, exit status 130, no traceback."""
     err = tmp_path / "stderr"
     with open(err, "w") as sink:
+        # SIGINT as a terminal's Ctrl-C finds it: a suite started in the background of a non-interactive
+        # shell hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt
         process = subprocess.Popen([sys.executable, "-c", INTERRUPTED_WHILE_LOADING], stdout=subprocess.DEVNULL,
-                                   stderr=sink, cwd=tmp_path)
+                                   stderr=sink, cwd=tmp_path,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300  # importing torch and transformers on a busy machine
         # (a marker no import-time warning prints: the signal must come while the load sleeps)
