@@ -59,12 +59,18 @@ def bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / best
 
 
+def static_graphs(target: Target) -> StepGraphs:
+    """The graphs' static forward for ``target``, run without capturing (a dry run off CUDA)."""
+    return StepGraphs(target.model, target.cache_keyword, target.attention, target.dtype, capture=False,
+                      positions=target.positions)
+
+
 def target_for(model, mode: str) -> Target:
     """A Target running steps eagerly ("eager"), through captured graphs ("graphs") or through the graphs'
     static forward without a capture ("static")."""
     target = Target(model, attention_layout(model.config), graphs=mode == "graphs")
     if mode == "static":
-        target.graphs = StepGraphs(model, target.cache_keyword, target.attention, target.dtype, capture=False)
+        target.graphs = static_graphs(target)
     if mode == "graphs" and target.graphs is None:
         raise click.UsageError("graphs need a CUDA device (use --no-capture for a dry run elsewhere)")
     return target
@@ -127,8 +133,7 @@ def decode(model, ids: torch.Tensor, new: int, graph_mode: str, calibration_s: i
                                  cuda_graphs=mode == "graphs")
         gen = LookaheadGenerator(model, config=config)
         if mode == "static":
-            gen.target.graphs = StepGraphs(model, gen.target.cache_keyword, gen.target.attention, gen.target.dtype,
-                                           capture=False)
+            gen.target.graphs = static_graphs(gen.target)
         gen.generate(ids, max_new_tokens=4)
         sync(device)
         began = time.perf_counter()

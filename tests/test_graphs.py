@@ -61,7 +61,8 @@ def graphed(arch: str, config: LookaheadConfig | None = None) -> LookaheadGenera
     gen = LookaheadGenerator(tiny_model(arch), config=config or LookaheadConfig())
     target = gen.target
     if RUN_ON["device"] == "cpu":
-        target.graphs = StepGraphs(target.model, target.cache_keyword, target.attention, target.dtype, capture=False)
+        target.graphs = StepGraphs(target.model, target.cache_keyword, target.attention, target.dtype, capture=False,
+                                   positions=target.positions)
     assert target.graphs is not None, "a CUDA run with default config takes graphs"
     return gen
 

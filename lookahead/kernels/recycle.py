@@ -47,17 +47,22 @@ def pair_learn(prev: np.ndarray, tokens: np.ndarray, top: np.ndarray, buckets: n
                pair_adj: np.ndarray, pair_conf: np.ndarray) -> None:
     """Row i carried tokens[i] after prev[i] (-1: unknown, skipped); the model's top-R there were
     top[i, :R] with confidence buckets[i, :R]: remember them for the pair (the newest wins a slot)."""
-    slots = pair_keys.shape[0]
-    width = pair_adj.shape[1]
     for i in range(tokens.shape[0]):
-        if prev[i] < 0 or tokens[i] < 0:
-            continue
-        s = pair_slot(prev[i], tokens[i], slots)
-        pair_keys[s, 0] = prev[i]
-        pair_keys[s, 1] = tokens[i]
-        for r in range(width):
-            pair_adj[s, r] = top[i, r]
-            pair_conf[s, r] = buckets[i, r]
+        if prev[i] >= 0 and tokens[i] >= 0:
+            _remember_pair(prev[i], tokens[i], top[i], buckets[i], pair_keys, pair_adj, pair_conf)
+
+
+@njit(cache=True)
+def _remember_pair(prev: int, token: int, successors: np.ndarray, confidence: np.ndarray, pair_keys: np.ndarray,
+                   pair_adj: np.ndarray, pair_conf: np.ndarray) -> None:
+    """(prev, token)'s slot takes its top-R ``successors`` [R] and their ``confidence`` [R] (the newest
+    pair wins a slot)."""
+    s = pair_slot(prev, token, pair_keys.shape[0])
+    pair_keys[s, 0] = prev
+    pair_keys[s, 1] = token
+    for r in range(pair_adj.shape[1]):
+        pair_adj[s, r] = successors[r]
+        pair_conf[s, r] = confidence[r]
 
 
 @njit(cache=True)
@@ -119,14 +124,8 @@ def table_learn(tokens: np.ndarray, prev: np.ndarray, top: np.ndarray, buckets: 
         for r in range(width):
             successors[token, r] = top[i, r]
             confidence[token, r] = min(max(buckets[i, r], 0), bucket_count - 1)
-        if prev[i] < 0 or slots == 0:
-            continue
-        s = pair_slot(prev[i], token, slots)
-        pair_keys[s, 0] = prev[i]
-        pair_keys[s, 1] = token
-        for r in range(width):
-            pair_adj[s, r] = top[i, r]
-            pair_conf[s, r] = confidence[token, r]
+        if prev[i] >= 0 and slots > 0:
+            _remember_pair(prev[i], token, top[i], confidence[token], pair_keys, pair_adj, pair_conf)
 
 
 @njit(cache=True)

@@ -120,6 +120,24 @@ class Arena:
         return self.buffer is not None and len(self.members) == len(layers)
 
 
+class FilledSlots:
+    """A ``SlotLayer``'s keys or values: the view of the filled slots of its buffer (the attribute named
+    ``buffer``), made when read; None before the layer's first update. transformers' layer sets None on
+    construction (ignored); any other assignment is refused: write into the view instead."""
+
+    def __init__(self, buffer: str):
+        self.buffer = buffer
+
+    def __get__(self, layer: Any, owner: type | None = None) -> Any:
+        if layer is None:
+            return self
+        return getattr(layer, self.buffer)[:, :, :layer.length] if layer.is_initialized else None
+
+    def __set__(self, layer: Any, value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise AttributeError(f"a SlotLayer's view of its {self.buffer} is read-only: write into it instead")
+
+
 class SlotLayer(DynamicLayer):
     """One layer's keys and values [A, H, S, D] in buffers [A, H, capacity, D] (its slice of the
     cache's ``Arena`` when it fits there); ``keys`` and ``values`` are views of the first ``length``
@@ -129,26 +147,8 @@ class SlotLayer(DynamicLayer):
     key_buffer: torch.Tensor  # [A, H, capacity, D]
     value_buffer: torch.Tensor
 
-    @property  # type: ignore[override]
-    def keys(self) -> torch.Tensor | None:
-        """[A, H, S, D] the filled slots' keys (None before the first update)."""
-        return self.key_buffer[:, :, :self.length] if self.is_initialized else None
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        """transformers' layer sets None on construction; the buffers are this class's own."""
-        if value is not None:
-            raise AttributeError("a SlotLayer's keys are a view of its buffer: write into them instead")
-
-    @property  # type: ignore[override]
-    def values(self) -> torch.Tensor | None:
-        """[A, H, S, D] the filled slots' values (None before the first update)."""
-        return self.value_buffer[:, :, :self.length] if self.is_initialized else None
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        if value is not None:
-            raise AttributeError("a SlotLayer's values are a view of its buffer: write into them instead")
+    keys = FilledSlots("key_buffer")  # [A, H, S, D] (None before the first update)
+    values = FilledSlots("value_buffer")
 
     def __init__(self, arena: Arena | None = None, index: int = 0):
         super().__init__()

@@ -30,6 +30,7 @@ Letters: Qb bucket rows, Q the step's rows, K kept rows, C slots, V vocabulary.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -149,8 +150,9 @@ class StepGraphs:
     bucket's first step, over one KV buffer that the running decode's arena adopts."""
 
     def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention, dtype: torch.dtype,
-                 capture: bool):
+                 capture: bool, positions: Callable[[torch.Tensor], torch.Tensor]):
         self.model = model
+        self.positions = positions  # position ids as the model is fed them (Target.positions), on the device
         self.dtype = dtype  # the mask's (the input embedding's)
         self.cache_keyword = cache_keyword
         self.attention = attention
@@ -163,9 +165,9 @@ class StepGraphs:
 
     def step(self, arena: Arena, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
              past: int) -> torch.Tensor | None:
-        """Logits [1, K, V] of rows ``keep`` of one sequence's step (target.py's ``step`` arguments; positions
-        already clamped), or None where no graph applies (too many rows, a failed capture): then the
-        caller runs it eagerly. The arena's layers hold past + Q slots afterwards, as after an eager step."""
+        """Logits [1, K, V] of rows ``keep`` of one sequence's step (target.py's ``step`` arguments), or None
+        where no graph applies (too many rows, a failed capture): then the caller runs it eagerly.
+        The arena's layers hold past + Q slots afterwards, as after an eager step."""
         rows = bucket(tokens.shape[1])
         if rows is None or self.failure:
             return None
@@ -191,7 +193,8 @@ class StepGraphs:
     def _forward(self, inputs: torch.Tensor, buffer: torch.Tensor, rows: int) -> torch.Tensor:
         """The static forward: inputs [3 Qb + 1 + Qb^2] -> kept rows' logits [1, Qb, V]; every shape fixed by
         ``rows`` and the buffer's capacity, every value read from device tensors."""
-        tokens, positions, keep = inputs[:rows][None], inputs[rows:2 * rows][None], inputs[2 * rows:3 * rows]
+        tokens, keep = inputs[:rows][None], inputs[2 * rows:3 * rows]
+        positions = self.positions(inputs[rows:2 * rows][None])
         past = inputs[3 * rows]
         local = inputs[3 * rows + 1:].view(rows, rows).bool()  # [Qb, Qb]
         slots = past + torch.arange(rows, device=inputs.device)  # [Qb] where the rows' keys go

@@ -111,7 +111,8 @@ class Target:
         self.plain_single_row = layout.sliding_window is None or layout.kinds == frozenset({"full_attention"})
         self.graphs: StepGraphs | None = None
         if graphs and self.device.type == "cuda" and self.plain_single_row and not self.select_after:
-            self.graphs = StepGraphs(model, self.cache_keyword, self.attention, self.dtype, capture=True)
+            self.graphs = StepGraphs(model, self.cache_keyword, self.attention, self.dtype, capture=True,
+                                     positions=self.positions)
 
     def positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position ids as fed to the model: any past the context as the last one.
@@ -175,8 +176,7 @@ class Target:
         if self.graphs is not None and slots is None:
             arena = arena_of(cache)
             if arena is not None and arena.buffer is not None and arena.buffer.shape[2] == 1:
-                clamped = positions if self.context is None else np.minimum(positions, self.context - 1)
-                logits = self.graphs.step(arena, tokens, clamped, local, keep, past)
+                logits = self.graphs.step(arena, tokens, positions, local, keep, past)
                 if logits is not None:
                     self.last_route = "graph"
                     return logits  # [1, K, V]
