@@ -121,6 +121,12 @@ class LookaheadConfig:
                                          "later calls): a step then costs its kernels, not their launches "
                                          "from Python; no effect on the CPU, with several sequences at once "
                                          "or on models with sliding-window layers")
+    traced_forward: bool = documented(False, "on the CPU, replay a step's forward from a TorchScript trace of the "
+                                             "model (made after 16 steps of a kind, about a second each, and "
+                                             "used only where it gives the eager forward's logits and keys to "
+                                             "the bit): the model's ops without the Python around them; pays "
+                                             "in long decodes and servers; no effect on a GPU or on models "
+                                             "with sliding-window layers")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "
@@ -157,7 +163,8 @@ class LookaheadConfig:
         _check_int("window_seed", self.window_seed, 0)
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
-                     "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs"):
+                     "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs",
+                     "traced_forward"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

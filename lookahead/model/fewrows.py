@@ -58,6 +58,28 @@ ONEDNN_DTYPES = (torch.float32,)  # what the onednn route packs
 KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (the cost measurement decides where it wins)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
 FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
+OP = "lookahead::rows_linear"  # the kernel as a torch op, so that a traced forward (traced.py) records it
+
+
+def _rows_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., I] W [O, I]^T through ``rows_linear`` (1..KERNEL_ROWS_MAX rows; more: torch's own): the CPU
+    kernel of the OP op, for a trace that recorded it at another row count."""
+    rows = x.numel() // x.shape[-1]
+    if not 1 <= rows <= KERNEL_ROWS_MAX:
+        return F.linear(x, weight)
+    out = torch.from_numpy(rows_linear(weight.numpy(), x.reshape(rows, x.shape[-1]).contiguous().numpy()))  # [R, O]
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _register_op() -> Callable[..., torch.Tensor]:
+    """torch.ops.lookahead.rows_linear (defined once per process: torch's operator registry is the process's)."""
+    if not hasattr(torch.ops.lookahead, "rows_linear"):
+        torch.library.define(OP, "(Tensor x, Tensor weight) -> Tensor")
+        torch.library.impl(OP, "cpu", _rows_linear_op)
+    return torch.ops.lookahead.rows_linear
+
+
+rows_linear_op = _register_op()
 
 
 def start_numba_threads() -> None:
@@ -111,6 +133,9 @@ class RoutedWeight(torch.Tensor):
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
                 outputs, inputs = array.shape
                 rows = x.numel() // inputs if x.shape[-1] == inputs else 0
+                if 1 <= rows <= KERNEL_ROWS_MAX and torch._C._get_tracing_state() is not None:
+                    out = rows_linear_op(x, weight.plain)  # (recorded by a trace: traced.py)
+                    return out if bias is None else out + bias
                 if 1 <= rows <= KERNEL_ROWS_MAX:
                     out = torch.from_numpy(rows_linear(array, x.reshape(rows, inputs).contiguous().numpy()))  # [R, O]
                     if bias is not None:

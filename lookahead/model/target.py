@@ -27,6 +27,7 @@ from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
+from .traced import TracedForward, TraceKey, row_class
 
 if TYPE_CHECKING:
     from transformers import Cache, PreTrainedModel
@@ -85,9 +86,10 @@ def spans_devices(model: torch.nn.Module, main: torch.device) -> bool:
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
-    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False):
+    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False, traced: bool = False):
         """``graphs``: run one sequence's steps as CUDA graphs (graphs.py) where the model is on a CUDA
-        device, every layer attends fully and the layers sit on one device."""
+        device, every layer attends fully and the layers sit on one device. ``traced``: on the CPU,
+        replay steps from checked TorchScript traces (traced.py) where every layer attends fully."""
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -113,6 +115,10 @@ class Target:
         if graphs and self.device.type == "cuda" and self.plain_single_row and not self.select_after:
             self.graphs = StepGraphs(model, self.cache_keyword, self.attention, self.dtype, capture=True,
                                      positions=self.positions)
+        self.traced: TracedForward | None = None
+        if traced and self.device.type == "cpu" and layout.kinds == frozenset({"full_attention"}) \
+                and not self.select_after:
+            self.traced = TracedForward(model, self.cache_keyword, self.attention)
 
     def positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position ids as fed to the model: any past the context as the last one.
@@ -186,8 +192,18 @@ class Target:
         if rows > 1 or slots is not None or not self.plain_single_row:
             mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(local, dev), q_pos, past,
                              slots, self.dtype)
-        with route_mode(self.route(count, rows), count * rows, self.linears), \
+        route = self.route(count, rows)
+        with route_mode(route, count * rows, self.linears), \
                 (self.attention.switched() if mask is not None else nullcontext()):
+            if self.traced is not None:
+                arena = arena_of(cache)
+                if arena is not None and isinstance(mask, torch.Tensor | None):
+                    key = TraceKey(route.linear if route is not None else "torch", row_class(count * rows), count > 1)
+                    logits = self.traced.step(key, arena, to_device(tokens, dev), self.positions(q_pos), mask, keep_t,
+                                              past)
+                    if logits is not None:
+                        self.last_route = f"{self.last_route} traced".strip()
+                        return logits  # [A, K, V]
             out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),
                              attention_mask=mask, use_cache=True, **{self.cache_keyword: cache},
                              logits_to_keep=0 if self.select_after else keep_t)  # 0: every row

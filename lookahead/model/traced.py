@@ -1,0 +1,241 @@
+"""A step's forward replayed from a TorchScript trace: the model's ops without the Python around them.
+
+On the CPU a forward of a small model over a few rows spends as much time in
+Python as in its ops: transformers' modules, their keyword handling and
+torch's per-op dispatch from Python run some 5,000 times a step (SmolLM2-135M:
+about 10 ms of a 35 ms one-row step on a 2-core AMD EPYC; results/RESULTS.md,
+run 108). ``torch.jit.trace`` records the ops of one forward once; replaying
+the record runs the same ops in the same order from C++, so its logits and
+its cache writes are the eager forward's to the bit.
+
+A trace records sizes read from tensors as sizes, not as constants, so one
+trace serves every step length and every past: the forward's inputs are
+tensors whose sizes say them (``TraceLayer``):
+
+- the step's tokens and positions [A, Q], the kept rows [K] and its 4-D mask
+  [A, 1, Q, P + Q] (mask.py; absent for a plain one-row step);
+- the KV buffer [2, L, A, H, C, D] of the cache's arena (cache.py): each
+  layer's new rows are written at slots P .. P + Q - 1 and it attends over
+  slots 0 .. P + Q - 1, as ``SlotLayer`` does;
+- ``past``: a tensor of P elements, all one stored value (a size, read by
+  the layers).
+
+What a trace cannot follow is Python that branches on a size or a value.
+So a trace is made per ``TraceKey`` (the linear route and the row count's
+class, each of which changes which ops a forward runs), and each is checked
+when made: the eager forward and the trace run the step at hand and the
+same step one row and one slot shorter, on copies of the cache, and must
+agree to the bit, logits and keys alike. A trace that fails that (or cannot
+be made) is never used for its key; those steps run eagerly.
+
+Linear layers routed to lookahead's kernel (fewrows.py) are recorded as the
+``lookahead::rows_linear`` op, so the trace calls the kernel too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+from .cache import Arena
+from .fewrows import FEW_ROWS_MAX, MM_ROWS_MAX
+
+# Steps of a kind run eagerly before that kind is traced: a trace costs about 0.7-1.2 s to make and check
+# (SmolLM2-135M, 2-core EPYC), some 100 steps' saving, so kinds a process seldom runs are never traced.
+TRACE_AFTER = 16
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from .attention import GroupedAttention
+
+
+@dataclass(frozen=True)
+class TraceKey:
+    """What decides which ops a forward runs, beyond its sizes: the linear route (``"torch"``,
+    ``"kernel"``, ``"mm"``, ``"onednn"``) and the class of its row count (``row_class``)."""
+
+    linear: str
+    rows: str
+    batch: bool  # several sequences (a mask over each one's slots)
+
+
+def row_class(rows: int) -> str:
+    """The row counts one trace serves (fewrows.py takes other paths at these bounds; one row runs
+    without a mask): 1 -> "1"; 2..7 -> "2-7"; 8..64 -> "8-64"; 65 and more -> "65+"."""
+    if rows == 1:
+        return "1"
+    if rows <= MM_ROWS_MAX:
+        return f"2-{MM_ROWS_MAX}"
+    return f"{MM_ROWS_MAX + 1}-{FEW_ROWS_MAX}" if rows <= FEW_ROWS_MAX else f"{FEW_ROWS_MAX + 1}+"
+
+
+class TraceLayer(DynamicLayer):
+    """One layer's keys and values in its slices of the KV buffer [A, H, C, D]: the step's rows go to
+    slots P .. P + Q - 1, with P read as the size of ``past`` (so a trace keeps it a size)."""
+
+    keys: torch.Tensor  # [A, H, C, D]
+    values: torch.Tensor
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.past = keys, values, past
+        self.is_initialized = True
+        self.device = keys.device
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        past, rows = self.past.size(0), key_states.size(2)
+        self.keys.narrow(2, past, rows).copy_(key_states)
+        self.values.narrow(2, past, rows).copy_(value_states)
+        return self.keys.narrow(2, 0, past + rows), self.values.narrow(2, 0, past + rows)  # [A, H, P + Q, D]
+
+    def get_seq_length(self) -> int:
+        return 0  # (not used: positions and the mask come given)
+
+
+class TraceCache(DynamicCache):
+    """The cache a traced forward writes: every layer a ``TraceLayer`` over the buffer [2, L, A, H, C, D]."""
+
+    def __init__(self, buffer: torch.Tensor, past: torch.Tensor):
+        Cache.__init__(self, layers=[TraceLayer(buffer[0, i], buffer[1, i], past) for i in range(buffer.shape[1])])
+
+
+class TracedForward:
+    """The traced forwards of one model, one per ``TraceKey``, made on the key's step after its first
+    ``trace_after`` (run eagerly) and checked then."""
+
+    def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention):
+        self.model = model
+        self.cache_keyword = cache_keyword
+        self.attention = attention
+        self.traces: dict[TraceKey, Any] = {}  # key -> its torch.jit trace
+        self.failures: dict[TraceKey, str] = {}  # key -> why its steps run eagerly
+        self.seen: dict[TraceKey, int] = {}  # key -> its steps so far, while it has no trace
+        self.trace_after = TRACE_AFTER
+        self.weights = self._weights()  # what the traces were made over
+
+    def _weights(self) -> tuple:
+        """Where the model's first weight lives: moving or casting the model (which a trace, holding its
+        tensors as constants, would not follow) changes this. (Linear layers swapped for the kernel's routed
+        weights, fewrows.py, share storage with theirs.)"""
+        first = next(self.model.parameters(), None)
+        return (first.data_ptr(), first.dtype, first.device) if first is not None else ()
+
+    def step(self, key: TraceKey, arena: Arena, tokens: torch.Tensor, positions: torch.Tensor,
+             mask: torch.Tensor | None, keep: torch.Tensor, past: int) -> torch.Tensor | None:
+        """Logits [A, K, V] of rows ``keep`` [K] of the step (tokens and positions [A, Q], ``mask``
+        [A, 1, Q, P + Q] or None for one plain row), written into ``arena`` after its ``past`` filled
+        slots; None where no checked trace serves ``key`` (then the caller runs the step eagerly,
+        the arena untouched)."""
+        weights = self._weights()
+        if weights != self.weights:
+            self.traces.clear()
+            self.failures.clear()
+            self.seen.clear()
+            self.weights = weights
+        if key in self.failures or any(layer.length != past for layer in arena.members):
+            return None
+        trace = self.traces.get(key)
+        if trace is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.seen[key] <= self.trace_after:
+                return None
+        rows = tokens.shape[1]
+        arena.reserve(past + rows)
+        buffer = arena.buffer
+        assert buffer is not None, "an arena that holds its layers has a buffer"
+        inputs = (tokens, positions, keep, self._past(past, buffer), buffer) + ((mask,) if mask is not None else ())
+        if trace is None:
+            trace = self._new_trace(key, inputs)
+            if trace is None:
+                return None
+        logits = replay(trace, inputs)
+        end = past + rows
+        for layer in arena.members:
+            layer.length = end
+        arena.filled = max(arena.filled, end)
+        return logits
+
+    @staticmethod
+    def _past(past: int, buffer: torch.Tensor) -> torch.Tensor:
+        """A tensor of ``past`` elements (one value stored): the layers read P as its size."""
+        return buffer.new_zeros(1).expand(past)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, past: torch.Tensor,
+                 buffer: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward a trace records: logits [A, K, V] of rows ``keep``."""
+        with self.attention.switched():
+            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
+                             logits_to_keep=keep, **{self.cache_keyword: TraceCache(buffer, past)})
+        return out.logits
+
+    def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
+        """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
+        failure noted) where it cannot be made or does not agree with the eager forward."""
+        parameters = list(self.model.parameters())
+        grads = [p.requires_grad for p in parameters]
+        try:
+            for p in parameters:
+                p.requires_grad_(False)  # (a trace holds the weights as constants, which must not require grad)
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")  # (TracerWarnings about Python values in transformers' code)
+                trace = torch.jit.trace(self._forward, inputs, check_trace=False)
+                shorter = shortened(inputs)
+                agree = agrees(self._forward, trace, inputs) and (shorter is None
+                                                                   or agrees(self._forward, trace, shorter))
+        except Exception as error:  # noqa: BLE001  (whatever tracing raises: that key runs eagerly)
+            self.failures[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            return None
+        finally:
+            for p, grad in zip(parameters, grads):
+                p.requires_grad_(grad)
+        if not agree:
+            self.failures[key] = "the trace's logits or keys differ from the eager forward's"
+            return None
+        self.traces[key] = trace
+        return trace
+
+
+def replay(trace: Any, inputs: tuple) -> torch.Tensor:
+    """``trace`` run on ``inputs`` by TorchScript's plain interpreter: its optimising executor would
+    re-specialise the graph for every new step length and past (recompiling as a decode goes) and may
+    fuse ops into kernels of its own, which would no longer add up as the eager forward does."""
+    with torch.jit.optimized_execution(False):
+        return trace(*inputs)
+
+
+def shortened(inputs: tuple) -> tuple | None:
+    """The same step one row and one past slot shorter (a row's ancestors come before it, so its first
+    Q - 1 rows are a step of their own), the kept rows limited to those; None where the step has one row
+    or no past. A trace that follows sizes runs it as the eager forward does."""
+    tokens, positions, keep, past, buffer = inputs[:5]
+    rows, before = tokens.shape[1], past.shape[0]
+    if rows < 2 or before < 1 or len(inputs) < 6:
+        return None
+    mask = inputs[5]  # [A, 1, Q, P + Q]
+    kept = keep[keep < rows - 1]
+    kept = kept if kept.numel() else keep[:1].clamp_max(rows - 2)
+    return (tokens[:, :-1], positions[:, :-1], kept, past[1:], buffer,
+            mask[:, :, :-1, 1:-1].contiguous())
+
+
+def agrees(eager: Any, trace: Any, inputs: tuple) -> bool:
+    """Whether ``trace`` and ``eager`` give the same logits to the bit and write the same keys and values,
+    each run on its own copy of the buffer (inputs[4])."""
+    buffer = inputs[4]
+    mine, theirs = buffer.clone(), buffer.clone()
+    expected = eager(*inputs[:4], mine, *inputs[5:])
+    got = replay(trace, inputs[:4] + (theirs,) + inputs[5:])
+    return same(expected, got) and same(mine, theirs)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to the bit where numbers, NaN where NaN (a buffer's slots past those written are
+    uninitialised memory, which may hold NaNs)."""
+    return a.shape == b.shape and bool(torch.isclose(a, b, rtol=0.0, atol=0.0, equal_nan=True).all())
