@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import resource
 import time
+from contextlib import nullcontext
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -272,16 +273,20 @@ def peak_rss_mb() -> float:
 
 @torch.inference_mode()
 def run_method(method: Method, model: PreTrainedModel, ids: torch.Tensor, max_new_tokens: int) -> Run:
-    """Time one generate call; count target forwards."""
-    with ForwardCounter(model) as counter:
+    """Time one generate call; count target forwards: a pre-hook counts transformers' own; a lookahead
+    method's are its prefill and its decode steps (its stats: a hook on the model would keep its steps
+    from running as a replayed trace, model/traced.py)."""
+    generator = method.generator
+    with ForwardCounter(model) if generator is None else nullcontext() as counter:
         start = time.perf_counter()
         out = method.generate(ids, max_new_tokens)
         wall = time.perf_counter() - start
     tokens = out[0, ids.shape[1]:].tolist()
-    stats = method.generator.last_stats if method.generator is not None else None
+    stats = generator.last_stats if generator is not None else None
     if stats is None:
-        return Run(tokens, wall, counter.count)
-    return Run(tokens, wall, counter.count, list(stats.accepted), dict(Counter(r for r in stats.routes if r)),
+        return Run(tokens, wall, counter.count if counter is not None else 0)
+    forwards = int(ids.shape[1] > 1) + stats.steps  # (the prompt's last token is the first step's input)
+    return Run(tokens, wall, forwards, list(stats.accepted), dict(Counter(r for r in stats.routes if r)),
                list(stats.host_seconds), list(stats.forward_seconds))
 
 

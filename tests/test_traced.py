@@ -27,10 +27,10 @@ def prompt(seed: int, length: int = 14) -> torch.Tensor:
 
 
 def traced_generator(arch: str, config: LookaheadConfig | None = None) -> LookaheadGenerator:
-    """A generator tracing every step kind on its first step (not after TRACE_AFTER eager ones)."""
+    """A generator tracing every step kind on its first step (not once its eager steps paid for a trace)."""
     gen = LookaheadGenerator(tiny_model(arch), config=config or LookaheadConfig(traced_forward=True))
     assert gen.target.traced is not None
-    gen.target.traced.trace_after = 0
+    gen.target.traced.patience = 0.0
     return gen
 
 
@@ -112,8 +112,8 @@ def test_a_kind_is_traced_only_after_its_first_steps():
     forwards = gen.target.traced
     assert forwards is not None
     ids = prompt(3)
-    gen.generate(ids, max_new_tokens=forwards.trace_after, eos_token_id=NO_EOS)  # one-row steps only
-    assert not forwards.traces
+    gen.generate(ids, max_new_tokens=12, eos_token_id=NO_EOS)  # 11 one-row steps: fewer than a trace's price
+    assert not forwards.traces and forwards.eager
     out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
     assert forwards.traces and "traced" in gen.last_stats.routes[-1]
     assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
@@ -133,5 +133,5 @@ def test_a_traced_batch_gives_each_row_its_generate(arch):
     for i, tokens in enumerate(PROMPTS):
         assert out[i, ids.shape[1]:].tolist() == alone(gen.model, tokens), f"{arch}: row {i} differs"
     forwards = gen.target.traced
-    assert forwards is not None and any(key.batch for key in forwards.traces), forwards and forwards.failures
+    assert forwards is not None and any(key.batch > 1 for key in forwards.traces), forwards and forwards.failures
     assert any(route.endswith("traced") for route in gen.last_stats.routes)

@@ -14,6 +14,7 @@ are selected after the forward (``spans_devices``).
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, cast
 
@@ -27,7 +28,7 @@ from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
-from .traced import TracedForward, TraceKey, row_class
+from .traced import TracedForward, TraceKey, row_class, traceable
 
 if TYPE_CHECKING:
     from transformers import Cache, PreTrainedModel
@@ -117,7 +118,7 @@ class Target:
                                      positions=self.positions)
         self.traced: TracedForward | None = None
         if traced and self.device.type == "cpu" and layout.kinds == frozenset({"full_attention"}) \
-                and not self.select_after:
+                and not self.select_after and traceable(model):
             self.traced = TracedForward(model, self.cache_keyword, self.attention)
 
     def positions(self, positions: torch.Tensor) -> torch.Tensor:
@@ -195,16 +196,21 @@ class Target:
         route = self.route(count, rows)
         with route_mode(route, count * rows, self.linears), \
                 (self.attention.switched() if mask is not None else nullcontext()):
-            if self.traced is not None:
+            key = None
+            if self.traced is not None and isinstance(mask, torch.Tensor | None):
                 arena = arena_of(cache)
-                if arena is not None and isinstance(mask, torch.Tensor | None):
-                    key = TraceKey(route.linear if route is not None else "torch", row_class(count * rows), count > 1)
+                if arena is not None:
+                    key = TraceKey(route.linear if route is not None else "torch", row_class(count * rows), count,
+                                   mask is not None)
                     logits = self.traced.step(key, arena, to_device(tokens, dev), self.positions(q_pos), mask, keep_t,
                                               past)
                     if logits is not None:
                         self.last_route = f"{self.last_route} traced".strip()
                         return logits  # [A, K, V]
+            began = time.perf_counter()  # (on the CPU, where traces run, a forward has finished when it returns)
             out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),
                              attention_mask=mask, use_cache=True, **{self.cache_keyword: cache},
                              logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
+            if key is not None and self.traced is not None:
+                self.traced.ran_eagerly(key, time.perf_counter() - began)
         return out.logits.index_select(1, keep_t) if self.select_after else out.logits  # [A, K, V]

@@ -29,11 +29,15 @@ agree to the bit, logits and keys alike. A trace that fails that (or cannot
 be made) is never used for its key; those steps run eagerly.
 
 Linear layers routed to lookahead's kernel (fewrows.py) are recorded as the
-``lookahead::rows_linear`` op, so the trace calls the kernel too.
+``lookahead::rows_linear`` op, so the trace calls the kernel too. Hooks on the
+model's modules would not run when a trace is replayed, so a step runs eagerly
+while any forward hook is set (``hooked``); a model with accelerate's hooks
+(offload, device maps) is never traced (``traceable``).
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,9 +49,11 @@ from transformers.cache_utils import Cache, DynamicLayer
 from .cache import Arena
 from .fewrows import FEW_ROWS_MAX, MM_ROWS_MAX
 
-# Steps of a kind run eagerly before that kind is traced: a trace costs about 0.7-1.2 s to make and check
-# (SmolLM2-135M, 2-core EPYC), some 100 steps' saving, so kinds a process seldom runs are never traced.
-TRACE_AFTER = 16
+# When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
+# renting skis until the rent paid equals the price: never more than twice the better choice's cost, and
+# kinds a process seldom runs are never traced). A trace's cost is the last one measured; before any,
+# this many of the kind's mean eager step (SmolLM2-135M, 2-core AMD EPYC: 0.96-1.18 s against 35-45 ms).
+TRACE_STEPS_GUESS = 25
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -57,12 +63,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TraceKey:
-    """What decides which ops a forward runs, beyond its sizes: the linear route (``"torch"``,
-    ``"kernel"``, ``"mm"``, ``"onednn"``) and the class of its row count (``row_class``)."""
+    """What decides which ops a forward runs, beyond the sizes a trace follows: the linear route
+    (``"torch"``, ``"kernel"``, ``"mm"``, ``"onednn"``), the class of its row count (``row_class``),
+    the number of sequences (checked only at the count it was made for) and whether a mask comes."""
 
     linear: str
     rows: str
-    batch: bool  # several sequences (a mask over each one's slots)
+    batch: int  # sequences stepped together
+    masked: bool  # the step comes with a 4-D mask (a plain one-row step of aligned sequences has none)
 
 
 def row_class(rows: int) -> str:
@@ -107,8 +115,8 @@ class TraceCache(DynamicCache):
 
 
 class TracedForward:
-    """The traced forwards of one model, one per ``TraceKey``, made on the key's step after its first
-    ``trace_after`` (run eagerly) and checked then."""
+    """The traced forwards of one model, one per ``TraceKey``, made when the key's eager steps have cost
+    what a trace costs (``due``) and checked then."""
 
     def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention):
         self.model = model
@@ -116,9 +124,11 @@ class TracedForward:
         self.attention = attention
         self.traces: dict[TraceKey, Any] = {}  # key -> its torch.jit trace
         self.failures: dict[TraceKey, str] = {}  # key -> why its steps run eagerly
-        self.seen: dict[TraceKey, int] = {}  # key -> its steps so far, while it has no trace
-        self.trace_after = TRACE_AFTER
+        self.eager: dict[TraceKey, tuple[int, float]] = {}  # key -> (its eager steps, their seconds) so far
+        self.trace_seconds: float | None = None  # what the latest trace took to make and check
+        self.patience = 1.0  # trace a kind once its eager steps took this many times a trace's cost
         self.weights = self._weights()  # what the traces were made over
+        self.modules = list(model.modules())
 
     def _weights(self) -> tuple:
         """Where the model's first weight lives: moving or casting the model (which a trace, holding its
@@ -137,15 +147,13 @@ class TracedForward:
         if weights != self.weights:
             self.traces.clear()
             self.failures.clear()
-            self.seen.clear()
+            self.eager.clear()
             self.weights = weights
-        if key in self.failures or any(layer.length != past for layer in arena.members):
+        if key in self.failures or any(layer.length != past for layer in arena.members) or self.hooked():
             return None
         trace = self.traces.get(key)
-        if trace is None:
-            self.seen[key] = self.seen.get(key, 0) + 1
-            if self.seen[key] <= self.trace_after:
-                return None
+        if trace is None and not self.due(key):
+            return None
         rows = tokens.shape[1]
         arena.reserve(past + rows)
         buffer = arena.buffer
@@ -161,6 +169,25 @@ class TracedForward:
             layer.length = end
         arena.filled = max(arena.filled, end)
         return logits
+
+    def hooked(self) -> bool:
+        """Whether a forward hook is set on the model or any module of it, or on every module: a replayed
+        trace would skip it (a hook may change what a layer computes), so such steps run eagerly."""
+        if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+            return True
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+
+    def due(self, key: TraceKey) -> bool:
+        """Whether ``key``'s eager steps so far took as long as a trace costs (times ``patience``)."""
+        steps, seconds = self.eager.get(key, (0, 0.0))
+        cost = self.trace_seconds if self.trace_seconds is not None \
+            else TRACE_STEPS_GUESS * seconds / steps if steps else 0.0
+        return seconds >= self.patience * cost and (steps > 0 or self.patience == 0)
+
+    def ran_eagerly(self, key: TraceKey, seconds: float) -> None:
+        """A step of ``key`` ran eagerly (no trace yet) and took ``seconds``."""
+        steps, total = self.eager.get(key, (0, 0.0))
+        self.eager[key] = (steps + 1, total + seconds)
 
     @staticmethod
     def _past(past: int, buffer: torch.Tensor) -> torch.Tensor:
@@ -178,6 +205,7 @@ class TracedForward:
     def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
         """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
         failure noted) where it cannot be made or does not agree with the eager forward."""
+        began = time.perf_counter()
         parameters = list(self.model.parameters())
         grads = [p.requires_grad for p in parameters]
         try:
@@ -195,11 +223,20 @@ class TracedForward:
         finally:
             for p, grad in zip(parameters, grads):
                 p.requires_grad_(grad)
+        self.trace_seconds = time.perf_counter() - began
         if not agree:
             self.failures[key] = "the trace's logits or keys differ from the eager forward's"
             return None
         self.traces[key] = trace
         return trace
+
+
+def traceable(model: torch.nn.Module) -> bool:
+    """Whether a trace can stand for ``model``'s forward: no accelerate hooks (offloaded or dispatched
+    layers, whose weights move during a forward) and every parameter a plain tensor (not a quantized
+    subclass with a forward of its own)."""
+    return all(getattr(m, "_hf_hook", None) is None for m in model.modules()) \
+        and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in model.parameters())
 
 
 def replay(trace: Any, inputs: tuple) -> torch.Tensor:
