@@ -13,7 +13,7 @@ import torch
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.model import traced
-from lookahead.model.traced import row_class, shortened
+from lookahead.model.traced import row_class, trace_linear, varied
 
 NEW = 40
 ARCHS = ("llama", "qwen3", "gpt2", "gpt_neox")
@@ -34,20 +34,49 @@ def traced_generator(arch: str, config: LookaheadConfig | None = None) -> Lookah
     return gen
 
 
-def test_row_classes_follow_the_linear_paths():
-    assert [row_class(q) for q in (1, 2, 7, 8, 64, 65, 500)] == ["1", "2-7", "2-7", "8-64", "8-64", "65+", "65+"]
+def test_row_classes_and_linear_kinds():
+    assert [row_class(q) for q in (1, 2, 7, 8, 64, 65, 500)] == ["1", "2+", "2+", "2+", "2+", "2+", "2+"]
+    assert [trace_linear(r) for r in (None, "torch", "kernel", "mm", "onednn")] == ["any"] * 4 + ["onednn"]
 
 
-def test_shortened_drops_the_last_row_and_the_first_past_slot():
+@pytest.mark.parametrize("code", [0, 1, 2])
+@pytest.mark.parametrize("rows", [1, 3, 9, 70])
+def test_the_linear_op_computes_what_its_route_computes(code, rows):
+    from lookahead.model.fewrows import few_row_linear, linear_op
+
+    x, weight, bias = torch.randn(1, rows, 24), torch.randn(10, 24), torch.randn(10)
+    eager = few_row_linear(x, weight, bias, kernel=code == 1) if code else None
+    expected = eager if eager is not None else torch.nn.functional.linear(x, weight, bias)
+    assert torch.equal(linear_op(x, weight, bias, torch.tensor(code)), expected)
+
+
+def test_varied_halves_tokens_drops_the_last_row_and_the_first_past_slot():
     tokens, positions = torch.tensor([[5, 6, 7]]), torch.tensor([[4, 5, 6]])
     keep, past, buffer = torch.tensor([0, 2]), torch.zeros(1).expand(4), torch.zeros(2, 1, 1, 1, 9, 2)
+    route = torch.tensor(1)
     mask = torch.arange(3 * 7, dtype=torch.float32).view(1, 1, 3, 7)
-    short = shortened((tokens, positions, keep, past, buffer, mask))
-    assert short is not None
-    assert short[0].tolist() == [[5, 6]] and short[1].tolist() == [[4, 5]] and short[2].tolist() == [0]
-    assert short[3].shape == (3,) and short[4] is buffer
-    assert short[5].tolist() == [[[[1, 2, 3, 4, 5], [8, 9, 10, 11, 12]]]]
-    assert shortened((tokens[:, :1], positions[:, :1], keep[:1], past, buffer)) is None  # one row, no mask
+    other = varied((tokens, positions, keep, past, buffer, route, mask))
+    assert other[0].tolist() == [[2, 3]] and other[1].tolist() == [[3, 4]] and other[2].tolist() == [0]
+    assert other[3].shape == (3,) and other[4] is buffer and other[5] is route
+    assert other[6].tolist() == [[[[1, 2, 3, 4, 5], [8, 9, 10, 11, 12]]]]
+    one = varied((tokens[:, 2:], positions[:, 2:], keep[:1], past, buffer, route))  # one row, no mask
+    assert one[0].tolist() == [[3]] and one[1].tolist() == [[5]] and one[3].shape == (3,) and len(one) == 6
+
+
+def test_a_trace_that_holds_a_linear_output_is_refused(monkeypatch):
+    """A kernel called from Python while tracing is recorded as its output: such a trace must be refused."""
+    from lookahead.model import fewrows
+
+    def untraceable(x, weight, bias, route):
+        return torch.from_numpy(torch.nn.functional.linear(x, weight, bias).numpy())  # (a trace sees a constant)
+
+    monkeypatch.setattr(fewrows, "linear_op", untraceable)
+    gen = traced_generator("llama")
+    ids = prompt(1)
+    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
+    forwards = gen.target.traced
+    assert forwards is not None and not forwards.traces and forwards.failures
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -111,6 +140,7 @@ def test_a_kind_is_traced_only_after_its_first_steps():
     gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True, candidates=0))
     forwards = gen.target.traced
     assert forwards is not None
+    forwards.patience = 1.0  # (traced once its eager steps took TRACE_STEPS_GUESS mean steps)
     ids = prompt(3)
     gen.generate(ids, max_new_tokens=12, eos_token_id=NO_EOS)  # 11 one-row steps: fewer than a trace's price
     assert not forwards.traces and forwards.eager
@@ -119,8 +149,23 @@ def test_a_kind_is_traced_only_after_its_first_steps():
     assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
 
 
-def test_off_where_asked():
-    assert LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=False)).target.traced is None
+def test_off_by_default_on_where_asked():
+    assert LookaheadGenerator(tiny_model("llama")).target.traced is None
+    assert LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True)).target.traced is not None
+
+
+def test_a_hooked_model_runs_eagerly():
+    gen = traced_generator("llama")
+    calls = []
+    handle = gen.model.get_input_embeddings().register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        ids = prompt(4)
+        out = gen.generate(ids, max_new_tokens=20, eos_token_id=NO_EOS)
+    finally:
+        handle.remove()
+    assert torch.equal(out, reference(gen.model, ids, 20, eos_token_id=NO_EOS))
+    assert not any(route.endswith("traced") for route in gen.last_stats.routes)
+    assert len(calls) == gen.last_stats.steps + 1, "the hook missed a step"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
@@ -135,3 +180,19 @@ def test_a_traced_batch_gives_each_row_its_generate(arch):
     forwards = gen.target.traced
     assert forwards is not None and any(key.batch > 1 for key in forwards.traces), forwards and forwards.failures
     assert any(route.endswith("traced") for route in gen.last_stats.routes)
+
+
+def test_generators_sharing_a_model_stay_exact():
+    """Two generators over one model (as the bench runs them), each tracing, called in turn."""
+    model = tiny_model("qwen3")
+    gens = [LookaheadGenerator(model, config=LookaheadConfig(traced_forward=True, candidates=c)) for c in (0, 8)]
+    for gen in gens:
+        assert gen.target.traced is not None
+        gen.target.traced.patience = 0.0
+    for seed in range(2):
+        ids = prompt(seed)
+        expected = reference(model, ids, NEW, eos_token_id=NO_EOS)
+        for gen in gens:
+            assert torch.equal(gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS), expected)
+    assert all(gen.target.traced is not None and gen.target.traced.traces for gen in gens)
+    assert all(type(m.weight) is torch.nn.Parameter for m in model.modules() if isinstance(m, torch.nn.Linear))

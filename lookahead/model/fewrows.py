@@ -58,28 +58,47 @@ ONEDNN_DTYPES = (torch.float32,)  # what the onednn route packs
 KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (the cost measurement decides where it wins)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
 FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
-OP = "lookahead::rows_linear"  # the kernel as a torch op, so that a traced forward (traced.py) records it
+OP = "lookahead::linear"  # a linear layer as a torch op that follows a route given at run time (traced.py)
+ROUTE_CODES = {"torch": 0, "kernel": 1, "mm": 2}  # the routes OP takes, by the code it is given
+KERNEL_CODE = ROUTE_CODES["kernel"]
 
 
-def _rows_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., I] W [O, I]^T through ``rows_linear`` (1..KERNEL_ROWS_MAX rows; more: torch's own): the CPU
-    kernel of the OP op, for a trace that recorded it at another row count."""
-    rows = x.numel() // x.shape[-1]
-    if not 1 <= rows <= KERNEL_ROWS_MAX:
-        return F.linear(x, weight)
-    out = torch.from_numpy(rows_linear(weight.numpy(), x.reshape(rows, x.shape[-1]).contiguous().numpy()))  # [R, O]
-    return out.view(*x.shape[:-1], weight.shape[0])
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, route: torch.Tensor) -> torch.Tensor:
+    """x [..., I] W [O, I]^T (+ bias) as a forward through the route coded by ``route`` (a 0-d int64 tensor,
+    ROUTE_CODES) computes it: ``few_row_linear``'s kernel or W @ x^T where it applies, else F.linear.
+    The CPU kernel of OP: a traced forward records it once and replays it under any of those routes."""
+    code = int(route)
+    if code == KERNEL_CODE and x.dtype == weight.dtype and x.dtype in KERNEL_DTYPES and weight.is_contiguous():
+        rows = x.numel() // x.shape[-1]
+        if 1 <= rows <= KERNEL_ROWS_MAX:  # (RoutedWeight's hot path, as lean: every step runs it per layer)
+            out = torch.from_numpy(rows_linear(weight.numpy(), x.reshape(rows, x.shape[-1]).contiguous().numpy()))
+            if bias is not None:
+                out += bias
+            return out.view(*x.shape[:-1], weight.shape[0])  # [..., O]
+    if code:
+        routed = few_row_linear(x, weight, bias, kernel=code == KERNEL_CODE)
+        if routed is not None:
+            return routed
+    return F.linear(x, weight, bias)
 
 
 def _register_op() -> Callable[..., torch.Tensor]:
-    """torch.ops.lookahead.rows_linear (defined once per process: torch's operator registry is the process's)."""
-    if not hasattr(torch.ops.lookahead, "rows_linear"):
-        torch.library.define(OP, "(Tensor x, Tensor weight) -> Tensor")
-        torch.library.impl(OP, "cpu", _rows_linear_op)
-    return torch.ops.lookahead.rows_linear
+    """torch.ops.lookahead.linear (defined once per process: torch's operator registry is the process's)."""
+    if not hasattr(torch.ops.lookahead, "linear"):
+        torch.library.define(OP, "(Tensor x, Tensor weight, Tensor? bias, Tensor route) -> Tensor")
+        torch.library.impl(OP, "cpu", _linear_op)
+    return torch.ops.lookahead.linear
 
 
-rows_linear_op = _register_op()
+linear_op = _register_op()
+
+
+class Recording:
+    """What a ``FewRowLinear``'s routed weights do while a forward is recorded (traced.py): with ``route``
+    set (a 0-d int64 tensor), every F.linear over them runs as ``linear_op`` under that route."""
+
+    def __init__(self) -> None:
+        self.route: torch.Tensor | None = None
 
 
 def start_numba_threads() -> None:
@@ -104,13 +123,14 @@ class RoutedWeight(torch.Tensor):
     array: np.ndarray | None  # ... and as a numpy array (made once: the kernel reads it every step), if the kernel can
     kernel: bool
     packed: torch.Tensor | None  # ... and packed for oneDNN (the onednn route), else None
+    recording: Recording | None  # its FewRowLinear's recording (traced.py), if any
 
     @staticmethod
     def __new__(cls: type[RoutedWeight], weight: torch.Tensor, kernel: bool,
-                packed: torch.Tensor | None = None) -> RoutedWeight:
+                packed: torch.Tensor | None = None, recording: Recording | None = None) -> RoutedWeight:
         plain = weight.detach()
         routed = torch.Tensor._make_subclass(cls, plain, False)
-        routed.plain, routed.kernel, routed.packed = plain, kernel, packed
+        routed.plain, routed.kernel, routed.packed, routed.recording = plain, kernel, packed, recording
         routed.array = plain.numpy() if plain.is_contiguous() and plain.dtype in KERNEL_DTYPES else None
         return routed
 
@@ -120,6 +140,9 @@ class RoutedWeight(torch.Tensor):
         if func is F.linear and not kwargs and 2 <= len(args) <= 3:  # how nn.Linear calls it: the hot path
             x, weight = args[0], args[1]
             bias = args[2] if len(args) == 3 else None
+            recording = weight.recording if type(weight) is RoutedWeight else None
+            if recording is not None and recording.route is not None and type(x) is torch.Tensor:
+                return linear_op(x, weight.plain, bias, recording.route)  # (recorded by a trace: traced.py)
             # (the weight's own attributes are read from .array and .plain: a tensor property read
             # on the subclass would go through this function again)
             packed = weight.packed if type(weight) is RoutedWeight else None
@@ -133,9 +156,6 @@ class RoutedWeight(torch.Tensor):
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
                 outputs, inputs = array.shape
                 rows = x.numel() // inputs if x.shape[-1] == inputs else 0
-                if 1 <= rows <= KERNEL_ROWS_MAX and torch._C._get_tracing_state() is not None:
-                    out = rows_linear_op(x, weight.plain)  # (recorded by a trace: traced.py)
-                    return out if bias is None else out + bias
                 if 1 <= rows <= KERNEL_ROWS_MAX:
                     out = torch.from_numpy(rows_linear(array, x.reshape(rows, inputs).contiguous().numpy()))  # [R, O]
                     if bias is not None:
@@ -174,13 +194,16 @@ class FewRowLinear:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        self.recording = Recording()  # set while a forward is traced (traced.py)
+        self.depth = 0  # routed() contexts entered
         self._wrap()
 
     def _wrap(self) -> None:
         """Find the layers and wrap their weights as they are now (packed for oneDNN on first use)."""
         self.layers = routable_linears(self.model)
         self.weights: list[torch.Tensor] = [layer.weight for layer in self.layers]  # (each a Parameter)
-        self.wrapped = {kind: [RoutedWeight(w, kind == "kernel") for w in self.weights] for kind in ("kernel", "mm")}
+        self.wrapped = {kind: [RoutedWeight(w, kind == "kernel", recording=self.recording) for w in self.weights]
+                        for kind in ("kernel", "mm")}
 
     def _packed(self) -> list[RoutedWeight]:
         """The weights packed for oneDNN (made once: a copy of every linear layer's weight); a weight it
@@ -192,8 +215,10 @@ class FewRowLinear:
     @contextmanager
     def routed(self, kernel: bool = True, onednn: bool = False) -> Iterator[None]:
         """The body's forwards run the layers' linears through few_row_linear (``onednn``: through
-        oneDNN's packed kernel, where a weight could be packed)."""
-        if any(layer._parameters["weight"] is not w for layer, w in zip(self.layers, self.weights)):
+        oneDNN's packed kernel, where a weight could be packed). Re-entrant: inside another ``routed``
+        of this object, the body's route replaces the outer one's, which is put back on exit."""
+        outer = [layer._parameters["weight"] for layer in self.layers] if self.depth else None
+        if outer is None and any(layer._parameters["weight"] is not w for layer, w in zip(self.layers, self.weights)):
             self._wrap()  # the model's weights were replaced (moved, cast, reloaded) since they were wrapped
         start_numba_threads()
         threads = numba.get_num_threads()
@@ -201,10 +226,12 @@ class FewRowLinear:
         chosen = self._packed() if onednn else self.wrapped["kernel" if kernel else "mm"]
         for layer, routed in zip(self.layers, chosen):
             layer._parameters["weight"] = routed  # type: ignore[assignment]  # (a Tensor standing in for the Parameter)
+        self.depth += 1
         try:
             yield
         finally:
-            for layer, weight in zip(self.layers, self.weights):
+            self.depth -= 1
+            for layer, weight in zip(self.layers, outer if outer is not None else self.weights):
                 layer._parameters["weight"] = weight  # type: ignore[assignment]
             numba.set_num_threads(threads)
 

@@ -23,12 +23,12 @@ import torch
 
 from .attention import GroupedAttention
 from .cache import SlotCache, arena_of, cache_keyword, new_cache
-from .fewrows import FewRowLinear
+from .fewrows import FEW_ROWS_MAX, FewRowLinear
 from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
-from .traced import TracedForward, TraceKey, row_class, traceable
+from .traced import TracedForward, TraceKey, row_class, trace_linear, traceable
 
 if TYPE_CHECKING:
     from transformers import Cache, PreTrainedModel
@@ -119,7 +119,7 @@ class Target:
         self.traced: TracedForward | None = None
         if traced and self.device.type == "cpu" and layout.kinds == frozenset({"full_attention"}) \
                 and not self.select_after and traceable(model):
-            self.traced = TracedForward(model, self.cache_keyword, self.attention)
+            self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears)
 
     def positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position ids as fed to the model: any past the context as the last one.
@@ -200,10 +200,10 @@ class Target:
             if self.traced is not None and isinstance(mask, torch.Tensor | None):
                 arena = arena_of(cache)
                 if arena is not None:
-                    key = TraceKey(route.linear if route is not None else "torch", row_class(count * rows), count,
-                                   mask is not None)
-                    logits = self.traced.step(key, arena, to_device(tokens, dev), self.positions(q_pos), mask, keep_t,
-                                              past)
+                    linear = route.linear if route is not None and count * rows <= FEW_ROWS_MAX else None
+                    key = TraceKey(trace_linear(linear), row_class(count * rows), count, mask is not None)
+                    logits = self.traced.step(key, linear, arena, to_device(tokens, dev), self.positions(q_pos), mask,
+                                              keep_t, past)
                     if logits is not None:
                         self.last_route = f"{self.last_route} traced".strip()
                         return logits  # [A, K, V]

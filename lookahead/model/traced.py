@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,13 +48,16 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .cache import Arena
-from .fewrows import FEW_ROWS_MAX, MM_ROWS_MAX
+from .fewrows import ROUTE_CODES, FewRowLinear
 
 # When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
-# renting skis until the rent paid equals the price: never more than twice the better choice's cost, and
+# renting skis until the rent paid reaches the price: a bounded multiple of the better choice's cost, and
 # kinds a process seldom runs are never traced). A trace's cost is the last one measured; before any,
 # this many of the kind's mean eager step (SmolLM2-135M, 2-core AMD EPYC: 0.96-1.18 s against 35-45 ms).
 TRACE_STEPS_GUESS = 25
+# ... waiting for twice that: a one-off call of some 100 tokens then seldom pays for a trace it would not
+# use long; a server or a session of calls traces its common kinds within its first calls.
+TRACE_PATIENCE = 2.0
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -74,13 +78,15 @@ class TraceKey:
 
 
 def row_class(rows: int) -> str:
-    """The row counts one trace serves (fewrows.py takes other paths at these bounds; one row runs
-    without a mask): 1 -> "1"; 2..7 -> "2-7"; 8..64 -> "8-64"; 65 and more -> "65+"."""
-    if rows == 1:
-        return "1"
-    if rows <= MM_ROWS_MAX:
-        return f"2-{MM_ROWS_MAX}"
-    return f"{MM_ROWS_MAX + 1}-{FEW_ROWS_MAX}" if rows <= FEW_ROWS_MAX else f"{FEW_ROWS_MAX + 1}+"
+    """The row counts one trace serves: 1 -> "1", more -> "2+" (the linear layers' route follows the
+    row count at run time, inside ``fewrows.linear_op``)."""
+    return "1" if rows == 1 else "2+"
+
+
+def trace_linear(route: str | None) -> str:
+    """The TraceKey's linear part of a forward through ``route`` (a Route's linear; None: torch as set):
+    "onednn" (its packed weights are recorded) or "any" (every other route, told at run time)."""
+    return "onednn" if route == "onednn" else "any"
 
 
 class TraceLayer(DynamicLayer):
@@ -118,15 +124,18 @@ class TracedForward:
     """The traced forwards of one model, one per ``TraceKey``, made when the key's eager steps have cost
     what a trace costs (``due``) and checked then."""
 
-    def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention):
+    def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention,
+                 linears: FewRowLinear):
         self.model = model
+        self.linears = linears  # its routed linear layers, recorded as fewrows.linear_op
+        self.codes = {code: torch.tensor(code) for code in ROUTE_CODES.values()}  # route code -> trace input
         self.cache_keyword = cache_keyword
         self.attention = attention
         self.traces: dict[TraceKey, Any] = {}  # key -> its torch.jit trace
         self.failures: dict[TraceKey, str] = {}  # key -> why its steps run eagerly
         self.eager: dict[TraceKey, tuple[int, float]] = {}  # key -> (its eager steps, their seconds) so far
         self.trace_seconds: float | None = None  # what the latest trace took to make and check
-        self.patience = 1.0  # trace a kind once its eager steps took this many times a trace's cost
+        self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         self.weights = self._weights()  # what the traces were made over
         self.modules = list(model.modules())
 
@@ -137,12 +146,12 @@ class TracedForward:
         first = next(self.model.parameters(), None)
         return (first.data_ptr(), first.dtype, first.device) if first is not None else ()
 
-    def step(self, key: TraceKey, arena: Arena, tokens: torch.Tensor, positions: torch.Tensor,
+    def step(self, key: TraceKey, route: str | None, arena: Arena, tokens: torch.Tensor, positions: torch.Tensor,
              mask: torch.Tensor | None, keep: torch.Tensor, past: int) -> torch.Tensor | None:
         """Logits [A, K, V] of rows ``keep`` [K] of the step (tokens and positions [A, Q], ``mask``
         [A, 1, Q, P + Q] or None for one plain row), written into ``arena`` after its ``past`` filled
-        slots; None where no checked trace serves ``key`` (then the caller runs the step eagerly,
-        the arena untouched)."""
+        slots, its linear layers through ``route`` (a Route's linear, None: torch's); None where no checked
+        trace serves ``key`` (then the caller runs the step eagerly, the arena untouched)."""
         weights = self._weights()
         if weights != self.weights:
             self.traces.clear()
@@ -158,7 +167,9 @@ class TracedForward:
         arena.reserve(past + rows)
         buffer = arena.buffer
         assert buffer is not None, "an arena that holds its layers has a buffer"
-        inputs = (tokens, positions, keep, self._past(past, buffer), buffer) + ((mask,) if mask is not None else ())
+        code = self.codes[ROUTE_CODES.get(route or "torch", 0)]
+        inputs = (tokens, positions, keep, self._past(past, buffer), buffer, code) \
+            + ((mask,) if mask is not None else ())
         if trace is None:
             trace = self._new_trace(key, inputs)
             if trace is None:
@@ -178,8 +189,14 @@ class TracedForward:
         return any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
 
     def due(self, key: TraceKey) -> bool:
-        """Whether ``key``'s eager steps so far took as long as a trace costs (times ``patience``)."""
-        steps, seconds = self.eager.get(key, (0, 0.0))
+        """Whether to trace ``key`` now: some kind was traced already (this process steps long enough), or
+        the eager steps so far took as long as a trace costs (times ``patience``). (Counted over every
+        kind: the budget, seeing one kind's steps get cheaper, may keep choosing it, and the others
+        would never earn a trace of their own.)"""
+        if self.traces:
+            return True
+        steps = sum(n for n, _ in self.eager.values())
+        seconds = sum(t for _, t in self.eager.values())
         cost = self.trace_seconds if self.trace_seconds is not None \
             else TRACE_STEPS_GUESS * seconds / steps if steps else 0.0
         return seconds >= self.patience * cost and (steps > 0 or self.patience == 0)
@@ -195,12 +212,18 @@ class TracedForward:
         return buffer.new_zeros(1).expand(past)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, past: torch.Tensor,
-                 buffer: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The forward a trace records: logits [A, K, V] of rows ``keep``."""
+                 buffer: torch.Tensor, route: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward a trace records: logits [A, K, V] of rows ``keep``; ``route`` (a 0-d int64 tensor,
+        fewrows.ROUTE_CODES) is read by the linear layers while the forward is recorded."""
         with self.attention.switched():
             out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
                              logits_to_keep=keep, **{self.cache_keyword: TraceCache(buffer, past)})
         return out.logits
+
+    def _records_linears(self, key: TraceKey, trace: Any) -> bool:
+        """Whether ``trace`` calls ``fewrows.linear_op`` for every routed linear layer (a kernel called
+        from Python without it would have been recorded as its output, a constant)."""
+        return key.linear != "any" or str(trace.graph).count("lookahead::linear") >= len(self.linears.layers)
 
     def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
         """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
@@ -208,19 +231,22 @@ class TracedForward:
         began = time.perf_counter()
         parameters = list(self.model.parameters())
         grads = [p.requires_grad for p in parameters]
+        recording = self.linears.recording
         try:
             for p in parameters:
                 p.requires_grad_(False)  # (a trace holds the weights as constants, which must not require grad)
-            with warnings.catch_warnings(), torch.no_grad():
+            with warnings.catch_warnings(), torch.no_grad(), \
+                    (self.linears.routed() if key.linear == "any" else nullcontext()):
+                recording.route = inputs[5] if key.linear == "any" else None
                 warnings.simplefilter("ignore")  # (TracerWarnings about Python values in transformers' code)
                 trace = torch.jit.trace(self._forward, inputs, check_trace=False)
-                shorter = shortened(inputs)
-                agree = agrees(self._forward, trace, inputs) and (shorter is None
-                                                                   or agrees(self._forward, trace, shorter))
+                agree = self._records_linears(key, trace) and agrees(self._forward, trace, inputs) \
+                    and agrees(self._forward, trace, varied(inputs))
         except Exception as error:  # noqa: BLE001  (whatever tracing raises: that key runs eagerly)
             self.failures[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             return None
         finally:
+            recording.route = None
             for p, grad in zip(parameters, grads):
                 p.requires_grad_(grad)
         self.trace_seconds = time.perf_counter() - began
@@ -247,19 +273,22 @@ def replay(trace: Any, inputs: tuple) -> torch.Tensor:
         return trace(*inputs)
 
 
-def shortened(inputs: tuple) -> tuple | None:
-    """The same step one row and one past slot shorter (a row's ancestors come before it, so its first
-    Q - 1 rows are a step of their own), the kept rows limited to those; None where the step has one row
-    or no past. A trace that follows sizes runs it as the eager forward does."""
-    tokens, positions, keep, past, buffer = inputs[:5]
-    rows, before = tokens.shape[1], past.shape[0]
-    if rows < 2 or before < 1 or len(inputs) < 6:
-        return None
-    mask = inputs[5]  # [A, 1, Q, P + Q]
+def varied(inputs: tuple) -> tuple:
+    """Another step for the same trace to run: other tokens (each id halved), one past slot fewer and,
+    with several rows, the last row dropped (a row's ancestors come before it, so the first Q - 1 rows
+    are a step of their own; the kept rows limited to those). A trace that follows sizes and holds no
+    value of the step it was made from runs it as the eager forward does."""
+    tokens, positions, keep, past, buffer, route = inputs[:6]
+    rows = tokens.shape[1]
+    shorter = past[1:] if past.shape[0] > 0 else past
+    drop = 1 if past.shape[0] > 0 else 0  # (mask columns: the first past slot's)
+    if rows < 2 or len(inputs) < 7:
+        return (tokens // 2, positions - drop, keep, shorter, buffer, route) + inputs[6:7]
+    mask = inputs[6]  # [A, 1, Q, P + Q]
     kept = keep[keep < rows - 1]
     kept = kept if kept.numel() else keep[:1].clamp_max(rows - 2)
-    return (tokens[:, :-1], positions[:, :-1], kept, past[1:], buffer,
-            mask[:, :, :-1, 1:-1].contiguous())
+    return (tokens[:, :-1] // 2, positions[:, :-1] - drop, kept, shorter, buffer, route,
+            mask[:, :, :-1, drop:-1].contiguous())
 
 
 def agrees(eager: Any, trace: Any, inputs: tuple) -> bool:
