@@ -222,15 +222,17 @@ class DecodeRun:
         # 6. learn what the step cost: the target's share alone (a draft's forwards, a catch-up over a
         # whole prompt among them, would make every row count look dearer), without the batch's own
         # changes (a sequence leaving, the cache compacted: the same whatever shape the step took).
+        # A step that made a trace of its forward (model/traced.py) took that one-off time too.
         changes = marks[-1] - changed
-        target_seconds = max(seconds - spent - changes, 0.0)
+        one_off = self.target.one_off
+        target_seconds = max(seconds - spent - changes - one_off, 0.0)
         count, width = rows.tokens.shape
         self.chooser.observe(width, target_seconds)  # the batch's cost curve
         accepted = sum(seq.stats.accepted[-1] for seq in seqs)  # tokens the step gave, all sequences
-        self.chooser.settle(accepted, seconds - changes)  # ... and what was forecast of it
+        self.chooser.settle(accepted, seconds - changes - one_off)  # ... and what was forecast of it
         # The route is re-checked on the forward and its read-back alone (what its measurement timed): the
         # host's own work (joins, compaction, a draft) is the same whichever route ran, noise to it.
-        self.target.observe(count, width, marks[4] - marks[2])
+        self.target.observe(count, width, marks[4] - marks[2] - one_off)
         marks.append(clock())
         self._record(rows, accepted, marks)
         return [seqs[a] for a in finished]

@@ -102,6 +102,7 @@ class Target:
         self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
         self.attention = GroupedAttention(model)  # grouped heads under a mask without copies (attention.py)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
+        self.one_off = 0.0  # seconds of the latest step spent on one-off work (making a trace), not its forward
         embedding = cast(torch.Tensor, model.get_input_embeddings().weight)  # [V, hidden]
         self.device = input_device(model)
         self.dtype = embedding.dtype
@@ -180,6 +181,7 @@ class Target:
         """
         dev = self.device
         count, rows = tokens.shape
+        self.one_off = 0.0
         if self.graphs is not None and slots is None:
             arena = arena_of(cache)
             if arena is not None and arena.buffer is not None and arena.buffer.shape[2] == 1:
@@ -201,9 +203,10 @@ class Target:
                 arena = arena_of(cache)
                 if arena is not None:
                     linear = route.linear if route is not None and count * rows <= FEW_ROWS_MAX else None
-                    key = TraceKey(trace_linear(linear), row_class(count * rows), count, mask is not None)
+                    key = TraceKey(trace_linear(linear), row_class(count * rows), mask is not None)
                     logits = self.traced.step(key, linear, arena, to_device(tokens, dev), self.positions(q_pos), mask,
                                               keep_t, past)
+                    self.one_off = self.traced.one_off
                     if logits is not None:
                         self.last_route = f"{self.last_route} traced".strip()
                         return logits  # [A, K, V]

@@ -21,15 +21,21 @@ tensors whose sizes say them (``TraceLayer``):
   the layers).
 
 What a trace cannot follow is Python that branches on a size or a value.
-So a trace is made per ``TraceKey`` (the linear route and the row count's
-class, each of which changes which ops a forward runs), and each is checked
-when made: the eager forward and the trace run the step at hand and the
-same step one row and one slot shorter, on copies of the cache, and must
-agree to the bit, logits and keys alike. A trace that fails that (or cannot
-be made) is never used for its key; those steps run eagerly.
+So a trace is made per ``TraceKey`` (the linear route, the row count's class
+and whether a mask comes, each of which changes which ops a forward runs),
+and each is checked when made: the eager forward and the trace run the step
+at hand and the same step one row and one slot shorter, on copies of the
+cache, and must agree to the bit, logits and keys alike. A trace that fails
+that (or cannot be made) is never used for its key; those steps run eagerly.
+The number of sequences is a size like the others, so one trace serves a
+batch of any size, once it agreed with the eager forward on a step of that
+size (a batch size it has not met is checked on its first step: one eager
+and one traced forward on copies of the cache, not a new trace); a batch size
+where it disagrees runs eagerly.
 
 Linear layers routed to lookahead's kernel (fewrows.py) are recorded as the
-``lookahead::rows_linear`` op, so the trace calls the kernel too. Hooks on the
+``lookahead::linear`` op, told the route at run time, so the trace calls the
+kernel too. Hooks on the
 model's modules would not run when a trace is replayed, so a step runs eagerly
 while any forward hook is set (``hooked``); a model with accelerate's hooks
 (offload, device maps) is never traced (``traceable``).
@@ -39,7 +45,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,12 +75,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TraceKey:
     """What decides which ops a forward runs, beyond the sizes a trace follows: the linear route
-    (``"torch"``, ``"kernel"``, ``"mm"``, ``"onednn"``), the class of its row count (``row_class``),
-    the number of sequences (checked only at the count it was made for) and whether a mask comes."""
+    (``"torch"``, ``"kernel"``, ``"mm"``, ``"onednn"``), the class of its row count (``row_class``)
+    and whether a mask comes. (The number of sequences is a size too: a trace serves every batch
+    it has been checked at, ``TracedForward.checked``.)"""
 
     linear: str
     rows: str
-    batch: int  # sequences stepped together
     masked: bool  # the step comes with a 4-D mask (a plain one-row step of aligned sequences has none)
 
 
@@ -133,8 +140,11 @@ class TracedForward:
         self.attention = attention
         self.traces: dict[TraceKey, Any] = {}  # key -> its torch.jit trace
         self.failures: dict[TraceKey, str] = {}  # key -> why its steps run eagerly
+        self.checked: dict[TraceKey, set[int]] = {}  # key -> the batch sizes its trace agreed at
+        self.refused: set[tuple[TraceKey, int]] = set()  # (key, batch size) where its trace did not agree
         self.eager: dict[TraceKey, tuple[int, float]] = {}  # key -> (its eager steps, their seconds) so far
         self.trace_seconds: float | None = None  # what the latest trace took to make and check
+        self.one_off = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         self.weights = self._weights()  # what the traces were made over
         self.modules = list(model.modules())
@@ -154,11 +164,13 @@ class TracedForward:
         trace serves ``key`` (then the caller runs the step eagerly, the arena untouched)."""
         weights = self._weights()
         if weights != self.weights:
-            self.traces.clear()
-            self.failures.clear()
-            self.eager.clear()
+            for made in (self.traces, self.failures, self.checked, self.refused, self.eager):
+                made.clear()
             self.weights = weights
-        if key in self.failures or any(layer.length != past for layer in arena.members) or self.hooked():
+        self.one_off = 0.0
+        batch = tokens.shape[0]
+        if key in self.failures or (key, batch) in self.refused or self.hooked() \
+                or any(layer.length != past for layer in arena.members):
             return None
         trace = self.traces.get(key)
         if trace is None and not self.due(key):
@@ -170,8 +182,13 @@ class TracedForward:
         code = self.codes[ROUTE_CODES.get(route or "torch", 0)]
         inputs = (tokens, positions, keep, self._past(past, buffer), buffer, code) \
             + ((mask,) if mask is not None else ())
-        if trace is None:
-            trace = self._new_trace(key, inputs)
+        if trace is None or batch not in self.checked[key]:
+            began = time.perf_counter()
+            if trace is None:
+                trace = self._new_trace(key, inputs)
+            elif not self._checked_at(key, trace, inputs):
+                trace = None
+            self.one_off = time.perf_counter() - began
             if trace is None:
                 return None
         logits = replay(trace, inputs)
@@ -225,36 +242,63 @@ class TracedForward:
         from Python without it would have been recorded as its output, a constant)."""
         return key.linear != "any" or str(trace.graph).count("lookahead::linear") >= len(self.linears.layers)
 
-    def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
-        """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
-        failure noted) where it cannot be made or does not agree with the eager forward."""
-        began = time.perf_counter()
+    @contextmanager
+    def _recording(self, key: TraceKey, route: torch.Tensor) -> Iterator[None]:
+        """The body traces or checks ``key``'s forward: no gradients (a trace holds the weights as
+        constants, which must not require grad), the linear layers routed to ``fewrows.linear_op``
+        told ``route`` (a 0-d int64 tensor) where the key takes any route, tracing's warnings about
+        Python values in transformers' code silenced."""
         parameters = list(self.model.parameters())
         grads = [p.requires_grad for p in parameters]
         recording = self.linears.recording
         try:
             for p in parameters:
-                p.requires_grad_(False)  # (a trace holds the weights as constants, which must not require grad)
+                p.requires_grad_(False)
             with warnings.catch_warnings(), torch.no_grad(), \
                     (self.linears.routed() if key.linear == "any" else nullcontext()):
-                recording.route = inputs[5] if key.linear == "any" else None
-                warnings.simplefilter("ignore")  # (TracerWarnings about Python values in transformers' code)
+                recording.route = route if key.linear == "any" else None
+                warnings.simplefilter("ignore")
+                yield
+        finally:
+            recording.route = None
+            for p, grad in zip(parameters, grads):
+                p.requires_grad_(grad)
+
+    def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
+        """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
+        failure noted) where it cannot be made or does not agree with the eager forward."""
+        began = time.perf_counter()
+        try:
+            with self._recording(key, inputs[5]):
                 trace = torch.jit.trace(self._forward, inputs, check_trace=False)
                 agree = self._records_linears(key, trace) and agrees(self._forward, trace, inputs) \
                     and agrees(self._forward, trace, varied(inputs))
         except Exception as error:  # noqa: BLE001  (whatever tracing raises: that key runs eagerly)
             self.failures[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             return None
-        finally:
-            recording.route = None
-            for p, grad in zip(parameters, grads):
-                p.requires_grad_(grad)
         self.trace_seconds = time.perf_counter() - began
         if not agree:
             self.failures[key] = "the trace's logits or keys differ from the eager forward's"
             return None
         self.traces[key] = trace
+        self.checked[key] = {inputs[0].shape[0]}
         return trace
+
+    def _checked_at(self, key: TraceKey, trace: Any, inputs: tuple) -> bool:
+        """Whether ``key``'s trace agrees with the eager forward on the step ``inputs``, whose batch size it
+        was not checked at yet (one eager and one traced forward on copies of the cache); the answer is
+        kept for that batch size."""
+        batch = inputs[0].shape[0]
+        try:
+            with self._recording(key, inputs[5]):
+                agree = agrees(self._forward, trace, inputs)
+        except Exception:  # noqa: BLE001  (a trace that cannot run this batch: it runs eagerly)
+            agree = False
+        if agree:
+            self.checked[key].add(batch)
+        else:
+            self.refused.add((key, batch))
+        return agree
 
 
 def traceable(model: torch.nn.Module) -> bool:
