@@ -39,19 +39,32 @@ def config_options(func: F) -> F:
     """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults and help from the
     dataclass, each of the type lookahead.benchmarks.configs.field_kind gives (the one config parser,
     --config's too)."""
-    for field in reversed(dataclasses.fields(LookaheadConfig)):
-        flag, kind, text = field.name.replace("_", "-"), field_kind(field.name), field_help(field)
-        if kind is bool:
-            func = click.option(f"--{flag}/--no-{flag}", field.name, default=field.default, show_default=True,
-                                help=text)(func)
-        elif kind is str:  # checked by LookaheadConfig, so a bad value gets one line
-            metavar = "|".join(CHOICES[field.name]) if field.name in CHOICES else "TEXT"
-            func = click.option(f"--{flag}", field.name, type=str, default=field.default, show_default=True,
-                                metavar=metavar, help=text)(func)
-        else:
-            func = click.option(f"--{flag}", field.name, type=kind, default=field.default, show_default=True,
-                                help=text)(func)
-    return func
+    return config_options_with({})(func)
+
+
+def config_options_with(defaults: Mapping[str, object]) -> Callable[[F], F]:
+    """``config_options`` with the fields named in ``defaults`` defaulting to its values for one command
+    (``lookahead serve`` turns the traced forward on: a server pays for its traces once)."""
+    unknown = set(defaults) - set(LookaheadConfig.field_names())
+    assert not unknown, f"not LookaheadConfig fields: {sorted(unknown)}"
+
+    def decorate(func: F) -> F:
+        for field in reversed(dataclasses.fields(LookaheadConfig)):
+            flag, kind, text = field.name.replace("_", "-"), field_kind(field.name), field_help(field)
+            default = defaults.get(field.name, field.default)
+            if kind is bool:
+                func = click.option(f"--{flag}/--no-{flag}", field.name, default=default, show_default=True,
+                                    help=text)(func)
+            elif kind is str:  # checked by LookaheadConfig, so a bad value gets one line
+                metavar = "|".join(CHOICES[field.name]) if field.name in CHOICES else "TEXT"
+                func = click.option(f"--{flag}", field.name, type=str, default=default, show_default=True,
+                                    metavar=metavar, help=text)(func)
+            else:
+                func = click.option(f"--{flag}", field.name, type=kind, default=default, show_default=True,
+                                    help=text)(func)
+        return func
+
+    return decorate
 
 
 def usable_cores() -> int:

@@ -19,7 +19,7 @@ from .options import (
     checked_config,
     checked_memory_path,
     cli_message,
-    config_options,
+    config_options_with,
     fail,
     threads_option,
     trust_remote_code_option,
@@ -29,6 +29,9 @@ from .options import (
 DISTRIBUTION = "lookahead-lm"  # pyproject.toml [project] name
 SERVE_MODULES = ("fastapi", "uvicorn", "pydantic")  # what the [serve] extra installs that serving imports
 GRACEFUL_SHUTDOWN_S = 10  # on SIGTERM / Ctrl-C: how long requests in flight may take to finish
+# Where a server's defaults differ from LookaheadConfig's: a server traces each step kind on sight and
+# uses the traces for every request after (lookahead/model/traced.py; results/RESULTS.md, run 109).
+SERVE_DEFAULTS = {"traced_forward": True}
 
 
 def require_serve_extra() -> None:
@@ -75,7 +78,7 @@ def is_loopback(host: str) -> bool:
               help="Read the --api-key from this file (its first line).")
 @trust_remote_code_option
 @threads_option
-@config_options
+@config_options_with(SERVE_DEFAULTS)
 def serve(model_name: str, served_model_name: str | None, device: str, dtype: str, host: str, port: int,
           max_batch: int, max_queue: int, memory_path: str | None, save_every: float, api_key: str | None,
           api_key_file: str | None, trust_remote_code: bool, **values: Any) -> None:

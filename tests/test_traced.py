@@ -61,6 +61,8 @@ def test_varied_halves_tokens_drops_the_last_row_and_the_first_past_slot():
     assert other[6].tolist() == [[[[1, 2, 3, 4, 5], [8, 9, 10, 11, 12]]]]
     one = varied((tokens[:, 2:], positions[:, 2:], keep[:1], past, buffer, route))  # one row, no mask
     assert one[0].tolist() == [[3]] and one[1].tolist() == [[5]] and one[3].shape == (3,) and len(one) == 6
+    masked = varied((tokens[:, 2:], positions[:, 2:], keep[:1], past, buffer, route, mask[:, :, 2:, 2:]))
+    assert masked[6].tolist() == [[[[17, 18, 19, 20]]]], "one masked row: the first past slot's column dropped"
 
 
 def test_a_trace_that_holds_a_linear_output_is_refused(monkeypatch):
@@ -266,3 +268,19 @@ def test_making_a_trace_is_not_taken_for_the_steps_cost(monkeypatch):
     assert making and len(making) == len(gen.target.traced.traces), (one_offs, gen.target.traced.traces)
     assert all(observed[i] < one_offs[i] for i in making), (observed, one_offs)
     assert all(s == 0.0 for i, s in enumerate(one_offs) if i not in making)
+
+
+def test_a_server_traces_by_default_and_on_sight():
+    """``lookahead serve`` defaults to the traced forward (``generate`` does not), and an engine makes each
+    kind's trace on its first step: a server pays for a trace once, for every request after."""
+    from lookahead.cli.main import main
+    from lookahead.serve.engine import Engine
+
+    def default(command: str) -> object:
+        return next(p.default for p in main.commands[command].params if p.name == "traced_forward")
+
+    assert default("serve") is True and default("generate") is False
+    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True))
+    assert gen.target.traced is not None and gen.target.traced.patience > 0
+    Engine(gen)
+    assert gen.target.traced.patience == 0.0

@@ -122,6 +122,12 @@ class Target:
                 and not self.select_after and traceable(model):
             self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears)
 
+    def long_lived(self) -> None:
+        """This target steps for a long-lived process (a server): with a traced forward, each step kind is
+        traced on sight, its cost paid once for every request to come (traced.py's ``patience`` 0)."""
+        if self.traced is not None:
+            self.traced.patience = 0.0
+
     def positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position ids as fed to the model: any past the context as the last one.
 

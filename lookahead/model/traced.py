@@ -326,9 +326,11 @@ def varied(inputs: tuple) -> tuple:
     rows = tokens.shape[1]
     shorter = past[1:] if past.shape[0] > 0 else past
     drop = 1 if past.shape[0] > 0 else 0  # (mask columns: the first past slot's)
-    if rows < 2 or len(inputs) < 7:
-        return (tokens // 2, positions - drop, keep, shorter, buffer, route) + inputs[6:7]
+    if len(inputs) < 7:
+        return tokens // 2, positions - drop, keep, shorter, buffer, route
     mask = inputs[6]  # [A, 1, Q, P + Q]
+    if rows < 2:
+        return tokens // 2, positions - drop, keep, shorter, buffer, route, mask[..., drop:].contiguous()
     kept = keep[keep < rows - 1]
     kept = kept if kept.numel() else keep[:1].clamp_max(rows - 2)
     return (tokens[:, :-1] // 2, positions[:, :-1] - drop, kept, shorter, buffer, route,

@@ -170,6 +170,7 @@ class Engine:
         if memory_path is not None and not isinstance(generator.memory, RequestMemory):
             raise ValueError("memory_path needs a memory: LookaheadConfig(memory_tokens=N) with N >= 2")
         self.generator = generator
+        generator.target.long_lived()  # (a server pays for a traced forward's traces over all its requests)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.memory_path, self.save_every_s = memory_path, save_every_s
         self.counters = Counters()
