@@ -35,10 +35,10 @@ where it disagrees runs eagerly.
 
 Linear layers routed to lookahead's kernel (fewrows.py) are recorded as the
 ``lookahead::linear`` op, told the route at run time, so the trace calls the
-kernel too. Hooks on the
-model's modules would not run when a trace is replayed, so a step runs eagerly
-while any forward hook is set (``hooked``); a model with accelerate's hooks
-(offload, device maps) is never traced (``traceable``).
+kernel too. Hooks on the model's modules would not run when a trace is
+replayed, so a step runs eagerly while any forward hook is set (``hooked``);
+a model with accelerate's hooks (offload, device maps) is never traced
+(``traceable``).
 """
 
 from __future__ import annotations
