@@ -34,6 +34,16 @@ def traced_generator(arch: str, config: LookaheadConfig | None = None) -> Lookah
     return gen
 
 
+def assert_every_trace_refused(gen: LookaheadGenerator) -> None:
+    """A decode through ``gen`` equals generate's, made no trace (each failure noted) and ran no step traced."""
+    ids = prompt(1)
+    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
+    forwards = gen.target.traced
+    assert forwards is not None and not forwards.traces and forwards.failures
+    assert not any(route.endswith("traced") for route in gen.last_stats.routes)
+
+
 def test_row_classes_and_linear_kinds():
     assert [row_class(q) for q in (1, 2, 7, 8, 64, 65, 500)] == ["1", "2+", "2+", "2+", "2+", "2+", "2+"]
     assert [trace_linear(r) for r in (None, "torch", "kernel", "mm", "onednn")] == ["any"] * 4 + ["onednn"]
@@ -73,12 +83,7 @@ def test_a_trace_that_holds_a_linear_output_is_refused(monkeypatch):
         return torch.from_numpy(torch.nn.functional.linear(x, weight, bias).numpy())  # (a trace sees a constant)
 
     monkeypatch.setattr(fewrows, "linear_op", untraceable)
-    gen = traced_generator("llama")
-    ids = prompt(1)
-    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
-    assert forwards is not None and not forwards.traces and forwards.failures
+    assert_every_trace_refused(traced_generator("llama"))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -114,13 +119,7 @@ def test_one_trace_serves_many_step_lengths():
 
 def test_a_trace_that_disagrees_is_never_used(monkeypatch):
     monkeypatch.setattr(traced, "agrees", lambda *args: False)
-    gen = traced_generator("llama")
-    ids = prompt(1)
-    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
-    assert forwards is not None and not forwards.traces and forwards.failures
-    assert not any(route.endswith("traced") for route in gen.last_stats.routes)
+    assert_every_trace_refused(traced_generator("llama"))
 
 
 def test_a_model_cast_after_tracing_is_traced_again():

@@ -63,6 +63,15 @@ ROUTE_CODES = {"torch": 0, "kernel": 1, "mm": 2}  # the routes OP takes, by the 
 KERNEL_CODE = ROUTE_CODES["kernel"]
 
 
+def kernel_product(w: np.ndarray, x: torch.Tensor, rows: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., I] (``rows`` rows in all, CPU, w's dtype) @ w [O, I]^T (+ bias [O]) through ``rows_linear``
+    -> [..., O]: the one call of the kernel every route's path makes."""
+    out = torch.from_numpy(rows_linear(w, x.reshape(rows, x.shape[-1]).contiguous().numpy()))  # [R, O]
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], w.shape[0])
+
+
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, route: torch.Tensor) -> torch.Tensor:
     """x [..., I] W [O, I]^T (+ bias) as a forward through the route coded by ``route`` (a 0-d int64 tensor,
     ROUTE_CODES) computes it: ``few_row_linear``'s kernel or W @ x^T where it applies, else F.linear.
@@ -71,10 +80,7 @@ def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if code == KERNEL_CODE and x.dtype == weight.dtype and x.dtype in KERNEL_DTYPES and weight.is_contiguous():
         rows = x.numel() // x.shape[-1]
         if 1 <= rows <= KERNEL_ROWS_MAX:  # (RoutedWeight's hot path, as lean: every step runs it per layer)
-            out = torch.from_numpy(rows_linear(weight.numpy(), x.reshape(rows, x.shape[-1]).contiguous().numpy()))
-            if bias is not None:
-                out += bias
-            return out.view(*x.shape[:-1], weight.shape[0])  # [..., O]
+            return kernel_product(weight.numpy(), x, rows, bias)
     if code:
         routed = few_row_linear(x, weight, bias, kernel=code == KERNEL_CODE)
         if routed is not None:
@@ -154,13 +160,10 @@ class RoutedWeight(torch.Tensor):
             array = weight.array if type(weight) is RoutedWeight and weight.kernel else None
             if array is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == weight.plain.dtype \
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
-                outputs, inputs = array.shape
+                inputs = array.shape[1]
                 rows = x.numel() // inputs if x.shape[-1] == inputs else 0
                 if 1 <= rows <= KERNEL_ROWS_MAX:
-                    out = torch.from_numpy(rows_linear(array, x.reshape(rows, inputs).contiguous().numpy()))  # [R, O]
-                    if bias is not None:
-                        out += bias
-                    return out.view(*x.shape[:-1], outputs)  # [..., O]
+                    return kernel_product(array, x, rows, bias)  # [..., O]
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight, bias = (tuple(args) + (None, None, None))[:3]
@@ -267,15 +270,11 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return None  # a product autograd must see
     rows = x.numel() // max(x.shape[-1], 1)
-    flat = x.reshape(rows, x.shape[-1])  # [R, I]
     if kernel and x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
-        w = array if array is not None else weight.detach().numpy()  # [O, I]
-        out = torch.from_numpy(rows_linear(w, flat.contiguous().numpy()))  # [R, O]
-        if bias is not None:
-            out += bias
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        return kernel_product(array if array is not None else weight.detach().numpy(), x, rows, bias)
     if (kernel and x.dtype in KERNEL_DTYPES) or not x.dtype.is_floating_point or not 2 <= rows <= MM_ROWS_MAX:
         return None
+    flat = x.reshape(rows, x.shape[-1])  # [R, I]
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())  # [O, R]
     return out.t().reshape(*x.shape[:-1], weight.shape[0])
 

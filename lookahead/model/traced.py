@@ -74,9 +74,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TraceKey:
-    """What decides which ops a forward runs, beyond the sizes a trace follows: the linear route
-    (``"torch"``, ``"kernel"``, ``"mm"``, ``"onednn"``), the class of its row count (``row_class``)
-    and whether a mask comes. (The number of sequences is a size too: a trace serves every batch
+    """What decides which ops a forward runs, beyond the sizes a trace follows: the linear route's part
+    (``trace_linear``: ``"any"`` or ``"onednn"``), the class of its row count (``row_class``) and
+    whether a mask comes. (The number of sequences is a size too: a trace serves every batch
     it has been checked at, ``TracedForward.checked``.)"""
 
     linear: str
