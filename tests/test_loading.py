@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import transformers
@@ -187,3 +190,25 @@ def test_a_draft_of_another_vocabulary_is_refused_before_its_weights_load(tmp_pa
             check_draft_source(target, name, cache_dir=tmp_path)
     check_draft_source(target, save_gguf_header(tmp_path / "same.gguf", 96), cache_dir=tmp_path)  # no objection
     check_draft_source(target, "org/unknown", cache_dir=tmp_path)  # unknown without loading: check_draft later
+
+
+BUILDER = """
+import sys, time
+from pathlib import Path
+from lookahead.loading.models import one_builder
+cache = Path(sys.argv[1])
+with one_builder(cache, "tiny"):
+    if not (cache / "built").exists():  # what resolve_local_dir checks again once it holds the lock
+        with open(cache / "builds", "a") as log:
+            log.write("built\\n")
+        time.sleep(0.5)
+        (cache / "built").write_text("done")
+"""
+
+
+def test_two_processes_loading_one_model_first_build_it_once(tmp_path):
+    """Two processes (two test workers, a server beside generate) that load a model into an empty cache
+    at once: the second waits for the first's build and finds it, rather than building beside it."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(tmp_path)]) for _ in range(2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert (tmp_path / "builds").read_text() == "built\n" and (tmp_path / "built").read_text() == "done"

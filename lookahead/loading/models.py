@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from filelock import FileLock
 from safetensors import SafetensorError
 
 from ..errors import ModelLoadError, one_line
@@ -203,6 +204,17 @@ def _gguf_key(path: Path) -> str:
     return f"{path.stem}-{tag[:12]}"
 
 
+def one_builder(cache_dir: Path, key: str) -> FileLock:
+    """A lock, across processes, over building ``key`` in ``cache_dir`` (fetching, assembling and
+    de-quantizing a GGUF): a second process that loads the same model for the first time (a server
+    started beside ``generate``, two test workers) waits for the first one's build and then finds it,
+    rather than writing the same files at once. The operating system drops the lock of a process
+    that dies, so a killed build never blocks the next one."""
+    locks = cache_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(locks / f"{key}.lock"))
+
+
 def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, list[str]]:
     """A local directory with float weights for name_or_path, and what was tried."""
     tried: list[str] = []
@@ -211,14 +223,20 @@ def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, 
         cached = _cached_model_dir(cache_dir, alias.name)  # no need for the GGUF once converted
         if cached is not None:
             return cached, tried
-        gguf = assemble_gguf(alias, cache_dir)
-        return _dequantized_dir(gguf, cache_dir, alias.name, f"delete {gguf} to fetch it again"), tried
+        with one_builder(cache_dir, alias.name):
+            cached = _cached_model_dir(cache_dir, alias.name)  # built by another process while this one waited
+            if cached is not None:
+                return cached, tried
+            gguf = assemble_gguf(alias, cache_dir)
+            return _dequantized_dir(gguf, cache_dir, alias.name, f"delete {gguf} to fetch it again"), tried
     tried.append(f"built-in aliases ({', '.join(sorted(ALIASES))})")
     path = Path(name_or_path).expanduser()
     check_alias_typo(name_or_path, path)
     if path.suffix == ".gguf":
         if path.is_file():
-            return _dequantized_dir(path, cache_dir, _gguf_key(path), "download it again"), tried
+            key = _gguf_key(path)
+            with one_builder(cache_dir, key):
+                return _dequantized_dir(path, cache_dir, key, "download it again"), tried
         tried.append(f"GGUF file {path} (not found)")  # a .gguf names a file, never a hub id: no hub retries
         raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried) +
                              "; pass the path of an existing .gguf file")
