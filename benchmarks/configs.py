@@ -21,13 +21,14 @@ FALSE_WORDS = ("false", "0", "no")
 
 
 def field_kind(name: str) -> type:
-    """The type of a LookaheadConfig field's value, read from its default: bool, int or str."""
+    """The type of a LookaheadConfig field's value, read from its default: bool, int, float or str."""
     return type(_DEFAULTS[name])
 
 
-def parse_value(name: str, raw: str) -> bool | int | str:
+def parse_value(name: str, raw: str) -> bool | int | float | str:
     """Field ``name``'s value written as text (stripped): true/false (or 1/0, yes/no) for a switch, a whole
-    number for an int field, the text itself for a str field. ValueError names the field and the text."""
+    number for an int field, a number for a float field, the text itself for a str field. ValueError names
+    the field and the text."""
     kind, text = field_kind(name), raw.strip()
     if kind is bool:
         if text.lower() not in TRUE_WORDS + FALSE_WORDS:
@@ -38,13 +39,18 @@ def parse_value(name: str, raw: str) -> bool | int | str:
             return int(text)
         except ValueError:
             raise ValueError(f"{name} must be an integer, got {text!r}") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {text!r}") from None
     return text
 
 
 def config_from(values: Mapping[str, object], base: LookaheadConfig | None = None) -> LookaheadConfig:
     """``base`` (default: LookaheadConfig()) with the fields named in ``values`` replaced.
 
-    A value is the field's value (the CLI's options, already typed by click) or, for a bool or int field, its
+    A value is the field's value (the CLI's options, already typed by click) or, for a bool, int or float field, its
     text (read by ``parse_value``). ValueError names a key that is no field; LookaheadConfig raises
     ConfigError for a value out of range.
     """

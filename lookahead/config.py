@@ -90,6 +90,10 @@ class LookaheadConfig:
     check_speculation: bool = documented(True, "scale what the budget expects of speculative steps by what they "
                                                "really gave lately against their forecast, relative to plain "
                                                "steps (lookahead/plan/speculation.py); off: trust the forecast")
+    fair_share: float = documented(0.0, "with several sequences in a batch (a server), admit a step shape only if "
+                                        "every sequence is expected to decode at this fraction of a plain step's "
+                                        "rate or faster (0-1; 1: no request slower than without speculation, "
+                                        "0: the batch's total tokens per second alone decide)")
     cost_cache_dir: str = documented("~/.cache/lookahead/costs", "where measured cost curves are kept "
                                                                  "('': keep nothing on disk)")
     calibration_context: int = documented(256, "context tokens behind the cost measurement (1-65536)")
@@ -165,6 +169,9 @@ class LookaheadConfig:
             raise ConfigError(f"cost_cache_dir must be a path string ('' to keep nothing on disk), "
                               f"got {self.cost_cache_dir!r}")
         _check_int("window_seed", self.window_seed, 0)
+        share = self.fair_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise ConfigError(f"fair_share must be a number between 0 and 1, got {share!r}")
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
                      "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs",

@@ -28,6 +28,8 @@ def gen():
     (dict(budget="auto"), "budget must be one of 'adaptive', 'fixed'"),
     (dict(recycle_width=0), "recycle_width must be between 1 and 64"),
     (dict(recycle=1), "recycle must be True or False"),
+    (dict(fair_share=1.5), "fair_share must be a number between 0 and 1, got 1.5"),
+    (dict(fair_share="1"), "fair_share must be a number between 0 and 1"),
     (dict(cost_cache_dir=None), "cost_cache_dir must be a path string"),
     (dict(calibration_repeats=0), "calibration_repeats"),
     (dict(draft_context=-1), "draft_context must be >= 0, got -1"),

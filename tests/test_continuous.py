@@ -80,6 +80,15 @@ def test_sequences_joining_at_different_steps_each_equal_generate_alone(arch, mo
     assert compactions, "the cache was never compacted: the test would not cover it"
 
 
+def test_a_fair_share_batch_equals_generate_alone():
+    """fair_share 1 (steps no sequence decodes slower in) changes the steps' shapes, never the tokens."""
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig(window=2, ngram=3, fair_share=1.0))
+    out = drive(gen, PROMPTS, JOIN_AT, NEW)
+    for i, prompt in enumerate(PROMPTS):
+        assert out[i] == alone(model, prompt, NEW[i]), f"sequence {i} differs"
+
+
 def test_compaction_keeps_the_slots_each_sequence_sees():
     """After every step of a joining batch, each sequence sees as many slots as its x's position, the
     visible slots' positions count 0, 1, ... in order, and compaction leaves no more slots than the

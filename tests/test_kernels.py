@@ -246,6 +246,24 @@ def test_forecast_options_worked_example_and_curve_seconds():
     assert out[:2] == (1, 1) and np.isclose(out[2], 1.9) and np.isclose(out[3], 1.3)
 
 
+def test_forecast_options_share_keeps_every_sequence_near_its_plain_rate():
+    """Two sequences, one with three likely nodes and one with none, a step of 1 + 0.2 s a row past the
+    first: the batch's best is k = 3 ((3.7 + 1) / 1.6), where the empty one gets 1 token in 1.6 s,
+    0.625 of its plain rate; share 0.7 stops at k = 2 (1 / 1.4 = 0.71), share 1 keeps the plain step."""
+    from lookahead.kernels.budget import forecast_options
+
+    grid = np.array([1.0, 2.0])
+
+    def choose(share):
+        out = forecast_options(np.array([[0.9, 0.9, 0.9], [0.0, 0.0, 0.0]]), np.array([3, 0]), np.array([1]),
+                               np.zeros(1), grid, 1.0 + 0.2 * (grid - 1), 1e-9, 8, 0.0, np.zeros(0), np.zeros(0),
+                               1e-9, 1.0, 1.0, share)
+        return out[:2]
+
+    assert choose(0.0) == (0, 3) and choose(0.5) == (0, 3)
+    assert choose(0.7) == (0, 2) and choose(1.0) == (0, 0)
+
+
 def _count_in_numpy(classes, depths, parents, path, trials, hits, weight, horizon):
     """AcceptanceStats.update as numpy wrote it before its kernel: the reference."""
     accepted = np.zeros(classes.shape[0], dtype=bool)

@@ -606,3 +606,12 @@ def test_error_bodies_are_json(served):
     response = httpx.post(served["url"] + "/v1/completions", content=b"{", headers={"Authorization": f"Bearer {KEY}"})
     assert response.headers["content-type"].startswith("application/json")
     json.loads(response.text)
+
+
+def test_serve_defaults_trace_steps_and_keep_each_request_at_its_plain_rate():
+    """lookahead serve's own defaults (cli/serve.py's SERVE_DEFAULTS); generate keeps LookaheadConfig's."""
+    from lookahead.cli.serve import serve
+
+    ours = {p.name: p.default for p in serve.params}
+    assert ours["traced_forward"] is True and ours["fair_share"] == 1.0
+    assert LookaheadConfig().traced_forward is False and LookaheadConfig().fair_share == 0.0

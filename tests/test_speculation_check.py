@@ -107,3 +107,14 @@ def test_the_check_can_be_switched_off():
     settled(step_chooser.check, 100, ("tree", 1, (3.0, 0.05), (1.0, 0.10)))
     assert step_chooser.check.extra() < 0.5 and step_chooser.corrections() == (1.0, 1.0)
     assert LookaheadConfig().check_speculation is True
+
+
+def test_fair_share_holds_a_batch_to_its_least_accepting_sequence():
+    """fair_share 1: a batch where one sequence has nothing to verify takes no step that would decode it
+    slower than a plain step; alone, a sequence is never held back (its best is never below plain)."""
+    sure, nothing = np.array([0.99, 0.98, 0.97]), np.zeros(0)
+    free, _ = chooser(LookaheadConfig(window=1, auto_window=False))
+    fair, _ = chooser(LookaheadConfig(window=1, auto_window=False, fair_share=1.0))
+    assert free.decide([sure, nothing], 0.0) == (0, 3)
+    assert fair.decide([sure, nothing], 0.0) == (0, 0)
+    assert fair.decide([sure, sure], 0.0) == (0, 3) and fair.decide([sure], 0.0) == (0, 3)

@@ -27,7 +27,7 @@ def warmup() -> None:
                np.zeros(1, dtype=np.int64), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), 8.0)
     forecast_options(np.full((1, 2), 0.5), np.array([2], dtype=np.int64), np.array([1, 3], dtype=np.int64),
                      np.zeros(2), np.array([1.0, 4.0]), np.ones(2), 1e-9, 2, 0.0, np.zeros(1), np.ones(1), 1e-9, 1.0,
-                     1.0)
+                     1.0, 0.0)
     refine_curve(np.array([1.0, 4.0]), np.ones(2), np.zeros(2), np.zeros(2), np.ones(2), 2.0, 1.0, 0.1, 8.0, 1, 100.0)
     pool = new_pool(8, 4, 2, 2)
     pool_insert_sequence(seq, 0, 5, *pool)

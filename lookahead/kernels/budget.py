@@ -38,7 +38,7 @@ def curve_seconds(rows: np.ndarray, seconds: np.ndarray, least: float, q: float)
 def forecast_options(probs: np.ndarray, lengths: np.ndarray, window_rows: np.ndarray, window_gain: np.ndarray,
                      rows: np.ndarray, seconds: np.ndarray, least: float, cap: int, spent: float,
                      logs: np.ndarray, factors: np.ndarray, least_promise: float, extra: float,
-                     dearer: float) -> tuple[int, int, float, float]:
+                     dearer: float, share: float = 0.0) -> tuple[int, int, float, float]:
     """(window option o, tree nodes k, the tree's expected tokens summed over the sequences, the step's
     seconds) of the option with the most expected tokens per second.
 
@@ -51,6 +51,12 @@ def forecast_options(probs: np.ndarray, lengths: np.ndarray, window_rows: np.nda
     ``extra`` scales every option's tokens beyond the bonus ones and ``dearer`` its seconds, but the
     plain step's (o = 0, k = 0). Ties go to the earlier option (o first, then k).
 
+    ``share`` > 0 (a batch of several sequences): an option is admitted only if every sequence's own
+    tokens from it (its bonus token and its tree's, not the window's later worth), per second of the
+    step, reach ``share`` times the plain step's rate of one token: a sequence whose candidates are
+    seldom accepted then rides in no step so dear that it decodes slower than without speculation
+    (share 1.0), however much the others' trees would gain. The plain step is always admitted.
+
     One sequence, probs [[.9 .1]], window rows [1 3], gains [0 .5], a curve of 1 + 0.1 a row past
     the first -> (1, 1, 1.9, 1.3): (1 + .9 + .5) / 1.3 beats 1.9 / 1.1 and 1 / 1.
     """
@@ -60,6 +66,7 @@ def forecast_options(probs: np.ndarray, lengths: np.ndarray, window_rows: np.nda
         longest = max(longest, lengths[a])
     limit = min(longest, cap)
     gains = np.zeros(limit + 1)  # [k + 1] summed over the sequences
+    lowest = np.full(limit + 1, np.inf)  # [k + 1] the least any one sequence expects
     for a in range(count):
         promised, best = 0.0, 0.0
         for k in range(limit + 1):
@@ -71,13 +78,17 @@ def forecast_options(probs: np.ndarray, lengths: np.ndarray, window_rows: np.nda
                 value = promised * np.interp(at, logs, factors)
             best = value if k == 0 else max(best, value)
             gains[k] += 1.0 + best
+            lowest[k] = min(lowest[k], best)
     base = float(count)
+    plain = curve_seconds(rows, seconds, least, float(window_rows[0])) + spent
     best_rate, option, size = -1.0, 0, 0
     for o in range(window_rows.shape[0]):
         for k in range(limit + 1):
             taken = curve_seconds(rows, seconds, least, float(window_rows[o] + k)) + spent
             tokens = base + extra * (gains[k] - base) + base * window_gain[o]
             priced = taken if o == 0 and k == 0 else taken * dearer
+            if share > 0.0 and (o > 0 or k > 0) and (1.0 + extra * lowest[k]) / priced < share / plain:
+                continue  # some sequence would decode slower than its share of a plain step's rate
             rate = tokens / priced
             if rate > best_rate:
                 best_rate, option, size = rate, o, k

@@ -66,10 +66,13 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
 
 def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
                   cost: CostModel | None, cap: int, spent: float = 0.0, calibration: Calibration | None = None,
-                  extra: float = 1.0, dearer: float = 1.0) -> tuple[int, int, tuple[float, float] | None]:
+                  extra: float = 1.0, dearer: float = 1.0,
+                  share: float = 0.0) -> tuple[int, int, tuple[float, float] | None]:
     """``choose_step``'s (o, k), and what was expected of that step before ``extra`` and ``dearer``
     corrected it: (tokens its tree yields, summed over the sequences, without the window's worth;
-    seconds); None without a cost model. One kernel call (kernels/budget.py)."""
+    seconds); None without a cost model. ``share`` > 0: only options where every sequence is expected
+    to decode at ``share`` of a plain step's rate or faster (``LookaheadConfig.fair_share``). One kernel
+    call (kernels/budget.py)."""
     limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
     if cost is None:
         return window_rows.shape[0] - 1, limit, None
@@ -84,5 +87,5 @@ def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain:
     option, size, tokens, seconds = forecast_options(
         table, lengths, np.ascontiguousarray(window_rows, dtype=np.int64),
         np.ascontiguousarray(window_gain, dtype=np.float64), cost.rows, cost.seconds, MIN_SECONDS, limit, spent,
-        logs, factors, LEAST_PROMISE, extra, dearer)
+        logs, factors, LEAST_PROMISE, extra, dearer, share)
     return int(option), int(size), (float(tokens), float(seconds))
