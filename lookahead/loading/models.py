@@ -235,6 +235,9 @@ def resolve_local_dir(name_or_path: str, cache_dir: Path) -> tuple[Path | None, 
     if path.suffix == ".gguf":
         if path.is_file():
             key = _gguf_key(path)
+            cached = _cached_model_dir(cache_dir, key)  # built before: no lock needed (nor a writable cache)
+            if cached is not None:
+                return cached, tried
             with one_builder(cache_dir, key):
                 return _dequantized_dir(path, cache_dir, key, "download it again"), tried
         tried.append(f"GGUF file {path} (not found)")  # a .gguf names a file, never a hub id: no hub retries

@@ -68,7 +68,9 @@ class StepChooser:
                   spent: float) -> tuple[int, int, tuple[float, float] | None]:
         """(window width, tree nodes, what the step is expected to give before the check's corrections)."""
         gain = self.widths * worth  # [O] tokens the window's columns are worth
-        share = self.config.fair_share if len(probs) > 1 else 0.0  # (one sequence: its best is never below plain)
+        # one sequence: its best is never below plain; float: an int share (fair_share=1) would compile the
+        # kernel a second time mid-decode
+        share = float(self.config.fair_share) if len(probs) > 1 else 0.0
         option, size, expected = forecast_step(probs, self.window_rows, gain, self.cost, self.config.max_tree_nodes,
                                                spent, self.acceptance.calibration(), *self.corrections(), share)
         return int(self.widths[option]), size, expected
