@@ -13,7 +13,7 @@ import pytest
 from lookahead.errors import ConfigError, MemoryFileError
 from lookahead.vllm import LookaheadProposer
 from lookahead.vllm.chain import best_chain
-from lookahead.vllm.clock import CEILING, FLOOR, StepClock
+from lookahead.vllm.clock import CEILING, DECAY, FLOOR, StepClock
 from lookahead.vllm.proposer import AUTO_START
 from lookahead.vllm.requests import RequestTracker
 from lookahead.vllm.settings import settings_from
@@ -262,6 +262,45 @@ def test_step_clock_leaves_out_steps_that_changed_the_batch_and_pauses():
         now += 0.02 + 0.5 * (2 + step % 2)
         expensive.tick(now, tokens=3, clean=True)
     assert expensive.threshold(0.3) == CEILING  # b * R = 0.5 s x 3 / 1.27 s: over the ceiling, clipped
+
+
+def _clock_on(rows: list[int], seconds: list[float], tokens: int = 2) -> StepClock:
+    """A clock that saw steps over rows[i] take seconds[i] (the first starts the clock: not counted)."""
+    clock, now = StepClock(), 0.0
+    for q, taken in zip(rows, seconds):
+        clock.proposed(q)
+        now += taken
+        clock.tick(now, tokens=tokens, clean=True)
+    return clock
+
+
+def test_step_clock_fit_is_weighted_least_squares_with_its_standard_error():
+    rng = np.random.default_rng(7)
+    rows = [int(q) for q in rng.integers(2, 12, 60)]
+    seconds = [0.03 + 0.002 * q + float(rng.normal(0, 0.004)) for q in rows]
+    clock = _clock_on(rows, seconds)
+    x, y = np.array(rows[1:], dtype=float), np.array(seconds[1:])  # older steps decayed
+    w = DECAY ** np.arange(x.shape[0] - 1, -1, -1)
+    mx, my = np.average(x, weights=w), np.average(y, weights=w)
+    sxx = float(np.sum(w * (x - mx) ** 2))
+    slope = float(np.sum(w * (x - mx) * (y - my))) / sxx
+    residual = float(np.sum(w * (y - my - slope * (x - mx)) ** 2))
+    error = np.sqrt(residual / (w.sum() - 2) / sxx)
+    assert clock.slope() == pytest.approx(slope, rel=1e-6)
+    assert clock.trust() == pytest.approx(slope ** 2 / (slope ** 2 + error ** 2), rel=1e-6)
+    assert clock.threshold(0.3) == pytest.approx(min(max(clock.trust() * slope * clock.rate(), FLOOR), CEILING))
+
+
+def test_step_clock_trusts_a_slope_the_steps_cannot_tell_from_noise_little():
+    rng = np.random.default_rng(3)
+    rows = [2 + step % 9 for step in range(80)]
+    # Rows cost 2 ms each, but steps scatter by 60 ms around 70 ms (a machine busy with other work).
+    noisy = _clock_on(rows, [0.07 + 0.002 * q + float(rng.uniform(-0.06, 0.06)) for q in rows], tokens=6)
+    clean = _clock_on(rows, [0.07 + 0.002 * q for q in rows], tokens=6)
+    assert clean.trust() == pytest.approx(1.0)
+    assert noisy.slope() is not None and noisy.trust() < 0.6
+    assert noisy.threshold(0.3) == pytest.approx(max(noisy.trust() * noisy.slope() * noisy.rate(), FLOOR))
+    assert noisy.threshold(0.3) < min(max(noisy.slope() * noisy.rate(), FLOOR), CEILING)  # what the bare fit said
 
 
 def test_auto_threshold_is_used_once_learned():
