@@ -91,11 +91,7 @@ class StepClock:
     def trust(self) -> float:
         """How well the steps determine b: b^2 / (b^2 + its standard error^2), 0 to 1 (0 before the fit
         and where the fitted b is not above 0)."""
-        fit = self._fit()
-        if fit is None or fit[0] <= 0.0:
-            return 0.0
-        slope, error = fit
-        return slope * slope / (slope * slope + error * error)
+        return _trust(self._fit())
 
     def rate(self) -> float | None:
         """Recent output tokens per second (None before any clean step)."""
@@ -104,7 +100,15 @@ class StepClock:
     def threshold(self, fallback: float) -> float:
         """The least acceptance chance a draft token needs to pay now: w * b * R, kept within FLOOR and
         CEILING (``fallback`` before the fit)."""
-        slope, rate = self.slope(), self.rate()
-        if slope is None or rate is None or not math.isfinite(slope * rate):
+        fit, rate = self._fit(), self.rate()  # one fit a step
+        if fit is None or rate is None or not math.isfinite(fit[0] * rate):
             return fallback
-        return min(max(self.trust() * slope * rate, FLOOR), CEILING)
+        return min(max(_trust(fit) * max(fit[0], 0.0) * rate, FLOOR), CEILING)
+
+
+def _trust(fit: tuple[float, float] | None) -> float:
+    """b^2 / (b^2 + se^2) of a fit (b, se); 0 without one or where b is not above 0."""
+    if fit is None or fit[0] <= 0.0:
+        return 0.0
+    slope, error = fit
+    return slope * slope / (slope * slope + error * error)
