@@ -19,7 +19,8 @@ from lookahead.call.stopping import _per_token, _stop_strings, first_hit, split_
 
 NEW = 40
 NO_EOS = [VOCAB + 1000]
-WIDE = LookaheadConfig(window=3, ngram=3, candidates=4, match_min=1, match_length=6)  # long accepted steps
+WIDE = LookaheadConfig(window=3, ngram=3, candidates=4, match_min=1, match_length=6,
+                      budget="fixed")  # long accepted steps; fixed: the same steps on every machine
 
 
 def prompts() -> dict[str, torch.Tensor]:
