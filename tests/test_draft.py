@@ -264,7 +264,7 @@ def _sampler(model, draft, **fields) -> LookaheadGenerator:
 def test_sampling_with_a_draft_follows_the_exact_distribution(model, draft, sources, context):
     """Context 2: the draft's q comes from the last two tokens alone (it starts over each step)."""
     gen = _sampler(model, draft, draft_context=context, **(DRAFT_ONLY if sources == "draft-only" else {}))
-    counts, one_forward = sample_runs(gen, PROMPT, 2, 2000, seed=21, **T1)
+    counts, one_forward = sample_runs(gen, PROMPT, 2, 2000, seed=21, **T1)  # batch 1: a draft drafts for one
     assert one_forward > 0.1, f"only {one_forward:.0%} of runs took both tokens in one forward"
     assert chi_square_p(counts, exact_distribution(model, PROMPT, 2, **T1), 2000) > P_MIN
 
