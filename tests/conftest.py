@@ -180,6 +180,17 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     RUN_ON["device"] = config.getoption("--device")
+    if not hasattr(config, "workerinput"):  # pytest-xdist's controller, or a run without workers: once, first
+        warm_kernels()
+
+
+def warm_kernels() -> None:
+    """Compile lookahead's numba kernels into numba's on-disk cache before any test starts (about a second
+    where the cache is there). In a fresh clone every worker, server and CLI subprocess would otherwise
+    compile them cold at the same time (55 s of one core each on a 2-core AMD EPYC)."""
+    from lookahead.kernels import warmup
+
+    warmup()
 
 
 def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):
