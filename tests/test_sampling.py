@@ -230,8 +230,8 @@ def sample_runs(gen: LookaheadGenerator, ids: torch.Tensor, tokens: int, n: int,
                 **settings):
     """n sampled generations, drawn as the rows of batches of ``batch`` copies of ``ids`` [1, T] (the
     rows are independent: each has its own uniforms, and whatever the others proposed, a row's text
-    follows the target's distribution); (Counter of new-token tuples, the first forward's tokens
-    beyond one, a row: with tokens=2, the rows done in one forward)."""
+    follows the target's distribution). Returns (Counter of new-token tuples, the mean over rows of the
+    tokens their first forward gave beyond one: with tokens=2, the share of rows done in one forward)."""
     assert n % batch == 0, "n must be a whole number of batches"
     torch.manual_seed(seed)
     counts, multi = Counter(), 0

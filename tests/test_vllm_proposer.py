@@ -221,27 +221,27 @@ def test_no_drafts_past_the_model_length():
     assert batch.lengths[0] == 0  # finished: every row stopped at MAX_LEN, nothing past it was drafted
 
 
+def _clock_on(rows: list[int], seconds: list[float], tokens: int = 2) -> StepClock:
+    """A clock that saw steps over rows[i] take seconds[i] (the first starts the clock: not counted)."""
+    clock, now = StepClock(), 0.0
+    for q, taken in zip(rows, seconds):
+        clock.proposed(q)
+        now += taken
+        clock.tick(now, tokens=tokens, clean=True)
+    return clock
+
+
 def test_step_clock_worked_example():
-    clock = StepClock()
-    now = 0.0
-    for step in range(40):
-        rows = 4 if step % 2 else 12
-        clock.proposed(rows)
-        now += 0.050 if rows == 4 else 0.066  # the step after this call
-        clock.tick(now, tokens=3, clean=True)
+    rows = [4 if step % 2 else 12 for step in range(40)]
+    clock = _clock_on(rows, [0.050 if q == 4 else 0.066 for q in rows], tokens=3)
     assert clock.slope() == pytest.approx(0.002, rel=1e-6)
     assert clock.rate() == pytest.approx(3 / 0.058, rel=0.05)
     assert clock.threshold(0.3) == pytest.approx(0.002 * clock.rate(), rel=1e-6)
 
 
 def test_step_clock_falls_back_until_it_can_tell_a_row_cost():
-    clock = StepClock()
-    assert clock.threshold(0.3) == 0.3  # nothing seen
-    now = 0.0
-    for _ in range(30):
-        clock.proposed(5)
-        now += 0.04
-        clock.tick(now, tokens=5, clean=True)
+    assert StepClock().threshold(0.3) == 0.3  # nothing seen
+    clock = _clock_on([5] * 30, [0.04] * 30, tokens=5)
     assert clock.slope() is None and clock.threshold(0.3) == 0.3  # every step had 5 rows
 
 
@@ -262,16 +262,6 @@ def test_step_clock_leaves_out_steps_that_changed_the_batch_and_pauses():
         now += 0.02 + 0.5 * (2 + step % 2)
         expensive.tick(now, tokens=3, clean=True)
     assert expensive.threshold(0.3) == CEILING  # b * R = 0.5 s x 3 / 1.27 s: over the ceiling, clipped
-
-
-def _clock_on(rows: list[int], seconds: list[float], tokens: int = 2) -> StepClock:
-    """A clock that saw steps over rows[i] take seconds[i] (the first starts the clock: not counted)."""
-    clock, now = StepClock(), 0.0
-    for q, taken in zip(rows, seconds):
-        clock.proposed(q)
-        now += taken
-        clock.tick(now, tokens=tokens, clean=True)
-    return clock
 
 
 def test_step_clock_fit_is_weighted_least_squares_with_its_standard_error():
