@@ -16,7 +16,10 @@ for the model at hand:
    ``decode_step_timer``), and the best route per row count;
 4. a breakdown of one step through the best route (``step_breakdown``):
    linears, attention, KV cache, other ops, Python and dispatch;
-5. the host's share of real greedy decode steps, by phase (``host_phases``).
+5. on the CPU, the same best route's step replayed from a TorchScript trace
+   (``traced_steps``: model/traced.py, ``traced_forward``), timed in the
+   same passes as its eager steps, with its own breakdown;
+6. the host's share of real greedy decode steps, by phase (``host_phases``).
 
 ``report_markdown`` and ``plot_roofline`` render the result; cli/roofline.py
 writes roofline.json, roofline.md and roofline.png. Every time is in seconds
@@ -320,6 +323,36 @@ def step_breakdown(time_one: Callable, rows: int, route, step_s: float,
     return scaled_parts(per_step, step_s), wall / steps
 
 
+# ---------------------------------------------------------------- the traced forward
+def traced_steps(time_eager: Callable, time_traced, rows: tuple[int, ...], routes: list, repeats: int) -> list[dict]:
+    """Per row count rows[s]: its step through routes[s] replayed from a trace beside the same step run
+    eagerly, as {"seconds": traced median or None, "eager_s": eager median, "why": None or why no trace
+    served}.
+
+    ``time_traced`` is a traced ``StepTimer`` (cost/measure.py): its first step of a kind makes and
+    checks the trace (untimed here, as a warm-up), and a step it could not trace runs eagerly, which
+    its target's ``last_route`` tells. Then ``repeats`` passes time the eager and the traced step of
+    every row count in turn (which of the two goes first alternating), so both see the same load.
+    """
+    eager: dict[int, list[float]] = {q: [] for q in rows}
+    traced: dict[int, list[float]] = {q: [] for q in rows}
+    why: dict[int, str | None] = {}
+    for q, route in zip(rows, routes):
+        time_traced(q, route)  # warm-up: makes and checks the trace of this kind
+        time_traced(q, route)
+        ran = time_traced.target.last_route
+        failures = time_traced.target.traced.failures if time_traced.target.traced is not None else {}
+        why[q] = None if ran.endswith("traced") else \
+            "; ".join(sorted(set(failures.values()))) or "no trace served this step"
+    for index in range(repeats):
+        for q, route in zip(rows, routes):
+            pair = [(eager[q], time_eager), (traced[q], time_traced)] if why[q] is None else [(eager[q], time_eager)]
+            for samples, time_one in (pair if index % 2 == 0 else pair[::-1]):
+                samples.append(time_one(q, route))
+    return [{"seconds": statistics.median(traced[q]) if traced[q] else None, "eager_s": statistics.median(eager[q]),
+             "why": why[q]} for q in rows]
+
+
 # ---------------------------------------------------------------- host time of real steps
 def prompt_ids(tokenizer, vocab: int) -> list[list[int]]:
     """The token ids of the PROMPTS: through the chat template where the tokenizer has one; without a
@@ -375,12 +408,14 @@ def host_phases(model, tokenizer, config, prompts: list[list[int]], max_new_toke
 # ---------------------------------------------------------------- everything
 def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repeats: int,
                      allow_untested: bool = False, config=None, stream_min_bytes: int = STREAM_MIN_BYTES,
-                     host_tokens: int = HOST_TOKENS) -> dict:
+                     host_tokens: int = HOST_TOKENS, traced: bool = True) -> dict:
     """The roofline of ``model`` on this machine beside its measured steps (see the module docstring).
 
     ``rows``: row counts (each >= 1), ``context``: cached tokens behind every step (>= 1; context +
     the largest row count must fit in the model's context), ``repeats``: timed passes (>= 1),
-    ``config``: the LookaheadConfig of the host-time generator (None: the default). Raises
+    ``config``: the LookaheadConfig of the host-time generator (None: the default), ``traced``: time
+    the best routes' steps replayed from traces too (on the CPU; each step's "traced" entry, else
+    None). Raises
     ValueError for a bad argument and UnsupportedModelError (a ValueError) for a model the engine
     cannot drive. The result holds every number, in seconds and bytes.
     """
@@ -409,13 +444,20 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     seconds = step_seconds(time_one, rows, routes, repeats, threads)
     best = best_routes(seconds)
     by_label = {route_label(r): r for r in routes}
+    cpu = device.type == "cpu"  # (off the CPU the profiler's CPU times are the host's launches only; no traces)
+    best_route = [by_label[label] for label, _ in best]
+    time_traced = decode_step_timer(model, layout, context, traced=True) if traced and cpu else None
+    replayed = traced_steps(time_one, time_traced, rows, best_route, repeats) if time_traced is not None \
+        else [None] * len(rows)
     steps = []
-    for q, (label, best_s) in zip(rows, best):
-        parts, profiled = step_breakdown(time_one, q, by_label[label], best_s) if device.type == "cpu" \
-            else (None, None)  # (off the CPU the profiler's CPU times are the host's launches only)
+    for q, route, (label, best_s), trace in zip(rows, best_route, best, replayed):
+        parts, profiled = step_breakdown(time_one, q, route, best_s) if cpu else (None, None)
+        if trace is not None and trace["seconds"] is not None and time_traced is not None:
+            trace["x_roofline"] = trace["seconds"] / roofline
+            trace["breakdown_s"], trace["profiled_s"] = step_breakdown(time_traced, q, route, trace["seconds"])
         steps.append({"rows": q, "seconds": {lab: seconds[lab][rows.index(q)] for lab in seconds},
                       "best_route": label, "best_s": best_s, "x_roofline": best_s / roofline, "breakdown_s": parts,
-                      "profiled_s": profiled})
+                      "profiled_s": profiled, "traced": trace})
     host = host_phases(model, tokenizer, config if config is not None else LookaheadConfig(),
                        prompt_ids(tokenizer, int(model.get_input_embeddings().weight.shape[0])), host_tokens)
     return {"device": str(device), "threads": threads, "context": context, "repeats": repeats,
@@ -457,6 +499,7 @@ def report_markdown(result: dict) -> str:
         cells = [_ms(parts[name]) for name in PARTS] if parts is not None else ["-"] * len(PARTS)
         lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(step['best_s'])} | "
                      f"{step['x_roofline']:.2f}x | " + " | ".join(cells) + " |")
+    lines += traced_lines(result["steps"])
     lines += ["", "Median ms per step through every route ('-': the route runs as another one there):", "",
               "| route | " + " | ".join(str(s["rows"]) for s in result["steps"]) + " |",
               "|:---|" + "---:|" * len(result["steps"])]
@@ -471,6 +514,36 @@ def report_markdown(result: dict) -> str:
     lines += ["", f"Median step: {_ms(host['step_s'])} ms = host {_ms(host['host_s'])} ms (median) + "
               f"forward and read-back {_ms(host['forward_s'])} ms (median)."]
     return "\n".join(lines)
+
+
+def traced_lines(steps: list[dict]) -> list[str]:
+    """The report's table of the traced steps (``traced_steps``), or nothing where none was timed."""
+    if not any(step.get("traced") for step in steps):
+        return []
+    lines = ["", "The same best route's step replayed from a TorchScript trace (`traced_forward`, model/traced.py; "
+             "`lookahead serve` runs it by default), timed in the same passes as its eager step, and its "
+             "breakdown (the kv cache's writes count as other ops there):", "",
+             "| rows | route | eager ms | traced ms | traced / eager | x roofline | linears | attention | kv cache | "
+             "other ops | python+dispatch |",
+             "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    whys = []
+    for step in steps:
+        trace = step.get("traced")
+        if not trace:
+            continue
+        if trace["seconds"] is None:
+            whys.append(f"{step['rows']} rows: {trace['why']}")
+            lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | - | - | - |"
+                         + " - |" * len(PARTS))
+            continue
+        parts = trace.get("breakdown_s")
+        cells = [_ms(parts[name]) for name in PARTS] if parts is not None else ["-"] * len(PARTS)
+        lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | {_ms(trace['seconds'])} | "
+                     f"{trace['seconds'] / trace['eager_s']:.2f} | {trace['x_roofline']:.2f}x | "
+                     + " | ".join(cells) + " |")
+    if whys:
+        lines += ["", "No trace served: " + "; ".join(whys) + "."]
+    return lines
 
 
 def plot_roofline(result: dict, path: str | Path) -> Path:
@@ -489,6 +562,11 @@ def plot_roofline(result: dict, path: str | Path) -> Path:
         if points:
             ax.plot(*zip(*points), marker="o", label=label)
             shown += [ms for _, ms in points]
+    traced = [(q, s["traced"]["seconds"] * 1e3) for q, s in zip(rows, result["steps"])
+              if s.get("traced") and s["traced"]["seconds"]]
+    if traced:
+        ax.plot(*zip(*traced), marker="s", color="black", label="best route, traced")
+        shown += [ms for _, ms in traced]
     ax.axhline(result["roofline_s"] * 1e3, color="black", linestyle="--",
                label=f"roofline {result['roofline_s'] * 1e3:.1f} ms "
                      f"({result['weight_bytes'] / 1e6:.0f} MB at {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)")

@@ -44,7 +44,7 @@ def config_options(func: F) -> F:
 
 def config_options_with(defaults: Mapping[str, object]) -> Callable[[F], F]:
     """``config_options`` with the fields named in ``defaults`` defaulting to its values for one command
-    (``lookahead serve`` turns the traced forward on: a server pays for its traces once)."""
+    (``lookahead serve``'s fair_share)."""
     unknown = set(defaults) - set(LookaheadConfig.field_names())
     assert not unknown, f"not LookaheadConfig fields: {sorted(unknown)}"
 

@@ -26,11 +26,13 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
               help="Timed passes over every row count and route (the median counts).")
 @click.option("--out", "out_dir", default="roofline-out", show_default=True,
               help="Directory for roofline.json, roofline.md and roofline.png.")
+@click.option("--traced/--no-traced", default=True, show_default=True,
+              help="On the CPU, time the best route's step replayed from a TorchScript trace too.")
 @click.option("--allow-untested-models", is_flag=True, help="Measure an architecture outside the tested list.")
 @trust_remote_code_option
 @threads_option
 def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple[int, ...], repeats: int, out_dir: str,
-             allow_untested_models: bool, trust_remote_code: bool) -> None:
+             traced: bool, allow_untested_models: bool, trust_remote_code: bool) -> None:
     """The model's memory roofline on this machine beside its measured steps (markdown on stdout)."""
     if any(q < 1 for q in rows):
         fail(f"--rows must be >= 1, got {min(rows)}")
@@ -42,7 +44,7 @@ def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple
     try:
         with warnings_as_lines():
             result = _measure(model_name, (device, dtype, trust_remote_code), tuple(rows), context, repeats,
-                              allow_untested_models)
+                              allow_untested_models, traced)
             text = write_roofline(out_dir, result)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
@@ -50,7 +52,7 @@ def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple
 
 
 def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, ...], context: int, repeats: int,
-             allow_untested: bool) -> dict:
+             allow_untested: bool, traced: bool = True) -> dict:
     """Load (device, dtype, trust_remote_code = loading) and measure; the result with the machine's
     and the model's names added."""
     import torch
@@ -65,7 +67,7 @@ def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, .
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
                                   trust_remote_code=trust_remote_code)
     config = LookaheadConfig(allow_untested_models=allow_untested)
-    result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config)
+    result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config, traced=traced)
     return {"model": model_name, "dtype": dtype, "cpu": cpu_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, **result}
 

@@ -125,16 +125,14 @@ class LookaheadConfig:
                                          "later calls): a step then costs its kernels, not their launches "
                                          "from Python; no effect on the CPU, with several sequences at once "
                                          "or on models with sliding-window layers")
-    traced_forward: bool = documented(False, "on the CPU, replay a step's forward from a TorchScript trace of "
-                                             "the model: its ops without the Python around them. A trace "
-                                             "(about a second to make) serves every step length, route and "
-                                             "batch size; it is made once the process's eager steps took twice "
-                                             "that (in a server: on sight), and used only where it gives the "
-                                             "eager forward's logits and keys to the bit; steps run eagerly "
-                                             "while a forward hook is set. Off by default for calls in a "
-                                             "process (whole decodes gained nothing measurable); lookahead "
-                                             "serve turns it on. No effect on a GPU or with sliding-window "
-                                             "layers")
+    traced_forward: bool = documented(True, "on the CPU, replay a step's forward from a TorchScript trace of "
+                                            "the model: its ops without the Python around them. A trace "
+                                            "(one to three seconds to make) serves every step length, route and "
+                                            "batch size; it is made once the process's eager steps took twice "
+                                            "that (in a server: on sight), and used only where it gives the "
+                                            "eager forward's logits and keys to the bit; steps run eagerly "
+                                            "while a forward hook is set. No effect on a GPU or with "
+                                            "sliding-window layers")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "

@@ -196,10 +196,78 @@ def test_measure_roofline_holds_every_number_and_its_invariants(llama):
         assert step["x_roofline"] == pytest.approx(step["best_s"] / result["roofline_s"])
         assert sum(step["breakdown_s"].values()) == pytest.approx(step["best_s"])
         assert all(v >= 0 for v in step["breakdown_s"].values()) and step["profiled_s"] > 0
+        trace = step["traced"]  # the best route's step replayed from a trace, timed in the same passes
+        assert trace["why"] is None and trace["seconds"] > 0 and trace["eager_s"] > 0
+        assert trace["x_roofline"] == pytest.approx(trace["seconds"] / result["roofline_s"])
+        assert sum(trace["breakdown_s"].values()) == pytest.approx(trace["seconds"])
+        assert all(v >= 0 for v in trace["breakdown_s"].values()) and trace["profiled_s"] > 0
     from lookahead.model.fewrows import onednn_available
     onednn = {"onednn x1"} if onednn_available() else set()  # (torch built with oneDNN: the CPU wheels are)
     assert set(result["routes"]) == {"torch x1", "kernel x1", "mm x1"} | onednn  # the suite runs on one thread
     json.dumps(result)  # every number is plain JSON
+
+
+def test_measure_roofline_without_traces_times_none(llama):
+    from lookahead import LookaheadConfig
+
+    result = rl.measure_roofline(llama, None, (1,), 8, 1, config=LookaheadConfig(cost_cache_dir=""),
+                                 stream_min_bytes=SMALL_STREAM, host_tokens=4, traced=False)
+    assert [s["traced"] for s in result["steps"]] == [None]
+    assert "traced ms" not in rl.report_markdown(result | dict(model="m", dtype="float32", cpu="c", torch="t",
+                                                               transformers="x"))
+
+
+# ------------------------------------------------------------------ the traced forward
+
+
+def test_a_traced_timer_replays_its_steps_through_the_route_given(llama):
+    time_traced = decode_step_timer(llama, check_model(llama, False), 16, traced=True)
+    for q in (1, 3):
+        for _ in range(2):  # the first step of a kind makes and checks its trace
+            assert time_traced(q, Route(1, "kernel")) > 0
+        assert time_traced.target.last_route == "kernel x1 traced"
+    time_traced(3, Route(1, "torch"))
+    assert time_traced.target.last_route == "torch x1 traced"  # one trace, the route told at run time
+    assert time_traced.target.traced.failures == {}
+
+
+class _Untraceable:
+    """A traced timer whose target never managed a trace: its steps run eagerly."""
+
+    def __init__(self):
+        self.calls = 0
+        failures = {"key": "RuntimeError: cannot trace this"}
+        self.target = type("T", (), dict(last_route="kernel x1", traced=type("F", (), dict(failures=failures))))
+
+    def __call__(self, q, route):
+        self.calls += 1
+        return 0.5
+
+
+def test_traced_steps_pair_the_passes_and_say_why_no_trace_served():
+    eager_calls = []
+
+    def time_eager(q, route):
+        eager_calls.append(q)
+        return 0.01 * q
+
+    untraceable = _Untraceable()
+    steps = rl.traced_steps(time_eager, untraceable, (1, 2), [Route(1, "kernel")] * 2, 3)
+    assert [s["seconds"] for s in steps] == [None, None]
+    assert [s["eager_s"] for s in steps] == [pytest.approx(0.01), pytest.approx(0.02)]
+    assert all(s["why"] == "RuntimeError: cannot trace this" for s in steps)
+    assert untraceable.calls == 4 and eager_calls == [1, 2] * 3  # warm-ups only: an eager step is not timed twice
+    text = "\n".join(rl.traced_lines([dict(rows=1, best_route="kernel x1", traced=steps[0])]))
+    assert "| 1 | kernel x1 | 10.0 | - |" in text and "No trace served: 1 rows: RuntimeError" in text
+
+
+def test_traced_steps_time_both_in_every_pass(llama):
+    layout = check_model(llama, False)
+    time_eager = decode_step_timer(llama, layout, 16)
+    time_traced = decode_step_timer(llama, layout, 16, traced=True)
+    steps = rl.traced_steps(time_eager, time_traced, (1, 4), [Route(1, "kernel")] * 2, 2)
+    assert all(s["why"] is None and s["seconds"] > 0 and s["eager_s"] > 0 for s in steps)
+    assert time_traced.target.last_route == "kernel x1 traced"
 
 
 @pytest.mark.parametrize("args, words", [
@@ -235,6 +303,8 @@ def test_the_command_writes_the_report(model_dir, tmp_path):
     assert text.startswith("# Roofline") and "- CPU: " in text and "GB/s" in text
     assert "| rows | best route | ms | x roofline | linears | attention | kv cache | other ops |" in text
     assert "| propose |" in text and "| learn |" in text
+    assert "| rows | route | eager ms | traced ms | traced / eager | x roofline |" in text
+    assert all(s["traced"]["seconds"] > 0 for s in data["steps"])
     assert text.strip() in result.stdout
     assert (out / "roofline.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -614,4 +614,4 @@ def test_serve_defaults_trace_steps_and_keep_each_request_at_its_plain_rate():
 
     ours = {p.name: p.default for p in serve.params}
     assert ours["traced_forward"] is True and ours["fair_share"] == 1.0
-    assert LookaheadConfig().traced_forward is False and LookaheadConfig().fair_share == 0.0
+    assert LookaheadConfig().traced_forward is True and LookaheadConfig().fair_share == 0.0

@@ -150,9 +150,9 @@ def test_a_kind_is_traced_only_after_its_first_steps():
     assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
 
 
-def test_off_by_default_on_where_asked():
-    assert LookaheadGenerator(tiny_model("llama")).target.traced is None
-    assert LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True)).target.traced is not None
+def test_on_by_default_off_where_asked():
+    assert LookaheadGenerator(tiny_model("llama")).target.traced is not None
+    assert LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=False)).target.traced is None
 
 
 def test_a_hooked_model_runs_eagerly():
@@ -270,15 +270,15 @@ def test_making_a_trace_is_not_taken_for_the_steps_cost(monkeypatch):
 
 
 def test_a_server_traces_by_default_and_on_sight():
-    """``lookahead serve`` defaults to the traced forward (``generate`` does not), and an engine makes each
-    kind's trace on its first step: a server pays for a trace once, for every request after."""
+    """``lookahead serve`` and ``generate`` default to the traced forward, and an engine makes each kind's
+    trace on its first step: a server pays for a trace once, for every request after."""
     from lookahead.cli.main import main
     from lookahead.serve.engine import Engine
 
     def default(command: str) -> object:
         return next(p.default for p in main.commands[command].params if p.name == "traced_forward")
 
-    assert default("serve") is True and default("generate") is False
+    assert default("serve") is True and default("generate") is True
     gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True))
     assert gen.target.traced is not None and gen.target.traced.patience > 0
     Engine(gen)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -35,7 +36,7 @@ from numpy.typing import ArrayLike
 
 from ..model.fewrows import routable_linears
 from ..model.mask import PastSlots
-from ..model.routing import Route, candidate_routes, kernel_applies, onednn_applies, route_mode
+from ..model.routing import Route, Routing, candidate_routes, kernel_applies, onednn_applies, route_mode
 from ..model.support import AttentionLayout
 from ..model.target import Target, input_device
 
@@ -311,35 +312,59 @@ def interpolated(rows: tuple[int, ...], measured: tuple[int, ...], seconds: Arra
 
 # ---------------------------------------------------------------- one decode-shaped forward
 def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                      batch: int = 1, graphs: bool = False) -> Callable[[int, Route | None], float]:
+                      batch: int = 1, graphs: bool = False, traced: bool = False) -> StepTimer:
     """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
     cached ones, run through ``route`` (model/routing.py; None: as torch is set).
 
     Each pass goes through ``Target.step`` exactly as a decode step does
     (for a batch of ``batch`` sequences of q tokens too), plus
     the step's host sync (an argmax read back), and is cropped away again. A
-    synthetic context of random tokens is prefilled here, once.
+    synthetic context of random tokens is prefilled here, once. ``traced``:
+    the target replays its steps from TorchScript traces (model/traced.py),
+    each kind traced on its first step (``StepTimer``).
     """
-    target = Target(model, layout, graphs)  # (graphs: model/graphs.py, where the target takes them)
-    rng = np.random.default_rng(seed)
-    cache = target.new_cache()
-    prefix = rng.integers(0, target.vocab, (batch, context), dtype=np.int64)  # [B, C]
-    with torch.inference_mode():
-        model(input_ids=torch.from_numpy(prefix).to(target.device), use_cache=True, logits_to_keep=1,
-              **{target.cache_keyword: cache})
-    passes = {}  # q -> the step function over fixed random tokens [B, q]
+    return StepTimer(model, layout, context, seed, batch, graphs, traced)
 
-    def time_one(q: int, route: Route | None = None) -> float:
-        if q not in passes:
-            passes[q] = _step_pass(target, rng.integers(0, target.vocab, (batch, q), dtype=np.int64), context)
-        with torch.inference_mode(), route_mode(route, batch * q, target.linears):
+
+class StepTimer:
+    """``decode_step_timer``'s timer: ``self(q, route)`` times one step; ``target`` is the Target it steps,
+    whose ``last_route`` says how the latest step ran ("kernel x2", "kernel x2 traced", ...)."""
+
+    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
+                 batch: int = 1, graphs: bool = False, traced: bool = False):
+        # (graphs: model/graphs.py, where the target takes them; traced: model/traced.py, on the CPU)
+        self.target = Target(model, layout, graphs, traced=traced)
+        if traced:
+            self.target.long_lived()  # every kind traced on its first step
+        self.traced = traced
+        self.context, self.batch = context, batch
+        self.rng = np.random.default_rng(seed)
+        self.cache = self.target.new_cache()
+        prefix = self.rng.integers(0, self.target.vocab, (batch, context), dtype=np.int64)  # [B, C]
+        with torch.inference_mode():
+            model(input_ids=torch.from_numpy(prefix).to(self.target.device), use_cache=True, logits_to_keep=1,
+                  **{self.target.cache_keyword: self.cache})
+        self.passes: dict[int, Callable] = {}  # q -> the step function over fixed random tokens [B, q]
+
+    def __call__(self, q: int, route: Route | None = None) -> float:
+        if q not in self.passes:
+            tokens = self.rng.integers(0, self.target.vocab, (self.batch, q), dtype=np.int64)
+            self.passes[q] = _step_pass(self.target, tokens, self.context)
+        mode: AbstractContextManager[None]
+        if self.traced:
+            # A traced step takes its route from the target's routing (the route is an input of the
+            # trace's linear op): one route measured, so it is the only one ever chosen.
+            self.target.routings = {self.batch: Routing(np.array([q]), [route], np.ones((1, 1)))} \
+                if route is not None else {}
+            mode = nullcontext()
+        else:
+            mode = route_mode(route, self.batch * q, self.target.linears)
+        with torch.inference_mode(), mode:
             began = time.perf_counter()
-            passes[q](cache).argmax(-1).cpu()  # the step's host sync
+            self.passes[q](self.cache).argmax(-1).cpu()  # the step's host sync
             took = time.perf_counter() - began
-            cache.crop(-q)
+            self.cache.crop(-q)
         return took
-
-    return time_one
 
 
 def _step_pass(target: Target, tokens: np.ndarray, context: int):
