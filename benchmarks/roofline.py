@@ -520,8 +520,8 @@ def traced_lines(steps: list[dict]) -> list[str]:
     """The report's table of the traced steps (``traced_steps``), or nothing where none was timed."""
     if not any(step.get("traced") for step in steps):
         return []
-    lines = ["", "The same best route's step replayed from a TorchScript trace (`traced_forward`, model/traced.py; "
-             "`lookahead serve` runs it by default), timed in the same passes as its eager step, and its "
+    lines = ["", "The same best route's step replayed from a TorchScript trace (`traced_forward`, on by default; "
+             "model/traced.py), timed in the same passes as its eager step, and its "
              "breakdown (the kv cache's writes count as other ops there):", "",
              "| rows | route | eager ms | traced ms | traced / eager | x roofline | linears | attention | kv cache | "
              "other ops | python+dispatch |",
