@@ -474,6 +474,11 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1e3:.1f}" if seconds * 1e3 >= 1 else f"{seconds * 1e3:.2f}"
 
 
+def _part_cells(parts: dict[str, float] | None) -> str:
+    """A breakdown's table cells, PARTS in order, joined by " | " ('-' each where there is none)."""
+    return " | ".join(_ms(parts[name]) if parts is not None else "-" for name in PARTS)
+
+
 def report_markdown(result: dict) -> str:
     """The report of ``measure_roofline``'s result (with the keys cli/roofline.py adds: model, dtype,
     cpu, torch, transformers) as markdown: a header, the step table, the host-time table."""
@@ -495,10 +500,8 @@ def report_markdown(result: dict) -> str:
              "python+dispatch |",
              "|---:|:---|---:|---:|---:|---:|---:|---:|---:|"]
     for step in result["steps"]:
-        parts = step["breakdown_s"]
-        cells = [_ms(parts[name]) for name in PARTS] if parts is not None else ["-"] * len(PARTS)
         lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(step['best_s'])} | "
-                     f"{step['x_roofline']:.2f}x | " + " | ".join(cells) + " |")
+                     f"{step['x_roofline']:.2f}x | {_part_cells(step['breakdown_s'])} |")
     lines += traced_lines(result["steps"])
     lines += ["", "Median ms per step through every route ('-': the route runs as another one there):", "",
               "| route | " + " | ".join(str(s["rows"]) for s in result["steps"]) + " |",
@@ -533,14 +536,12 @@ def traced_lines(steps: list[dict]) -> list[str]:
             continue
         if trace["seconds"] is None:
             whys.append(f"{step['rows']} rows: {trace['why']}")
-            lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | - | - | - |"
-                         + " - |" * len(PARTS))
+            lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | - | - | - | "
+                         f"{_part_cells(None)} |")
             continue
-        parts = trace.get("breakdown_s")
-        cells = [_ms(parts[name]) for name in PARTS] if parts is not None else ["-"] * len(PARTS)
         lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | {_ms(trace['seconds'])} | "
                      f"{trace['seconds'] / trace['eager_s']:.2f} | {trace['x_roofline']:.2f}x | "
-                     + " | ".join(cells) + " |")
+                     f"{_part_cells(trace.get('breakdown_s'))} |")
     if whys:
         lines += ["", "No trace served: " + "; ".join(whys) + "."]
     return lines
