@@ -133,6 +133,12 @@ class LookaheadConfig:
                                             "eager forward's logits and keys to the bit; steps run eagerly "
                                             "while a forward hook is set. No effect on a GPU or with "
                                             "sliding-window layers")
+    native_linear: bool = documented(True, "on the CPU, a traced forward calls lookahead's linear kernel through "
+                                           "a C++ op, with no Python between the layers (built on a machine's "
+                                           "first trace with the C++ compiler and ninja torch builds its "
+                                           "extensions with, 15-30 s, then kept); where it cannot be built, "
+                                           "or off, through a Python op: the same products, some 40 us more a "
+                                           "layer")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "
@@ -173,7 +179,7 @@ class LookaheadConfig:
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
                      "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs",
-                     "traced_forward"):
+                     "traced_forward", "native_linear"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -14,10 +14,21 @@ from lookahead.config import ConfigError
 from lookahead.model.fewrows import (KERNEL_ROWS_MAX, MM_ROWS_MAX, FewRowLinear, RoutedWeight, few_row_linear,
                                      onednn_available, pack_for_onednn)
 from lookahead.model.routing import Route, Routing
-from lookahead.kernels.linear import WIDE_INPUTS, WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide, rows_linear
+from lookahead.kernels.linear import (BLOCK, WIDE_INPUTS, WIDE_ROWS, _rows_linear_narrow, _rows_linear_wide,
+                                      linear_into, rows_linear)
 
 
-@pytest.mark.parametrize("kernel", [rows_linear, _rows_linear_narrow, _rows_linear_wide])
+def into(kernel):
+    """``kernel`` (one that writes into a given ``out``) as a function of (w, x) returning out [R, O]."""
+    def product(w, x):
+        out = np.full((x.shape[0], w.shape[0]), np.nan, dtype=x.dtype)
+        kernel(w, x, out)
+        return out
+    return product
+
+
+@pytest.mark.parametrize("kernel", [rows_linear, into(linear_into), into(_rows_linear_narrow),
+                                    into(_rows_linear_wide)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rows_linear_worked_example(kernel, dtype):
     w = np.array([[1, 2], [0, 1], [1, 0]], dtype=dtype)  # [O=3, I=2]
@@ -33,7 +44,18 @@ def test_both_kernels_compute_every_block_and_remainder(rows, outputs):
     rng = np.random.default_rng(rows * 10 + outputs)
     w, x = rng.integers(-3, 4, (outputs, 5)).astype(np.float64), rng.integers(-3, 4, (rows, 5)).astype(np.float64)
     for kernel in (_rows_linear_narrow, _rows_linear_wide):
-        assert np.array_equal(kernel(w, x), x @ w.T)  # small integers: every order sums exactly
+        assert np.array_equal(into(kernel)(w, x), x @ w.T)  # small integers: every order sums exactly
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+def test_wide_kernel_computes_padding_rows_without_writing_them(rows):
+    """x padded with zero rows to whole blocks, out as long as the real rows: only those are written."""
+    rng = np.random.default_rng(rows)
+    w, x = rng.integers(-3, 4, (7, 5)).astype(np.float32), rng.integers(-3, 4, (rows, 5)).astype(np.float32)
+    padded = np.concatenate((x, np.zeros((-rows % BLOCK, 5), dtype=np.float32)))
+    out = np.full((rows, 7), np.nan, dtype=np.float32)
+    _rows_linear_wide(w, padded, out)
+    assert np.array_equal(out, x @ w.T)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, WIDE_ROWS, 64])

@@ -40,13 +40,23 @@ def rows_linear(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     pays from WIDE_ROWS rows, and from 3 rows (with the padding) on long weight rows
     (WIDE_INPUTS); the measurements behind these thresholds are in benchmarks/RESULTS.md.
     """
+    out = np.empty((x.shape[0], w.shape[0]), dtype=x.dtype)
+    linear_into(w, x, out)
+    return out
+
+
+@njit(fastmath=FLAGS, cache=True)
+def linear_into(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out [R, O] = x [R, I] @ w [O, I]^T (``rows_linear`` writing into a given array: the entry point
+    native/entry.py hands to the C++ op). Worked example: as the module's, out given as np.empty((2, 3))."""
     rows, inputs = x.shape
     if rows >= WIDE_ROWS or (rows >= 3 and inputs >= WIDE_INPUTS):
         padded = -rows % BLOCK
         if padded:
             x = np.concatenate((x, np.zeros((padded, inputs), dtype=x.dtype)))
-        return _rows_linear_wide(w, x)[:rows]
-    return _rows_linear_narrow(w, x)
+        _rows_linear_wide(w, x, out)
+    else:
+        _rows_linear_narrow(w, x, out)
 
 
 @njit(fastmath=FLAGS, cache=True, inline="always")
@@ -59,11 +69,10 @@ def _dot(w: np.ndarray, x: np.ndarray, o: int, r: int):
 
 
 @njit(parallel=True, fastmath=FLAGS, cache=True)
-def _rows_linear_narrow(w: np.ndarray, x: np.ndarray):
-    """rows_linear, one weight row at a time."""
+def _rows_linear_narrow(w: np.ndarray, x: np.ndarray, out: np.ndarray):
+    """rows_linear into ``out`` [R, O], one weight row at a time."""
     outputs, inputs = w.shape
     rows = x.shape[0]
-    out = np.empty((rows, outputs), dtype=x.dtype)
     for o in prange(outputs):
         r0 = 0
         while r0 + BLOCK <= rows:
@@ -77,20 +86,19 @@ def _rows_linear_narrow(w: np.ndarray, x: np.ndarray):
             r0 += BLOCK
         for r in range(r0, rows):
             out[r, o] = _dot(w, x, o, r)
-    return out
 
 
 @njit(parallel=True, fastmath=FLAGS, cache=True)
-def _rows_linear_wide(w: np.ndarray, x: np.ndarray):
-    """rows_linear, BLOCK weight rows by BLOCK input rows at a time."""
+def _rows_linear_wide(w: np.ndarray, x: np.ndarray, out: np.ndarray):
+    """rows_linear into ``out`` [R, O], BLOCK weight rows by BLOCK input rows at a time; x [R', I] may hold
+    rows of padding beyond out's R (R' >= R), computed and not written."""
     outputs, inputs = w.shape
-    rows = x.shape[0]
-    out = np.empty((rows, outputs), dtype=x.dtype)
+    rows = out.shape[0]
     for block in prange((outputs + BLOCK - 1) // BLOCK):
         o0 = block * BLOCK
         o_n = min(BLOCK, outputs - o0)
         for r0 in range(0, rows, BLOCK):
-            r_n = min(BLOCK, rows - r0)
+            r_n = min(BLOCK, x.shape[0] - r0)
             if o_n == BLOCK and r_n == BLOCK:
                 acc = np.zeros((BLOCK, BLOCK), dtype=x.dtype)  # [o, r]
                 for i in range(inputs):
@@ -99,10 +107,9 @@ def _rows_linear_wide(w: np.ndarray, x: np.ndarray):
                         for c in range(BLOCK):
                             acc[a, c] += weight * x[r0 + c, i]
                 for a in range(BLOCK):
-                    for c in range(BLOCK):
+                    for c in range(min(BLOCK, rows - r0)):
                         out[r0 + c, o0 + a] = acc[a, c]
             else:
                 for a in range(o_n):
-                    for c in range(r_n):
+                    for c in range(min(r_n, rows - r0)):
                         out[r0 + c, o0 + a] = _dot(w, x, o0 + a, r0 + c)
-    return out

@@ -101,10 +101,12 @@ linear_op = _register_op()
 
 class Recording:
     """What a ``FewRowLinear``'s routed weights do while a forward is recorded (traced.py): with ``route``
-    set (a 0-d int64 tensor), every F.linear over them runs as ``linear_op`` under that route."""
+    set (a 0-d int64 tensor), every F.linear over them runs as ``op`` under that route: ``linear_op``, or
+    the same op in C++ (native/linear.cpp), which a trace then replays without calling into Python."""
 
     def __init__(self) -> None:
         self.route: torch.Tensor | None = None
+        self.op: Callable[..., torch.Tensor] = linear_op
 
 
 def start_numba_threads() -> None:
@@ -148,7 +150,7 @@ class RoutedWeight(torch.Tensor):
             bias = args[2] if len(args) == 3 else None
             recording = weight.recording if type(weight) is RoutedWeight else None
             if recording is not None and recording.route is not None and type(x) is torch.Tensor:
-                return linear_op(x, weight.plain, bias, recording.route)  # (recorded by a trace: traced.py)
+                return recording.op(x, weight.plain, bias, recording.route)  # (recorded by a trace: traced.py)
             # (the weight's own attributes are read from .array and .plain: a tensor property read
             # on the subclass would go through this function again)
             packed = weight.packed if type(weight) is RoutedWeight else None

@@ -87,10 +87,12 @@ def spans_devices(model: torch.nn.Module, main: torch.device) -> bool:
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
-    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False, traced: bool = False):
+    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False, traced: bool = False,
+                 native: bool = True):
         """``graphs``: run one sequence's steps as CUDA graphs (graphs.py) where the model is on a CUDA
         device, every layer attends fully and the layers sit on one device. ``traced``: on the CPU,
-        replay steps from checked TorchScript traces (traced.py) where every layer attends fully."""
+        replay steps from checked TorchScript traces (traced.py) where every layer attends fully; ``native``:
+        their linear layers through the C++ op (native/) where it can be built."""
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -120,7 +122,7 @@ class Target:
         self.traced: TracedForward | None = None
         if traced and self.device.type == "cpu" and layout.kinds == frozenset({"full_attention"}) \
                 and not self.select_after and traceable(model):
-            self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears)
+            self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears, native)
 
     def long_lived(self) -> None:
         """This target steps for a long-lived process (a server): with a traced forward, each step kind is

@@ -33,10 +33,14 @@ size (a batch size it has not met is checked on its first step: one eager
 and one traced forward on copies of the cache, not a new trace); a batch size
 where it disagrees runs eagerly.
 
-Linear layers routed to lookahead's kernel (fewrows.py) are recorded as the
-``lookahead::linear`` op, told the route at run time, so the trace calls the
-kernel too. Hooks on the model's modules would not run when a trace is
-replayed, so a step runs eagerly while any forward hook is set (``hooked``);
+Linear layers routed to lookahead's kernel (fewrows.py) are recorded as an op
+told the route at run time, so the trace calls the kernel too: the C++ op
+``lookahead_native::linear`` (native/, built once per machine), which calls
+the kernel without the interpreter, or where that cannot be built (or
+``native`` is off) fewrows.py's ``lookahead::linear``, whose kernel runs in
+Python (some 60 us more a call: 13 ms of a one-row SmolLM2 step on a 2-core
+AMD EPYC, results/RESULTS.md run 118). Hooks on the model's modules would not
+run when a trace is replayed, so a step runs eagerly while any forward hook is set (``hooked``);
 a model with accelerate's hooks (offload, device maps) is never traced
 (``traceable``).
 """
@@ -54,8 +58,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..native.build import load_linear
 from .cache import Arena
-from .fewrows import ROUTE_CODES, FewRowLinear
+from .fewrows import ROUTE_CODES, FewRowLinear, linear_op
 
 # When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
 # renting skis until the rent paid reaches the price: a bounded multiple of the better choice's cost, and
@@ -132,9 +137,12 @@ class TracedForward:
     what a trace costs (``due``) and checked then."""
 
     def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention,
-                 linears: FewRowLinear):
+                 linears: FewRowLinear, native: bool = True):
         self.model = model
-        self.linears = linears  # its routed linear layers, recorded as fewrows.linear_op
+        self.linears = linears  # its routed linear layers, recorded as ``op``
+        self.native = native  # record the C++ op where it can be had (else fewrows.linear_op)
+        self.op: Any = None  # the linear op the traces record (found on the first trace)
+        self.native_failure = ""  # why the C++ op could not be had, if it was asked for and could not
         self.codes = {code: torch.tensor(code) for code in ROUTE_CODES.values()}  # route code -> trace input
         self.cache_keyword = cache_keyword
         self.attention = attention
@@ -237,15 +245,27 @@ class TracedForward:
                              logits_to_keep=keep, **{self.cache_keyword: TraceCache(buffer, past)})
         return out.logits
 
+    def linear_op(self) -> Any:
+        """The op the traces record for a routed linear layer: the C++ op where ``native`` is asked for and it
+        can be had (built on the machine's first call: native/build.py), else fewrows.linear_op."""
+        if self.op is None:
+            self.op = linear_op
+            if self.native:
+                native, self.native_failure = load_linear()
+                self.op = native if native is not None else linear_op
+        return self.op
+
     def _records_linears(self, key: TraceKey, trace: Any) -> bool:
-        """Whether ``trace`` calls ``fewrows.linear_op`` for every routed linear layer (a kernel called
-        from Python without it would have been recorded as its output, a constant)."""
-        return key.linear != "any" or str(trace.graph).count("lookahead::linear") >= len(self.linears.layers)
+        """Whether ``trace`` calls the linear op for every routed linear layer (a kernel called from Python
+        without it would have been recorded as its output, a constant)."""
+        graph = str(trace.graph)
+        return key.linear != "any" or graph.count("lookahead::linear") + graph.count("lookahead_native::linear") \
+            >= len(self.linears.layers)
 
     @contextmanager
     def _recording(self, key: TraceKey, route: torch.Tensor) -> Iterator[None]:
         """The body traces or checks ``key``'s forward: no gradients (a trace holds the weights as
-        constants, which must not require grad), the linear layers routed to ``fewrows.linear_op``
+        constants, which must not require grad), the linear layers routed to the linear op (``linear_op``)
         told ``route`` (a 0-d int64 tensor) where the key takes any route, tracing's warnings about
         Python values in transformers' code silenced."""
         parameters = list(self.model.parameters())
@@ -257,6 +277,7 @@ class TracedForward:
             with warnings.catch_warnings(), torch.no_grad(), \
                     (self.linears.routed() if key.linear == "any" else nullcontext()):
                 recording.route = route if key.linear == "any" else None
+                recording.op = self.linear_op()
                 warnings.simplefilter("ignore")
                 yield
         finally:
@@ -267,6 +288,7 @@ class TracedForward:
     def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
         """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
         failure noted) where it cannot be made or does not agree with the eager forward."""
+        self.linear_op()  # (a first build of the C++ op is not a trace's cost)
         began = time.perf_counter()
         try:
             with self._recording(key, inputs[5]):

@@ -1,0 +1,62 @@
+"""Build and load lookahead's C++ op (linear.cpp) with torch's extension builder, once per machine.
+
+``torch.utils.cpp_extension.load`` compiles the source with the C++ compiler
+torch was built for (ninja drives it), keeps the library in its own cache
+(``~/.cache/torch_extensions``, one build per source and torch version) and
+loads it into the process, which registers ``torch.ops.lookahead_native``.
+The first build on a machine takes 15-30 s; later processes load the built
+library in well under a second. Where it cannot be built (no compiler, no
+ninja, a GPU-only build of torch without CPU headers), ``load_linear``
+says why and lookahead keeps its Python op (model/fewrows.py), which computes
+the same products with more overhead per call.
+
+Builders in several processes at once (a test run's workers) wait for one
+another on a lock the OS releases when a process dies, so a build killed
+half-way never leaves the others waiting on torch's own lock file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from .entry import entry_points
+
+NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.cpp's TORCH_LIBRARY)
+SOURCE = Path(__file__).with_name("linear.cpp")
+
+
+def loaded() -> bool:
+    """Whether this process has the op (torch's operator registry is the process's)."""
+    return hasattr(torch.ops, NAME) and hasattr(getattr(torch.ops, NAME), "linear")
+
+
+def load_linear() -> tuple[Callable[..., torch.Tensor] | None, str]:
+    """``torch.ops.lookahead_native.linear`` with the numba kernel's entry points handed to it, and "";
+    or None and why it could not be had. Builds the library on the machine's first call (numba's thread
+    pool must be started already: fewrows.start_numba_threads)."""
+    if not loaded():
+        try:
+            _build_and_load()
+        except Exception as error:  # noqa: BLE001  (whatever a compiler, ninja or the loader raise: no native op)
+            text = str(error).strip().splitlines()
+            return None, f"{type(error).__name__}: {text[-1] if text else ''}"[:300]
+    try:
+        float32, float64 = entry_points()
+        torch.ops.lookahead_native.set_kernels(float32.address, float64.address)
+    except Exception as error:  # noqa: BLE001  (numba could not compile the entry points)
+        return None, f"{type(error).__name__}: {error}"[:300]
+    return torch.ops.lookahead_native.linear, ""
+
+
+def _build_and_load() -> None:
+    """Build (where not built yet for this source and torch) and load the library, one builder at a time."""
+    from torch.utils import cpp_extension  # (imports setuptools: only when a build may be needed)
+
+    directory = Path(cpp_extension._get_build_directory(NAME, verbose=False))
+    with FileLock(str(directory / "lookahead.lock")):
+        (directory / "lock").unlink(missing_ok=True)  # torch's own lock, left by a builder that was killed
+        cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=["-O2"], is_python_module=False, verbose=False)
