@@ -46,7 +46,8 @@ PROFILED_STEPS = 3  # profiled steps per row count in a breakdown
 HOST_TOKENS = 48  # new tokens per prompt of the host-time measurement
 LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::baddbmm",
                         "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot",
-                        "mkldnn::_linear_pointwise"})  # matrix products, by name (the last: the onednn route)
+                        "mkldnn::_linear_pointwise",  # matrix products, by name (this one: the onednn route) ...
+                        "lookahead_native::linear"})  # ... and lookahead's C++ op (a traced step's kernel route)
 KV_RANGE = "lookahead::kv_cache_update"  # the profiler range put around the KV cache's update (``attributed``)
 PARTS = ("linears", "attention", "kv cache", "other ops", "python and dispatch")  # a step's breakdown, in order
 LOG_SPAN = 20  # the plot's ms axis turns logarithmic past this ratio of its largest to its smallest value
@@ -255,7 +256,7 @@ def op_part(name: str, ancestors: tuple[str, ...]) -> str | None:
     *scaled_dot_product* "attention"; else "other ops".
     """
     if not name.startswith("aten::"):
-        return "linears" if name in LINEAR_OPS else None  # (oneDNN's packed linear is no aten op)
+        return "linears" if name in LINEAR_OPS else None  # (oneDNN's packed linear and our C++ op are no aten ops)
     for outer in (*reversed(ancestors), name):
         if outer == KV_RANGE:
             return "kv cache"

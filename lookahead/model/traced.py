@@ -156,6 +156,7 @@ class TracedForward:
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         self.weights = self._weights()  # what the traces were made over
         self.modules = list(model.modules())
+        self.linear_op()  # (now, not in a step: a machine's first build of the C++ op takes 15-30 s)
 
     def _weights(self) -> tuple:
         """Where the model's first weight lives: moving or casting the model (which a trace, holding its
@@ -288,7 +289,6 @@ class TracedForward:
     def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
         """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
         failure noted) where it cannot be made or does not agree with the eager forward."""
-        self.linear_op()  # (a first build of the C++ op is not a trace's cost)
         began = time.perf_counter()
         try:
             with self._recording(key, inputs[5]):

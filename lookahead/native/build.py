@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from ..model.fewrows import start_numba_threads
 from .entry import entry_points
 
 NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.cpp's TORCH_LIBRARY)
@@ -36,8 +37,8 @@ def loaded() -> bool:
 
 def load_linear() -> tuple[Callable[..., torch.Tensor] | None, str]:
     """``torch.ops.lookahead_native.linear`` with the numba kernel's entry points handed to it, and "";
-    or None and why it could not be had. Builds the library on the machine's first call (numba's thread
-    pool must be started already: fewrows.start_numba_threads)."""
+    or None and why it could not be had. Builds the library on the machine's first call; starts numba's
+    thread pool (torch's thread count kept), which the entry points need before they are loaded."""
     if not loaded():
         try:
             _build_and_load()
@@ -45,6 +46,7 @@ def load_linear() -> tuple[Callable[..., torch.Tensor] | None, str]:
             text = str(error).strip().splitlines()
             return None, f"{type(error).__name__}: {text[-1] if text else ''}"[:300]
     try:
+        start_numba_threads()
         float32, float64 = entry_points()
         torch.ops.lookahead_native.set_kernels(float32.address, float64.address)
     except Exception as error:  # noqa: BLE001  (numba could not compile the entry points)

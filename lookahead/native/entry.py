@@ -16,6 +16,8 @@ out = [[3 1 1] [2 0 2]].
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 from numba import carray, cfunc, types
 
@@ -36,7 +38,10 @@ def _float64_linear(w, x, out, rows, inputs, outputs):  # noqa: ANN001
                 carray(out, (rows, outputs), dtype=np.float64))
 
 
+@cache
 def entry_points() -> tuple:
     """The compiled entry points (float32, float64): objects whose ``address`` is the C function's and whose
-    ``ctypes`` calls it from Python (the tests' way)."""
+    ``ctypes`` calls it from Python (the tests' way). Made once per process and kept: the C++ op holds
+    their addresses, which live as long as these objects do. numba's thread pool must be started first
+    (a cached entry point loaded before it would not find the pool's scheduler)."""
     return tuple(cfunc(SIGNATURE, cache=True)(function) for function in (_float32_linear, _float64_linear))
