@@ -126,18 +126,19 @@ class LookaheadConfig:
                                          "from Python; no effect on the CPU, with several sequences at once "
                                          "or on models with sliding-window layers")
     traced_forward: bool = documented(True, "on the CPU, replay a step's forward from a TorchScript trace of "
-                                            "the model: its ops without the Python around them. A trace "
-                                            "(one to three seconds to make) serves every step length, route and "
-                                            "batch size; it is made once the process's eager steps took twice "
-                                            "that (in a server: on sight), and used only where it gives the "
+                                            "the model: its ops without the Python around them. One trace "
+                                            "(about a second to make) serves every step length, route and "
+                                            "batch size; it is made once the process's eager steps took as "
+                                            "long (in a server: on sight), and used only where it gives the "
                                             "eager forward's logits and keys to the bit; steps run eagerly "
                                             "while a forward hook is set. No effect on a GPU or with "
                                             "sliding-window layers")
     native_linear: bool = documented(True, "on the CPU, a traced forward calls lookahead's linear kernel through "
-                                           "a C++ op, with no Python between the layers (built on a machine's "
-                                           "first trace with the C++ compiler and ninja torch builds its "
-                                           "extensions with, 15-30 s, then kept); where it cannot be built, "
-                                           "or off, through a Python op: the same products, some 40 us more a "
+                                           "a C++ op, with no Python between the layers (built with the C++ "
+                                           "compiler and ninja torch builds its extensions with, once per "
+                                           "machine when its first generator is made, 15-30 s, then kept); "
+                                           "where it cannot be built, "
+                                           "or off, through a Python op: the same products, some 60 us more a "
                                            "layer")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")

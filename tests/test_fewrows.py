@@ -161,7 +161,7 @@ def test_both_routings_are_exact(arch, monkeypatch):
     for enabled in (False, True):
         calls.clear()
         gen = LookaheadGenerator(model, config=LookaheadConfig(few_row_matmul=enabled, max_tree_nodes=5,
-                                                               budget="fixed"))
+                                                               budget="fixed", traced_forward=False))  # (eager)
         route = Route(1, "kernel" if enabled else "torch")
         gen.target.routings[1] = Routing(np.array([1]), [route], np.array([[0.01]]))
         out = gen.generate(prompt, max_new_tokens=40, eos_token_id=[VOCAB + 1000])

@@ -16,6 +16,7 @@ LAYERS = (
     ("lookahead.errors",),
     ("lookahead.config",),
     ("lookahead.kernels",),
+    ("lookahead.native",),
     ("lookahead.model",),
     ("lookahead.cost", "lookahead.loading"),
     ("lookahead.call",),

@@ -177,8 +177,68 @@ def test_a_traced_batch_gives_each_row_its_generate(arch):
     for i, tokens in enumerate(PROMPTS):
         assert out[i, ids.shape[1]:].tolist() == alone(gen.model, tokens), f"{arch}: row {i} differs"
     forwards = gen.target.traced
-    assert forwards is not None and any(max(sizes) > 1 for sizes in forwards.checked.values()), forwards.failures
+    assert forwards is not None and any(max(b for b, _ in shapes) > 1 for shapes in forwards.checked.values()), \
+        forwards.failures
     assert any(route.endswith("traced") for route in gen.last_stats.routes)
+
+
+# Steps of one row (no candidate: the window kept x alone) and of several (the prompt's repeated motif
+# matched), chosen without timing (a fixed budget).
+MIXED = LookaheadConfig(traced_forward=True, window=1, auto_window=False, budget="fixed")
+
+
+def test_one_trace_serves_one_row_and_many_once_checked_at_each():
+    """Target gives a traced model's one-row steps a mask too: one trace (made on the first step) serves
+    steps of one row and of several, each row class checked once on its first step."""
+    gen = traced_generator("llama", MIXED)
+    checks = []
+    agrees = traced.agrees
+
+    def checking(eager, trace, inputs):
+        checks.append(inputs[0].shape[1])
+        return agrees(eager, trace, inputs)
+
+    traced_agrees, traced.agrees = traced.agrees, checking
+    try:
+        ids = prompt(2)
+        out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    finally:
+        traced.agrees = traced_agrees
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
+    forwards = gen.target.traced
+    assert list(forwards.traces) == [traced.TraceKey("any", True)], forwards.traces
+    assert forwards.checked[traced.TraceKey("any", True)] == {(1, "1"), (1, "2+")}
+    stats = gen.last_stats
+    rows_traced = {q > 1 for q, route in zip(stats.rows_per_step, stats.routes) if route.endswith("traced")}
+    assert {q > 1 for q in stats.rows_per_step} == {False, True}, "the decode must have steps of both kinds"
+    assert rows_traced == {False, True}, "steps of one row and of several ran through the one trace"
+    assert len(checks) == 3, f"made and checked twice, then checked once at the other row class: {checks}"
+
+
+def test_a_row_class_where_the_trace_disagrees_runs_eagerly(monkeypatch):
+    """The trace agrees at the row class it was made at and not at the other: steps of that class run
+    eagerly, and the decode stays exact."""
+    gen = traced_generator("llama", MIXED)
+    agrees = traced.agrees
+    first = []  # the row class of the first step checked: where the trace is made
+
+    def checking(eager, trace, inputs):
+        here = traced.row_class(inputs[0].shape[1])
+        first.append(first[0] if first else here)
+        return agrees(eager, trace, inputs) and here == first[0]
+
+    monkeypatch.setattr(traced, "agrees", checking)
+    ids = prompt(2)
+    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
+    forwards = gen.target.traced
+    key = traced.TraceKey("any", True)
+    made, other = first[0], {"1": "2+", "2+": "1"}[first[0]]
+    assert forwards.checked[key] == {(1, made)} and (key, (1, other)) in forwards.refused
+    stats = gen.last_stats
+    ran = {traced.row_class(q) for q, route in zip(stats.rows_per_step, stats.routes) if route.endswith("traced")}
+    assert {traced.row_class(q) for q in stats.rows_per_step} == {"1", "2+"}, "steps of both kinds must run"
+    assert ran == {made}, "only the row class the trace agreed at ran through it"
 
 
 def test_generators_sharing_a_model_stay_exact():
@@ -208,7 +268,7 @@ def test_a_trace_serves_another_batch_size_once_checked_there(monkeypatch):
         assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=NO_EOS),
                            reference(gen.model, ids, 20, eos_token_id=NO_EOS))
         forwards = gen.target.traced
-        assert forwards is not None and forwards.traces and all(s == {1} for s in forwards.checked.values())
+        assert forwards is not None and forwards.traces and all({b for b, _ in s} == {1} for s in forwards.checked.values())
         made = dict(forwards.traces)
         checks = []
         agrees = traced.agrees
@@ -226,10 +286,10 @@ def test_a_trace_serves_another_batch_size_once_checked_there(monkeypatch):
         assert batch in checks, "the batch size was never checked"
         traced_steps = [r for r in gen.last_stats.routes if r.endswith("traced")]
         if fails:  # (a trace made during the batch is checked there too, and refused; the last rows run alone)
-            assert any((key, batch) in forwards.refused for key in made)
-            assert all(sizes == {1} for sizes in forwards.checked.values()), forwards.checked
+            assert any((key, (batch, rows)) in forwards.refused for key in made for rows in ("1", "2+"))
+            assert all({b for b, _ in shapes} == {1} for shapes in forwards.checked.values()), forwards.checked
         else:
-            assert any(batch in forwards.checked[key] for key in made) and traced_steps
+            assert any(batch in {b for b, _ in forwards.checked[key]} for key in made) and traced_steps
         monkeypatch.undo()
 
 
@@ -264,7 +324,8 @@ def test_making_a_trace_is_not_taken_for_the_steps_cost(monkeypatch):
     making = [i for i, s in enumerate(one_offs) if s >= 1.0]
     assert making and len(making) == len(gen.target.traced.traces), (one_offs, gen.target.traced.traces)
     assert all(observed[i] < one_offs[i] for i in making), (observed, one_offs)
-    assert all(s == 0.0 for i, s in enumerate(one_offs) if i not in making)
+    checking = [i for i, s in enumerate(one_offs) if 0.0 < s < 1.0]  # (the other row class's first step: a check)
+    assert len(checking) <= 1, one_offs
 
 
 def test_a_server_traces_by_default_and_on_sight():

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.linear import rows_linear
+from ..kernels.threads import start_numba_threads  # noqa: F401  (the loaders' name for it)
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
@@ -107,20 +108,6 @@ class Recording:
     def __init__(self) -> None:
         self.route: torch.Tensor | None = None
         self.op: Callable[..., torch.Tensor] = linear_op
-
-
-def start_numba_threads() -> None:
-    """Start numba's thread pool, keeping torch's thread count as the user set it.
-
-    numba starts its pool on first use; its OpenMP layer shares torch's OpenMP
-    runtime and sets that runtime's thread count to numba's own on the way
-    (OMP_NUM_THREADS=1 or torch.set_num_threads(1) would become 2 here). Idempotent and
-    cheap once started.
-    """
-    threads = torch.get_num_threads()
-    numba.get_num_threads()  # starts the pool
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
 
 
 class RoutedWeight(torch.Tensor):

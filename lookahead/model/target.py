@@ -28,7 +28,7 @@ from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
-from .traced import TracedForward, TraceKey, row_class, trace_linear, traceable
+from .traced import TracedForward, TraceKey, trace_linear, traceable
 
 if TYPE_CHECKING:
     from transformers import Cache, PreTrainedModel
@@ -200,7 +200,8 @@ class Target:
         q_pos = to_device(positions, dev)  # [A, Q]
         keep_t = to_device(keep, dev)  # [K]
         mask = None  # x alone under full attention sees every cached row: a plain decode step, no mask to build
-        if rows > 1 or slots is not None or not self.plain_single_row:
+        if rows > 1 or slots is not None or not self.plain_single_row or self.traced is not None:
+            # (a traced model's one-row steps too: one trace then serves every step, traced.py)
             mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(local, dev), q_pos, past,
                              slots, self.dtype)
         route = self.route(count, rows)
@@ -211,7 +212,7 @@ class Target:
                 arena = arena_of(cache)
                 if arena is not None:
                     linear = route.linear if route is not None and count * rows <= FEW_ROWS_MAX else None
-                    key = TraceKey(trace_linear(linear), row_class(count * rows), mask is not None)
+                    key = TraceKey(trace_linear(linear), mask is not None)
                     logits = self.traced.step(key, linear, arena, to_device(tokens, dev), self.positions(q_pos), mask,
                                               keep_t, past)
                     self.one_off = self.traced.one_off

@@ -13,7 +13,8 @@ trace serves every step length and every past: the forward's inputs are
 tensors whose sizes say them (``TraceLayer``):
 
 - the step's tokens and positions [A, Q], the kept rows [K] and its 4-D mask
-  [A, 1, Q, P + Q] (mask.py; absent for a plain one-row step);
+  [A, 1, Q, P + Q] (mask.py; absent for a plain one-row step where no trace is
+  made);
 - the KV buffer [2, L, A, H, C, D] of the cache's arena (cache.py): each
   layer's new rows are written at slots P .. P + Q - 1 and it attends over
   slots 0 .. P + Q - 1, as ``SlotLayer`` does;
@@ -21,17 +22,21 @@ tensors whose sizes say them (``TraceLayer``):
   the layers).
 
 What a trace cannot follow is Python that branches on a size or a value.
-So a trace is made per ``TraceKey`` (the linear route, the row count's class
-and whether a mask comes, each of which changes which ops a forward runs),
-and each is checked when made: the eager forward and the trace run the step
-at hand and the same step one row and one slot shorter, on copies of the
-cache, and must agree to the bit, logits and keys alike. A trace that fails
-that (or cannot be made) is never used for its key; those steps run eagerly.
-The number of sequences is a size like the others, so one trace serves a
-batch of any size, once it agreed with the eager forward on a step of that
-size (a batch size it has not met is checked on its first step: one eager
-and one traced forward on copies of the cache, not a new trace); a batch size
-where it disagrees runs eagerly.
+So a trace is made per ``TraceKey`` (the linear route's kind and whether a
+mask comes, each of which changes which ops a forward runs), and checked
+when made: the eager forward and the trace run the step at hand and the
+same step one row and one slot shorter, on copies of the cache, and must
+agree to the bit, logits and keys alike. A trace that fails that (or
+cannot be made) is never used for its key; those steps run eagerly. The
+number of sequences and the number of rows are sizes like the others, so
+one trace serves every batch and step length, once it agreed with the eager
+forward on a step of that ``Shape`` (a batch size, and one row or several:
+where transformers' code would branch on a single row); a shape it has not
+met is checked on its first step (one eager and one traced forward on
+copies of the cache, not a new trace), and a shape where it disagrees runs
+eagerly. Target gives a traced model's one-row steps a mask too, so that
+one trace serves every step of a process (a trace costs about a second to
+make; an unmasked one-row step is no faster replayed).
 
 Linear layers routed to lookahead's kernel (fewrows.py) are recorded as an op
 told the route at run time, so the trace calls the kernel too: the C++ op
@@ -63,13 +68,14 @@ from .cache import Arena
 from .fewrows import ROUTE_CODES, FewRowLinear, linear_op
 
 # When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
-# renting skis until the rent paid reaches the price: a bounded multiple of the better choice's cost, and
-# kinds a process seldom runs are never traced). A trace's cost is the last one measured; before any,
-# this many of the kind's mean eager step (SmolLM2-135M, 2-core AMD EPYC: 0.96-1.18 s against 35-45 ms).
-TRACE_STEPS_GUESS = 25
-# ... waiting for twice that: a one-off call of some 100 tokens then seldom pays for a trace it would not
-# use long; a server or a session of calls traces its common kinds within its first calls.
-TRACE_PATIENCE = 2.0
+# renting skis until the rent paid reaches the price: at most twice the better choice's cost, and kinds a
+# process seldom runs are never traced). A trace's cost is the last one measured; before any, this many
+# of the kind's mean eager step (SmolLM2-135M, 2-core AMD EPYC: one trace for every step, 1.1 s against
+# eager steps of 70-76 ms; results/RESULTS.md, run 118).
+TRACE_STEPS_GUESS = 15
+# ... waiting for once that: the break-even rule. (Run 117 waited twice that while a process made two or
+# three traces of a second or more each; one trace serves every step now.)
+TRACE_PATIENCE = 1.0
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -80,18 +86,25 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TraceKey:
     """What decides which ops a forward runs, beyond the sizes a trace follows: the linear route's part
-    (``trace_linear``: ``"any"`` or ``"onednn"``), the class of its row count (``row_class``) and
-    whether a mask comes. (The number of sequences is a size too: a trace serves every batch
-    it has been checked at, ``TracedForward.checked``.)"""
+    (``trace_linear``: ``"any"`` or ``"onednn"``) and whether a mask comes. (The number of sequences
+    and the row count are sizes too: a trace serves every ``Shape`` it has been checked at,
+    ``TracedForward.checked``.)"""
 
     linear: str
-    rows: str
-    masked: bool  # the step comes with a 4-D mask (a plain one-row step of aligned sequences has none)
+    masked: bool  # the step comes with a 4-D mask (Target gives every step one where it traces)
+
+
+Shape = tuple[int, str]  # a step's number of sequences and its row count's class (``row_class``)
+
+
+def shape_of(tokens: torch.Tensor) -> Shape:
+    """The shape of a step with tokens [A, Q] that a trace is checked at: (A, row_class(Q))."""
+    return tokens.shape[0], row_class(tokens.shape[1])
 
 
 def row_class(rows: int) -> str:
-    """The row counts one trace serves: 1 -> "1", more -> "2+" (the linear layers' route follows the
-    row count at run time, inside ``fewrows.linear_op``)."""
+    """The row counts a trace is checked at apart: 1 -> "1", more -> "2+" (the linear layers' route
+    follows the row count at run time, inside the linear op)."""
     return "1" if rows == 1 else "2+"
 
 
@@ -148,8 +161,8 @@ class TracedForward:
         self.attention = attention
         self.traces: dict[TraceKey, Any] = {}  # key -> its torch.jit trace
         self.failures: dict[TraceKey, str] = {}  # key -> why its steps run eagerly
-        self.checked: dict[TraceKey, set[int]] = {}  # key -> the batch sizes its trace agreed at
-        self.refused: set[tuple[TraceKey, int]] = set()  # (key, batch size) where its trace did not agree
+        self.checked: dict[TraceKey, set[Shape]] = {}  # key -> the shapes (``shape_of``) its trace agreed at
+        self.refused: set[tuple[TraceKey, Shape]] = set()  # (key, shape) where its trace did not agree
         self.eager: dict[TraceKey, tuple[int, float]] = {}  # key -> (its eager steps, their seconds) so far
         self.trace_seconds: float | None = None  # what the latest trace took to make and check
         self.one_off = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
@@ -177,8 +190,8 @@ class TracedForward:
                 made.clear()
             self.weights = weights
         self.one_off = 0.0
-        batch = tokens.shape[0]
-        if key in self.failures or (key, batch) in self.refused or self.hooked() \
+        shape = shape_of(tokens)
+        if key in self.failures or (key, shape) in self.refused or self.hooked() \
                 or any(layer.length != past for layer in arena.members):
             return None
         trace = self.traces.get(key)
@@ -191,7 +204,7 @@ class TracedForward:
         code = self.codes[ROUTE_CODES.get(route or "torch", 0)]
         inputs = (tokens, positions, keep, self._past(past, buffer), buffer, code) \
             + ((mask,) if mask is not None else ())
-        if trace is None or batch not in self.checked[key]:
+        if trace is None or shape not in self.checked[key]:
             began = time.perf_counter()
             if trace is None:
                 trace = self._new_trace(key, inputs)
@@ -303,23 +316,23 @@ class TracedForward:
             self.failures[key] = "the trace's logits or keys differ from the eager forward's"
             return None
         self.traces[key] = trace
-        self.checked[key] = {inputs[0].shape[0]}
+        self.checked[key] = {shape_of(inputs[0])}
         return trace
 
     def _checked_at(self, key: TraceKey, trace: Any, inputs: tuple) -> bool:
-        """Whether ``key``'s trace agrees with the eager forward on the step ``inputs``, whose batch size it
-        was not checked at yet (one eager and one traced forward on copies of the cache); the answer is
-        kept for that batch size."""
-        batch = inputs[0].shape[0]
+        """Whether ``key``'s trace agrees with the eager forward on the step ``inputs``, whose shape (batch
+        size and row class) it was not checked at yet (one eager and one traced forward on copies of the
+        cache); the answer is kept for that shape."""
+        shape = shape_of(inputs[0])
         try:
             with self._recording(key, inputs[5]):
                 agree = agrees(self._forward, trace, inputs)
-        except Exception:  # noqa: BLE001  (a trace that cannot run this batch: it runs eagerly)
+        except Exception:  # noqa: BLE001  (a trace that cannot run this shape: it runs eagerly)
             agree = False
         if agree:
-            self.checked[key].add(batch)
+            self.checked[key].add(shape)
         else:
-            self.refused.add((key, batch))
+            self.refused.add((key, shape))
         return agree
 
 

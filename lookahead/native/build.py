@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from ..model.fewrows import start_numba_threads
+from ..kernels.threads import start_numba_threads
 from .entry import entry_points
 
 NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.cpp's TORCH_LIBRARY)
