@@ -3,6 +3,7 @@ recorded by traces in its place, and where it cannot be built, the Python op ins
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -15,6 +16,17 @@ from lookahead.native import build
 from lookahead.native.entry import entry_points
 
 NO_EOS = [VOCAB + 1000]
+
+
+@pytest.fixture(autouse=True)
+def threads_kept():
+    """The kernel called here outside a routed forward runs on numba's threads, whose OpenMP runtime torch
+    shares: numba is held to torch's count and torch's count put back after (the suite runs on one)."""
+    threads = torch.get_num_threads()
+    start_numba_threads()
+    numba.set_num_threads(threads)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
