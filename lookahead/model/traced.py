@@ -68,14 +68,15 @@ from .cache import Arena
 from .fewrows import ROUTE_CODES, FewRowLinear, linear_op
 
 # When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
-# renting skis until the rent paid reaches the price: at most twice the better choice's cost, and kinds a
-# process seldom runs are never traced). A trace's cost is the last one measured; before any, this many
-# of the kind's mean eager step (SmolLM2-135M, 2-core AMD EPYC: one trace for every step, 1.1 s against
-# eager steps of 70-76 ms; results/RESULTS.md, run 118).
-TRACE_STEPS_GUESS = 15
-# ... waiting for once that: the break-even rule. (Run 117 waited twice that while a process made two or
-# three traces of a second or more each; one trace serves every step now.)
-TRACE_PATIENCE = 1.0
+# renting skis until the rent paid reaches the price: a bounded multiple of the better choice's cost, and
+# kinds a process seldom runs are never traced). A trace's cost is the last one measured; before any,
+# this many of the kind's mean eager step (SmolLM2-135M, 2-core AMD EPYC: 1.1 s against 70-76 ms steps,
+# run 118; 0.96-1.18 s against 35-45 ms on a fast day).
+TRACE_STEPS_GUESS = 25
+# ... waiting for twice that: a one-off call of some 100 tokens then seldom pays for a trace it would not
+# use long; a server or a session of calls traces within its first calls. (Once that, with a guess of 15
+# steps, made the test suite's many short decodes trace, 17% more CPU time, for no measured gain; run 118.)
+TRACE_PATIENCE = 2.0
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
