@@ -222,7 +222,12 @@ def one_thread():
     """The suite computes on one thread: tiny models gain nothing from two, and with another process
     busy on one of two cores every parallel region waits for the descheduled thread (on this
     2-core machine, tests/test_sampling.py took 122 s on 2 threads against 29 s on 1 beside a
-    busy process; idle, the same). The SmolLM2 tests run on one thread too."""
+    busy process; idle, the same). The SmolLM2 tests run on one thread too. numba's thread pool is
+    started first (as a generator starts it): started by a test's first direct call of a kernel, it
+    would set the OpenMP runtime it shares with torch to its own count, two, for every later test."""
+    from lookahead.kernels.threads import start_numba_threads
+
+    start_numba_threads()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
