@@ -175,7 +175,7 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
     from lookahead import load_model
     from lookahead.cost.policy import CostPolicy, budgeted
     from lookahead.kernels import warmup
-    from lookahead.model.fewrows import start_numba_threads
+    from lookahead.kernels.threads import start_numba_threads
     from lookahead.model.support import check_model
     from lookahead.model.target import Target
     from lookahead.plan.window import auto_window

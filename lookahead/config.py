@@ -137,9 +137,8 @@ class LookaheadConfig:
                                            "a C++ op, with no Python between the layers (built with the C++ "
                                            "compiler and ninja torch builds its extensions with, once per "
                                            "machine when its first generator is made, 15-30 s, then kept); "
-                                           "where it cannot be built, "
-                                           "or off, through a Python op: the same products, some 60 us more a "
-                                           "layer")
+                                           "where it cannot be built, or off, through a Python op: the same "
+                                           "products, some 60 us more a layer")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "

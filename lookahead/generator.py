@@ -33,7 +33,8 @@ from .decode.loop import DecodeRun
 from .decode.sequence import Sequence
 from .decode.sources import DraftModel, SourceFactory
 from .kernels import warmup
-from .model.fewrows import FewRowLinear, start_numba_threads
+from .kernels.threads import start_numba_threads
+from .model.fewrows import FewRowLinear
 from .model.routing import Routing
 from .model.support import check_model
 from .model.target import Target

@@ -11,7 +11,8 @@ import torch
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
-from lookahead.model.fewrows import MM_ROWS_MAX, linear_op, start_numba_threads
+from lookahead.kernels.threads import start_numba_threads
+from lookahead.model.fewrows import MM_ROWS_MAX, linear_op
 from lookahead.native import build
 from lookahead.native.entry import entry_points
 
@@ -71,26 +72,27 @@ def test_native_op_falls_back_to_torch_for_what_the_kernel_does_not_take(native_
         native_op(x.double(), torch.randn(8, 16), None, torch.tensor(1))
 
 
-def test_traces_record_the_native_op_and_decode_as_generate(native_op):
-    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig())
+def traced_decode(config: LookaheadConfig, seed: int, new: int):
+    """A tiny Llama's generator tracing on sight, after a greedy decode of ``new`` tokens that must equal
+    model.generate's: its TracedForward."""
+    gen = LookaheadGenerator(tiny_model("llama"), config=config)
     gen.target.traced.patience = 0.0
-    ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
-    out = gen.generate(ids, max_new_tokens=30, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, 30, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
+    ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(seed))
+    out = gen.generate(ids, max_new_tokens=new, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, new, eos_token_id=NO_EOS))
+    assert any(route.endswith("traced") for route in gen.last_stats.routes)
+    return gen.target.traced
+
+
+def test_traces_record_the_native_op_and_decode_as_generate(native_op):
+    forwards = traced_decode(LookaheadConfig(), 3, 30)
     assert forwards.op is native_op and forwards.traces and not forwards.native_failure
     graphs = [str(trace.graph) for trace in forwards.traces.values()]
     assert all("lookahead_native::linear" in g and "lookahead::linear" not in g for g in graphs)
-    assert any(route.endswith("traced") for route in gen.last_stats.routes)
 
 
 def test_native_off_records_the_python_op():
-    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(native_linear=False))
-    gen.target.traced.patience = 0.0
-    ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4))
-    out = gen.generate(ids, max_new_tokens=20, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, 20, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
+    forwards = traced_decode(LookaheadConfig(native_linear=False), 4, 20)
     assert forwards.op is linear_op and forwards.traces
     assert all("lookahead::linear" in str(t.graph) and "lookahead_native" not in str(t.graph)
                for t in forwards.traces.values())
@@ -104,12 +106,7 @@ def test_a_failed_build_keeps_the_python_op_and_says_why(monkeypatch):
     monkeypatch.setattr(build, "_build_and_load", no_compiler)
     op, why = build.load_linear()
     assert op is None and why == "RuntimeError: c++: command not found"
-    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig())
-    gen.target.traced.patience = 0.0
-    ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
-    out = gen.generate(ids, max_new_tokens=20, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, 20, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
+    forwards = traced_decode(LookaheadConfig(), 5, 20)
     assert forwards.op is linear_op and forwards.native_failure == "RuntimeError: c++: command not found"
     assert forwards.traces, "the Python op still traces"
 

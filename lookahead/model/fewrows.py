@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.linear import rows_linear
-from ..kernels.threads import start_numba_threads  # noqa: F401  (the loaders' name for it)
+from ..kernels.threads import start_numba_threads
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in

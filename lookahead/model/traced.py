@@ -154,9 +154,11 @@ class TracedForward:
                  linears: FewRowLinear, native: bool = True):
         self.model = model
         self.linears = linears  # its routed linear layers, recorded as ``op``
-        self.native = native  # record the C++ op where it can be had (else fewrows.linear_op)
-        self.op: Any = None  # the linear op the traces record (found on the first trace)
-        self.native_failure = ""  # why the C++ op could not be had, if it was asked for and could not
+        # The linear op the traces record: the C++ op where ``native`` asks for it and it can be had (built
+        # now, not in a step: a machine's first build takes 15-30 s; native/build.py), else fewrows.linear_op;
+        # native_failure: why the C++ op could not be had, where it was asked for.
+        native_op, self.native_failure = load_linear() if native else (None, "")
+        self.op: Any = native_op if native_op is not None else linear_op
         self.codes = {code: torch.tensor(code) for code in ROUTE_CODES.values()}  # route code -> trace input
         self.cache_keyword = cache_keyword
         self.attention = attention
@@ -170,7 +172,6 @@ class TracedForward:
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         self.weights = self._weights()  # what the traces were made over
         self.modules = list(model.modules())
-        self.linear_op()  # (now, not in a step: a machine's first build of the C++ op takes 15-30 s)
 
     def _weights(self) -> tuple:
         """Where the model's first weight lives: moving or casting the model (which a trace, holding its
@@ -260,16 +261,6 @@ class TracedForward:
                              logits_to_keep=keep, **{self.cache_keyword: TraceCache(buffer, past)})
         return out.logits
 
-    def linear_op(self) -> Any:
-        """The op the traces record for a routed linear layer: the C++ op where ``native`` is asked for and it
-        can be had (built on the machine's first call: native/build.py), else fewrows.linear_op."""
-        if self.op is None:
-            self.op = linear_op
-            if self.native:
-                native, self.native_failure = load_linear()
-                self.op = native if native is not None else linear_op
-        return self.op
-
     def _records_linears(self, key: TraceKey, trace: Any) -> bool:
         """Whether ``trace`` calls the linear op for every routed linear layer (a kernel called from Python
         without it would have been recorded as its output, a constant)."""
@@ -280,7 +271,7 @@ class TracedForward:
     @contextmanager
     def _recording(self, key: TraceKey, route: torch.Tensor) -> Iterator[None]:
         """The body traces or checks ``key``'s forward: no gradients (a trace holds the weights as
-        constants, which must not require grad), the linear layers routed to the linear op (``linear_op``)
+        constants, which must not require grad), the linear layers routed to the linear op (``op``)
         told ``route`` (a 0-d int64 tensor) where the key takes any route, tracing's warnings about
         Python values in transformers' code silenced."""
         parameters = list(self.model.parameters())
@@ -292,7 +283,7 @@ class TracedForward:
             with warnings.catch_warnings(), torch.no_grad(), \
                     (self.linears.routed() if key.linear == "any" else nullcontext()):
                 recording.route = route if key.linear == "any" else None
-                recording.op = self.linear_op()
+                recording.op = self.op
                 warnings.simplefilter("ignore")
                 yield
         finally:
