@@ -6,10 +6,15 @@
 #      (benchmarks/graph_step.py): the step per row count eager and graphed, the memory roofline, and a
 #      decode against transformers greedy (a random model's text: its tokens per step are noise);
 #   3. the exactness suites with their tiny models on the GPU (tests/conftest.py's --device), graphs on.
-# Usage: benchmarks/gpu_check.sh OUT_DIR
+# Usage: benchmarks/gpu_check.sh OUT_DIR [SHAPE ...]   (shapes of benchmarks/shaped_model.py; default
+#        smollm2-1.7b and llama-8b-shape)
 set -u
 export PYTHONUNBUFFERED=1
 out=$1
+shift
+shapes="${*:-smollm2-1.7b llama-8b-shape}"
+shape_args=()
+for s in $shapes; do shape_args+=(--shape "$s"); done
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 lscpu | grep "Model name" | tee -a "$out/gpu.txt"
@@ -18,7 +23,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | 
 echo "== 1. the graphed step's tests on cuda"
 timeout 100 python3 -m pytest tests/test_graphs.py --device cuda -q -p no:cacheprovider --tb=short 2>&1 | tail -40 | tee "$out/graphs.txt"
 echo "== 2. the step eager and graphed, bfloat16"
-timeout 220 python3 -m lookahead.benchmarks.graph_step --shape smollm2-1.7b --shape llama-8b-shape --dtype bfloat16 \
+timeout 220 python3 -m lookahead.benchmarks.graph_step "${shape_args[@]}" --dtype bfloat16 \
     --new 96 --calibration-seconds 4 --out "$out/graph_step.json" 2>&1 | grep -v -i "warn" | tee "$out/graph_step.txt"
 echo "== 3. exactness on cuda (graphs on by default)"
 timeout 200 python3 -m pytest tests/test_exactness.py tests/test_batch.py tests/test_continuous.py --device cuda -q \

@@ -9,8 +9,9 @@ For each shape, in one process:
    eager forward and through the graphs, interleaved, median of ``--repeats``; beside it the
    memory roofline (the weights' bytes over a device copy's measured bandwidth).
 2. **A decode** of ``--new`` tokens from a random prompt: transformers greedy (``model.generate``),
-   lookahead's plain loop (no speculation) eager and graphed, and lookahead's defaults graphed and
-   eager: milliseconds per token, the median host and forward time of a step, and whether the text
+   lookahead's plain loop (no speculation) eager and graphed, lookahead's defaults graphed and
+   eager, and a flat budget graphed (``budget_curve="flat"``: every step priced alike, the widest
+   trees, so the most host work a step): milliseconds per token, the median host and forward time of a step, and whether the text
    equals greedy's. Random weights read the same bytes and run the same kernels as the real model,
    but their text is noise: tokens per step here say nothing about real text.
 
@@ -127,7 +128,8 @@ def decode(model, ids: torch.Tensor, new: int, graph_mode: str, calibration_s: i
     rows = {"transformers greedy": {"ms_per_token": 1e3 * took / produced, "tokens": produced, "equal": True}}
     plain = dict(window=1, ngram=2, candidates=0)
     variants = {"plain eager": (plain, "eager"), f"plain {graph_mode}": (plain, graph_mode),
-                f"defaults {graph_mode}": ({}, graph_mode), "defaults eager": ({}, "eager")}
+                f"defaults {graph_mode}": ({}, graph_mode), "defaults eager": ({}, "eager"),
+                f"flat {graph_mode}": ({"budget_curve": "flat"}, graph_mode)}
     for name, (fields, mode) in variants.items():
         config = LookaheadConfig(cost_cache_dir="", calibration_seconds=calibration_s, **fields,
                                  cuda_graphs=mode == "graphs")
