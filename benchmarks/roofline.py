@@ -47,7 +47,8 @@ HOST_TOKENS = 48  # new tokens per prompt of the host-time measurement
 LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::baddbmm",
                         "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot",
                         "mkldnn::_linear_pointwise",  # matrix products, by name (this one: the onednn route) ...
-                        "lookahead_native::linear"})  # ... and lookahead's C++ op (a traced step's kernel route)
+                        "lookahead_native::linear",  # ... and lookahead's C++ op (a traced step's kernel route)
+                        "lookahead_native::tiled"})  # ... and its tiled kernel (an eager step's, in float32)
 KV_RANGE = "lookahead::kv_cache_update"  # the profiler range put around the KV cache's update (``attributed``)
 PARTS = ("linears", "attention", "kv cache", "other ops", "python and dispatch")  # a step's breakdown, in order
 LOG_SPAN = 20  # the plot's ms axis turns logarithmic past this ratio of its largest to its smallest value

@@ -133,12 +133,13 @@ class LookaheadConfig:
                                             "eager forward's logits and keys to the bit; steps run eagerly "
                                             "while a forward hook is set. No effect on a GPU or with "
                                             "sliding-window layers")
-    native_linear: bool = documented(True, "on the CPU, a traced forward calls lookahead's linear kernel through "
-                                           "a C++ op, with no Python between the layers (built with the C++ "
-                                           "compiler and ninja torch builds its extensions with, once per "
-                                           "machine when its first generator is made, 15-30 s, then kept); "
-                                           "where it cannot be built, or off, through a Python op: the same "
-                                           "products, some 60 us more a layer")
+    native_linear: bool = documented(True, "on the CPU, lookahead's C++ op (built with the C++ compiler and "
+                                           "ninja torch builds its extensions with, once per machine when its "
+                                           "first generator is made, 15-30 s, then kept): a traced forward calls "
+                                           "the linear kernel through it, with no Python between the layers, "
+                                           "and float32 products run through its tiled AVX2 kernel, eager or "
+                                           "traced; where it cannot be built, or off, a Python op and numba's "
+                                           "kernel, some 60 us more a layer")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "

@@ -104,7 +104,8 @@ class LookaheadGenerator:
             layout = check_draft(model, draft_model, tokenizer, draft_tokenizer, allow_draft_device,
                                  self.config.allow_untested_models)
             draft_cost = self.costs.draft(draft_model, layout) if self.config.budget == "adaptive" else None
-            self.draft = DraftModel(draft_model, draft_cost, FewRowLinear(draft_model))  # linears wrapped once
+            linears = FewRowLinear(draft_model, self.config.native_linear)  # the draft's linears, wrapped once
+            self.draft = DraftModel(draft_model, draft_cost, linears)
         start_numba_threads()  # before the kernels' first parallel run: torch's thread count stays the user's
         warmup()
         if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):

@@ -118,11 +118,18 @@ def test_the_mode_reroutes_linear_inside_it_only():
     layer = torch.nn.Linear(16, 32)
     x = torch.randn(3, 16)
     with torch.no_grad():
-        with FewRowLinear(layer).routed():
+        linears = FewRowLinear(layer)
+        with linears.routed():
             assert type(layer.weight) is RoutedWeight
             inside = layer(x)
         assert type(layer.weight) is torch.nn.Parameter  # put back
-        assert torch.equal(inside, few_row_linear(x, layer.weight, layer.bias))  # bit for bit: the kernel
+        # bit for bit: the kernel (float32: the tiled one, where it is built and the CPU runs it)
+        assert torch.equal(inside, few_row_linear(x, layer.weight, layer.bias, tiled=linears.tiled))
+        if linears.tiled is not None:
+            assert torch.equal(inside, torch.ops.lookahead_native.tiled(x, layer.weight, layer.bias))
+        numba_product = few_row_linear(x, layer.weight, layer.bias)
+        with FewRowLinear(layer, native=False).routed():
+            assert torch.equal(layer(x), numba_product)  # native off: numba's kernel
         torch.testing.assert_close(inside, F.linear(x, layer.weight, layer.bias))
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # outside: untouched
 
@@ -153,7 +160,14 @@ def test_both_routings_are_exact(arch, monkeypatch):
         calls.append(x.shape[0])
         return rows_linear(w, x)
 
-    monkeypatch.setattr(fewrows, "rows_linear", counted)
+    tiled, _ = fewrows.load_tiled()
+
+    def counted_tiled(x, w, bias):
+        calls.append(x.numel() // x.shape[-1])
+        return tiled(x, w, bias)
+
+    monkeypatch.setattr(fewrows, "rows_linear", counted)  # numba's kernel, or where the tiled one runs, that
+    monkeypatch.setattr(fewrows, "load_tiled", lambda: (counted_tiled if tiled is not None else None, ""))
     model = tiny_model(arch)
     motif = torch.arange(3, 9)
     prompt = torch.cat([motif, motif, motif[:3]])[None]  # copies: multi-token steps of few rows

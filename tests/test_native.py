@@ -12,7 +12,7 @@ from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.config import ConfigError
 from lookahead.kernels.threads import start_numba_threads
-from lookahead.model.fewrows import MM_ROWS_MAX, linear_op
+from lookahead.model.fewrows import KERNEL_ROWS_MAX, MM_ROWS_MAX, TILED_CODE, linear_op
 from lookahead.native import build
 from lookahead.native.entry import entry_points
 
@@ -50,11 +50,12 @@ def test_entry_point_worked_example():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("code", [0, 1, 2])
+@pytest.mark.parametrize("code", [0, 1, 2, TILED_CODE])
 @pytest.mark.parametrize("rows", [1, 2, 3, MM_ROWS_MAX, 9, 64, 65])
 @pytest.mark.parametrize("bias", [False, True])
 def test_native_op_gives_the_python_ops_products_to_the_bit(native_op, dtype, code, rows, bias):
-    """Every route, dtype and row count: kernel, W @ x^T and F.linear, as fewrows.linear_op computes them."""
+    """Every route, dtype and row count: kernel (numba's, or the tiled one), W @ x^T and F.linear, as
+    fewrows.linear_op computes them."""
     torch.manual_seed(rows * 7 + code)
     x, weight = torch.randn(1, rows, 1030, dtype=dtype), torch.randn(37, 1030, dtype=dtype)  # (long rows: wide kernel)
     b = torch.randn(37, dtype=dtype) if bias else None
@@ -62,6 +63,57 @@ def test_native_op_gives_the_python_ops_products_to_the_bit(native_op, dtype, co
     got, expected = native_op(x, weight, b, route), linear_op(x, weight, b, route)
     assert got.shape == expected.shape == (1, rows, 37) and got.dtype == dtype
     assert torch.equal(got, expected)
+
+
+@pytest.fixture(scope="module")
+def tiled_op(native_op):
+    op, why = build.load_tiled()
+    if op is None:
+        pytest.skip(why)  # (a CPU without AVX2 and FMA: numba's kernel runs there, tested above)
+    return op
+
+
+def test_tiled_worked_example(tiled_op):
+    w = torch.tensor([[1.0, 2.0], [0.0, 1.0], [1.0, 0.0]])  # [O=3, I=2]
+    x = torch.tensor([[1.0, 1.0], [2.0, 0.0]])  # [R=2, I=2]
+    assert tiled_op(x, w, None).tolist() == [[3, 1, 1], [2, 0, 2]]
+    assert tiled_op(x, w, torch.tensor([1.0, 0.0, -1.0])).tolist() == [[4, 1, 0], [3, 0, 1]]
+
+
+def test_tiled_sums_lanes_then_tail_as_documented(tiled_op):
+    """I = 11: eight lanes (one product each here), added as ((0+4)+(2+6)) + ((1+5)+(3+7)), then the tail
+    8, 9, 10 in order: chosen so that any other order rounds differently in float32."""
+    big, tiny = 2.0 ** 24, 1.0
+    x = torch.tensor([[big, tiny, -big, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny]])
+    w = torch.ones(1, 11)
+    lanes = np.array([big, tiny, -big, tiny, tiny, tiny, tiny, tiny], dtype=np.float32)  # float32 sums
+    expected = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+    assert expected == 5  # (big + 1 rounds to big)
+    for value in x[0, 8:].tolist():
+        expected = np.float32(expected + np.float32(value))
+    assert tiled_op(x, w, None).item() == float(expected)
+    assert float(expected) != float(np.float32(x.double().sum().item()))  # (the order matters for this input)
+
+
+@pytest.mark.parametrize("inputs", [5, 8, 64, 1030])
+@pytest.mark.parametrize("outputs", [1, 7, 37])
+def test_tiled_rows_do_not_depend_on_the_others(tiled_op, inputs, outputs):
+    """Every row count 1..KERNEL_ROWS_MAX takes other tiles (6, 4, 3 weight rows; 4-row groups and their
+    rest): each row's products equal that row's alone to the bit, and the product to float32 precision."""
+    torch.manual_seed(inputs * 100 + outputs)
+    w, x = torch.randn(outputs, inputs), torch.randn(KERNEL_ROWS_MAX, inputs)
+    alone = torch.cat([tiled_op(x[r:r + 1], w, None) for r in range(KERNEL_ROWS_MAX)])  # [R, O]
+    for rows in (1, 2, 3, 4, 5, 7, 9, 16, KERNEL_ROWS_MAX):
+        together = tiled_op(x[:rows], w, None)
+        assert torch.equal(together, alone[:rows])
+    torch.testing.assert_close(alone, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-4)
+
+
+def test_tiled_refuses_what_it_does_not_compute(tiled_op):
+    with pytest.raises(RuntimeError, match="float32 CPU tensors"):
+        tiled_op(torch.randn(2, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64), None)
+    with pytest.raises(RuntimeError, match="contiguous weight"):
+        tiled_op(torch.randn(2, 8), torch.randn(8, 3).t(), None)
 
 
 def test_native_op_falls_back_to_torch_for_what_the_kernel_does_not_take(native_op):

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
-ROUTES_VERSION = 4  # in cost curves' fingerprints: a change to the routes or kernels re-measures
+ROUTES_VERSION = 5  # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel)
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds
@@ -70,7 +70,7 @@ def say_on_stderr(line: str) -> None:
 
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr, few_row_matmul: bool = True,
-                    onednn: bool = False, graphs: bool = False,
+                    onednn: bool = False, graphs: bool = False, native: bool = True,
                     bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
                     clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
@@ -90,11 +90,13 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     (``measure_curve``), or one measured while other processes kept
     LOAD_LIMIT cores busy, is used for this run and not saved as measured.
     ``cache_dir`` "" measures without reading or writing the disk. ``graphs``: one sequence's steps on a
-    CUDA device run as CUDA graphs (model/graphs.py), and are measured so.
+    CUDA device run as CUDA graphs (model/graphs.py), and are measured so. ``native``: the forwards run as
+    a generator with ``native_linear`` runs them (the C++ op and its tiled kernel, model/fewrows.py).
     """
     rows = row_grid(max_rows)
     routes = measured_routes(model, few_row_matmul, onednn)
     fingerprint = model_fingerprint(model, rows, context, repeats, routes)
+    fingerprint["native_linear"] = native
     if batch > 1:
         fingerprint["batch"] = batch
     graphed = graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as CUDA graphs
@@ -110,7 +112,7 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
                              routing=_routing(rows, routes, saved[1]), cached=store.path)
     started, before = clock(), cpu_snapshot()
     # (prefills the synthetic context)
-    time_one = decode_step_timer(model, layout, context, batch=batch, graphs=graphed)
+    time_one = decode_step_timer(model, layout, context, batch=batch, graphs=graphed, native=native)
     forwards = probe_forwards(time_one, rows, routes)
     plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
     say(announcement(fingerprint, rows, (clock() - started + plan.likely, clock() - started + plan.longest),

@@ -10,10 +10,13 @@ count runs through whichever was faster (benchmarks/RESULTS.md has what
 machines measured).
 
 Inside ``FewRowLinear`` a forward over 1..KERNEL_ROWS_MAX rows in float32
-or float64 runs its linear layers through ``kernels.linear.rows_linear``
-(one pass over the weights, every thread); other float dtypes (bfloat16,
-float16, which numba does not compute in) run 2..MM_ROWS_MAX rows as
-W @ x^T; anything else is torch's own.
+runs its linear layers through the tiled kernel of lookahead's C++ op
+(native/linear.cpp: AVX2 tiles of weight rows by input rows, on torch's
+threads), where that op can be built and the CPU has AVX2 and FMA, and
+otherwise, as in float64, through ``kernels.linear.rows_linear`` (numba: one
+pass over the weights, every thread); other float dtypes (bfloat16,
+float16, which neither computes in) run 2..MM_ROWS_MAX rows as W @ x^T;
+anything else is torch's own.
 
 A third route is torch's own oneDNN (``onednn``): every weight packed once
 into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
@@ -52,6 +55,7 @@ import torch.nn.functional as F
 
 from ..kernels.linear import rows_linear
 from ..kernels.threads import start_numba_threads
+from ..native.build import load_tiled
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
@@ -62,6 +66,7 @@ FEW_ROWS_MAX = KERNEL_ROWS_MAX  # the most rows a forward is ever rerouted for
 OP = "lookahead::linear"  # a linear layer as a torch op that follows a route given at run time (traced.py)
 ROUTE_CODES = {"torch": 0, "kernel": 1, "mm": 2}  # the routes OP takes, by the code it is given
 KERNEL_CODE = ROUTE_CODES["kernel"]
+TILED_CODE = 3  # the kernel route, its float32 products through the tiled kernel (a FewRowLinear with ``tiled``)
 
 
 def kernel_product(w: np.ndarray, x: torch.Tensor, rows: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -73,11 +78,24 @@ def kernel_product(w: np.ndarray, x: torch.Tensor, rows: int, bias: torch.Tensor
     return out.view(*x.shape[:-1], w.shape[0])
 
 
+def tiled_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the tiled kernel computes x [..., I] W [O, I]^T: float32 CPU tensors, W contiguous, 1 to
+    KERNEL_ROWS_MAX rows (where it is loaded: ``FewRowLinear.tiled``)."""
+    inputs = x.shape[-1]
+    return x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu and weight.is_contiguous() \
+        and weight.dim() == 2 and weight.shape[1] == inputs and 1 <= x.numel() // max(inputs, 1) <= KERNEL_ROWS_MAX
+
+
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, route: torch.Tensor) -> torch.Tensor:
     """x [..., I] W [O, I]^T (+ bias) as a forward through the route coded by ``route`` (a 0-d int64 tensor,
-    ROUTE_CODES) computes it: ``few_row_linear``'s kernel or W @ x^T where it applies, else F.linear.
+    ROUTE_CODES, or TILED_CODE) computes it: ``few_row_linear``'s kernel or W @ x^T where it applies, else
+    F.linear.
     The CPU kernel of OP: a traced forward records it once and replays it under any of those routes."""
     code = int(route)
+    if code == TILED_CODE:
+        if tiled_takes(x, weight):
+            return torch.ops.lookahead_native.tiled(x, weight, bias)
+        code = KERNEL_CODE
     if code == KERNEL_CODE and x.dtype == weight.dtype and x.dtype in KERNEL_DTYPES and weight.is_contiguous():
         rows = x.numel() // x.shape[-1]
         if 1 <= rows <= KERNEL_ROWS_MAX:  # (RoutedWeight's hot path, as lean: every step runs it per layer)
@@ -117,15 +135,18 @@ class RoutedWeight(torch.Tensor):
     plain: torch.Tensor  # the weight as torch.Tensor, detached
     array: np.ndarray | None  # ... and as a numpy array (made once: the kernel reads it every step), if the kernel can
     kernel: bool
+    tiled: Callable[..., torch.Tensor] | None  # the tiled kernel's op, where it computes this weight's products
     packed: torch.Tensor | None  # ... and packed for oneDNN (the onednn route), else None
     recording: Recording | None  # its FewRowLinear's recording (traced.py), if any
 
     @staticmethod
     def __new__(cls: type[RoutedWeight], weight: torch.Tensor, kernel: bool,
-                packed: torch.Tensor | None = None, recording: Recording | None = None) -> RoutedWeight:
+                packed: torch.Tensor | None = None, recording: Recording | None = None,
+                tiled: Callable[..., torch.Tensor] | None = None) -> RoutedWeight:
         plain = weight.detach()
         routed = torch.Tensor._make_subclass(cls, plain, False)
         routed.plain, routed.kernel, routed.packed, routed.recording = plain, kernel, packed, recording
+        routed.tiled = tiled if kernel and plain.dtype == torch.float32 and plain.is_contiguous() else None
         routed.array = plain.numpy() if plain.is_contiguous() and plain.dtype in KERNEL_DTYPES else None
         return routed
 
@@ -146,6 +167,12 @@ class RoutedWeight(torch.Tensor):
                     and x.shape[-1] == weight.plain.shape[1]:
                 out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
                 return out.view(*x.shape[:-1], out.shape[-1])  # [..., O]
+            tiled = weight.tiled if type(weight) is RoutedWeight else None
+            if tiled is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == torch.float32 \
+                    and not x.requires_grad and (bias is None or not bias.requires_grad):
+                rows = x.numel() // x.shape[-1] if x.shape[-1] == weight.plain.shape[1] else 0
+                if 1 <= rows <= KERNEL_ROWS_MAX:
+                    return tiled(x, weight.plain, bias)  # [..., O]
             array = weight.array if type(weight) is RoutedWeight and weight.kernel else None
             if array is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == weight.plain.dtype \
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
@@ -158,7 +185,7 @@ class RoutedWeight(torch.Tensor):
             x, weight, bias = (tuple(args) + (None, None, None))[:3]
             x, weight, bias = kwargs.get("input", x), kwargs.get("weight", weight), kwargs.get("bias", bias)
             if isinstance(weight, RoutedWeight):
-                routed = few_row_linear(x, weight.plain, bias, weight.kernel, weight.array)
+                routed = few_row_linear(x, weight.plain, bias, weight.kernel, weight.array, weight.tiled)
                 if routed is not None:
                     return routed
         with torch._C.DisableTorchFunctionSubclass():
@@ -181,21 +208,27 @@ class FewRowLinear:
     Built once per model (it finds the layers and wraps their weights); entering it swaps each
     layer's weight for its ``RoutedWeight`` and puts the weight back on exit. numba runs on as many
     threads as torch is set to (never more than its pool has) while inside, and its own count is put
-    back on exit.
+    back on exit. With ``native``, float32 weights take the tiled kernel of lookahead's C++ op (loaded,
+    and on a machine's first use built, when the model has such layers); ``tiled`` is its op, or None
+    (then numba's kernel), and ``native_failure`` why it could not be had.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, native: bool = True):
         self.model = model
         self.recording = Recording()  # set while a forward is traced (traced.py)
         self.depth = 0  # routed() contexts entered
+        self.tiled: Callable[..., torch.Tensor] | None = None
+        self.native_failure = ""
+        if native and any(m.weight.dtype == torch.float32 for m in routable_linears(model)):
+            self.tiled, self.native_failure = load_tiled()
         self._wrap()
 
     def _wrap(self) -> None:
         """Find the layers and wrap their weights as they are now (packed for oneDNN on first use)."""
         self.layers = routable_linears(self.model)
         self.weights: list[torch.Tensor] = [layer.weight for layer in self.layers]  # (each a Parameter)
-        self.wrapped = {kind: [RoutedWeight(w, kind == "kernel", recording=self.recording) for w in self.weights]
-                        for kind in ("kernel", "mm")}
+        self.wrapped = {kind: [RoutedWeight(w, kind == "kernel", recording=self.recording, tiled=self.tiled)
+                               for w in self.weights] for kind in ("kernel", "mm")}
 
     def _packed(self) -> list[RoutedWeight]:
         """The weights packed for oneDNN (made once: a copy of every linear layer's weight); a weight it
@@ -247,11 +280,13 @@ def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   kernel: bool = True, array: np.ndarray | None = None) -> torch.Tensor | None:
+                   kernel: bool = True, array: np.ndarray | None = None,
+                   tiled: Callable[..., torch.Tensor] | None = None) -> torch.Tensor | None:
     """x [..., I] W[O, I]^T (+ bias [O]) through lookahead's kernel (``kernel``: 1..KERNEL_ROWS_MAX
     rows, float32 or float64, contiguous W) or as (W x^T)^T (2..MM_ROWS_MAX rows: other dtypes, or
     every float dtype without ``kernel``), for CPU tensors in W's dtype outside autograd; None
-    otherwise (the caller runs the stock F.linear). ``array``: W as a numpy array, if the caller holds one."""
+    otherwise (the caller runs the stock F.linear). ``array``: W as a numpy array, if the caller holds one;
+    ``tiled``: the tiled kernel's op, which then computes float32 products in the kernel's place."""
     if type(x) is not torch.Tensor or type(weight) not in PLAIN or (bias is not None and type(bias) not in PLAIN):
         return None  # a tensor subclass (quantized weights, ...) keeps its own linear
     if x.device.type != "cpu" or weight.dim() != 2 or x.dtype != weight.dtype or x.shape[-1] != weight.shape[1]:
@@ -259,6 +294,8 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return None  # a product autograd must see
     rows = x.numel() // max(x.shape[-1], 1)
+    if kernel and tiled is not None and tiled_takes(x, weight):
+        return tiled(x, weight, bias)
     if kernel and x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
         return kernel_product(array if array is not None else weight.detach().numpy(), x, rows, bias)
     if (kernel and x.dtype in KERNEL_DTYPES) or not x.dtype.is_floating_point or not 2 <= rows <= MM_ROWS_MAX:

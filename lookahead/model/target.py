@@ -92,14 +92,15 @@ class Target:
         """``graphs``: run one sequence's steps as CUDA graphs (graphs.py) where the model is on a CUDA
         device, every layer attends fully and the layers sit on one device. ``traced``: on the CPU,
         replay steps from checked TorchScript traces (traced.py) where every layer attends fully; ``native``:
-        their linear layers through the C++ op (native/) where it can be built."""
+        their linear layers through the C++ op (native/) where it can be built, and the kernel route's
+        float32 products, eager or traced, through its tiled kernel (fewrows.py)."""
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
         # Batch size -> how its forwards run on this CPU (threads, whose linear kernel), measured with
         # the cost curve (cost/measure.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
-        self.linears = FewRowLinear(model)  # its linear layers, for the routes that reroute them
+        self.linears = FewRowLinear(model, native)  # its linear layers, for the routes that reroute them
         text = model.config.get_text_config(decoder=True)
         self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
         self.attention = GroupedAttention(model)  # grouped heads under a mask without copies (attention.py)

@@ -65,7 +65,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from ..native.build import load_linear
 from .cache import Arena
-from .fewrows import ROUTE_CODES, FewRowLinear, linear_op
+from .fewrows import ROUTE_CODES, TILED_CODE, FewRowLinear, linear_op
 
 # When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
 # renting skis until the rent paid reaches the price: a bounded multiple of the better choice's cost, and
@@ -159,7 +159,9 @@ class TracedForward:
         # native_failure: why the C++ op could not be had, where it was asked for.
         native_op, self.native_failure = load_linear() if native else (None, "")
         self.op: Any = native_op if native_op is not None else linear_op
-        self.codes = {code: torch.tensor(code) for code in ROUTE_CODES.values()}  # route code -> trace input
+        # route code -> trace input (the kernel route's float32 products through the tiled kernel where the
+        # linears have it, as their eager forward computes them)
+        self.codes = {code: torch.tensor(code) for code in (*ROUTE_CODES.values(), TILED_CODE)}
         self.cache_keyword = cache_keyword
         self.attention = attention
         self.traces: dict[TraceKey, Any] = {}  # key -> its torch.jit trace
@@ -203,7 +205,8 @@ class TracedForward:
         arena.reserve(past + rows)
         buffer = arena.buffer
         assert buffer is not None, "an arena that holds its layers has a buffer"
-        code = self.codes[ROUTE_CODES.get(route or "torch", 0)]
+        code = self.codes[TILED_CODE if route == "kernel" and self.linears.tiled is not None
+                          else ROUTE_CODES.get(route or "torch", 0)]
         inputs = (tokens, positions, keep, self._past(past, buffer), buffer, code) \
             + ((mask,) if mask is not None else ())
         if trace is None or shape not in self.checked[key]:

@@ -54,6 +54,17 @@ def load_linear() -> tuple[Callable[..., torch.Tensor] | None, str]:
     return torch.ops.lookahead_native.linear, ""
 
 
+def load_tiled() -> tuple[Callable[..., torch.Tensor] | None, str]:
+    """``torch.ops.lookahead_native.tiled`` (the tiled float32 kernel, linear.cpp) and ""; or None and why:
+    the library could not be had (``load_linear``), or this CPU lacks AVX2 and FMA."""
+    op, why = load_linear()
+    if op is None:
+        return None, why
+    if not torch.ops.lookahead_native.tiled_available():
+        return None, "this CPU has no AVX2 and FMA: the tiled kernel cannot run (numba's kernel runs instead)"
+    return torch.ops.lookahead_native.tiled, ""
+
+
 def _build_and_load() -> None:
     """Build (where not built yet for this source and torch) and load the library, one builder at a time."""
     from torch.utils import cpp_extension  # (imports setuptools: only when a build may be needed)
@@ -61,4 +72,5 @@ def _build_and_load() -> None:
     directory = Path(cpp_extension._get_build_directory(NAME, verbose=False))
     with FileLock(str(directory / "lookahead.lock")):
         (directory / "lock").unlink(missing_ok=True)  # torch's own lock, left by a builder that was killed
-        cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=["-O2"], is_python_module=False, verbose=False)
+        cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-fopenmp"],
+                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)

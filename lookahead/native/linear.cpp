@@ -4,14 +4,151 @@
 // products to the bit), without Python: a TorchScript trace (lookahead/model/traced.py) that records it
 // replays a forward's linear layers with no call back into the interpreter. Its kernel route calls
 // lookahead's numba kernel through the C entry points lookahead/native/entry.py compiles
-// (`numba.cfunc`) and hands over once by address (`set_kernels`).
+// (`numba.cfunc`) and hands over once by address (`set_kernels`); its tiled route runs the tiled kernel
+// below, which the eager forward calls as `lookahead_native::tiled` (lookahead/model/fewrows.py).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 
 namespace {
+
+// ---- The tiled kernel: out [R, O] = x [R, I] @ w [O, I]^T in float32, with AVX2 and FMA ----
+//
+// Every product out[r, o] is summed the same way, whatever the row count and wherever (r, o) falls in
+// a tile: eight lanes, lane j summing w[o, i] x[r, i] over i = j mod 8 in order of i (fused
+// multiply-adds), the lanes then added as hsum does, then the I mod 8 tail in order. So a row's products
+// do not depend on the step's other rows, and the tile shape can follow the row count. A tile of OT
+// weight rows by RT input rows keeps OT * RT sums in registers (at most 12 of the 16), so a weight
+// vector loaded once serves RT input rows; the tile's weight rows are read from memory once (for more
+// than RT input rows, again from cache), and the next tile's are prefetched meanwhile. The tiles of
+// weight rows are split between torch's threads (at::parallel_for).
+//
+// Worked example: w = [[1 2] [0 1] [1 0]], x = [[1 1] [2 0]] -> [[3 1 1] [2 0 2]] (I = 2: all tail).
+
+constexpr int TILE_ROWS = 4;  // RT, for four input rows or more
+
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {  // ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
+}
+
+// out[r0 .. r0 + RT, o0 .. o0 + OT]; `ahead` floats past each weight row is prefetched (0: none).
+template <int OT, int RT>
+__attribute__((target("avx2,fma"))) void tile(const float* w, const float* x, float* out, int64_t inputs,
+                                              int64_t outputs, int64_t o0, int64_t r0, int64_t ahead) {
+  __m256 acc[OT][RT];
+  const float* wrow[OT];
+  const float* xrow[RT];
+  for (int o = 0; o < OT; ++o) {
+    wrow[o] = w + (o0 + o) * inputs;
+    for (int r = 0; r < RT; ++r) acc[o][r] = _mm256_setzero_ps();
+  }
+  for (int r = 0; r < RT; ++r) xrow[r] = x + (r0 + r) * inputs;
+  const int64_t vectors = inputs & ~int64_t{7};
+  for (int64_t i = 0; i < vectors; i += 8) {
+    __m256 wv[OT];
+    for (int o = 0; o < OT; ++o) wv[o] = _mm256_loadu_ps(wrow[o] + i);
+    if (ahead != 0 && (i & 15) == 0) {  // one prefetch per 64-byte line
+      for (int o = 0; o < OT; ++o) _mm_prefetch(reinterpret_cast<const char*>(wrow[o] + i + ahead), _MM_HINT_T0);
+    }
+    for (int r = 0; r < RT; ++r) {
+      const __m256 xv = _mm256_loadu_ps(xrow[r] + i);
+      for (int o = 0; o < OT; ++o) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);
+    }
+  }
+  for (int o = 0; o < OT; ++o) {
+    for (int r = 0; r < RT; ++r) {
+      float sum = hsum(acc[o][r]);
+      for (int64_t i = vectors; i < inputs; ++i) sum = std::fma(wrow[o][i], xrow[r][i], sum);
+      out[(r0 + r) * outputs + o0 + o] = sum;
+    }
+  }
+}
+
+// Every input row against weight rows o0 .. o0 + OT (prefetching `ahead` floats on in the first pass).
+template <int OT>
+void tile_column(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs,
+                 int64_t o0, int64_t ahead) {
+  int64_t r0 = 0;
+  for (; r0 + TILE_ROWS <= rows; r0 += TILE_ROWS) {
+    tile<OT, TILE_ROWS>(w, x, out, inputs, outputs, o0, r0, r0 == 0 ? ahead : 0);
+  }
+  const int64_t pass_ahead = r0 == 0 ? ahead : 0;
+  switch (rows - r0) {
+    case 3: tile<OT, 3>(w, x, out, inputs, outputs, o0, r0, pass_ahead); break;
+    case 2: tile<OT, 2>(w, x, out, inputs, outputs, o0, r0, pass_ahead); break;
+    case 1: tile<OT, 1>(w, x, out, inputs, outputs, o0, r0, pass_ahead); break;
+    default: break;
+  }
+}
+
+// The product with tiles of OT weight rows, each thread prefetching its next tile.
+template <int OT>
+void tiled_columns(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs) {
+  const int64_t tiles = (outputs + OT - 1) / OT;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t o0 = t * OT;
+      if (o0 + OT <= outputs) {
+        const int64_t ahead = t + 1 < end && o0 + 2 * OT <= outputs ? OT * inputs : 0;
+        tile_column<OT>(w, x, out, rows, inputs, outputs, o0, ahead);
+      } else {
+        for (int64_t o = o0; o < outputs; ++o) tile_column<1>(w, x, out, rows, inputs, outputs, o, 0);
+      }
+    }
+  });
+}
+
+// Tiles of 6 weight rows for one or two input rows, 4 for three, 3 for four or more (at most 12 sums).
+void tiled_product(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs) {
+  if (rows <= 2) {
+    tiled_columns<6>(w, x, out, rows, inputs, outputs);
+  } else if (rows == 3) {
+    tiled_columns<4>(w, x, out, rows, inputs, outputs);
+  } else {
+    tiled_columns<3>(w, x, out, rows, inputs, outputs);
+  }
+}
+
+bool tiled_available() {  // this CPU runs AVX2 and FMA instructions
+  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return available;
+}
+
+bool tiled_takes(const at::Tensor& x, const at::Tensor& weight) {
+  return tiled_available() && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
+         weight.dim() == 2 && weight.is_contiguous() && x.size(-1) == weight.size(1) && x.device().is_cpu() &&
+         weight.device().is_cpu();
+}
+
+at::Tensor with_rows_of(const at::Tensor& out, const at::Tensor& x) {  // out [R, O] -> [..., O] as x [..., I]
+  auto shape = x.sizes().vec();
+  shape.back() = out.size(1);
+  return out.view(shape);
+}
+
+// x [..., I] @ weight [O, I]^T (+ bias [O]) -> [..., O] through the tiled kernel.
+at::Tensor tiled(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(tiled_takes(x, weight),
+              "lookahead_native::tiled takes float32 CPU tensors x [..., I] and a contiguous weight [O, I] on a "
+              "CPU with AVX2 and FMA (tiled_available)");
+  const int64_t inputs = x.size(-1);
+  const int64_t rows = inputs > 0 ? x.numel() / inputs : 0;
+  const at::Tensor flat = x.reshape({rows, inputs}).contiguous();  // [R, I]
+  at::Tensor out = at::empty({rows, weight.size(0)}, x.options());  // [R, O]
+  if (rows > 0) {
+    tiled_product(weight.const_data_ptr<float>(), flat.const_data_ptr<float>(), out.mutable_data_ptr<float>(), rows,
+                  inputs, weight.size(0));
+  }
+  if (bias.has_value() && bias->defined()) out.add_(*bias);
+  return with_rows_of(out, x);
+}
 
 // out [R, O] = x [R, I] @ w [O, I]^T, all C-contiguous, of the entry point's dtype.
 using Kernel = void (*)(const void* w, const void* x, void* out, int64_t rows, int64_t inputs, int64_t outputs);
@@ -20,6 +157,7 @@ Kernel kernels[2] = {nullptr, nullptr};  // float32, float64: set once per proce
 
 constexpr int64_t TORCH_CODE = 0;  // fewrows.ROUTE_CODES
 constexpr int64_t KERNEL_CODE = 1;
+constexpr int64_t TILED_CODE = 3;
 constexpr int64_t KERNEL_ROWS_MAX = 64;  // fewrows.KERNEL_ROWS_MAX
 constexpr int64_t MM_ROWS_MAX = 7;  // fewrows.MM_ROWS_MAX
 
@@ -34,17 +172,18 @@ Kernel kernel_for(at::ScalarType dtype) {
   return nullptr;
 }
 
-at::Tensor with_rows_of(const at::Tensor& out, const at::Tensor& x) {  // out [R, O] -> [..., O] as x [..., I]
-  auto shape = x.sizes().vec();
-  shape.back() = out.size(1);
-  return out.view(shape);
-}
-
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   const at::Tensor& route) {
-  const int64_t code = route.item<int64_t>();
+  // (the route is a 0-d int64 CPU tensor: read in place, without a dispatched item() per layer)
+  int64_t code = route.scalar_type() == at::kLong && route.numel() == 1 && route.device().is_cpu()
+                     ? *route.const_data_ptr<int64_t>()
+                     : route.item<int64_t>();
   const int64_t inputs = x.size(-1);
   const int64_t rows = inputs > 0 ? x.numel() / inputs : 0;
+  if (code == TILED_CODE) {  // the kernel route with the tiled kernel, where it takes the product
+    if (tiled_takes(x, weight) && rows >= 1 && rows <= KERNEL_ROWS_MAX) return tiled(x, weight, bias);
+    code = KERNEL_CODE;
+  }
   const bool same_dtype = x.scalar_type() == weight.scalar_type() && weight.dim() == 2 && weight.size(1) == inputs;
   const bool kernel_dtype = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
   if (code == KERNEL_CODE && same_dtype && kernel_dtype && weight.is_contiguous() && rows >= 1 &&
@@ -74,5 +213,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 TORCH_LIBRARY(lookahead_native, m) {
   m.def("set_kernels(int float32_kernel, int float64_kernel) -> ()", &set_kernels);
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, Tensor route) -> Tensor");
+  m.def("tiled(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("tiled_available() -> bool", &tiled_available);
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
+  m.impl("tiled", c10::DispatchKey::CPU, TORCH_FN(tiled));
 }
