@@ -137,9 +137,9 @@ class LookaheadConfig:
                                            "ninja torch builds its extensions with, once per machine when its "
                                            "first generator is made, 15-30 s, then kept): a traced forward calls "
                                            "the linear kernel through it, with no Python between the layers, "
-                                           "and float32 products run through its tiled AVX2 kernel, eager or "
-                                           "traced; where it cannot be built, or off, a Python op and numba's "
-                                           "kernel, some 60 us more a layer")
+                                           "and float32 products over 2-64 rows run through its tiled AVX2 "
+                                           "kernel, eager or traced; where it cannot be built, or off, a "
+                                           "Python op and numba's kernel, some 60 us more a layer")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "

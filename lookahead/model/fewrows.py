@@ -9,12 +9,13 @@ forward through it and through torch's own on this machine, and each row
 count runs through whichever was faster (benchmarks/RESULTS.md has what
 machines measured).
 
-Inside ``FewRowLinear`` a forward over 1..KERNEL_ROWS_MAX rows in float32
-runs its linear layers through the tiled kernel of lookahead's C++ op
-(native/linear.cpp: AVX2 tiles of weight rows by input rows, on torch's
-threads), where that op can be built and the CPU has AVX2 and FMA, and
-otherwise, as in float64, through ``kernels.linear.rows_linear`` (numba: one
-pass over the weights, every thread); other float dtypes (bfloat16,
+Inside ``FewRowLinear`` a forward over TILED_ROWS_MIN..KERNEL_ROWS_MAX rows
+in float32 runs its linear layers through the tiled kernel of lookahead's
+C++ op (native/linear.cpp: AVX2 tiles of weight rows by input rows, on
+torch's threads), where that op can be built and the CPU has AVX2 and FMA;
+otherwise, and over one row or in float64, through
+``kernels.linear.rows_linear`` (numba: one pass over the weights, every
+thread); other float dtypes (bfloat16,
 float16, which neither computes in) run 2..MM_ROWS_MAX rows as W @ x^T;
 anything else is torch's own.
 
@@ -67,6 +68,9 @@ OP = "lookahead::linear"  # a linear layer as a torch op that follows a route gi
 ROUTE_CODES = {"torch": 0, "kernel": 1, "mm": 2}  # the routes OP takes, by the code it is given
 KERNEL_CODE = ROUTE_CODES["kernel"]
 TILED_CODE = 3  # the kernel route, its float32 products through the tiled kernel (a FewRowLinear with ``tiled``)
+# ... from this many rows: a one-row traced step ran 0.93-0.96x as fast through it as through numba's kernel
+# (2-core AMD EPYC, run 120), where both stream the weights at about the memory's speed
+TILED_ROWS_MIN = 2
 
 
 def kernel_product(w: np.ndarray, x: torch.Tensor, rows: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -79,11 +83,12 @@ def kernel_product(w: np.ndarray, x: torch.Tensor, rows: int, bias: torch.Tensor
 
 
 def tiled_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the tiled kernel computes x [..., I] W [O, I]^T: float32 CPU tensors, W contiguous, 1 to
-    KERNEL_ROWS_MAX rows (where it is loaded: ``FewRowLinear.tiled``)."""
+    """Whether the tiled kernel computes x [..., I] W [O, I]^T: float32 CPU tensors, W contiguous,
+    TILED_ROWS_MIN to KERNEL_ROWS_MAX rows (where it is loaded: ``FewRowLinear.tiled``)."""
     inputs = x.shape[-1]
     return x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu and weight.is_contiguous() \
-        and weight.dim() == 2 and weight.shape[1] == inputs and 1 <= x.numel() // max(inputs, 1) <= KERNEL_ROWS_MAX
+        and weight.dim() == 2 and weight.shape[1] == inputs \
+        and TILED_ROWS_MIN <= x.numel() // max(inputs, 1) <= KERNEL_ROWS_MAX
 
 
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, route: torch.Tensor) -> torch.Tensor:
@@ -171,7 +176,7 @@ class RoutedWeight(torch.Tensor):
             if tiled is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == torch.float32 \
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
                 rows = x.numel() // x.shape[-1] if x.shape[-1] == weight.plain.shape[1] else 0
-                if 1 <= rows <= KERNEL_ROWS_MAX:
+                if TILED_ROWS_MIN <= rows <= KERNEL_ROWS_MAX:
                     return tiled(x, weight.plain, bias)  # [..., O]
             array = weight.array if type(weight) is RoutedWeight and weight.kernel else None
             if array is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == weight.plain.dtype \
