@@ -266,7 +266,7 @@ class NaNAfter(transformers.LogitsProcessor):
 
     def __call__(self, input_ids, scores):
         scores = torch.where((input_ids[:, -1] == self.token)[:, None], float("nan"), scores)
-        return scores.index_fill(1, torch.tensor([self.token]), float("-inf"))
+        return scores.index_fill(1, torch.tensor([self.token], device=scores.device), float("-inf"))
 
 
 def test_nan_scores_off_the_sampled_path_are_no_error(llama):
