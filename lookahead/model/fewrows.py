@@ -68,7 +68,7 @@ OP = "lookahead::linear"  # a linear layer as a torch op that follows a route gi
 ROUTE_CODES = {"torch": 0, "kernel": 1, "mm": 2}  # the routes OP takes, by the code it is given
 KERNEL_CODE = ROUTE_CODES["kernel"]
 TILED_CODE = 3  # the kernel route, its float32 products through the tiled kernel (a FewRowLinear with ``tiled``)
-# ... from this many rows: a one-row traced step ran 0.93-0.96x as fast through it as through numba's kernel
+# ... from this many rows: a one-row traced step ran 0.93-1.00x as fast through it as through numba's kernel
 # (2-core AMD EPYC, run 120), where both stream the weights at about the memory's speed
 TILED_ROWS_MIN = 2
 
