@@ -160,14 +160,15 @@ def test_both_routings_are_exact(arch, monkeypatch):
         calls.append(x.shape[0])
         return rows_linear(w, x)
 
-    tiled, _ = fewrows.load_tiled()
+    fewrows.load_linear()
+    tiled, _ = fewrows.tiled_kernel()
 
     def counted_tiled(x, w, bias):
         calls.append(x.numel() // x.shape[-1])
         return tiled(x, w, bias)
 
     monkeypatch.setattr(fewrows, "rows_linear", counted)  # numba's kernel, or where the tiled one runs, that
-    monkeypatch.setattr(fewrows, "load_tiled", lambda: (counted_tiled if tiled is not None else None, ""))
+    monkeypatch.setattr(fewrows, "tiled_kernel", lambda: (counted_tiled if tiled is not None else None, ""))
     model = tiny_model(arch)
     motif = torch.arange(3, 9)
     prompt = torch.cat([motif, motif, motif[:3]])[None]  # copies: multi-token steps of few rows

@@ -67,7 +67,7 @@ def test_native_op_gives_the_python_ops_products_to_the_bit(native_op, dtype, co
 
 @pytest.fixture(scope="module")
 def tiled_op(native_op):
-    op, why = build.load_tiled()
+    op, why = build.tiled_kernel()
     if op is None:
         pytest.skip(why)  # (a CPU without AVX2 and FMA: numba's kernel runs there, tested above)
     return op

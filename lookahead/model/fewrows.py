@@ -56,7 +56,7 @@ import torch.nn.functional as F
 
 from ..kernels.linear import rows_linear
 from ..kernels.threads import start_numba_threads
-from ..native.build import load_tiled
+from ..native.build import load_linear, tiled_kernel
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
@@ -172,17 +172,13 @@ class RoutedWeight(torch.Tensor):
                     and x.shape[-1] == weight.plain.shape[1]:
                 out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
                 return out.view(*x.shape[:-1], out.shape[-1])  # [..., O]
-            tiled = weight.tiled if type(weight) is RoutedWeight else None
-            if tiled is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == torch.float32 \
-                    and not x.requires_grad and (bias is None or not bias.requires_grad):
-                rows = x.numel() // x.shape[-1] if x.shape[-1] == weight.plain.shape[1] else 0
-                if TILED_ROWS_MIN <= rows <= KERNEL_ROWS_MAX:
-                    return tiled(x, weight.plain, bias)  # [..., O]
             array = weight.array if type(weight) is RoutedWeight and weight.kernel else None
             if array is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype == weight.plain.dtype \
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
                 inputs = array.shape[1]
                 rows = x.numel() // inputs if x.shape[-1] == inputs else 0
+                if weight.tiled is not None and TILED_ROWS_MIN <= rows <= KERNEL_ROWS_MAX:
+                    return weight.tiled(x, weight.plain, bias)  # [..., O] (float32: ``tiled`` is set for no other)
                 if 1 <= rows <= KERNEL_ROWS_MAX:
                     return kernel_product(array, x, rows, bias)  # [..., O]
         kwargs = kwargs or {}
@@ -213,19 +209,21 @@ class FewRowLinear:
     Built once per model (it finds the layers and wraps their weights); entering it swaps each
     layer's weight for its ``RoutedWeight`` and puts the weight back on exit. numba runs on as many
     threads as torch is set to (never more than its pool has) while inside, and its own count is put
-    back on exit. With ``native``, float32 weights take the tiled kernel of lookahead's C++ op (loaded,
-    and on a machine's first use built, when the model has such layers); ``tiled`` is its op, or None
-    (then numba's kernel), and ``native_failure`` why it could not be had.
+    back on exit. With ``native``, lookahead's C++ op is loaded (on a machine's first use, built) once
+    here, where the model has layers to route: ``native_op`` is its linear op, which traces record
+    (traced.py), or None, with ``native_failure`` saying why; ``tiled`` is its tiled kernel's op where
+    float32 weights can take it (this CPU has AVX2 and FMA), else None (numba's kernel).
     """
 
     def __init__(self, model: torch.nn.Module, native: bool = True):
         self.model = model
         self.recording = Recording()  # set while a forward is traced (traced.py)
         self.depth = 0  # routed() contexts entered
+        layers = routable_linears(model)
+        self.native_op, self.native_failure = load_linear() if native and layers else (None, "")
         self.tiled: Callable[..., torch.Tensor] | None = None
-        self.native_failure = ""
-        if native and any(m.weight.dtype == torch.float32 for m in routable_linears(model)):
-            self.tiled, self.native_failure = load_tiled()
+        if self.native_op is not None and any(layer.weight.dtype == torch.float32 for layer in layers):
+            self.tiled, _ = tiled_kernel()
         self._wrap()
 
     def _wrap(self) -> None:

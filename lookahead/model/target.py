@@ -123,7 +123,7 @@ class Target:
         self.traced: TracedForward | None = None
         if traced and self.device.type == "cpu" and layout.kinds == frozenset({"full_attention"}) \
                 and not self.select_after and traceable(model):
-            self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears, native)
+            self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears)
 
     def long_lived(self) -> None:
         """This target steps for a long-lived process (a server): with a traced forward, each step kind is

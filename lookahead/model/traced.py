@@ -63,7 +63,6 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from ..native.build import load_linear
 from .cache import Arena
 from .fewrows import ROUTE_CODES, TILED_CODE, FewRowLinear, linear_op
 
@@ -151,14 +150,13 @@ class TracedForward:
     what a trace costs (``due``) and checked then."""
 
     def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention,
-                 linears: FewRowLinear, native: bool = True):
+                 linears: FewRowLinear):
         self.model = model
         self.linears = linears  # its routed linear layers, recorded as ``op``
-        # The linear op the traces record: the C++ op where ``native`` asks for it and it can be had (built
-        # now, not in a step: a machine's first build takes 15-30 s; native/build.py), else fewrows.linear_op;
-        # native_failure: why the C++ op could not be had, where it was asked for.
-        native_op, self.native_failure = load_linear() if native else (None, "")
-        self.op: Any = native_op if native_op is not None else linear_op
+        # The linear op the traces record: the C++ op where the linears loaded it (native/build.py), else
+        # fewrows.linear_op; native_failure: why the C++ op could not be had, where it was asked for.
+        self.op: Any = linears.native_op if linears.native_op is not None else linear_op
+        self.native_failure = linears.native_failure
         # route code -> trace input (the kernel route's float32 products through the tiled kernel where the
         # linears have it, as their eager forward computes them)
         self.codes = {code: torch.tensor(code) for code in (*ROUTE_CODES.values(), TILED_CODE)}

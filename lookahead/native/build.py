@@ -54,12 +54,11 @@ def load_linear() -> tuple[Callable[..., torch.Tensor] | None, str]:
     return torch.ops.lookahead_native.linear, ""
 
 
-def load_tiled() -> tuple[Callable[..., torch.Tensor] | None, str]:
+def tiled_kernel() -> tuple[Callable[..., torch.Tensor] | None, str]:
     """``torch.ops.lookahead_native.tiled`` (the tiled float32 kernel, linear.cpp) and ""; or None and why:
-    the library could not be had (``load_linear``), or this CPU lacks AVX2 and FMA."""
-    op, why = load_linear()
-    if op is None:
-        return None, why
+    the library is not loaded in this process (``load_linear``), or this CPU lacks AVX2 and FMA."""
+    if not loaded():
+        return None, "lookahead's C++ op is not loaded (load_linear)"
     if not torch.ops.lookahead_native.tiled_available():
         return None, "this CPU has no AVX2 and FMA: the tiled kernel cannot run (numba's kernel runs instead)"
     return torch.ops.lookahead_native.tiled, ""
