@@ -274,14 +274,16 @@ def test_end_to_end_against_real_lookahead_servers(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_all_three_servers_on_the_default_model(tmp_path):
-    """lookahead, lookahead-plain and transformers serve (continuous batching where it runs) on SmolLM2."""
+def test_lookahead_against_transformers_serve_on_the_default_model(tmp_path):
+    """lookahead and transformers serve (continuous batching where it runs) on SmolLM2, in the order the
+    default runs them. (lookahead-plain is the same server with other options, run against real servers
+    above: leaving it out here saves its start and warm-up, some 25 s of a 2-core machine.)"""
     out = tmp_path / "out"
-    result = invoke("--dataset", "mt-bench-1", "--concurrency", "2", "--limit", "2", "--max-tokens", "8",
-                    "--threads", "1", "--out", str(out))
+    result = invoke("--dataset", "mt-bench-1", "--server", "transformers", "--server", "lookahead",
+                    "--concurrency", "2", "--limit", "2", "--max-tokens", "8", "--threads", "1", "--out", str(out))
     assert result.exit_code == 0, result.output
     data = json.loads((out / "bench-serve.json").read_text())
-    assert [r["server"] for r in data["runs"]] == ["lookahead", "lookahead-plain", "transformers"]
+    assert [r["server"] for r in data["runs"]] == ["lookahead", "transformers"]
     assert all(r["errors"] == 0 and r["output_tokens"] > 0 for r in data["runs"])
     anchor = data["servers"]["transformers"]
     assert anchor["continuous_batching"] in (True, False)
