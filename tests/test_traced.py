@@ -343,3 +343,43 @@ def test_a_server_traces_by_default_and_on_sight():
     assert gen.target.traced is not None and gen.target.traced.patience > 0
     Engine(gen)
     assert gen.target.traced.patience == 0.0
+
+
+def test_a_ready_trace_replays_with_the_routes_threads_alone(monkeypatch):
+    """Once a kind's trace is made and checked at a step's shape, the step replays it without swapping
+    the layers' weights for the route's (``FewRowLinear.routed``): its linear op is told the route. A
+    forward hook set after that still sends the steps to the eager forward, weights routed."""
+    import numpy as np
+
+    from lookahead.model.fewrows import FewRowLinear
+    from lookahead.model.routing import Route, Routing
+
+    gen = traced_generator("llama")
+    gen.target.routings = {1: Routing(np.array([1]), [Route(1, "kernel")], np.ones((1, 1)))}  # the kernel's route
+    ids = prompt(6)
+    expected = reference(gen.model, ids, NEW, eos_token_id=NO_EOS)
+    assert torch.equal(gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS), expected)  # makes the traces
+    forwards = gen.target.traced
+    assert forwards is not None and {shape for shapes in forwards.checked.values() for shape in shapes} \
+        == {(1, "1"), (1, "2+")}, forwards.checked
+    entered = []
+    routed = FewRowLinear.routed
+
+    def counting(self, *args, **kwargs):
+        entered.append(1)
+        return routed(self, *args, **kwargs)
+
+    monkeypatch.setattr(FewRowLinear, "routed", counting)
+    assert torch.equal(gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS), expected)
+    routes = gen.last_stats.routes
+    assert routes and all(route == "kernel x1 traced" for route in routes), routes
+    assert not entered, f"{len(entered)} replayed steps swapped the weights"
+    calls = []
+    handle = gen.model.get_input_embeddings().register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    finally:
+        handle.remove()
+    assert torch.equal(out, expected)
+    assert len(calls) == gen.last_stats.steps + 1, "the hook missed a step"
+    assert len(entered) == gen.last_stats.steps and not any("traced" in r for r in gen.last_stats.routes)

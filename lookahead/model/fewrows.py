@@ -248,19 +248,29 @@ class FewRowLinear:
         outer = [layer._parameters["weight"] for layer in self.layers] if self.depth else None
         if outer is None and any(layer._parameters["weight"] is not w for layer, w in zip(self.layers, self.weights)):
             self._wrap()  # the model's weights were replaced (moved, cast, reloaded) since they were wrapped
+        chosen = self._packed() if onednn else self.wrapped["kernel" if kernel else "mm"]
+        with self.threads():
+            for layer, routed in zip(self.layers, chosen):
+                layer._parameters["weight"] = routed  # type: ignore[assignment]  # (a Tensor standing in for the Parameter)
+            self.depth += 1
+            try:
+                yield
+            finally:
+                self.depth -= 1
+                for layer, weight in zip(self.layers, outer if outer is not None else self.weights):
+                    layer._parameters["weight"] = weight  # type: ignore[assignment]
+
+    @contextmanager
+    def threads(self) -> Iterator[None]:
+        """numba runs the body's kernels on as many threads as torch is set to (at most its pool's), its own
+        count put back on exit: what ``routed`` sets besides the weights, and all a replayed trace needs
+        (its linear op is told the route as an input, traced.py)."""
         start_numba_threads()
         threads = numba.get_num_threads()
         numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        chosen = self._packed() if onednn else self.wrapped["kernel" if kernel else "mm"]
-        for layer, routed in zip(self.layers, chosen):
-            layer._parameters["weight"] = routed  # type: ignore[assignment]  # (a Tensor standing in for the Parameter)
-        self.depth += 1
         try:
             yield
         finally:
-            self.depth -= 1
-            for layer, weight in zip(self.layers, outer if outer is not None else self.weights):
-                layer._parameters["weight"] = weight  # type: ignore[assignment]
             numba.set_num_threads(threads)
 
 

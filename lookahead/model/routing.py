@@ -101,13 +101,15 @@ def kernel_applies(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 @contextmanager
-def route_mode(route: Route | None, rows: int, linears: FewRowLinear | None) -> Iterator[None]:
+def route_mode(route: Route | None, rows: int, linears: FewRowLinear | None, weights: bool = True) -> Iterator[None]:
     """Run the body (one forward over ``rows`` rows of the model whose layers ``linears`` holds)
     through ``route``; None: as torch is set.
 
     Fewer threads than torch's are set for the body and put back after; a
     kernel or mm route enters ``linears.routed``, which runs numba on at most
     those threads and puts numba's count back (``linears`` None: torch's linears).
+    ``weights`` False: the threads alone, the layers' weights left as they are
+    (a replayed trace, whose linear op is told the route: ``linears.threads``).
     """
     if route is None or rows > FEW_ROWS_MAX:
         yield
@@ -118,7 +120,8 @@ def route_mode(route: Route | None, rows: int, linears: FewRowLinear | None) -> 
         torch.set_num_threads(route.threads)
     try:
         if route.linear != "torch" and linears is not None:
-            with linears.routed(kernel=route.linear == "kernel", onednn=route.linear == "onednn"):
+            with linears.routed(kernel=route.linear == "kernel", onednn=route.linear == "onednn") if weights \
+                    else linears.threads():
                 yield
         else:
             yield

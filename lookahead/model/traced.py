@@ -171,7 +171,9 @@ class TracedForward:
         self.one_off = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         self.weights = self._weights()  # what the traces were made over
-        self.modules = list(model.modules())
+        # every module's forward hooks and pre-hooks: the dicts ``register_forward_hook`` and the like add to
+        # (each made once with its module and changed in place)
+        self.hook_dicts = [d for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
 
     def _weights(self) -> tuple:
         """Where the model's first weight lives: moving or casting the model (which a trace, holding its
@@ -180,12 +182,22 @@ class TracedForward:
         first = next(self.model.parameters(), None)
         return (first.data_ptr(), first.dtype, first.device) if first is not None else ()
 
+    def ready(self, key: TraceKey, shape: Shape) -> bool:
+        """Whether ``key``'s trace is made and was checked at ``shape`` (and the weights are those it was made
+        over): a step of that shape replays it, with nothing to make or check (the caller then sets only the
+        route's threads, ``step(replay_only=True)``)."""
+        return shape in self.checked.get(key, ()) and self._weights() == self.weights
+
     def step(self, key: TraceKey, route: str | None, arena: Arena, tokens: torch.Tensor, positions: torch.Tensor,
-             mask: torch.Tensor | None, keep: torch.Tensor, past: int) -> torch.Tensor | None:
+             mask: torch.Tensor | None, keep: torch.Tensor, past: int,
+             replay_only: bool = False) -> torch.Tensor | None:
         """Logits [A, K, V] of rows ``keep`` [K] of the step (tokens and positions [A, Q], ``mask``
         [A, 1, Q, P + Q] or None for one plain row), written into ``arena`` after its ``past`` filled
         slots, its linear layers through ``route`` (a Route's linear, None: torch's); None where no checked
-        trace serves ``key`` (then the caller runs the step eagerly, the arena untouched)."""
+        trace serves ``key`` (then the caller runs the step eagerly, the arena untouched). A trace is made
+        or checked here only inside the route's whole ``route_mode`` (the weights routed: an oneDNN trace
+        records the packed weights); ``replay_only``: the caller set its threads alone, so a step that
+        is not ``ready`` returns None."""
         weights = self._weights()
         if weights != self.weights:
             for made in (self.traces, self.failures, self.checked, self.refused, self.eager):
@@ -197,6 +209,8 @@ class TracedForward:
                 or any(layer.length != past for layer in arena.members):
             return None
         trace = self.traces.get(key)
+        if replay_only and (trace is None or shape not in self.checked[key]):
+            return None
         if trace is None and not self.due(key):
             return None
         rows = tokens.shape[1]
@@ -228,7 +242,8 @@ class TracedForward:
         trace would skip it (a hook may change what a layer computes), so such steps run eagerly."""
         if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
             return True
-        return any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+        return any(self.hook_dicts)  # (a dict's truth in C: some 10 us a step where a generator over the
+        # modules' attributes took 95 us for SmolLM2's 400 modules)
 
     def due(self, key: TraceKey) -> bool:
         """Whether to trace ``key`` now: some kind was traced already (this process steps long enough), or
