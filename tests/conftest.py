@@ -175,7 +175,8 @@ BUILDERS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "mistral": _mistr
 def pytest_addoption(parser):
     parser.addoption("--device", default="cpu",
                      help="device the tiny models run on, e.g. cuda: tests/test_exactness.py, test_batch.py and "
-                          "test_continuous.py prove greedy exactness there (other modules assume the CPU)")
+                          "test_continuous.py prove greedy exactness there, test_sampling.py and test_draft.py's "
+                          "sampling tests the target's distribution (other modules assume the CPU)")
 
 
 def pytest_configure(config):

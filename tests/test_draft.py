@@ -34,7 +34,7 @@ def perturbed(model, scale: float, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in draft.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * scale * param.std().clamp_min(1e-3))
+            param.add_(torch.randn(param.shape, generator=gen).to(param.device) * scale * param.std().clamp_min(1e-3))
     return draft.eval()
 
 

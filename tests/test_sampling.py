@@ -27,6 +27,8 @@ from lookahead.kernels.walk import accept_walk
 from lookahead.verify.sampling import fast_top_k, sample_rows, sample_top_k
 from lookahead.verify.verifier import accepted_children
 
+from conftest import RUN_ON
+
 VOCAB = 8
 EOS = 7
 P_MIN = 1e-3  # reject "same distribution" below this p-value
@@ -160,7 +162,7 @@ def tiny_llama() -> transformers.LlamaForCausalLM:
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
                                    initializer_range=0.3, pad_token_id=0, bos_token_id=0, eos_token_id=EOS)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = transformers.LlamaForCausalLM(cfg).eval().to(RUN_ON["device"])  # (pytest --device, conftest)
     model.generation_config.pad_token_id = 0
     return model
 
@@ -180,9 +182,9 @@ def prompt(model):
             fill = rng.integers(0, EOS, 4).tolist()
             for y in range(EOS):
                 text = [1, 3, y] + fill + [1, 3]
-                probs = torch.softmax(model(torch.tensor([text])).logits[0, -1], -1)
+                probs = torch.softmax(model(torch.tensor([text], device=model.device)).logits[0, -1], -1)
                 if float(probs[y]) > 0.4:
-                    return torch.tensor([text])
+                    return torch.tensor([text], device=model.device)
     raise AssertionError("no prompt whose proposed continuation is likely")
 
 
@@ -202,7 +204,7 @@ def reference_probs(logits: torch.Tensor, prefix: list[int], temperature=1.0, to
         drop = cum <= 1 - top_p
         drop[-1] = False
         s[order[drop]] = -float("inf")
-    return torch.softmax(s, -1).numpy()
+    return torch.softmax(s, -1).cpu().numpy()
 
 
 @torch.inference_mode()
@@ -211,7 +213,7 @@ def exact_distribution(model, ids: torch.Tensor, tokens: int, **settings) -> dic
     cells = {}
 
     def visit(prefix: list[int], prob: float, left: int) -> None:
-        row = reference_probs(model(torch.tensor([prefix])).logits[0, -1], prefix, **settings)
+        row = reference_probs(model(torch.tensor([prefix], device=model.device)).logits[0, -1], prefix, **settings)
         for t in range(VOCAB):
             p = prob * float(row[t])
             if p <= 0:
