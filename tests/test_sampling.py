@@ -349,7 +349,7 @@ def test_same_seed_same_sample(model, prompt):
         torch.manual_seed(42)
         outs.append(gen.generate(prompt, max_new_tokens=12, do_sample=True, temperature=0.9))
     assert torch.equal(*outs)
-    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    g1, g2 = (torch.Generator(device=model.device).manual_seed(7) for _ in range(2))  # (on the model's device)
     a = gen.generate(prompt, max_new_tokens=12, do_sample=True, generator=g1)
     b = gen.generate(prompt, max_new_tokens=12, do_sample=True, generator=g2)
     assert torch.equal(a, b)
