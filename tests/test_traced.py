@@ -383,3 +383,17 @@ def test_a_ready_trace_replays_with_the_routes_threads_alone(monkeypatch):
     assert torch.equal(out, expected)
     assert len(calls) == gen.last_stats.steps + 1, "the hook missed a step"
     assert len(entered) == gen.last_stats.steps and not any("traced" in r for r in gen.last_stats.routes)
+
+
+def test_weights_loaded_in_place_of_the_traced_ones_are_traced_again():
+    """``load_state_dict(assign=True)`` puts new parameters in the model: the traces, which hold the old
+    ones as constants, are dropped and the next decode follows the new weights."""
+    gen = traced_generator("llama")
+    ids = prompt(2)
+    gen.generate(ids, max_new_tokens=12, eos_token_id=NO_EOS)
+    forwards = gen.target.traced
+    assert forwards is not None and forwards.traces
+    other = tiny_model("llama", seed=7).state_dict()
+    gen.model.load_state_dict({k: v.clone() for k, v in other.items()}, assign=True)
+    out = gen.generate(ids, max_new_tokens=12, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, 12, eos_token_id=NO_EOS))

@@ -170,7 +170,10 @@ class TracedForward:
         self.trace_seconds: float | None = None  # what the latest trace took to make and check
         self.one_off = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
-        self.first = next(model.parameters(), None)  # (``_weights``)
+        # where the model's first parameter is held (``_weights``): its module and name there
+        first = next((name for name, _ in model.named_parameters()), None)
+        self.first: tuple[torch.nn.Module, str] | None = None if first is None else \
+            (model.get_submodule(first.rpartition(".")[0]), first.rpartition(".")[2])
         self.weights = self._weights()  # what the traces were made over
         # every module's forward hooks and pre-hooks: the dicts ``register_forward_hook`` and the like add to
         # (each made once with its module and changed in place)
@@ -179,10 +182,14 @@ class TracedForward:
     def _weights(self) -> tuple:
         """Where the model's first weight lives: moving or casting the model (which a trace, holding its
         tensors as constants, would not follow) changes this. (Linear layers swapped for the kernel's routed
-        weights, fewrows.py, share storage with theirs.) The parameter is found once: ``Module.to`` and
-        the casts give it new data in place (walking the modules for it took some 40 us a call)."""
-        first = self.first
-        return (first.data_ptr(), first.dtype, first.device) if first is not None else ()
+        weights, fewrows.py, share storage with theirs.) Read where it is held, found once (walking the
+        modules for it took some 40 us a call): ``Module.to`` and the casts give it new data in place,
+        ``load_state_dict(assign=True)`` a new parameter there."""
+        if self.first is None:
+            return ()
+        module, name = self.first
+        weight = module._parameters[name]
+        return (weight.data_ptr(), weight.dtype, weight.device) if weight is not None else ()
 
     def ready(self, key: TraceKey, shape: Shape) -> bool:
         """Whether ``key``'s trace is made and was checked at ``shape`` (and the weights are those it was made
