@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .attention import GroupedAttention
-from .cache import SlotCache, arena_of, cache_keyword, new_cache
+from .cache import Arena, SlotCache, arena_of, cache_keyword, new_cache
 from .fewrows import FEW_ROWS_MAX, FewRowLinear
 from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
@@ -166,6 +166,18 @@ class Target:
         """An empty KV cache this target can roll back (see cache.py)."""
         return new_cache(self.layers)
 
+    def _traced(self, key: TraceKey, linear: str | None, arena: Arena, tokens: np.ndarray, q_pos: torch.Tensor,
+                mask: torch.Tensor | None, keep: torch.Tensor, past: int, replay_only: bool) -> torch.Tensor | None:
+        """Logits [A, K, V] of the step replayed from ``key``'s trace (traced.py's ``step``), or None: the
+        step runs eagerly. Notes what making or checking a trace took (``one_off``) and the route."""
+        assert self.traced is not None, "a traced step needs the traced forward"
+        logits = self.traced.step(key, linear, arena, to_device(tokens, self.device), self.positions(q_pos), mask,
+                                  keep, past, replay_only)
+        self.one_off = self.traced.one_off
+        if logits is not None:
+            self.last_route = f"{self.last_route} traced".strip()
+        return logits
+
     def prefill(self, cache: Cache, ids: np.ndarray, mask: np.ndarray | None = None,
                 positions: np.ndarray | None = None) -> None:
         """Run prompt tokens ids [A, T] through the model into the cache (their logits are not needed);
@@ -215,19 +227,14 @@ class Target:
             # A trace made and checked at this shape: replayed with the route's threads alone (the layers'
             # weights and the attention are the trace's own; swapping them in took some 0.2 ms a step)
             with route_mode(route, count * rows, self.linears, weights=False):
-                logits = self.traced.step(key, linear, arena, to_device(tokens, dev), self.positions(q_pos),
-                                          traced_mask, keep_t, past, replay_only=True)
+                logits = self._traced(key, linear, arena, tokens, q_pos, traced_mask, keep_t, past, True)
             if logits is not None:
-                self.last_route = f"{self.last_route} traced".strip()
                 return logits  # [A, K, V]
         with route_mode(route, count * rows, self.linears), \
                 (self.attention.switched() if mask is not None else nullcontext()):
-            if key is not None and self.traced is not None and arena is not None:  # (made or checked here)
-                logits = self.traced.step(key, linear, arena, to_device(tokens, dev), self.positions(q_pos),
-                                          traced_mask, keep_t, past)
-                self.one_off = self.traced.one_off
+            if key is not None and arena is not None:  # (a trace made or checked here)
+                logits = self._traced(key, linear, arena, tokens, q_pos, traced_mask, keep_t, past, False)
                 if logits is not None:
-                    self.last_route = f"{self.last_route} traced".strip()
                     return logits  # [A, K, V]
             began = time.perf_counter()  # (on the CPU, where traces run, a forward has finished when it returns)
             out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),

@@ -192,10 +192,10 @@ class TracedForward:
         return (weight.data_ptr(), weight.dtype, weight.device) if weight is not None else ()
 
     def ready(self, key: TraceKey, shape: Shape) -> bool:
-        """Whether ``key``'s trace is made and was checked at ``shape`` (and the weights are those it was made
-        over): a step of that shape replays it, with nothing to make or check (the caller then sets only the
-        route's threads, ``step(replay_only=True)``)."""
-        return shape in self.checked.get(key, ()) and self._weights() == self.weights
+        """Whether ``key``'s trace is made and was checked at ``shape``: a step of that shape replays it, with
+        nothing to make or check (the caller then sets only the route's threads, ``step(replay_only=True)``,
+        which finds moved weights and returns None)."""
+        return shape in self.checked.get(key, ())
 
     def step(self, key: TraceKey, route: str | None, arena: Arena, tokens: torch.Tensor, positions: torch.Tensor,
              mask: torch.Tensor | None, keep: torch.Tensor, past: int,
