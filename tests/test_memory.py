@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from conftest import reference
-from lookahead import LookaheadGenerator
+from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.decode.loop import DecodeRun
 from lookahead.call.output import OutputBuffer
 from lookahead.call.decoding import resolve_decoding
@@ -38,7 +38,9 @@ def gen():
                                       initializer_range=0.2)
     model = transformers.LlamaForCausalLM(config).eval()
     model.generation_config.pad_token_id = 0
-    generator = LookaheadGenerator(model)
+    # no memory across requests: the measured runs would replay the text of the runs before them (a 1500-token
+    # answer in 52 steps), so the short and the long run would not be alike but for their length
+    generator = LookaheadGenerator(model, config=LookaheadConfig(memory_tokens=0))
     if generator.target.traced is not None:
         # trace on sight: the trace (a one-time allocation, about 1.3 MB) is made in the warm-up call below,
         # not in whichever measured run's eager steps first outlast its cost on this machine's clock
