@@ -32,7 +32,7 @@ from .decode.context import DecodeContext
 from .decode.loop import DecodeRun
 from .decode.sequence import Sequence
 from .decode.sources import DraftModel, SourceFactory
-from .kernels import warmup
+from .kernels import usable_cpus, warmup
 from .kernels.threads import start_numba_threads
 from .model.fewrows import FewRowLinear
 from .model.routing import Routing
@@ -107,7 +107,7 @@ class LookaheadGenerator:
             linears = FewRowLinear(draft_model, self.config.native_linear)  # the draft's linears, wrapped once
             self.draft = DraftModel(draft_model, draft_cost, linears)
         start_numba_threads()  # before the kernels' first parallel run: torch's thread count stays the user's
-        warmup()
+        warmup(workers=usable_cpus())  # a fresh install compiles the kernels on every core
         if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):
             raise ValueError("learned state comes from a generator with another config or vocabulary; "
                              "hand it only to a generator of the same model and LookaheadConfig")

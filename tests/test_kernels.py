@@ -321,3 +321,48 @@ def test_layout_mask_and_subtree_arrays_worked_examples():
                                                               i64(0, 1, 2, 3), i64(3, 0, 1))
     assert closed and parents.tolist() == [-1, 0, 1] and tokens.tolist() == [4, 5, 7] and classes.tolist() == [0, 1, 3]
     assert not subtree_arrays(i64(4, 5), i64(-1, 0), i64(1, 2), i64(0, 0), i64(1))[4]  # its parent left out
+
+
+def test_a_warm_cache_starts_no_process_and_a_cold_one_compiles_in_several(monkeypatch):
+    """The suite's warm-up filled numba's cache: warmup(workers=2) loads it and starts nothing. A cache that
+    lacks one kernel sends the groups to fresh interpreters, no more at once than asked, each group once;
+    where no interpreter starts, this process compiles them itself."""
+    import lookahead.kernels as kernels
+
+    assert kernels.cached()
+    started = []
+    monkeypatch.setattr(kernels.subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("started"))
+    kernels.warmup(workers=2)
+    assert started == []
+
+    monkeypatch.setattr(kernels.ENTRY_KERNELS[3]._cache._cache_file, "_load_index", lambda: {})
+    assert not kernels.cached()
+    live, most, codes = [], [0], []
+
+    class Fake:
+        """A process that ends on its second poll."""
+
+        def __init__(self, command, **kwargs):
+            self.polls = 0
+            codes.append(command[-1])
+            live.append(self)
+            most[0] = max(most[0], len(live))
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 2:
+                return None
+            live.remove(self)
+            return 0
+
+    monkeypatch.setattr(kernels.subprocess, "Popen", Fake)
+    monkeypatch.setattr(kernels.time, "sleep", lambda seconds: None)
+    kernels.warmup(workers=2)
+    assert sorted(codes) == [f"from lookahead.kernels import warm_group; warm_group({i})"
+                             for i in range(len(kernels.WARM_GROUPS))] and most[0] == 2 and not live
+
+    def no_interpreter(*args, **kwargs):
+        raise FileNotFoundError("no python here")
+
+    monkeypatch.setattr(kernels.subprocess, "Popen", no_interpreter)
+    kernels.warmup(workers=2)  # compiles (loads) here instead
