@@ -17,7 +17,8 @@ Every method of one benchmark decodes the same way: greedy, or sampling with
 the same ``Sampling`` settings. For every prompt all methods run back to back
 (the reference first), so that drift of the machine (another process taking a
 core) hits all of them alike, each after ``torch.manual_seed(seed + prompt
-index)``. Every method is warmed up once before anything is timed.
+index)``. Every method is warmed up once before anything is timed (a lookahead method's generator makes
+its step's trace then).
 
 Per prompt and method one record: wall time, tokens/s, speedup against the
 reference, target forward passes (prefill included, counted by a forward
@@ -300,11 +301,21 @@ def _accepted_per_step(run: Run) -> float:
 
 def warm_up(methods: list[Method], model: PreTrainedModel, prompt: BenchPrompt, max_new_tokens: int = 8,
             seed: int = 0) -> None:
-    """Run every method once, untimed (kernels, allocator, Numba)."""
+    """Run every method once, untimed (kernels, allocator, Numba), a lookahead method's generator making its
+    step's trace on its first step (a one-time cost of 1-3 s per process, as the kernels' compiling is:
+    left to the heuristic, the first timed prompt would pay it; README's ``traced_forward``)."""
     ids = torch.tensor([prompt.input_ids])
     for method in methods:
         torch.manual_seed(seed)
-        run_method(method, model, ids, max_new_tokens)
+        traced = method.generator.target.traced if method.generator is not None else None
+        patience = traced.patience if traced is not None else None
+        if traced is not None:
+            traced.patience = 0.0  # trace on sight
+        try:
+            run_method(method, model, ids, max_new_tokens)
+        finally:
+            if traced is not None:
+                traced.patience = patience
 
 
 def _check_methods(methods: list[Method]) -> None:
