@@ -607,8 +607,9 @@ def run_bench(settings: Settings, out_dir: str | Path, log: Callable[[str], None
                     if name == "transformers":
                         run["continuous_batching"] = cb
                         servers[name]["continuous_batching"] = cb or bool(servers[name].get("continuous_batching"))
-                        if cb:
-                            servers[name].setdefault("continuous_batching_at", []).append(concurrency)
+                        at = servers[name].setdefault("continuous_batching_at", [])
+                        if cb and concurrency not in at:
+                            at.append(concurrency)
                     runs.append(run)
     except BenchServeError as exc:
         exc.results = _results(settings, max_batch, started, servers, runs) if runs else None

@@ -169,12 +169,13 @@ def test_the_anchor_batches_continuously_for_several_clients_only(tmp_path, monk
         return {**hand_made_runs()[0], "server": name, "concurrency": concurrency}
 
     monkeypatch.setattr(serving, "_one_run", one_run)
-    settings = serving.Settings(model="m", model_dir="/dir", datasets={"d": [("p", [])]}, servers=["transformers"],
-                                concurrency=(1, 4))
+    settings = serving.Settings(model="m", model_dir="/dir", datasets={"d": [("p", [])], "e": [("q", [])]},
+                                servers=["transformers"], concurrency=(1, 4))
     fail_once = False
     data = serving.run_bench(settings, tmp_path, log=lambda line: None)
-    assert tried == [(1, False), (4, True)] and [r["continuous_batching"] for r in data["runs"]] == [False, True]
-    assert data["servers"]["transformers"]["continuous_batching_at"] == [4]
+    assert tried == [(1, False), (4, True)] * 2
+    assert [r["continuous_batching"] for r in data["runs"]] == [False, True] * 2
+    assert data["servers"]["transformers"]["continuous_batching_at"] == [4]  # once, whatever the data sets
     text = Path(write_report(tmp_path / "out", data)["markdown"]).read_text()
     assert "continuous batching with 4 clients, without with one" in text
     commands = [line for line in text.splitlines() if line.startswith("- transformers")]
@@ -182,7 +183,7 @@ def test_the_anchor_batches_continuously_for_several_clients_only(tmp_path, monk
     tried.clear()
     fail_once = True
     data = serving.run_bench(settings, tmp_path, log=lambda line: None)
-    assert tried == [(1, False), (4, True), (4, False)]
+    assert tried == [(1, False), (4, True), (4, False), (1, False), (4, False)]
     assert data["servers"]["transformers"]["continuous_batching"] is False
     assert "without continuous batching: no CB here" in Path(write_report(tmp_path / "o2", data)["markdown"]).read_text()
 
