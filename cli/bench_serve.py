@@ -45,7 +45,8 @@ def bench_serve(model_name: str, datasets: tuple[str, ...], concurrency: str, ma
                 servers: tuple[str, ...], threads: int | None, startup_timeout: float, request_timeout: float,
                 lookahead_args: tuple[str, ...], out_dir: str) -> None:
     """Measure serving: throughput, TTFT, TPOT and tokens per forward of lookahead serve against the same
-    server with speculation off and transformers serve, at each concurrency, greedy, streamed.
+    server with speculation off and transformers serve (with one client as it starts by default, with more
+    with --continuous-batching where that runs), at each concurrency, greedy, streamed.
 
     Needs the [bench] and [serve] extras. Run it on an otherwise idle machine: the servers, one at a
     time, and the clients share its cores.
