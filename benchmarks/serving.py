@@ -282,18 +282,29 @@ def report_text(data: dict[str, Any]) -> str:
     for name, server in data["servers"].items():
         extra = ""
         if name == "transformers":
-            cb, at = server.get("continuous_batching"), server.get("continuous_batching_at")
-            error = f": {server['continuous_batching_error']}" if server.get("continuous_batching_error") else ""
-            extra = "" if cb is None else \
-                f" (continuous batching with {', '.join(map(str, at))} clients, without with one)" if cb and at and \
-                1 in data["meta"].get("concurrency", ()) else \
-                " (continuous batching)" if cb else f" (without continuous batching{error})"
+            extra = anchor_label(server, data["meta"].get("concurrency", ()))
         elif name == "lookahead-plain":
             extra = " (speculation off: " + " ".join(PLAIN_OPTIONS) + ")"
-        # the first command, and the first with continuous batching where the first went without (ports differ)
-        kinds = {("--continuous-batching" in c): c for c in reversed(server.get("commands", []))}
-        lines += [f"- {name}{extra}: `{shlex.join(c)}`" for c in sorted(kinds.values(), key=len)]
+        # the first command of each kind, with and without continuous batching (they differ in ports too)
+        firsts: dict[bool, list[str]] = {}
+        for command in server.get("commands", []):
+            firsts.setdefault("--continuous-batching" in command, command)
+        lines += [f"- {name}{extra}: `{shlex.join(c)}`" for c in firsts.values()]
     return "\n".join(lines) + "\n"
+
+
+def anchor_label(server: dict[str, Any], levels: Sequence[int]) -> str:
+    """How transformers serve ran: " (continuous batching with 4 clients, without with one)", " (continuous
+    batching)", " (without continuous batching: why)", or "" where the results do not say."""
+    cb, at = server.get("continuous_batching"), server.get("continuous_batching_at")
+    if cb is None:
+        return ""
+    if not cb:
+        error = server.get("continuous_batching_error")
+        return f" (without continuous batching{': ' + error if error else ''})"
+    if at and 1 in levels:
+        return f" (continuous batching with {', '.join(map(str, at))} clients, without with one)"
+    return " (continuous batching)"
 
 
 def plot(path: Path, runs: list[dict[str, Any]]) -> Path:

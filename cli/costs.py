@@ -174,8 +174,8 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
 
     from lookahead import load_model
     from lookahead.cost.policy import CostPolicy, budgeted
-    from lookahead.kernels import usable_cpus, warmup
-    from lookahead.kernels.threads import start_numba_threads
+    from lookahead.kernels import warmup
+    from lookahead.kernels.threads import start_numba_threads, usable_cores
     from lookahead.model.support import check_model
     from lookahead.model.target import Target
     from lookahead.plan.window import auto_window
@@ -184,7 +184,7 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
     model, _ = load_model(model_name, device=device, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     policy = CostPolicy(Target(model, check_model(model, config.allow_untested_models)), config)
     start_numba_threads()  # as a generator does before its measurement: the kernels compiled, not timed compiling
-    warmup(workers=usable_cpus())
+    warmup(workers=usable_cores())
     cost = policy.measure(config, fresh=True)
     if cost is None:
         return []

@@ -67,18 +67,13 @@ def config_options_with(defaults: Mapping[str, object]) -> Callable[[F], F]:
     return decorate
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system tells it, else every core)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _set_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
     """--threads N: torch.set_num_threads(N) as soon as the option is read (before any model loads); a
     warning when N is more than the cores this process can run on."""
     if value is not None:
         import torch
+
+        from lookahead.kernels.threads import usable_cores
 
         cores = usable_cores()
         if value > cores:

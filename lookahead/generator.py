@@ -32,8 +32,8 @@ from .decode.context import DecodeContext
 from .decode.loop import DecodeRun
 from .decode.sequence import Sequence
 from .decode.sources import DraftModel, SourceFactory
-from .kernels import usable_cpus, warmup
-from .kernels.threads import start_numba_threads
+from .kernels import warmup
+from .kernels.threads import start_numba_threads, usable_cores
 from .model.fewrows import FewRowLinear
 from .model.routing import Routing
 from .model.support import check_model
@@ -107,7 +107,7 @@ class LookaheadGenerator:
             linears = FewRowLinear(draft_model, self.config.native_linear)  # the draft's linears, wrapped once
             self.draft = DraftModel(draft_model, draft_cost, linears)
         start_numba_threads()  # before the kernels' first parallel run: torch's thread count stays the user's
-        warmup(workers=usable_cpus())  # a fresh install compiles the kernels on every core
+        warmup(workers=usable_cores())  # a fresh install compiles the kernels on every core
         if learned is not None and (learned.config != self.config or learned.vocab != self.vocab):
             raise ValueError("learned state comes from a generator with another config or vocabulary; "
                              "hand it only to a generator of the same model and LookaheadConfig")

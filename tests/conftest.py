@@ -189,9 +189,10 @@ def warm_kernels() -> None:
     """Compile lookahead's numba kernels into numba's on-disk cache before any test starts (about a second
     where the cache is there). In a fresh clone every worker, server and CLI subprocess would otherwise
     compile them cold at the same time (55 s of one core each on a 2-core AMD EPYC)."""
-    from lookahead.kernels import usable_cpus, warmup
+    from lookahead.kernels import warmup
+    from lookahead.kernels.threads import usable_cores
 
-    warmup(workers=usable_cpus())
+    warmup(workers=usable_cores())
 
 
 def tiny_model(arch: str, seed: int = 0, attn: str = "sdpa"):

@@ -24,9 +24,9 @@ from conftest import save_model_dir, tiny_model
 import lookahead
 from lookahead.cli import main as cli
 from lookahead.cli.main import main, stop_reason
-from lookahead.cli.options import usable_cores
 from lookahead.config import LookaheadConfig
 from lookahead.errors import ModelLoadError
+from lookahead.kernels.threads import usable_cores
 from lookahead.loading import models
 from lookahead.proposers.memory import file
 

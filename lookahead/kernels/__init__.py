@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -113,11 +112,6 @@ def cached() -> bool:
         return all(bool(kernel._cache._cache_file._load_index()) for kernel in ENTRY_KERNELS)  # noqa: SLF001
     except Exception:  # noqa: BLE001 (another numba's internals: assume a cold cache, which only costs processes)
         return False
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the OS tells it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def warm_group(index: int) -> None:

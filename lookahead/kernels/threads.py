@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numba
 import torch
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system tells it, else every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def start_numba_threads() -> None:
