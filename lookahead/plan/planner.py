@@ -225,8 +225,11 @@ class Planner:
                 reached[i] = (asked, (tree, prob), Others(tree, covered, self._plain_step(tree, prob)))
             return reached[i][2]
 
-        for i in range(count):
-            ask(i)
+        try:
+            for i in range(count):
+                ask(i)
+        finally:  # ask and others hold each other: emptied, they (and what they hold) go now, not at the next gc
+            ask = others = None  # type: ignore[assignment]
         drawn, groups = None, []
         for i in range(count):
             cands, row = split_drawn(found[i], int(self.acceptance.offsets[i]))
