@@ -164,3 +164,70 @@ def test_cuda_graphs_is_checked_and_off_on_the_cpu():
     gen = LookaheadGenerator(tiny_model("llama").to("cpu"), config=LookaheadConfig())
     assert gen.target.graphs is None  # graphs are for CUDA devices only
 
+
+
+def test_capturing_a_graph_is_not_taken_for_the_steps_cost(monkeypatch):
+    """The seconds a step spends making its bucket's graph (on CUDA a capture and its warm-up forwards) are
+    told apart (Target.one_off), and the cost curve learns from the rest: a slow capture never makes a row
+    count look dear (on an H100 it had priced a one-row step at 6x a 24-row one, which then ran every
+    step). (Making a graph here sleeps a second more than a tiny model's step takes.)"""
+    import time as clock
+
+    gen = graphed("llama", LookaheadConfig(window=4, ngram=3, candidates=8, max_tree_nodes=20, budget="fixed"))
+    graphs = gen.target.graphs
+    assert graphs is not None
+    made = StepGraphs._new_graph
+
+    def slow(self, rows, packed, buffer):
+        clock.sleep(1.0)
+        return made(self, rows, packed, buffer)
+
+    monkeypatch.setattr(StepGraphs, "_new_graph", slow)
+    one_offs, observed = [], []
+    step = gen.target.step
+
+    def stepping(*args, **kwargs):
+        logits = step(*args, **kwargs)
+        one_offs.append(gen.target.one_off)
+        return logits
+
+    monkeypatch.setattr(gen.target, "step", stepping)
+    monkeypatch.setattr(gen.target, "observe", lambda count, width, seconds: observed.append(seconds))
+    ids = prompt(3).to(RUN_ON["device"])
+    assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=[VOCAB + 1000]).cpu(),
+                       reference(gen.model, ids, 20, eos_token_id=[VOCAB + 1000]).cpu())
+    assert len(observed) == len(one_offs) and gen.last_stats.routes.count("graph") == len(one_offs)
+    making = [i for i, s in enumerate(one_offs) if s >= 1.0]
+    assert making and len(making) == len(graphs.graphs), (one_offs, sorted(graphs.graphs))
+    assert all(observed[i] < 1.0 for i in making), (observed, one_offs)
+    assert all(s < 1.0 for i, s in enumerate(one_offs) if i not in making)  # replays: nothing one-off
+
+
+def test_the_cost_measurement_times_a_step_again_after_capturing_its_graph(monkeypatch):
+    """A measured step that captured its bucket's graph (or made a trace) is timed again: the curve holds
+    what replays cost, not a capture's (on an H100 one pass had timed 16 rows at 36x 92 rows)."""
+    import time as clock
+
+    from lookahead.cost.measure import decode_step_timer
+    from lookahead.model.support import attention_layout
+
+    model = tiny_model("llama")
+    timer = decode_step_timer(model, attention_layout(model), context=20)
+    if RUN_ON["device"] == "cpu":
+        timer.target.graphs = StepGraphs(model, timer.target.cache_keyword, timer.target.attention,
+                                         timer.target.dtype, capture=False, positions=timer.target.positions)
+    graphs = timer.target.graphs
+    assert graphs is not None
+    made = StepGraphs._new_graph
+
+    def slow(self, rows, packed, buffer):
+        clock.sleep(1.0)
+        return made(self, rows, packed, buffer)
+
+    monkeypatch.setattr(StepGraphs, "_new_graph", slow)
+    for q in (1, 3, 8):
+        before = set(graphs.graphs)
+        took = timer(q)
+        assert bucket(q) in set(graphs.graphs) - before, "the step made no graph: the test would be vacuous"
+        assert took < 1.0, f"{q} rows timed with the capture: {took:.2f} s"
+        assert timer.target.last_route == "graph" and timer.target.one_off == 0.0

@@ -29,6 +29,7 @@ Letters: Qb bucket rows, Q the step's rows, K kept rows, C slots, V vocabulary.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,28 +163,33 @@ class StepGraphs:
         self.graphs: dict[int, Graph] = {}  # Qb -> its graph over ``buffer``
         self.pool: Any = None  # one memory pool for every graph (they never run at once)
         self.failure = ""  # why graphs are off for this model (a capture failed), "" while they are on
+        self.one_off = 0.0  # seconds the latest step spent adopting the buffer or capturing (0.0: neither)
 
     def step(self, arena: Arena, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
              past: int) -> torch.Tensor | None:
         """Logits [1, K, V] of rows ``keep`` of one sequence's step (target.py's ``step`` arguments), or None
         where no graph applies (too many rows, a failed capture): then the caller runs it eagerly.
         The arena's layers hold past + Q slots afterwards, as after an eager step."""
+        self.one_off = 0.0
         rows = bucket(tokens.shape[1])
         if rows is None or self.failure:
             return None
-        buffer = self._adopt(arena, past + rows)
+        began = time.perf_counter()
+        buffer, adopted = self._adopt(arena, past + rows)
         graph = self.graphs.get(rows)
         packed = torch.from_numpy(packed_inputs(tokens, positions, local, keep, past, rows))
-        if graph is None:
+        made = graph is None
+        if made:
             graph = self._new_graph(rows, packed, buffer)
-            if graph is None:
-                return None
+        if adopted or made:  # a new decode's prompt copied in, a graph captured: not what the step costs
+            self.one_off = time.perf_counter() - began
+        if graph is None:
+            return None
+        graph.inputs.copy_(packed, non_blocking=True)
+        if graph.graph is not None:
+            graph.graph.replay()
         else:
-            graph.inputs.copy_(packed, non_blocking=True)
-            if graph.graph is not None:
-                graph.graph.replay()
-            else:
-                graph.logits.copy_(self._forward(graph.inputs, buffer, rows))
+            graph.logits.copy_(self._forward(graph.inputs, buffer, rows))
         end = past + tokens.shape[1]
         for layer in arena.members:
             layer.length = end
@@ -205,8 +211,9 @@ class StepGraphs:
         return out.logits.index_select(1, keep)  # [1, Qb, V]
 
     def _new_graph(self, rows: int, packed: torch.Tensor, buffer: torch.Tensor) -> Graph | None:
-        """The graph for ``rows`` (its first step's inputs ``packed``), having run that step; None (and
-        ``failure`` set) when the forward cannot be captured."""
+        """The graph for ``rows`` (its first step's inputs ``packed``: its warm-up forwards write that step's
+        keys, which its run then writes again); None (and ``failure`` set) when the forward cannot be
+        captured."""
         inputs = packed.to(buffer.device)
         if not self.capture:
             return self.graphs.setdefault(rows, Graph(inputs, self._forward(inputs, buffer, rows), None))
@@ -226,11 +233,15 @@ class StepGraphs:
             self.failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             self.graphs.clear()
             return None
+        # A first replay (the step's own keys written once more, the same values), waited for: a graph is
+        # uploaded to the device at its first launch, and the step's own replay is then timed as later ones.
         graph.replay()
+        torch.cuda.current_stream().synchronize()
         return self.graphs.setdefault(rows, Graph(inputs, logits, graph))
 
-    def _adopt(self, arena: Arena, need: int) -> torch.Tensor:
-        """The buffer, holding at least ``need`` slots, as ``arena``'s buffer (its filled slots copied in).
+    def _adopt(self, arena: Arena, need: int) -> tuple[torch.Tensor, bool]:
+        """The buffer, holding at least ``need`` slots, as ``arena``'s buffer (its filled slots copied in),
+        and whether that took any work (False: the arena held it already, large enough).
 
         A buffer too small (or of another layout) is replaced by one of ``graph_capacity``, and every graph
         over the old one is dropped; another arena still holding it first gets a copy of its own.
@@ -240,7 +251,7 @@ class StepGraphs:
         own = self.buffer
         if own is not None and current.data_ptr() == own.data_ptr() and current.shape == own.shape \
                 and own.shape[4] >= need:
-            return own
+            return own, False
         layout = current.shape[:4] + current.shape[5:]
         if own is None or own.shape[:4] + own.shape[5:] != layout or own.dtype != current.dtype \
                 or own.device != current.device or own.shape[4] < need:
@@ -258,7 +269,7 @@ class StepGraphs:
         arena.buffer = own
         arena.refresh()
         self.owner = weakref.ref(arena)
-        return own
+        return own, True
 
     def _release(self, arena: Arena) -> None:
         """The arena that held the buffer before ``arena`` (a decode still alive) keeps a copy of its own."""

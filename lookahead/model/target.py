@@ -105,7 +105,8 @@ class Target:
         self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
         self.attention = GroupedAttention(model)  # grouped heads under a mask without copies (attention.py)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
-        self.one_off = 0.0  # seconds of the latest step spent on one-off work (making a trace), not its forward
+        self.one_off = 0.0  # seconds of the latest step spent on one-off work (making a trace, capturing a graph),
+        # not its forward
         embedding = cast(torch.Tensor, model.get_input_embeddings().weight)  # [V, hidden]
         self.device = input_device(model)
         self.dtype = embedding.dtype
@@ -207,6 +208,7 @@ class Target:
             arena = arena_of(cache)
             if arena is not None and arena.buffer is not None and arena.buffer.shape[2] == 1:
                 logits = self.graphs.step(arena, tokens, positions, local, keep, past)
+                self.one_off = self.graphs.one_off  # (capturing a bucket's graph: once, not the step's cost)
                 if logits is not None:
                     self.last_route = "graph"
                     return logits  # [1, K, V]
