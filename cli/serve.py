@@ -103,7 +103,7 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
         with warnings_as_lines():
             engine = _engine(model_name, device, dtype, trust_remote_code, config, max_batch, max_queue,
                              memory_path, save_every)
-            engine.start()  # reads --memory: a damaged file stops here, before the port opens
+            engine.start(thread=False)  # reads --memory: a damaged file stops here, before the port opens
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     _run(engine, name, host, port, api_key)
@@ -140,8 +140,15 @@ def read_api_key(path: str, given: str | None) -> str:
 
 
 def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> None:
-    """uvicorn over the app until SIGTERM or Ctrl-C; the engine stops (and saves) on the way out, also when
-    the port cannot be opened."""
+    """uvicorn over the app on a thread of its own, the engine's decode loop in this (the main) thread, until
+    SIGTERM or Ctrl-C; the engine stops (and saves) on the way out, also when the port cannot be opened.
+
+    The decode loop keeps the main thread because the linear kernels' OpenMP parallel regions ran 1.5-2x
+    slower when launched from any other thread (lookahead/serve/engine.py). On SIGTERM or Ctrl-C uvicorn
+    stops taking requests, lets those in flight finish (they still decode here, for up to
+    GRACEFUL_SHUTDOWN_S), then its shutdown stops the engine; a second Ctrl-C does not wait for them."""
+    import threading
+
     import uvicorn
 
     from lookahead.serve.app import create_app
@@ -149,20 +156,39 @@ def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> N
     app = create_app(engine, name, api_key, stop_engine=True)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info",
                                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
-    # uvicorn re-raises the signal that stopped it once it is done: SIGTERM then ends the process with exit
-    # status 0 here, after the engine has stopped, rather than by the default action.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+
+    failed: list[Exception] = []  # what stopping the engine raised on the server's thread (a failed save)
+
+    def serve_http() -> None:
+        try:
+            server.run()  # (off the main thread uvicorn installs no signal handlers: ``shut`` below does)
+        finally:
+            try:
+                engine.stop()  # ends the decode loop, also when the server never started
+            except CLI_ERRORS as exc:
+                failed.append(exc)
+
+    def shut(signum: int, frame: Any) -> None:
+        server.force_exit = server.should_exit  # the second signal: no waiting for requests in flight
+        server.should_exit = True
+
+    http = threading.Thread(target=serve_http, name="lookahead-http", daemon=True)
+    previous = {sig: signal.signal(sig, shut) for sig in (signal.SIGTERM, signal.SIGINT)}
     where = f"http://{host}:{port}/v1" if port else f"http://{host}:PORT/v1 (the port uvicorn names below)"
     click.echo(f"lookahead: serving {name!r} on {where}: OpenAI-compatible; Ctrl-C stops", err=True)
     try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
+        http.start()
+        engine.run()  # until the server's shutdown (or a failed start) stops the engine
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        server.should_exit = True
+        http.join()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         try:
-            engine.stop()  # (already stopped by the app's shutdown, unless the server never started)
+            engine.stop()  # (already stopped by the server's shutdown)
         except CLI_ERRORS as exc:
-            fail(cli_message(exc))
+            failed.append(exc)
+    if failed:
+        fail(cli_message(failed[0]))
     if not server.started:
         sys.exit(1)  # uvicorn said why (the port is taken, the address does not exist)

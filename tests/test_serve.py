@@ -603,6 +603,55 @@ def test_serve_command_stops_cleanly_on_sigterm_and_sigint_and_saves_memory(tmp_
                 process.wait()
 
 
+def test_the_decode_loop_runs_in_the_callers_thread_until_the_server_stops_it(tmp_path):
+    """``lookahead serve``'s arrangement: the engine's loop in this thread (``start(thread=False)``, ``run``),
+    uvicorn on another. Requests are answered as generate answers them; the server's shutdown (from a
+    client's thread here) stops the loop, waits for its last step, then saves the memory file."""
+    model = tiny_model("llama")
+    tokenizer = tiny_tokenizer()
+    memory = tmp_path / "memory.lkm"
+    engine = Engine(LookaheadGenerator(model, tokenizer, LookaheadConfig()), max_batch=2, memory_path=str(memory))
+    engine.start(thread=False)
+    server = ServerThread(create_app(engine, MODEL, stop_engine=True)).start()
+    prompts = ["abcabcab", "xyz_xyz_"]
+    replies: dict[str, str] = {}
+    errors: list[BaseException] = []
+    ran_on: list[threading.Thread] = []
+    step = engine._step  # noqa: SLF001 (to see which thread decodes)
+
+    def stepping(run):
+        ran_on.append(threading.current_thread())
+        return step(run)
+
+    engine._step = stepping  # noqa: SLF001
+
+    def one(prompt: str) -> None:
+        try:
+            with httpx.Client(base_url=server.url, timeout=WAIT_S) as c:
+                replies[prompt] = c.post("/v1/completions", json={"model": MODEL, "prompt": prompt,
+                                                                  "max_tokens": 24}).json()["choices"][0]["text"]
+        except BaseException as exc:  # noqa: BLE001 (reported below, in the test's thread)
+            errors.append(exc)
+
+    def clients() -> None:
+        workers = [threading.Thread(target=one, args=(p,)) for p in prompts]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(WAIT_S)
+        server.stop()  # its shutdown stops the engine: ``run`` below returns
+
+    threading.Thread(target=clients, daemon=True).start()
+    engine.run()
+    assert not errors, errors
+    served = {"model": model, "tokenizer": tokenizer}
+    for prompt in prompts:
+        assert replies[prompt] == greedy(served, tokenizer(prompt)["input_ids"], 24)[0]
+    assert ran_on and set(ran_on) == {threading.current_thread()}
+    assert memory.is_file() and memory.stat().st_size > 0, "stopping the server saved no memory file"
+    engine.run()  # stopped: returns at once
+
+
 def test_error_bodies_are_json(served):
     response = httpx.post(served["url"] + "/v1/completions", content=b"{", headers={"Authorization": f"Bearer {KEY}"})
     assert response.headers["content-type"].startswith("application/json")

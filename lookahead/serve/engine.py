@@ -1,5 +1,10 @@
 """The server's engine: one thread owns the model and runs one decode loop (decode/loop.py's
-``DecodeRun``, opened empty) that requests join and leave between steps.
+``DecodeRun``, opened empty) that requests join and leave between steps. ``start`` runs it on a thread
+of its own; ``start(thread=False)`` then ``run`` runs it in the caller's thread, which is what ``lookahead
+serve`` does from the process's main thread: on the CPU, the OpenMP parallel regions of the linear
+kernels (numba's and the C++ op's) ran 1.5-2x slower when launched from any other thread (a one-row
+step of SmolLM2 on 2 cores: 36-42 ms from the main thread, 56-61 ms from another; results/RESULTS.md,
+run 123).
 
 A request (``Completion``: token ids and its sampling settings) is queued by ``Engine.submit``
 (bounded: ``QueueFull`` past ``max_queue``) and answered through its ``Ticket``: an asyncio stream
@@ -178,7 +183,9 @@ class Engine:
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._live: list[tuple[Sequence, Ticket]] = []
         self._running = False
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the loop's own thread (``start``), if it has one
+        self._looping: threading.Thread | None = None  # the thread running the loop now (None: none)
+        self._done = threading.Event()  # the loop has ended (set by ``run`` on its way out)
         self._ids = itertools.count(1)
         self._saved_at = time.monotonic()
 
@@ -193,20 +200,33 @@ class Engine:
         return self.generator.target.context
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        """Load the memory file (when it exists: a damaged one raises MemoryFileError) and start decoding."""
+    def start(self, thread: bool = True) -> None:
+        """Load the memory file (when it exists: a damaged one raises MemoryFileError) and start decoding: on
+        a thread of its own, or (``thread=False``) in whichever thread then calls ``run``."""
         if self._running:
             return
         if self.memory_path is not None and os.path.exists(self.memory_path):
             self.generator.load_memory(self.memory_path)
         self._running = True
         self._saved_at = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="lookahead-engine", daemon=True)
-        self._thread.start()
+        self._done.clear()
+        if thread:
+            self._thread = threading.Thread(target=self.run, name="lookahead-engine", daemon=True)
+            self._thread.start()
+
+    def run(self) -> None:
+        """The decode loop, in the calling thread, until ``stop`` (from another thread: a request handler, a
+        signal's shutdown); returns at once when the engine is not started."""
+        self._looping = threading.current_thread()
+        try:
+            self._loop()
+        finally:
+            self._looping = None
+            self._done.set()
 
     def stop(self) -> None:
         """Stop decoding: every request still waiting or running ends with an error event; the memory is
-        saved (atomically) to ``memory_path``."""
+        saved (atomically) to ``memory_path`` once the loop's last step has ended."""
         with self._cond:
             if not self._running:
                 return
@@ -215,6 +235,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        elif self._looping is not None and self._looping is not threading.current_thread():
+            self._done.wait()  # the loop runs in another thread (``run``): it ends after its current step
         self._save()
 
     def submit(self, completion: Completion) -> Ticket:
