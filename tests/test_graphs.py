@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import RUN_ON, VOCAB, reference, tiny_model
+from conftest import RUN_ON, VOCAB, record_one_offs, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.errors import ConfigError
 from lookahead.model.cache import arena_of
@@ -59,12 +59,29 @@ def graphed(arch: str, config: LookaheadConfig | None = None) -> LookaheadGenera
     """A generator whose target runs one sequence's steps through StepGraphs (captured on CUDA; on the CPU
     the same static forward without a capture)."""
     gen = LookaheadGenerator(tiny_model(arch), config=config or LookaheadConfig())
-    target = gen.target
+    cpu_graphs(gen.target)
+    assert gen.target.graphs is not None, "a CUDA run with default config takes graphs"
+    return gen
+
+
+def cpu_graphs(target) -> None:
+    """On the CPU, give ``target`` the graphs' static forward without a capture (CUDA takes real graphs)."""
     if RUN_ON["device"] == "cpu":
         target.graphs = StepGraphs(target.model, target.cache_keyword, target.attention, target.dtype, capture=False,
                                    positions=target.positions)
-    assert target.graphs is not None, "a CUDA run with default config takes graphs"
-    return gen
+
+
+def slow_captures(monkeypatch) -> None:
+    """Making a bucket's graph sleeps a second more than a tiny model's step takes."""
+    import time as clock
+
+    made = StepGraphs._new_graph
+
+    def slow(self, rows, packed, buffer):
+        clock.sleep(1.0)
+        return made(self, rows, packed, buffer)
+
+    monkeypatch.setattr(StepGraphs, "_new_graph", slow)
 
 
 def prompt(seed: int, length: int = 14) -> torch.Tensor:
@@ -171,28 +188,11 @@ def test_capturing_a_graph_is_not_taken_for_the_steps_cost(monkeypatch):
     told apart (Target.one_off), and the cost curve learns from the rest: a slow capture never makes a row
     count look dear (on an H100 it had priced a one-row step at 6x a 24-row one, which then ran every
     step). (Making a graph here sleeps a second more than a tiny model's step takes.)"""
-    import time as clock
-
     gen = graphed("llama", LookaheadConfig(window=4, ngram=3, candidates=8, max_tree_nodes=20, budget="fixed"))
     graphs = gen.target.graphs
     assert graphs is not None
-    made = StepGraphs._new_graph
-
-    def slow(self, rows, packed, buffer):
-        clock.sleep(1.0)
-        return made(self, rows, packed, buffer)
-
-    monkeypatch.setattr(StepGraphs, "_new_graph", slow)
-    one_offs, observed = [], []
-    step = gen.target.step
-
-    def stepping(*args, **kwargs):
-        logits = step(*args, **kwargs)
-        one_offs.append(gen.target.one_off)
-        return logits
-
-    monkeypatch.setattr(gen.target, "step", stepping)
-    monkeypatch.setattr(gen.target, "observe", lambda count, width, seconds: observed.append(seconds))
+    slow_captures(monkeypatch)
+    one_offs, observed = record_one_offs(monkeypatch, gen)
     ids = prompt(3).to(RUN_ON["device"])
     assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=[VOCAB + 1000]).cpu(),
                        reference(gen.model, ids, 20, eos_token_id=[VOCAB + 1000]).cpu())
@@ -206,25 +206,15 @@ def test_capturing_a_graph_is_not_taken_for_the_steps_cost(monkeypatch):
 def test_the_cost_measurement_times_a_step_again_after_capturing_its_graph(monkeypatch):
     """A measured step that captured its bucket's graph (or made a trace) is timed again: the curve holds
     what replays cost, not a capture's (on an H100 one pass had timed 16 rows at 36x 92 rows)."""
-    import time as clock
-
     from lookahead.cost.measure import decode_step_timer
     from lookahead.model.support import attention_layout
 
     model = tiny_model("llama")
     timer = decode_step_timer(model, attention_layout(model), context=20)
-    if RUN_ON["device"] == "cpu":
-        timer.target.graphs = StepGraphs(model, timer.target.cache_keyword, timer.target.attention,
-                                         timer.target.dtype, capture=False, positions=timer.target.positions)
+    cpu_graphs(timer.target)
     graphs = timer.target.graphs
     assert graphs is not None
-    made = StepGraphs._new_graph
-
-    def slow(self, rows, packed, buffer):
-        clock.sleep(1.0)
-        return made(self, rows, packed, buffer)
-
-    monkeypatch.setattr(StepGraphs, "_new_graph", slow)
+    slow_captures(monkeypatch)
     for q in (1, 3, 8):
         before = set(graphs.graphs)
         took = timer(q)

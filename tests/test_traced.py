@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import VOCAB, reference, tiny_model
+from conftest import VOCAB, record_one_offs, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.model import traced
 from lookahead.model.traced import row_class, trace_linear, varied
@@ -308,16 +308,7 @@ def test_making_a_trace_is_not_taken_for_the_steps_cost(monkeypatch):
         return made(self, key, inputs)
 
     monkeypatch.setattr(traced.TracedForward, "_new_trace", slow)
-    one_offs, observed = [], []
-    step = gen.target.step
-
-    def stepping(*args, **kwargs):
-        logits = step(*args, **kwargs)
-        one_offs.append(gen.target.one_off)
-        return logits
-
-    monkeypatch.setattr(gen.target, "step", stepping)
-    monkeypatch.setattr(gen.target, "observe", lambda count, width, seconds: observed.append(seconds))
+    one_offs, observed = record_one_offs(monkeypatch, gen)
     ids = prompt(3)
     assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=NO_EOS),
                        reference(gen.model, ids, 20, eos_token_id=NO_EOS))
