@@ -44,7 +44,12 @@ told the route at run time, so the trace calls the kernel too: the C++ op
 the kernel without the interpreter, or where that cannot be built (or
 ``native`` is off) fewrows.py's ``lookahead::linear``, whose kernel runs in
 Python (some 60 us more a call: 13 ms of a one-row SmolLM2 step on a 2-core
-AMD EPYC, results/RESULTS.md run 118). Hooks on the model's modules would not
+AMD EPYC, results/RESULTS.md run 118). Where the C++ op serves, a new trace's graph is also
+rewritten (fusion.py): each RMS norm and each rotary half-turn of the
+queries and keys becomes one op that computes the chain's result to the bit,
+which takes SmolLM2's graph from some 3,300 nodes to 2,400; the rewritten
+trace is checked as any trace is, and where it disagrees the trace as recorded
+serves. Hooks on the model's modules would not
 run when a trace is replayed, so a step runs eagerly while any forward hook is set (``hooked``);
 a model with accelerate's hooks (offload, device maps) is never traced
 (``traceable``).
@@ -63,8 +68,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..native.build import fused_ops
 from .cache import Arena
 from .fewrows import ROUTE_CODES, TILED_CODE, FewRowLinear, linear_op
+from .fusion import Fused, fused
 
 # When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
 # renting skis until the rent paid reaches the price: a bounded multiple of the better choice's cost, and
@@ -168,6 +175,10 @@ class TracedForward:
         self.refused: set[tuple[TraceKey, Shape]] = set()  # (key, shape) where its trace did not agree
         self.eager: dict[TraceKey, tuple[int, float]] = {}  # key -> (its eager steps, their seconds) so far
         self.trace_seconds: float | None = None  # what the latest trace took to make and check
+        # Rewrite each trace's RMS norms and rotary half-turns as one C++ op each (fusion.py) where the C++
+        # op serves the linears and its library has them; fusions: key -> the rewrite its trace runs.
+        self.fuse = linears.native_op is not None and fused_ops()
+        self.fusions: dict[TraceKey, Fused] = {}
         self.one_off = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         # where the model's first parameter is held (``_weights``): its module and name there
@@ -209,7 +220,7 @@ class TracedForward:
         is not ``ready`` returns None."""
         weights = self._weights()
         if weights != self.weights:
-            for made in (self.traces, self.failures, self.checked, self.refused, self.eager):
+            for made in (self.traces, self.failures, self.checked, self.refused, self.eager, self.fusions):
                 made.clear()
             self.weights = weights
         self.one_off = 0.0
@@ -323,8 +334,13 @@ class TracedForward:
         try:
             with self._recording(key, inputs[5]):
                 trace = torch.jit.trace(self._forward, inputs, check_trace=False)
-                agree = self._records_linears(key, trace) and agrees(self._forward, trace, inputs) \
-                    and agrees(self._forward, trace, varied(inputs))
+                agree = self._records_linears(key, trace)
+                rewritten = fused(trace) if agree and self.fuse else None
+                if rewritten is not None and self._agrees_twice(rewritten.function, inputs):
+                    trace = rewritten.function
+                    self.fusions[key] = rewritten
+                else:
+                    agree = agree and self._agrees_twice(trace, inputs)
         except Exception as error:  # noqa: BLE001  (whatever tracing raises: that key runs eagerly)
             self.failures[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             return None
@@ -335,6 +351,11 @@ class TracedForward:
         self.traces[key] = trace
         self.checked[key] = {shape_of(inputs[0])}
         return trace
+
+    def _agrees_twice(self, trace: Any, inputs: tuple) -> bool:
+        """Whether ``trace`` agrees with the eager forward on the step ``inputs`` and on a shorter one
+        (``varied``): a trace that follows sizes and holds no value of the step it was made from does."""
+        return agrees(self._forward, trace, inputs) and agrees(self._forward, trace, varied(inputs))
 
     def _checked_at(self, key: TraceKey, trace: Any, inputs: tuple) -> bool:
         """Whether ``key``'s trace agrees with the eager forward on the step ``inputs``, whose shape (batch

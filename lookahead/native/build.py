@@ -1,4 +1,4 @@
-"""Build and load lookahead's C++ op (linear.cpp) with torch's extension builder, once per machine.
+"""Build and load lookahead's C++ ops (linear.cpp, fused.cpp) with torch's extension builder, once per machine.
 
 ``torch.utils.cpp_extension.load`` compiles the source with the C++ compiler
 torch was built for (ninja drives it), keeps the library in its own cache
@@ -27,7 +27,9 @@ from ..kernels.threads import start_numba_threads
 from .entry import entry_points
 
 NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.cpp's TORCH_LIBRARY)
-SOURCE = Path(__file__).with_name("linear.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("linear.cpp", "fused.cpp")]
+# -ffp-contract=off: no multiply and add fused unless written so (fused.cpp's ops round as torch's ops do)
+CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 
 
 def loaded() -> bool:
@@ -64,6 +66,13 @@ def tiled_kernel() -> tuple[Callable[..., torch.Tensor] | None, str]:
     return torch.ops.lookahead_native.tiled, ""
 
 
+def fused_ops() -> bool:
+    """Whether this process has the fused ops of fused.cpp (``lookahead_native::rms_norm`` and
+    ``::rotate_half``, which model/fusion.py writes into traces); they come with the library (load_linear)."""
+    return loaded() and hasattr(torch.ops.lookahead_native, "rms_norm") \
+        and hasattr(torch.ops.lookahead_native, "rotate_half")
+
+
 def _build_and_load() -> None:
     """Build (where not built yet for this source and torch) and load the library, one builder at a time."""
     from torch.utils import cpp_extension  # (imports setuptools: only when a build may be needed)
@@ -71,5 +80,5 @@ def _build_and_load() -> None:
     directory = Path(cpp_extension._get_build_directory(NAME, verbose=False))
     with FileLock(str(directory / "lookahead.lock")):
         (directory / "lock").unlink(missing_ok=True)  # torch's own lock, left by a builder that was killed
-        cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-fopenmp"],
+        cpp_extension.load(NAME, [str(source) for source in SOURCES], extra_cflags=CFLAGS,
                            extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)

@@ -1,0 +1,184 @@
+"""The fused ops of lookahead/native/fused.cpp and the trace rewrite that calls them (lookahead/model/fusion.py).
+
+Each op must give the chain of ops it replaces to the bit (or run that chain where its recorded constants
+are not what it fuses); a rewritten trace must decode exactly as model.generate, and where the rewrite
+disagrees with the eager forward the trace as recorded serves instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import VOCAB, reference
+from test_traced import NEW, prompt, traced_generator
+
+from lookahead.model import fusion, traced
+from lookahead.native import build
+
+NO_EOS = [VOCAB + 1000]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    op, why = build.load_linear()
+    assert op is not None and build.fused_ops(), f"the C++ ops could not be built here: {why}"
+    return torch.ops.lookahead_native
+
+
+def rms_chain(h, weight, eps, exponent=2, dims=(-1,), keepdim=True, mean_dtype=None, dtype=torch.float32):
+    """transformers' LlamaRMSNorm after its input's cast, op by op."""
+    variance = h.pow(exponent).mean(list(dims), keepdim=keepdim, dtype=mean_dtype)
+    return weight * (h * torch.rsqrt(variance + eps)).to(dtype)
+
+
+def rotate_chain(q, cos, sin):
+    """apply_rotary_pos_emb's q * cos + rotate_half(q) * sin, op by op."""
+    first, second = q[..., : q.shape[-1] // 2], q[..., q.shape[-1] // 2:]
+    return q * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def rms(ops, h, weight, eps, exponent=2, dims=(-1,), keepdim=True, mean_dtype=None, dtype=torch.float32):
+    return ops.rms_norm(h, weight, eps, exponent, list(dims), keepdim, mean_dtype, 1, dtype)
+
+
+def rotate(ops, q, cos, sin, end_b=None):
+    half = q.shape[-1] // 2
+    return ops.rotate_half(q, cos, sin, 3, 0, half, 1, 3, half, end_b, 1, -1, 1)
+
+
+def bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_worked_examples(ops):
+    h, weight = torch.tensor([[3.0, 4.0]]), torch.tensor([1.0, 2.0])
+    assert torch.allclose(rms(ops, h, weight, 0.0), torch.tensor([[0.848528, 2.262742]]))
+    q = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 1, 1, 4)
+    one = torch.ones(1, 1, 1, 4)
+    assert rotate(ops, q, one, one).flatten().tolist() == [-2.0, -2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 7, 576), (4, 3, 64), (2, 5, 3, 16), (1, 1, 1)])
+@pytest.mark.parametrize("eps", [1e-5, 1e-6, 0.1])
+def test_rms_norm_gives_the_chains_bits(ops, shape, eps):
+    torch.manual_seed(sum(shape))
+    h, weight = torch.randn(shape) * 3, torch.randn(shape[-1])
+    assert bits(rms(ops, h, weight, eps), rms_chain(h, weight, eps))
+    assert bits(rms(ops, h, weight, eps, dims=(len(shape) - 1,)), rms_chain(h, weight, eps))
+    wide = torch.randn(*shape[:-1], 2 * shape[-1])[..., ::2]  # (not contiguous)
+    assert bits(rms(ops, wide, weight, eps), rms_chain(wide, weight, eps))
+
+
+@pytest.mark.parametrize("variant", [{"exponent": 3}, {"exponent": 2.5}, {"dims": (0,)}, {"keepdim": False},
+                                     {"mean_dtype": torch.float64}, {"dtype": torch.float64}])
+def test_rms_norm_runs_the_chain_where_its_constants_differ(ops, variant):
+    torch.manual_seed(1)
+    h, weight = torch.randn(8, 8).abs() + 0.1, torch.randn(8)  # (square: the chain runs without keepdim too)
+    got = rms(ops, h, weight, 1e-5, **variant)
+    want = rms_chain(h, weight, 1e-5, **variant)
+    assert bits(got, want)
+
+
+def test_rms_norm_of_other_dtypes_is_the_chains(ops):
+    h, weight = torch.randn(2, 16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    assert bits(rms(ops, h, weight, 1e-5, dtype=torch.float64), rms_chain(h, weight, 1e-5, dtype=torch.float64))
+    h, weight = torch.randn(2, 16).bfloat16(), torch.randn(16).bfloat16()
+    assert bits(rms(ops, h, weight, 1e-5, dtype=torch.bfloat16), rms_chain(h, weight, 1e-5, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("batch,heads,rows,width,cos_batch", [(1, 9, 1, 64, 1), (1, 3, 7, 64, 1), (3, 2, 4, 16, 3),
+                                                              (3, 2, 4, 16, 1), (2, 1, 1, 2, 2)])
+def test_rotate_half_gives_the_chains_bits(ops, batch, heads, rows, width, cos_batch):
+    torch.manual_seed(batch * 100 + rows)
+    q = torch.randn(batch, rows, heads, width).transpose(1, 2)  # [A, H, Q, D] as a layer's view of its projection
+    angles = torch.randn(cos_batch, 1, rows, width) * 5
+    cos, sin = angles.cos(), angles.sin()
+    assert bits(rotate(ops, q, cos, sin), rotate_chain(q, cos, sin))
+    assert bits(rotate(ops, q.contiguous(), cos, sin), rotate_chain(q, cos, sin))
+
+
+def test_rotate_half_runs_the_chain_where_its_constants_differ(ops):
+    torch.manual_seed(3)
+    q, cos, sin = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
+    # slices of another dimension (the rows): the chain's own result
+    got = ops.rotate_half(q, cos, sin, 2, 0, 1, 1, 2, 1, None, 1, 2, 1)
+    first, second = q[:, :, :1], q[:, :, 1:]
+    assert bits(got, q * cos + torch.cat((-second, first), dim=2) * sin)
+    # alpha 2, an odd width, cos over every head
+    turned = torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * sin
+    assert bits(ops.rotate_half(q, cos, sin, 3, 0, 4, 1, 3, 4, None, 1, 3, 2), torch.add(q * cos, turned, alpha=2))
+    odd = torch.randn(1, 2, 3, 7)
+    odd_cos = torch.randn(1, 1, 3, 7)
+    assert bits(ops.rotate_half(odd, odd_cos, odd_cos, 3, 0, 3, 1, 3, 3, None, 1, 3, 1),
+                rotate_chain(odd, odd_cos, odd_cos))
+    heads_cos = torch.randn(1, 2, 3, 8)
+    assert bits(rotate(ops, q, heads_cos, heads_cos), rotate_chain(q, heads_cos, heads_cos))
+
+
+def test_same_casts_are_dropped_and_others_kept():
+    def cast(x):
+        return x.to(torch.float32) * 2 + x.to(torch.float64).to(torch.float32)
+
+    x = torch.randn(3)
+    graph = torch.jit.trace(cast, x).graph.copy()
+    assert fusion.drop_same_casts(graph) == 1  # float32 -> float32; float32 -> float64 -> float32 stay
+    kinds = [node.kind() for node in graph.nodes()]
+    assert kinds.count("aten::to") == 2
+    assert torch.equal(torch._C._create_function_from_graph("cast", graph)(x), cast(x))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_fused_trace_decodes_as_generate(ops, arch):
+    gen = traced_generator(arch)
+    for seed in range(2):
+        ids = prompt(seed)
+        out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+        assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS)), f"{arch}, prompt {seed}"
+    forwards = gen.target.traced
+    assert forwards is not None and forwards.traces and forwards.fusions, "no trace was rewritten"
+    for key, rewrite in forwards.fusions.items():
+        assert forwards.traces[key] is rewrite.function
+        assert rewrite.chains["rms_norm"] > 0 and rewrite.chains["rotate_half"] > 0
+        assert rewrite.nodes[1] < rewrite.nodes[0]
+    assert any(route.endswith("traced") for route in gen.last_stats.routes)
+
+
+def test_a_model_with_nothing_to_fuse_keeps_its_trace(ops):
+    gen = traced_generator("gpt2")
+    ids = prompt(2)
+    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
+    forwards = gen.target.traced
+    assert forwards is not None and forwards.traces
+    assert all(sum(rewrite.chains.values()) == 0 for rewrite in forwards.fusions.values())
+
+
+def test_a_rewrite_that_disagrees_leaves_the_recorded_trace(ops, monkeypatch):
+    """A rewritten trace that is not the eager forward's to the bit is never used: the recorded one serves."""
+    real = traced.agrees
+
+    def fused_disagrees(eager, trace, inputs):
+        if any(trace is rewrite.function for rewrite in made):
+            return False
+        return real(eager, trace, inputs)
+
+    made: list = []
+    original = traced.fused
+
+    def recording(trace):
+        rewrite = original(trace)
+        if rewrite is not None:
+            made.append(rewrite)
+        return rewrite
+
+    monkeypatch.setattr(traced, "agrees", fused_disagrees)
+    monkeypatch.setattr(traced, "fused", recording)
+    gen = traced_generator("llama")
+    ids = prompt(4)
+    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
+    forwards = gen.target.traced
+    assert made, "nothing was rewritten: the test would be vacuous"
+    assert forwards is not None and forwards.traces and not forwards.fusions
+    assert all(trace is not rewrite.function for trace in forwards.traces.values() for rewrite in made)
+    assert any(route.endswith("traced") for route in gen.last_stats.routes)
