@@ -182,3 +182,31 @@ def test_a_rewrite_that_disagrees_leaves_the_recorded_trace(ops, monkeypatch):
     assert forwards is not None and forwards.traces and not forwards.fusions
     assert all(trace is not rewrite.function for trace in forwards.traces.values() for rewrite in made)
     assert any(route.endswith("traced") for route in gen.last_stats.routes)
+
+
+def test_kv_write_writes_the_steps_slots_and_returns_the_views_attention_reads(ops):
+    buffer = torch.zeros(2, 3, 2, 2, 10, 4)  # [2, L, A, H, C, D]
+    keys, values = buffer.unbind(0)
+    k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4)  # [A, H, Q, D]
+    read_k, read_v = ops.kv_write(keys[1], values[1], k, v, torch.zeros(1).expand(5))
+    assert read_k.shape == read_v.shape == (2, 2, 8, 4)
+    assert torch.equal(buffer[0, 1, :, :, 5:8], k) and torch.equal(buffer[1, 1, :, :, 5:8], v)
+    assert not buffer[:, 1, :, :, :5].any() and not buffer[:, 1, :, :, 8:].any() and not buffer[:, (0, 2)].any()
+    assert read_k.data_ptr() == buffer[0, 1].data_ptr() and read_v.data_ptr() == buffer[1, 1].data_ptr()
+
+
+def test_a_trace_of_kv_write_follows_the_past(ops):
+    """The past comes as a tensor's size, which a trace keeps a size (an int argument would be a constant)."""
+    def step(buffer, k, v, past):
+        keys, values = buffer.unbind(0)
+        read_k, read_v = ops.kv_write(keys, values, k, v, past)
+        return read_k.sum(2), read_v.sum(2)
+
+    k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    trace = torch.jit.trace(step, (torch.zeros(2, 1, 2, 10, 4), k, v, torch.zeros(1).expand(5)))
+    for past in (0, 2, 7):
+        mine, theirs = torch.zeros(2, 1, 2, 10, 4), torch.zeros(2, 1, 2, 10, 4)
+        want = step(mine, k, v, torch.zeros(1).expand(past))
+        got = trace(theirs, k, v, torch.zeros(1).expand(past))
+        assert torch.equal(mine, theirs) and all(torch.equal(a, b) for a, b in zip(want, got))
+        assert torch.equal(theirs[0, :, :, past:past + 3], k)

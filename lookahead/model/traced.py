@@ -128,14 +128,17 @@ class TraceLayer(DynamicLayer):
     keys: torch.Tensor  # [A, H, C, D]
     values: torch.Tensor
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: torch.Tensor, write: Any = None):
         super().__init__()
         self.keys, self.values, self.past = keys, values, past
+        self.write = write  # native/fused.cpp's kv_write (one node in a trace), or None: the same in Python
         self.is_initialized = True
         self.device = keys.device
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.write is not None:
+            return self.write(self.keys, self.values, key_states, value_states, self.past)
         past, rows = self.past.size(0), key_states.size(2)
         self.keys.narrow(2, past, rows).copy_(key_states)
         self.values.narrow(2, past, rows).copy_(value_states)
@@ -148,8 +151,9 @@ class TraceLayer(DynamicLayer):
 class TraceCache(DynamicCache):
     """The cache a traced forward writes: every layer a ``TraceLayer`` over the buffer [2, L, A, H, C, D]."""
 
-    def __init__(self, buffer: torch.Tensor, past: torch.Tensor):
-        Cache.__init__(self, layers=[TraceLayer(buffer[0, i], buffer[1, i], past) for i in range(buffer.shape[1])])
+    def __init__(self, buffer: torch.Tensor, past: torch.Tensor, write: Any = None):
+        keys, values = buffer.unbind(0)  # [L, A, H, C, D] each: two nodes of a trace, not one per layer and buffer
+        Cache.__init__(self, layers=[TraceLayer(k, v, past, write) for k, v in zip(keys.unbind(0), values.unbind(0))])
 
 
 class TracedForward:
@@ -179,6 +183,7 @@ class TracedForward:
         # op serves the linears and its library has them; fusions: key -> the rewrite its trace runs.
         self.fuse = linears.native_op is not None and fused_ops()
         self.fusions: dict[TraceKey, Fused] = {}
+        self.kv_write = torch.ops.lookahead_native.kv_write if self.fuse else None  # TraceLayer's cache update
         self.one_off = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         # where the model's first parameter is held (``_weights``): its module and name there
@@ -294,7 +299,7 @@ class TracedForward:
         fewrows.ROUTE_CODES) is read by the linear layers while the forward is recorded."""
         with self.attention.switched():
             out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
-                             logits_to_keep=keep, **{self.cache_keyword: TraceCache(buffer, past)})
+                             logits_to_keep=keep, **{self.cache_keyword: TraceCache(buffer, past, self.kv_write)})
         return out.logits
 
     def _records_linears(self, key: TraceKey, trace: Any) -> bool:

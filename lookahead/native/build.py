@@ -68,9 +68,9 @@ def tiled_kernel() -> tuple[Callable[..., torch.Tensor] | None, str]:
 
 def fused_ops() -> bool:
     """Whether this process has the fused ops of fused.cpp (``lookahead_native::rms_norm`` and
-    ``::rotate_half``, which model/fusion.py writes into traces); they come with the library (load_linear)."""
-    return loaded() and hasattr(torch.ops.lookahead_native, "rms_norm") \
-        and hasattr(torch.ops.lookahead_native, "rotate_half")
+    ``::rotate_half``, which model/fusion.py writes into traces, and ``::kv_write``, which a traced layer
+    calls, model/traced.py); they come with the library (load_linear)."""
+    return loaded() and all(hasattr(torch.ops.lookahead_native, name) for name in ("rms_norm", "rotate_half", "kv_write"))
 
 
 def _build_and_load() -> None:

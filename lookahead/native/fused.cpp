@@ -1,4 +1,4 @@
-// lookahead_native::rms_norm and ::rotate_half: two of a decoder layer's chains of small ops as one op each.
+// lookahead_native::rms_norm, ::rotate_half and ::kv_write: chains of a decoder layer's small ops as one op each.
 //
 // A traced step (lookahead/model/traced.py) replays some 1,900 tensor ops a forward for SmolLM2-135M, and
 // each costs the interpreter and torch's dispatcher a few microseconds however little it computes. Most of
@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <tuple>
 
 namespace {
 
@@ -114,6 +115,19 @@ at::Tensor rotate_half(const at::Tensor& q, const at::Tensor& cos, const at::Ten
   return out;
 }
 
+// A traced layer's cache update (lookahead/model/traced.py, TraceLayer): the step's keys and values k, v
+// [A, H, Q, D] written at slots past .. past + Q - 1 of the layer's buffers [A, H, C, D], which are returned
+// as the views of slots 0 .. past + Q - 1 the attention reads; past is the size of past_ [P] (a size, which a
+// trace follows; an int argument would be recorded as a constant). (In Python: two narrows and copies, two
+// narrows, and the tensor arithmetic of their bounds, which a trace records as a dozen nodes a layer.)
+std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& past_) {
+  const int64_t past = past_.size(0), rows = k.size(2);
+  keys.narrow(2, past, rows).copy_(k);
+  values.narrow(2, past, rows).copy_(v);
+  return {keys.narrow(2, 0, past + rows), values.narrow(2, 0, past + rows)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
@@ -121,6 +135,8 @@ TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
         "ScalarType? mean_dtype, Scalar alpha, ScalarType out_dtype) -> Tensor");
   m.def("rotate_half(Tensor q, Tensor cos, Tensor sin, int dim_a, int? start_a, int? end_a, int step_a, "
         "int dim_b, int? start_b, int? end_b, int step_b, int cat_dim, Scalar alpha) -> Tensor");
+  m.def("kv_write(Tensor(a!) keys, Tensor(b!) values, Tensor k, Tensor v, Tensor past) -> (Tensor(a), Tensor(b))");
   m.impl("rms_norm", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(rms_norm));
+  m.impl("kv_write", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(kv_write));
   m.impl("rotate_half", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(rotate_half));
 }
