@@ -70,7 +70,8 @@ def fused_ops() -> bool:
     """Whether this process has the fused ops of fused.cpp (``lookahead_native::rms_norm`` and
     ``::rotate_half``, which model/fusion.py writes into traces, and ``::kv_write``, which a traced layer
     calls, model/traced.py); they come with the library (load_linear)."""
-    return loaded() and all(hasattr(torch.ops.lookahead_native, name) for name in ("rms_norm", "rotate_half", "kv_write"))
+    ops = ("rms_norm", "rotate_half", "kv_write")
+    return loaded() and all(hasattr(torch.ops.lookahead_native, name) for name in ops)
 
 
 def _build_and_load() -> None:
