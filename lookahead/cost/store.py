@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
-ROUTES_VERSION = 6  # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces)
+ROUTES_VERSION = 6  # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces, spread prefetch)
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds
