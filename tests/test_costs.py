@@ -181,7 +181,7 @@ def test_a_measurement_keeps_to_its_bound_and_says_what_it_cut(llama, tmp_path, 
     clock = FakeClock()
     slow = clock.forward(lambda q, route=None: 25 * cpu_time(q) * (1.0 if route is None or route.linear == "kernel"
                                                                    else 1.6))
-    monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1, graphs=False, native=True: slow)
+    monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1, graphs=False, traced=False, native=True: slow)
     monkeypatch.setattr(store, "others_busy", lambda before, after: 0.0)
     cost = load_cost_model(model, layout, 33, 8, 5, str(tmp_path), bound_s=20.0, clock=clock)
     before, after = lines(capsys)
@@ -302,3 +302,35 @@ def test_the_new_fields_are_options_with_help():
         text = CliRunner().invoke(main, command).output
         assert "--calibration-seconds" in text and "--keep-busy-curve / --no-keep-busy-curve" in text
     assert torch.get_num_threads() == 1  # (the suite's one thread: --threads 1 above changed nothing)
+
+
+def test_a_generator_measures_the_steps_it_runs_and_costs_measure_writes_its_curve(model_dir, tmp_path,
+                                                                                    measured_fakely):
+    """Where a generator replays its steps from traces (traced_forward, on the CPU), its curve is measured
+    through traced steps and keyed so; `lookahead costs measure` builds its target as a generator does,
+    so it writes the very file the generator then reads (and with traced_forward off, an eager one)."""
+    seen: list[bool] = []
+    timer = store.decode_step_timer
+
+    def recording(*args, traced=False, **kwargs):
+        seen.append(traced)
+        return timer(*args, traced=traced, **kwargs)
+
+    measured_fakely.setattr(store, "decode_step_timer", recording)
+    cache = str(tmp_path / "costs")
+    made = costs("measure", "--model", model_dir, "--cost-cache-dir", cache, "--max-tree-nodes", "4",
+                 "--threads", "1")
+    assert made.exit_code == 0, made.output
+    files = os.listdir(cache)
+    assert seen == [True] and len(files) == 1
+    with open(os.path.join(cache, files[0])) as file:
+        assert json.load(file)["fingerprint"]["traced"] is True
+    from lookahead import load_model
+
+    model, _ = load_model(model_dir)
+    measured_fakely.setattr(engine, "load_cost_model", store.load_cost_model)
+    gen = LookaheadGenerator(model, config=LookaheadConfig(cost_cache_dir=cache, max_tree_nodes=4))
+    assert gen.cost is not None and gen.cost.cached == os.path.join(cache, files[0]) and seen == [True]
+    eager = costs("measure", "--model", model_dir, "--cost-cache-dir", cache, "--max-tree-nodes", "4",
+                  "--threads", "1", "--no-traced-forward")
+    assert eager.exit_code == 0 and seen == [True, False] and len(os.listdir(cache)) == 2

@@ -74,7 +74,8 @@ class CostPolicy:
         return load_cost_model(self.target.model, self.target.layout, largest_step(config), context,
                                config.calibration_repeats, config.cost_cache_dir, batch,
                                few_row_matmul=config.few_row_matmul, onednn=config.onednn_linear,
-                               graphs=config.cuda_graphs, **measuring(config, fresh))
+                               graphs=config.cuda_graphs, traced=self.target.traced is not None,
+                               **measuring(config, fresh))
 
     def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None) -> CostModel | None:
         """The budget's curve of a step over ``batch`` sequences decoded under ``run_config``: ``single``

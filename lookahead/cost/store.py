@@ -54,7 +54,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
-ROUTES_VERSION = 6  # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces, spread prefetch)
+# in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces,
+# the tiled kernel's spread prefetch, curves of traced steps)
+ROUTES_VERSION = 6
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds
@@ -70,7 +72,7 @@ def say_on_stderr(line: str) -> None:
 
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr, few_row_matmul: bool = True,
-                    onednn: bool = False, graphs: bool = False, native: bool = True,
+                    onednn: bool = False, graphs: bool = False, native: bool = True, traced: bool = False,
                     bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
                     clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
@@ -92,6 +94,10 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     ``cache_dir`` "" measures without reading or writing the disk. ``graphs``: one sequence's steps on a
     CUDA device run as CUDA graphs (model/graphs.py), and are measured so. ``native``: the forwards run as
     a generator with ``native_linear`` runs them (the C++ op and its tiled kernel, model/fewrows.py).
+    ``traced``: on the CPU, the steps are replayed from a trace (model/traced.py) as a generator with
+    ``traced_forward`` replays them, so the curve has their shape (an eager step's fixed Python costs made
+    more rows look cheaper relative to one: 16 rows 1.8x one row eager against 2.5x traced, SmolLM2 on
+    a 2-core AMD EPYC); making the trace (about a second) is part of the measurement's time.
     """
     rows = row_grid(max_rows)
     routes = measured_routes(model, few_row_matmul, onednn)
@@ -102,6 +108,9 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     graphed = graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as CUDA graphs
     if graphed:
         fingerprint["graphs"] = True
+    replayed = traced and input_device(model).type == "cpu"  # steps replayed from a trace
+    if replayed:
+        fingerprint["traced"] = True
     store = None
     if cache_dir:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:KEY_DIGITS]
@@ -112,7 +121,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
                              routing=_routing(rows, routes, saved[1]), cached=store.path)
     started, before = clock(), cpu_snapshot()
     # (prefills the synthetic context)
-    time_one = decode_step_timer(model, layout, context, batch=batch, graphs=graphed, native=native)
+    time_one = decode_step_timer(model, layout, context, batch=batch, graphs=graphed, traced=replayed,
+                                 native=native)
     forwards = probe_forwards(time_one, rows, routes)
     plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
     say(announcement(fingerprint, rows, (clock() - started + plan.likely, clock() - started + plan.longest),
