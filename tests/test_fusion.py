@@ -210,3 +210,28 @@ def test_a_trace_of_kv_write_follows_the_past(ops):
         got = trace(theirs, k, v, torch.zeros(1).expand(past))
         assert torch.equal(mine, theirs) and all(torch.equal(a, b) for a, b in zip(want, got))
         assert torch.equal(theirs[0, :, :, past:past + 3], k)
+
+
+def test_a_rewrite_that_raises_leaves_the_recorded_trace(ops, monkeypatch):
+    """A rewritten trace that fails when run (say a fused op meets an argument it cannot take) is dropped
+    like one that disagrees: the recorded trace is checked and serves."""
+    original = traced.fused
+
+    def broken(trace):
+        rewrite = original(trace)
+        if rewrite is None:
+            return None
+
+        def fails(*inputs):
+            raise RuntimeError("a fused op could not run")
+
+        return fusion.Fused(fails, rewrite.chains, rewrite.casts, rewrite.nodes)
+
+    monkeypatch.setattr(traced, "fused", broken)
+    gen = traced_generator("llama")
+    ids = prompt(5)
+    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
+    forwards = gen.target.traced
+    assert forwards is not None and forwards.traces and not forwards.fusions and not forwards.failures
+    assert any(route.endswith("traced") for route in gen.last_stats.routes)

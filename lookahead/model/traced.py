@@ -44,12 +44,13 @@ told the route at run time, so the trace calls the kernel too: the C++ op
 the kernel without the interpreter, or where that cannot be built (or
 ``native`` is off) fewrows.py's ``lookahead::linear``, whose kernel runs in
 Python (some 60 us more a call: 13 ms of a one-row SmolLM2 step on a 2-core
-AMD EPYC, results/RESULTS.md run 118). Where the C++ op serves, a new trace's graph is also
-rewritten (fusion.py): each RMS norm and each rotary half-turn of the
-queries and keys becomes one op that computes the chain's result to the bit,
-which takes SmolLM2's graph from some 3,300 nodes to 2,400; the rewritten
-trace is checked as any trace is, and where it disagrees the trace as recorded
-serves. Hooks on the model's modules would not
+AMD EPYC, results/RESULTS.md run 118). Where the C++ op serves, a new
+trace's graph is also rewritten (fusion.py): each RMS norm and each rotary
+half-turn of the queries and keys becomes one op that computes the chain's
+result to the bit, and each layer's cache update is one op too (``kv_write``),
+which takes SmolLM2's graph from some 3,300 nodes to 1,900; the rewritten
+trace is checked as any trace is, and where it disagrees (or fails) the trace
+as recorded serves. Hooks on the model's modules would not
 run when a trace is replayed, so a step runs eagerly while any forward hook is set (``hooked``);
 a model with accelerate's hooks (offload, device maps) is never traced
 (``traceable``).
@@ -341,7 +342,7 @@ class TracedForward:
                 trace = torch.jit.trace(self._forward, inputs, check_trace=False)
                 agree = self._records_linears(key, trace)
                 rewritten = fused(trace) if agree and self.fuse else None
-                if rewritten is not None and self._agrees_twice(rewritten.function, inputs):
+                if rewritten is not None and self._rewrite_agrees(rewritten.function, inputs):
                     trace = rewritten.function
                     self.fusions[key] = rewritten
                 else:
@@ -361,6 +362,14 @@ class TracedForward:
         """Whether ``trace`` agrees with the eager forward on the step ``inputs`` and on a shorter one
         (``varied``): a trace that follows sizes and holds no value of the step it was made from does."""
         return agrees(self._forward, trace, inputs) and agrees(self._forward, trace, varied(inputs))
+
+    def _rewrite_agrees(self, function: Any, inputs: tuple) -> bool:
+        """``_agrees_twice`` for a rewritten trace, False where it raises (the trace as recorded is then
+        checked, and serves where it agrees)."""
+        try:
+            return self._agrees_twice(function, inputs)
+        except Exception:  # noqa: BLE001  (whatever the rewritten graph raises: the recorded one is tried)
+            return False
 
     def _checked_at(self, key: TraceKey, trace: Any, inputs: tuple) -> bool:
         """Whether ``key``'s trace agrees with the eager forward on the step ``inputs``, whose shape (batch
