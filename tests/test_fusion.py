@@ -13,6 +13,7 @@ from conftest import VOCAB, reference
 from test_traced import NEW, prompt, traced_generator
 
 from lookahead.model import fusion, traced
+from lookahead.model.traced import TracedForward
 from lookahead.native import build
 
 NO_EOS = [VOCAB + 1000]
@@ -48,6 +49,16 @@ def rotate(ops, q, cos, sin, end_b=None):
 
 def bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def decoded_exactly(gen, seed: int) -> TracedForward:
+    """A decode of prompt ``seed`` through ``gen`` (a traced generator), asserted equal to model.generate's;
+    the generator's traced forward."""
+    ids = prompt(seed)
+    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
+    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS)), f"prompt {seed}"
+    assert gen.target.traced is not None
+    return gen.target.traced
 
 
 def test_worked_examples(ops):
@@ -130,12 +141,8 @@ def test_same_casts_are_dropped_and_others_kept():
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_a_fused_trace_decodes_as_generate(ops, arch):
     gen = traced_generator(arch)
-    for seed in range(2):
-        ids = prompt(seed)
-        out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
-        assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS)), f"{arch}, prompt {seed}"
-    forwards = gen.target.traced
-    assert forwards is not None and forwards.traces and forwards.fusions, "no trace was rewritten"
+    forwards = [decoded_exactly(gen, seed) for seed in range(2)][-1]
+    assert forwards.traces and forwards.fusions, "no trace was rewritten"
     for key, rewrite in forwards.fusions.items():
         assert forwards.traces[key] is rewrite.function
         assert rewrite.chains["rms_norm"] > 0 and rewrite.chains["rotate_half"] > 0
@@ -144,12 +151,8 @@ def test_a_fused_trace_decodes_as_generate(ops, arch):
 
 
 def test_a_model_with_nothing_to_fuse_keeps_its_trace(ops):
-    gen = traced_generator("gpt2")
-    ids = prompt(2)
-    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
-    assert forwards is not None and forwards.traces
+    forwards = decoded_exactly(traced_generator("gpt2"), 2)
+    assert forwards.traces
     assert all(sum(rewrite.chains.values()) == 0 for rewrite in forwards.fusions.values())
 
 
@@ -174,12 +177,9 @@ def test_a_rewrite_that_disagrees_leaves_the_recorded_trace(ops, monkeypatch):
     monkeypatch.setattr(traced, "agrees", fused_disagrees)
     monkeypatch.setattr(traced, "fused", recording)
     gen = traced_generator("llama")
-    ids = prompt(4)
-    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
+    forwards = decoded_exactly(gen, 4)
     assert made, "nothing was rewritten: the test would be vacuous"
-    assert forwards is not None and forwards.traces and not forwards.fusions
+    assert forwards.traces and not forwards.fusions
     assert all(trace is not rewrite.function for trace in forwards.traces.values() for rewrite in made)
     assert any(route.endswith("traced") for route in gen.last_stats.routes)
 
@@ -229,9 +229,6 @@ def test_a_rewrite_that_raises_leaves_the_recorded_trace(ops, monkeypatch):
 
     monkeypatch.setattr(traced, "fused", broken)
     gen = traced_generator("llama")
-    ids = prompt(5)
-    out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
-    assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
-    forwards = gen.target.traced
-    assert forwards is not None and forwards.traces and not forwards.fusions and not forwards.failures
+    forwards = decoded_exactly(gen, 5)
+    assert forwards.traces and not forwards.fusions and not forwards.failures
     assert any(route.endswith("traced") for route in gen.last_stats.routes)

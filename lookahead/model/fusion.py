@@ -118,7 +118,7 @@ def fused(trace: Any) -> Fused | None:
         chains = {}
         for name, pattern, replacement in REWRITES:
             torch._C._jit_pass_custom_pattern_based_rewrite_graph(pattern, replacement, graph)
-            chains[name] = str(graph).count(f"lookahead_native::{name}(")
+            chains[name] = sum(node.kind() == f"lookahead_native::{name}" for node in graph.nodes())
         casts = drop_same_casts(graph)
         torch._C._jit_pass_dce(graph)
         graph.lint()
