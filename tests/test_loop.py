@@ -141,3 +141,11 @@ def test_a_greedy_batch_staged_at_once_gives_each_sequence_what_its_own_stage_gi
             assert own.shape[0] == v.staged_size(m, t, k)
             shared = v.restaged(argmax[a], top[a] if top is not None else None, m, t, k)
             assert np.array_equal(own, shared)
+
+
+def test_kept_slots_of_one_sequence_tell_in_place_by_its_last_row():
+    rows, counts, in_place = kept_slots([np.array([0, 1, 2])])
+    assert rows.tolist() == [[0, 1, 2]] and counts.tolist() == [3] and in_place
+    rows, counts, in_place = kept_slots([np.array([0, 2, 5])])  # a tree path past a skipped sibling
+    assert rows.tolist() == [[0, 2, 5]] and counts.tolist() == [3] and not in_place
+    assert kept_slots([np.array([0])])[2]  # x alone stays where it is

@@ -143,3 +143,58 @@ def test_matched_depth_docstring_example():
     assert matched_depth(tree, np.array([4, 7, 1])) == 2
     assert matched_depth(tree, np.array([4, 5, 6])) == 3
     assert matched_depth(empty_tree(), np.array([4])) == 0
+
+
+def test_step_arrays_worked_example():
+    from lookahead.kernels.trie import step_arrays
+    offsets, mask, tokens, keep = step_arrays(
+        np.zeros(1, dtype=np.int64), np.ones((1, 1), dtype=bool), np.zeros(0, dtype=np.int64), 7,
+        np.zeros(1, dtype=np.int64), np.array([4, 5]), np.array([-1, 0]), np.array([1, 2]))
+    assert offsets.tolist() == [0, 1, 2] and tokens.tolist() == [7, 4, 5] and keep.tolist() == [0, 1, 2]
+    assert mask.astype(int).tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 3), st.integers(2, 4), st.lists(st.integers(-1, 12), min_size=0, max_size=12), st.data())
+def test_step_rows_layout_is_the_layout_and_the_concatenated_rows(width, ngram, raw, data):
+    """One kernel call gives what step_layout and the window's rows and kept rows concatenated gave."""
+    from lookahead.core.tree import step_rows_layout
+    from lookahead.plan.window import JacobiWindow, kept_window_rows
+    parents = np.array([min(p, i - 1) for i, p in enumerate(raw)], dtype=np.int64)  # each parent before its node
+    depths = np.zeros(parents.shape[0], dtype=np.int64)
+    for i, p in enumerate(parents):
+        depths[i] = 1 if p < 0 else depths[p] + 1
+    tokens = np.array(data.draw(st.lists(st.integers(0, 99), min_size=parents.shape[0],
+                                         max_size=parents.shape[0])), dtype=np.int64)
+    tree = TokenTree(tokens, parents, depths, np.zeros_like(tokens))
+    window = JacobiWindow(3, ngram, 0)
+    window.begin(np.arange(10, 20))
+    x = 42
+    rows = window.rows(x, width)  # [x] for width 0
+    kept = kept_window_rows(width, ngram)
+    layout, got_tokens, keep = step_rows_layout(window.layout(width), rows if width else np.zeros(0, np.int64), x,
+                                                kept, tree)
+    expected = step_layout(window.layout(width), tree)
+    assert layout.offsets.tolist() == expected.offsets.tolist()
+    assert (layout.local_mask == expected.local_mask).all() and layout.tree_start == expected.tree_start
+    assert got_tokens.tolist() == np.concatenate([rows, tokens]).tolist()
+    assert keep.tolist() == np.concatenate([kept, expected.tree_start + np.arange(tree.size)]).tolist()
+
+
+def test_kept_window_rows_are_shared_read_only():
+    from lookahead.plan.window import kept_window_rows
+    assert kept_window_rows(2, 4) is kept_window_rows(2, 4) and not kept_window_rows(2, 4).flags.writeable
+
+
+def test_first_stop_cuts_at_eos_and_at_the_budget():
+    from lookahead.call.output import first_stop
+    new, done = first_stop(np.array([5, 2, 7]), np.array([2]), 10)
+    assert new.tolist() == [5, 2] and done
+    new, done = first_stop(np.array([5, 6, 7]), np.array([2]), 2)
+    assert new.tolist() == [5, 6] and done
+    new, done = first_stop(np.array([5, 6, 7]), np.array([2, 9]), 10)
+    assert new.tolist() == [5, 6, 7] and not done
+    new, done = first_stop(np.array([5, 9]), np.zeros(0, dtype=np.int64), 2)  # no EOS: the budget alone
+    assert new.tolist() == [5, 9] and done
+    new, done = first_stop(np.array([2, 2]), np.array([2]), 1)  # EOS right at the budget's edge
+    assert new.tolist() == [2] and done

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels.trie import build_scored_trie, layout_mask, subtree_arrays
+from ..kernels.trie import build_scored_trie, layout_mask, step_arrays, subtree_arrays
 from ..kernels.walk import accept_walk
 
 
@@ -43,6 +43,11 @@ class StepLayout:
     tree_start: int  # first tree row = W * (N - 1)
 
 
+def as_int64(array: np.ndarray) -> np.ndarray:
+    """``array`` as int64: itself where it already is (a step's host work pays some 10 us a numpy call)."""
+    return array if array.dtype == np.int64 else array.astype(np.int64)
+
+
 def empty_tree() -> TokenTree:
     """A tree with no nodes."""
     none = np.zeros(0, dtype=np.int64)
@@ -55,8 +60,8 @@ def scored_tree(cands: np.ndarray, lens: np.ndarray, classes: np.ndarray, estima
     max_nodes nodes, each with its path probability under estimates[C, D]: (tree, prob[M])."""
     if cands.shape[0] == 0 or max_nodes <= 0:
         return empty_tree(), np.zeros(0)
-    tokens, parents, depths, cls, prob = build_scored_trie(
-        cands.astype(np.int64), lens.astype(np.int64), classes.astype(np.int64), estimates, max_nodes)
+    tokens, parents, depths, cls, prob = build_scored_trie(as_int64(cands), as_int64(lens), as_int64(classes),
+                                                           estimates, max_nodes)
     return TokenTree(tokens, parents, depths, cls), prob
 
 
@@ -83,8 +88,9 @@ def prepend_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes
 
 def subtree(tree: TokenTree, nodes: np.ndarray) -> TokenTree:
     """The tree of the given nodes (closed under parents), renumbered in their original order."""
+    nodes = nodes if nodes.dtype == np.int64 and nodes.flags.c_contiguous else np.ascontiguousarray(nodes, np.int64)
     tokens, parents, depths, classes, closed = subtree_arrays(tree.tokens, tree.parents, tree.depths, tree.classes,
-                                                              np.ascontiguousarray(nodes, dtype=np.int64))
+                                                              nodes)
     if not closed:
         raise ValueError("subtree: the nodes are not closed under parents")
     return TokenTree(tokens, parents, depths, classes)
@@ -96,6 +102,21 @@ def step_layout(window: tuple[np.ndarray, np.ndarray], tree: TokenTree) -> StepL
     w_offsets, w_mask = window
     offsets = np.concatenate([w_offsets, tree.depths]).astype(np.int64)
     return StepLayout(offsets, layout_mask(w_mask, tree.parents), w_offsets.shape[0])
+
+
+def step_rows_layout(window: tuple[np.ndarray, np.ndarray], window_tokens: np.ndarray, x: int, kept: np.ndarray,
+                     tree: TokenTree) -> tuple[StepLayout, np.ndarray, np.ndarray]:
+    """``step_layout`` of [window | tree], with the rows' tokens [Q] (x at row 0, then the window's
+    other rows from window_tokens, empty for x alone, then the tree's) and the kept rows [K] (the
+    window's ``kept``, then every tree row), in one kernel call.
+
+    Window x alone, x 7, kept [0], tree tokens [4 5] (parents [-1 0]) -> offsets [0 1 2],
+    tokens [7 4 5], keep [0 1 2].
+    """
+    w_offsets, w_mask = window
+    offsets, mask, tokens, keep = step_arrays(w_offsets, w_mask, window_tokens, x, kept, tree.tokens, tree.parents,
+                                              tree.depths)
+    return StepLayout(offsets, mask, w_offsets.shape[0]), tokens, keep
 
 
 def matched_depth(tree: TokenTree, tokens: np.ndarray) -> int:

@@ -63,6 +63,10 @@ def step_rows(plans: list[StepPlan], x_pos: np.ndarray) -> StepRows:
     Two plans of 2 and 1 rows (x at positions 5 and 3) -> tokens [[x0 t0] [x1 x1]],
     positions [[5 6] [3 3]], local [[[1 0] [1 1]] [[1 0] [0 1]]].
     """
+    if len(plans) == 1:  # (the plan's own arrays, as views: no padding, no copy)
+        plan = plans[0]
+        return StepRows(plan.tokens[None], x_pos[:, None] + plan.layout.offsets, plan.layout.local_mask[None],
+                        plan.keep)
     width = max(p.tokens.shape[0] for p in plans)
     count = len(plans)
     tokens = np.zeros((count, width), dtype=np.int64)  # [A, Q]
@@ -86,6 +90,10 @@ def kept_slots(kept: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bool]:
 
     [[0 2], [0]] -> ([[0 2] [0 0]], [2 1], False); [[0 1], [0]] -> (..., True).
     """
+    if len(kept) == 1:  # (one sequence: the scalar check, no padding)
+        rows = kept[0]
+        size = rows.shape[0]
+        return rows[None], np.array([size]), int(rows[-1]) == size - 1  # rows ascend from 0: in place iff so
     counts = np.array([r.shape[0] for r in kept])  # [A]
     rows = np.zeros((len(kept), int(counts.max())), dtype=np.int64)  # [A, K]
     for a, r in enumerate(kept):

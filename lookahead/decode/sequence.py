@@ -18,7 +18,7 @@ from ..call.decoding import Decoding
 from ..call.output import OutputBuffer
 from ..call.stats import GenerationStats
 from ..core.rows import DrawnRows, RowMap
-from ..core.tree import StepLayout, TokenTree, step_layout
+from ..core.tree import StepLayout, TokenTree, step_rows_layout
 from ..kernels.recycle import previous_tokens
 from ..plan.planner import Planner, RankedTree
 from ..plan.window import JacobiWindow
@@ -28,6 +28,9 @@ from ..proposers.ngram import NgramPool
 from ..proposers.recycle import AdjacencyTable
 from ..verify.verifier import Verifier
 from .context import DecodeContext
+
+NO_ROWS = np.zeros(0, dtype=np.int64)  # the window's tokens where a step feeds x alone (read-only)
+NO_ROWS.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -121,10 +124,10 @@ class Sequence:
         model's context): no decisive row is fed a position past the context.
         """
         tree = self.planner.cut(ranked, size)
-        layout = step_layout(self.window.layout(width), tree)
-        tokens = np.concatenate([self.window.rows(self.out.last, width), tree.tokens])  # [Q]
+        x = self.out.last
+        window_tokens = self.window.rows(x, width) if width else NO_ROWS  # (x alone: the kernel writes x)
         kept = self.window.kept_rows(width)  # [1 + w] or [w] (or [1]: x alone)
-        keep = np.concatenate([kept, layout.tree_start + np.arange(tree.size)])  # [K]
+        layout, tokens, keep = step_rows_layout(self.window.layout(width), window_tokens, x, kept, tree)  # [Q], [K]
         rows = RowMap(lead=kept.shape[0], window=width, ngram=self.cfg.ngram)
         return StepPlan(tree, layout, tokens, keep, rows, self.planner.drawn, ranked.seconds)
 

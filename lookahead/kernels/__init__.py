@@ -18,7 +18,7 @@ from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, previous_tokens, table_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
 from .topk import top_entries
-from .trie import best_first_order, build_scored_trie, layout_mask, path_tokens, subtree_arrays
+from .trie import best_first_order, build_scored_trie, layout_mask, path_tokens, step_arrays, subtree_arrays
 from .walk import accept_walk
 
 SEQ = np.array([1, 2, 3, 1, 2], dtype=np.int64)
@@ -63,6 +63,10 @@ def _warm_trees() -> None:
     layout_mask(shared, parents)
     shared.flags.writeable = False  # the window's masks are cached read-only (plan/window.py)
     layout_mask(shared, parents)
+    none, zero = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    none.flags.writeable = zero.flags.writeable = False  # (the window's offsets, kept rows and, for x alone,
+    # rows are cached read-only too: plan/window.py, decode/sequence.py)
+    step_arrays(zero, shared, none, 1, zero, tokens, parents, depths)
     subtree_arrays(tokens, parents, depths, np.zeros_like(tokens), np.zeros(1, dtype=np.int64))
     path_tokens(tokens, parents, depths)
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))
@@ -101,8 +105,8 @@ WARM_GROUPS: tuple[Callable[[], None], ...] = (_warm_trees, _warm_sources, _warm
                                                _warm_linear, _warm_topk)
 ENTRY_KERNELS = (backoff_estimates, count_tree, forecast_options, refine_curve, match_continuations,
                  pool_insert_sequence, pool_insert_grams, pool_lookup, store_append, store_separate, store_lookup,
-                 build_scored_trie, best_first_order, layout_mask, subtree_arrays, path_tokens, accept_walk,
-                 top_entries, pair_learn, grow_recycled_tree, tree_paths, previous_tokens, table_learn)
+                 build_scored_trie, best_first_order, step_arrays, layout_mask, subtree_arrays, path_tokens,
+                 accept_walk, top_entries, pair_learn, grow_recycled_tree, tree_paths, previous_tokens, table_learn)
 
 
 def cached() -> bool:

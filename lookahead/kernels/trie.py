@@ -100,6 +100,44 @@ def best_first_order(parents: np.ndarray, prob: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
+def step_arrays(window_offsets: np.ndarray, window_mask: np.ndarray, window_tokens: np.ndarray, x: int,
+                kept: np.ndarray, tree_tokens: np.ndarray, parents: np.ndarray,
+                depths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One step's rows [window | tree] in one pass: (offsets [Q], mask [Q, Q], tokens [Q], keep [K]).
+
+    The window's S rows (offsets, mask [S, S]; tokens: window_tokens, x at row 0, which may be empty
+    for x alone) then the tree's M nodes at offsets of their depths, each seeing x, itself and its
+    ancestors (``layout_mask``); keep: the window's ``kept`` rows, then every tree row.
+    Window [0], [[1]], x 7, kept [0]; tree tokens [4 5], parents [-1 0], depths [1 2]
+    -> offsets [0 1 2], mask [[1 0 0] [1 1 0] [1 1 1]], tokens [7 4 5], keep [0 1 2].
+    """
+    start, count = window_offsets.shape[0], parents.shape[0]
+    size = start + count
+    offsets = np.empty(size, dtype=np.int64)
+    tokens = np.empty(size, dtype=np.int64)
+    offsets[:start] = window_offsets
+    tokens[0] = x
+    for i in range(1, min(start, window_tokens.shape[0])):
+        tokens[i] = window_tokens[i]
+    for i in range(count):
+        offsets[start + i] = depths[i]
+        tokens[start + i] = tree_tokens[i]
+    mask = np.zeros((size, size), dtype=np.bool_)  # [Q, Q] as layout_mask builds it
+    mask[:start, :start] = window_mask
+    for i in range(count):
+        mask[start + i, 0] = True
+        j = i
+        while j >= 0:
+            mask[start + i, start + j] = True
+            j = parents[j]
+    keep = np.empty(kept.shape[0] + count, dtype=np.int64)
+    keep[:kept.shape[0]] = kept
+    for i in range(count):
+        keep[kept.shape[0] + i] = start + i
+    return offsets, mask, tokens, keep
+
+
+@njit(cache=True)
 def layout_mask(window_mask: np.ndarray, parents: np.ndarray) -> np.ndarray:
     """mask[Q, Q] of a step's rows [window | tree]: the window's rows as ``window_mask`` [S, S] says
     (row 0 is x), each tree node [M] x, itself and its ancestors (Q = S + M).

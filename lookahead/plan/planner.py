@@ -101,6 +101,9 @@ def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
     groups = [(c, off) for c, off in groups if c.count]
     if not groups:
         return no_candidates()
+    if len(groups) == 1:  # (one source's rows as they are: no copy)
+        c, off = groups[0]
+        return Candidates(c.tokens, c.lens, c.classes + off if off else c.classes)
     width = max(c.tokens.shape[1] for c, _ in groups)
     count = sum(c.tokens.shape[0] for c, _ in groups)
     tokens = np.zeros((count, width), dtype=np.result_type(*(c.tokens for c, _ in groups)))  # [G, L], 0 past a row
@@ -156,9 +159,8 @@ class Planner:
         whose positions must never be fed), so the trie is cut above it.
         """
         cap = self.config.max_tree_nodes
-        nothing = RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
         if self.config.candidates == 0 or cap == 0 or room <= 1:
-            return nothing
+            return RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
         estimates = self.acceptance.estimates()  # [C, D]
         chosen, drawn, seconds, built = self._propose(seq, stop, estimates, room)
         tree, prob = built if built is not None else scored_tree(chosen.tokens, chosen.lens, chosen.classes,
@@ -176,8 +178,8 @@ class Planner:
             chain = DrawnChain(drawn.tokens[0, :length], nodes, drawn.q)
         if tree.size == 0:
             return RankedTree(tree, np.zeros(0, dtype=np.int64), np.zeros(0), None, seconds)
-        order = best_first_order(tree.parents, prob)  # [M]
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
+        order = best_first_order(tree.parents, prob)  # [M]
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
         probs = prob[order]  # [M] as the estimates say (choose_step calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
@@ -185,7 +187,7 @@ class Planner:
     def cut(self, ranked: RankedTree, size: int) -> TokenTree:
         """The first ``size`` nodes of a ranked trie (closed under parents), as the step's tree."""
         self.predicted = float(ranked.probs[:size].sum())
-        self.drawn = drawn_rows(ranked.drawn, np.sort(ranked.order[:size]))
+        self.drawn = drawn_rows(ranked.drawn, np.sort(ranked.order[:size])) if ranked.drawn is not None else None
         return subtree(ranked.tree, ranked.order[:size])
 
     def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray, room: int):

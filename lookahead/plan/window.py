@@ -77,13 +77,18 @@ def window_rows(width: int, ngram: int) -> int:
     return max(1, width * (ngram - 1))
 
 
+@lru_cache(maxsize=256)
 def kept_window_rows(width: int, ngram: int) -> np.ndarray:
     """Rows whose logits a step keeps, x (row 0) first: the last level's ``width`` rows,
-    after x unless the last level holds x (N = 2); [0] for width 0."""
+    after x unless the last level holds x (N = 2); [0] for width 0. Cached and read-only, as
+    ``window_layout``."""
     if width == 0:
-        return np.zeros(1, dtype=np.int64)
-    last = (ngram - 2) * width + np.arange(width)  # [w] rows of the last level
-    return last if ngram == 2 else np.concatenate([[0], last])  # [w] or [1 + w]
+        kept = np.zeros(1, dtype=np.int64)
+    else:
+        last = (ngram - 2) * width + np.arange(width)  # [w] rows of the last level
+        kept = last if ngram == 2 else np.concatenate([[0], last]).astype(np.int64)  # [w] or [1 + w]
+    kept.flags.writeable = False
+    return kept
 
 
 class JacobiWindow:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from ..core.tree import as_int64
 
 if TYPE_CHECKING:
     from ..core.tree import TokenTree
@@ -54,16 +56,22 @@ class Candidates:
         return int(self.tokens.shape[0])
 
 
+@lru_cache(maxsize=8)
 def no_candidates(length: int = 1) -> Candidates:
-    """No rows."""
+    """No rows (one read-only instance per length: a step asks for it several times, and every numpy
+    call of a step's host work costs some 10 us on a CPU whose caches the forward just flushed)."""
     empty = np.zeros((0, length), dtype=np.int64)
-    return Candidates(empty, np.zeros(0, dtype=np.int64), empty)
+    empty.flags.writeable = False
+    lens = np.zeros(0, dtype=np.int64)
+    lens.flags.writeable = False
+    return Candidates(empty, lens, empty)
 
 
 def single_class(tokens: np.ndarray, lens: np.ndarray, labels: np.ndarray) -> Candidates:
     """Candidates whose tokens all carry their row's label labels[G]."""
-    classes = np.repeat(labels.astype(np.int64)[:, None], tokens.shape[1], axis=1)  # [G, L]
-    return Candidates(tokens.astype(np.int64), lens.astype(np.int64), classes)
+    classes = np.empty(tokens.shape, dtype=np.int64)  # [G, L]
+    classes[...] = labels[:, None]
+    return Candidates(as_int64(tokens), as_int64(lens), classes)
 
 
 @dataclass(frozen=True)

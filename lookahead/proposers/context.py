@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.match import match_continuations
-from .base import Candidates, Source, StepContext, single_class
+from .base import Candidates, Source, StepContext, no_candidates, single_class
 
 # Matches of length 1, 2, 3, 4-5, 6-8, 9-15, 16+ are told apart: the longer the
 # match, the longer the copy that usually follows.
@@ -33,7 +33,9 @@ class ContextMatcher(Source):
                 step: StepContext | None = None) -> Candidates:
         out, lens, matched, count = match_continuations(seq, stop, self.match_min, self.match_max,
                                                         self.length, limit)
-        labels = np.searchsorted(MATCH_BUCKETS, matched[:count], side="right")  # [G]
+        if count == 0:
+            return no_candidates()
+        labels = MATCH_BUCKETS.searchsorted(matched[:count], side="right")  # [G]
         return single_class(out[:count], lens[:count], labels)
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:

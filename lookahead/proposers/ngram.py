@@ -6,7 +6,7 @@ import numpy as np
 
 from ..core.learner import DecayedScalar
 from ..kernels.pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
-from .base import Candidates, Outcome, Source, State, StepContext, single_class
+from .base import Candidates, Outcome, Source, State, StepContext, no_candidates, single_class
 
 POOL_PRIORS = np.array([0.3, 0.2, 0.15, 0.1])  # by recency rank in the pool (rank >= 3 shares the last)
 COLUMN_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step, enough
@@ -61,6 +61,7 @@ class NgramProposer(Source):
         self.pool = pool
         self.seed_from_prompt = seed_from_prompt
         self.seed_from_output = seed_from_output
+        self.ranks = self.lens = np.zeros(0, dtype=np.int64)  # per row of a lookup: its class, its length
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         self.pool.clear()
@@ -70,8 +71,13 @@ class NgramProposer(Source):
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 step: StepContext | None = None) -> Candidates:
         cands = self.pool.lookup(int(seq[stop - 1]), limit)  # [G, N-1], most recent first
-        ranks = np.minimum(np.arange(cands.shape[0]), POOL_PRIORS.shape[0] - 1)
-        return single_class(cands, np.full(cands.shape[0], cands.shape[1], dtype=np.int64), ranks)
+        count = cands.shape[0]
+        if count == 0:
+            return no_candidates()
+        if self.ranks.shape[0] < count:  # (made once: every numpy call of a step's host work costs)
+            self.ranks = np.minimum(np.arange(count), POOL_PRIORS.shape[0] - 1)  # [G] each row's class
+            self.lens = np.full(count, cands.shape[1], dtype=np.int64)  # [G] every row is a whole n-gram
+        return single_class(cands, self.lens[:count], self.ranks[:count])
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Insert the n-grams that end inside the newly accepted tokens."""
