@@ -31,6 +31,7 @@ count back when it returns (numba's too).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -184,6 +185,7 @@ class Routing:
 
     def __post_init__(self) -> None:
         self.rows = np.asarray(self.rows, dtype=np.float64)
+        self.row_list = self.rows.tolist()  # the same, for bisect (no numpy call in a step)
         self.seconds = np.asarray(self.seconds, dtype=np.float64).reshape(len(self.routes), -1)
         self.level = np.zeros(self.seconds.shape)
         self.common = np.zeros(self.seconds.shape[1])
@@ -206,7 +208,7 @@ class Routing:
 
     def _point(self, q: int) -> int:
         """The grid point that prices a step of q rows (the first at or above q, the last past it)."""
-        return min(int(np.searchsorted(self.rows, q)), self.rows.shape[0] - 1)
+        return min(bisect.bisect_left(self.row_list, q), len(self.row_list) - 1)
 
     def route_for(self, q: int) -> Route:
         """The route a forward over q rows runs through now (a route being tried, else the chosen one)."""
@@ -217,7 +219,7 @@ class Routing:
         """The forward route_for gave for q rows took ``seconds`` (with its read-back, as measured)."""
         r, point = self.ran, self._point(q)
         self.ran = -1
-        if r < 0 or seconds <= 0 or q > self.rows[-1]:  # (a forward over more rows than measured says little)
+        if r < 0 or seconds <= 0 or q > self.row_list[-1]:  # (a forward over more rows than measured says little)
             return
         taken = math.log(seconds / self.seconds[r, point])
         recent = self.recent.setdefault((r, point), [])

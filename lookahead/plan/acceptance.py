@@ -118,6 +118,8 @@ class AcceptanceStats:
         self.horizon = horizon
         self.gain = GainCalibration()  # what trees yield against what they promise
         self.states: dict[str, Any] = {}  # what each source learns for itself, by source name (``state``)
+        self.latest: np.ndarray | None = None  # ``estimates`` as the counts now give them (None: counted since;
+        # shared by every caller, none of which writes to it)
 
     @property
     def depth(self) -> int:
@@ -138,8 +140,10 @@ class AcceptanceStats:
         that deep, and so never learn. Prior .5, strength 4, depth 1 seen 2 of 2 ->
         (2 + 4 * .5) / (2 + 4) = .67 there, and (0 + 4 * .67) / (0 + 4) = .67 at depth 2.
         """
-        return backoff_estimates(self.prior, self.seen_hits, self.seen_trials, self.weight, ESTIMATE_FLOOR,
-                                 ESTIMATE_CEILING)
+        if self.latest is None:  # (kept until the counts change: steps without a tree change nothing)
+            self.latest = backoff_estimates(self.prior, self.seen_hits, self.seen_trials, self.weight, ESTIMATE_FLOOR,
+                                            ESTIMATE_CEILING)
+        return self.latest
 
     def block(self, source: int, estimates: np.ndarray) -> np.ndarray:
         """Rows of ``estimates`` that belong to source number ``source``."""
@@ -150,6 +154,7 @@ class AcceptanceStats:
         if classes.shape[0] == 0:
             return
         count_tree(classes, depths, parents, path, self.seen_trials, self.seen_hits, self.weight, self.horizon)
+        self.latest = None
 
     def observe_gain(self, predicted: float, realised: int) -> None:
         """A step whose tree promised ``predicted`` tokens beyond the bonus one added ``realised``
