@@ -70,3 +70,27 @@ def test_a_decayed_scalar_is_a_one_slot_decayed_ratio():
     half = DecayedScalar(0.0, 0.0, 0.5)
     half.step(4, 2), half.step(2, 2)
     assert (half.num, half.den) == (4.0, 3.0)  # the docstring's example
+
+
+def test_step_slots_is_step_with_weights_zero_elsewhere():
+    from lookahead.core.learner import DecayedRatio
+    by_slots, by_weights = DecayedRatio(1.0, 2.0, 0.5, 3), DecayedRatio(1.0, 2.0, 0.5, 3)
+    by_slots.step_slots(4, 2, [(0, 0.25), (1, 0.75)])
+    assert by_slots.num.tolist() == [1.0, 3.0, 0.0] and by_slots.den.tolist() == [0.5, 1.5, 0.0]  # docstring
+    by_weights.step(4, 2, np.array([0.25, 0.75, 0.0]))
+    for num, den, slots in [(3.0, 1.0, [(2, 1.0)]), (0.5, 2.0, [(1, 0.4), (2, 0.6)])]:
+        by_slots.step_slots(num, den, slots)
+        weights = np.zeros(3)
+        for slot, weight in slots:
+            weights[slot] = weight
+        by_weights.step(num, den, weights)
+    assert np.array_equal(by_slots.values(), by_weights.values())
+
+
+def test_gain_calibration_counts_a_promise_at_the_two_levels_around_it():
+    from lookahead.plan.acceptance import GAIN_LEVELS, GainCalibration
+    calibration = GainCalibration()
+    assert calibration._weights(2.0) == [(3, 1.0)]  # on a level: that level alone
+    assert calibration._weights(100.0) == [(GAIN_LEVELS.shape[0] - 1, 1.0)]  # past the last: the last
+    (low, w_low), (high, w_high) = calibration._weights(3.0)  # between 2 and 4, by log distance
+    assert (low, high) == (3, 4) and abs(w_high - np.log(1.5) / np.log(2.0)) < 1e-12 and abs(w_low + w_high - 1) < 1e-12

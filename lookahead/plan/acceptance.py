@@ -72,7 +72,7 @@ class GainCalibration:
         if promised <= 0:
             self.ratio.step()
             return
-        self.ratio.step(yielded, promised, self._weights(promised))
+        self.ratio.step_slots(yielded, promised, self._weights(promised))
 
     def factors(self) -> np.ndarray:
         """[L] yielded / promised per level, with the prior, clipped to GAIN_RANGE."""
@@ -91,17 +91,16 @@ class GainCalibration:
         """(log levels [L], factors [L]): ``calibrated`` maps p to p * interp(log p, logs, factors)."""
         return self.logs, self.factors()
 
-    def _weights(self, promised: float) -> np.ndarray:
-        """[L] interpolation weights of ``promised`` on the levels (all on an end level beyond it)."""
-        at = min(max(math.log(promised), float(self.logs[0])), float(self.logs[-1]))  # (scalars: math, not numpy)
-        hi = bisect.bisect_left(self.log_list, at)
-        weights = np.zeros(self.logs.shape[0])
-        if hi == 0 or self.logs[hi] == at:
-            weights[hi] = 1.0
-            return weights
-        upper = (at - self.logs[hi - 1]) / (self.logs[hi] - self.logs[hi - 1])
-        weights[hi - 1], weights[hi] = 1.0 - upper, upper
-        return weights
+    def _weights(self, promised: float) -> list[tuple[int, float]]:
+        """The levels ``promised`` counts at, with their interpolation weights (all on an end level beyond
+        it): [(level, weight), ...], the levels not named weighing 0."""
+        logs = self.log_list
+        at = min(max(math.log(promised), logs[0]), logs[-1])  # (scalars: math and lists, not numpy)
+        hi = bisect.bisect_left(logs, at)
+        if hi == 0 or logs[hi] == at:
+            return [(hi, 1.0)]
+        upper = (at - logs[hi - 1]) / (logs[hi] - logs[hi - 1])
+        return [(hi - 1, 1.0 - upper), (hi, upper)]
 
 
 class AcceptanceStats:

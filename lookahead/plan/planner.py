@@ -48,6 +48,12 @@ def regime(do_sample: bool, temperature: float | None) -> str:
     return f"sample:{band}"
 
 
+# A trie without nodes, ranked: shared (no numpy call a step), never written to (left writable: a read-only
+# array is another type to numba's kernels, compiled again where one reaches them)
+NO_ORDER = np.zeros(0, dtype=np.int64)
+NO_PROBS = np.zeros(0)
+
+
 @dataclass(frozen=True)
 class DrawnChain:
     """A chain of tokens a draft DREW (sampling), as nodes of a scored trie."""
@@ -177,7 +183,7 @@ class Planner:
             tree, prob, nodes = prepend_chain(tree, prob, drawn.tokens[0, :length], classes, cond)
             chain = DrawnChain(drawn.tokens[0, :length], nodes, drawn.q)
         if tree.size == 0:
-            return RankedTree(tree, np.zeros(0, dtype=np.int64), np.zeros(0), None, seconds)
+            return RankedTree(tree, NO_ORDER, NO_PROBS, None, seconds)
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
         order = best_first_order(tree.parents, prob)  # [M]
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
