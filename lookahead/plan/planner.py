@@ -166,7 +166,7 @@ class Planner:
         """
         cap = self.config.max_tree_nodes
         if self.config.candidates == 0 or cap == 0 or room <= 1:
-            return RankedTree(empty_tree(), np.zeros(0, dtype=np.int64), np.zeros(0))
+            return self.nothing()
         estimates = self.acceptance.estimates()  # [C, D]
         chosen, drawn, seconds, built = self._propose(seq, stop, estimates, room)
         tree, prob = built if built is not None else scored_tree(chosen.tokens, chosen.lens, chosen.classes,
@@ -189,6 +189,11 @@ class Planner:
         order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
         probs = prob[order]  # [M] as the estimates say (choose_step calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
+
+    @staticmethod
+    def nothing() -> RankedTree:
+        """A ranked trie without nodes: a step that proposes nothing (no source asked)."""
+        return RankedTree(empty_tree(), NO_ORDER, NO_PROBS)
 
     def cut(self, ranked: RankedTree, size: int) -> TokenTree:
         """The first ``size`` nodes of a ranked trie (closed under parents), as the step's tree."""
