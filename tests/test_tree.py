@@ -198,3 +198,13 @@ def test_first_stop_cuts_at_eos_and_at_the_budget():
     assert new.tolist() == [5, 9] and done
     new, done = first_stop(np.array([2, 2]), np.array([2]), 1)  # EOS right at the budget's edge
     assert new.tolist() == [2] and done
+
+
+def test_contiguous_passes_an_array_that_is_already_so_and_copies_one_that_is_not():
+    from lookahead.core.arrays import contiguous
+    same = np.arange(3)
+    assert contiguous(same) is same
+    strided = contiguous(np.arange(6)[::2])
+    assert strided.tolist() == [0, 2, 4] and strided.flags.c_contiguous
+    floats = contiguous(np.arange(3), np.float64)
+    assert floats.dtype == np.float64 and floats.tolist() == [0.0, 1.0, 2.0]

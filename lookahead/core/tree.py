@@ -18,6 +18,7 @@ import numpy as np
 
 from ..kernels.trie import build_scored_trie, layout_mask, step_arrays, subtree_arrays
 from ..kernels.walk import accept_walk
+from .arrays import contiguous
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,6 @@ class StepLayout:
     tree_start: int  # first tree row = W * (N - 1)
 
 
-def as_int64(array: np.ndarray) -> np.ndarray:
-    """``array`` as int64: itself where it already is (a step's host work pays some 10 us a numpy call)."""
-    return array if array.dtype == np.int64 else array.astype(np.int64)
-
-
 def empty_tree() -> TokenTree:
     """A tree with no nodes."""
     none = np.zeros(0, dtype=np.int64)
@@ -60,7 +56,7 @@ def scored_tree(cands: np.ndarray, lens: np.ndarray, classes: np.ndarray, estima
     max_nodes nodes, each with its path probability under estimates[C, D]: (tree, prob[M])."""
     if cands.shape[0] == 0 or max_nodes <= 0:
         return empty_tree(), np.zeros(0)
-    tokens, parents, depths, cls, prob = build_scored_trie(as_int64(cands), as_int64(lens), as_int64(classes),
+    tokens, parents, depths, cls, prob = build_scored_trie(contiguous(cands), contiguous(lens), contiguous(classes),
                                                            estimates, max_nodes)
     return TokenTree(tokens, parents, depths, cls), prob
 
@@ -88,9 +84,8 @@ def prepend_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes
 
 def subtree(tree: TokenTree, nodes: np.ndarray) -> TokenTree:
     """The tree of the given nodes (closed under parents), renumbered in their original order."""
-    nodes = nodes if nodes.dtype == np.int64 and nodes.flags.c_contiguous else np.ascontiguousarray(nodes, np.int64)
     tokens, parents, depths, classes, closed = subtree_arrays(tree.tokens, tree.parents, tree.depths, tree.classes,
-                                                              nodes)
+                                                              contiguous(nodes))
     if not closed:
         raise ValueError("subtree: the nodes are not closed under parents")
     return TokenTree(tokens, parents, depths, classes)

@@ -66,7 +66,8 @@ def _warm_trees() -> None:
     none, zero = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     none.flags.writeable = zero.flags.writeable = False  # (the window's offsets, kept rows and, for x alone,
     # rows are cached read-only too: plan/window.py, decode/sequence.py)
-    step_arrays(zero, shared, none, 1, zero, tokens, parents, depths)
+    step_arrays(zero, shared, none, 1, zero, tokens, parents, depths)  # x alone
+    step_arrays(zero, shared, np.ones(1, dtype=np.int64), 1, zero, tokens, parents, depths)  # a window's rows
     subtree_arrays(tokens, parents, depths, np.zeros_like(tokens), np.zeros(1, dtype=np.int64))
     path_tokens(tokens, parents, depths)
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))

@@ -122,14 +122,7 @@ def step_arrays(window_offsets: np.ndarray, window_mask: np.ndarray, window_toke
     for i in range(count):
         offsets[start + i] = depths[i]
         tokens[start + i] = tree_tokens[i]
-    mask = np.zeros((size, size), dtype=np.bool_)  # [Q, Q] as layout_mask builds it
-    mask[:start, :start] = window_mask
-    for i in range(count):
-        mask[start + i, 0] = True
-        j = i
-        while j >= 0:
-            mask[start + i, start + j] = True
-            j = parents[j]
+    mask = layout_mask(window_mask, parents)  # [Q, Q]
     keep = np.empty(kept.shape[0] + count, dtype=np.int64)
     keep[:kept.shape[0]] = kept
     for i in range(count):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..core.arrays import contiguous
 from ..cost import CostModel
 from ..cost.curve import MIN_SECONDS
 from ..kernels.budget import forecast_options
@@ -64,11 +65,6 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
     return option, size
 
 
-def as_contiguous(array: np.ndarray, dtype: type) -> np.ndarray:
-    """``array`` C-contiguous of ``dtype``: itself where it is (no numpy call)."""
-    return array if array.dtype == dtype and array.flags.c_contiguous else np.ascontiguousarray(array, dtype=dtype)
-
-
 def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
                   cost: CostModel | None, cap: int, spent: float = 0.0, calibration: Calibration | None = None,
                   extra: float = 1.0, dearer: float = 1.0,
@@ -81,11 +77,8 @@ def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain:
     limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
     if cost is None:
         return window_rows.shape[0] - 1, limit, None
-    first = probs[0] if len(probs) == 1 else None
-    if first is not None and first.dtype == np.float64 and first.flags.c_contiguous:  # (no copy: a numpy call
-        table = first[None, :limit]  # [1, k]                                          # costs some 10 us here)
-    elif first is not None:
-        table = np.ascontiguousarray(first[:limit], dtype=np.float64)[None]  # [1, k]
+    if len(probs) == 1:
+        table = contiguous(probs[0][:limit], np.float64)[None]  # [1, k]
     else:
         table = np.zeros((len(probs), limit))  # [A, k]
         for a, row in enumerate(probs):
@@ -93,6 +86,6 @@ def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain:
     lengths = np.array([min(int(p.shape[0]), limit) for p in probs], dtype=np.int64)  # [A]
     logs, factors = calibration if calibration is not None else (NONE, NONE)
     option, size, tokens, seconds = forecast_options(
-        table, lengths, as_contiguous(window_rows, np.int64), as_contiguous(window_gain, np.float64), cost.rows,
+        table, lengths, contiguous(window_rows), contiguous(window_gain, np.float64), cost.rows,
         cost.seconds, MIN_SECONDS, limit, spent, logs, factors, LEAST_PROMISE, extra, dearer, share)
     return int(option), int(size), (float(tokens), float(seconds))

@@ -86,7 +86,7 @@ def kept_window_rows(width: int, ngram: int) -> np.ndarray:
         kept = np.zeros(1, dtype=np.int64)
     else:
         last = (ngram - 2) * width + np.arange(width)  # [w] rows of the last level
-        kept = last if ngram == 2 else np.concatenate([[0], last]).astype(np.int64)  # [w] or [1 + w]
+        kept = last if ngram == 2 else np.concatenate([[0], last])  # [w] or [1 + w]
     kept.flags.writeable = False
     return kept
 

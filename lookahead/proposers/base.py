@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..core.tree import as_int64
+from ..core.arrays import contiguous
 
 if TYPE_CHECKING:
     from ..core.tree import TokenTree
@@ -71,7 +71,7 @@ def single_class(tokens: np.ndarray, lens: np.ndarray, labels: np.ndarray) -> Ca
     """Candidates whose tokens all carry their row's label labels[G]."""
     classes = np.empty(tokens.shape, dtype=np.int64)  # [G, L]
     classes[...] = labels[:, None]
-    return Candidates(as_int64(tokens), as_int64(lens), classes)
+    return Candidates(contiguous(tokens), contiguous(lens), classes)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.arrays import contiguous
 from ..kernels.recycle import grow_recycled_tree, table_learn, tree_paths
 from ..kernels.topk import top_entries
 from .base import Candidates, Source, StepContext, no_candidates
@@ -88,15 +89,9 @@ class AdjacencyTable:
         count, width = tokens.shape[0], self.width
         top = np.ascontiguousarray(top[:, :width], dtype=np.int64)  # [K, R]
         buckets = np.zeros_like(top) if buckets is None else np.ascontiguousarray(buckets[:, :width], dtype=np.int64)
-        prev = np.full(count, -1, dtype=np.int64) if prev is None else contiguous_int64(prev)
-        table_learn(contiguous_int64(tokens), prev, top, buckets, BUCKETS, self.successors, self.confidence,
+        prev = np.full(count, -1, dtype=np.int64) if prev is None else contiguous(prev)
+        table_learn(contiguous(tokens), prev, top, buckets, BUCKETS, self.successors, self.confidence,
                     self.pair_keys, self.pair_successors, self.pair_confidence)
-
-
-def contiguous_int64(array: np.ndarray) -> np.ndarray:
-    """``array`` as C-contiguous int64: itself where it is (a numpy call costs some 10 us in a step's host
-    work)."""
-    return array if array.dtype == np.int64 and array.flags.c_contiguous else np.ascontiguousarray(array, np.int64)
 
 
 class RecyclingProposer(Source):
