@@ -254,3 +254,20 @@ def test_the_engine_refuses_past_its_queue_and_bad_requests():
             engine.stop()
 
     asyncio.run(main())
+
+
+def test_an_open_batch_runs_outside_inference_mode_through_a_trace():
+    """join / step / leave take no grad context from the caller: a traced step writes its cache through views
+    that autograd would refuse to let it modify (it raised once, stepped outside inference mode)."""
+    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True))
+    assert gen.target.traced is not None
+    gen.target.traced.patience = 0.0  # traced from the first step
+    run = gen.open_batch()
+    seqs = [run.join(np.array(p), decoding(gen, p, 16)) for p in PROMPTS[:2]]
+    out = {}
+    while run.active:
+        for seq in run.step():
+            out[seqs.index(seq)] = seq.finish()[len(PROMPTS[seqs.index(seq)]):].tolist()
+    assert gen.target.traced.traces, "no trace was made: the test would show nothing"
+    assert any(route.endswith("traced") for route in run.stats.routes)
+    assert out == {i: alone(gen.model, PROMPTS[i], 16) for i in range(2)}

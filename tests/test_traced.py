@@ -193,18 +193,18 @@ def test_one_trace_serves_one_row_and_many_once_checked_at_each():
     steps of one row and of several, each row class checked once on its first step."""
     gen = traced_generator("llama", MIXED)
     checks = []
-    agrees = traced.agrees
+    agreed = traced.agreed
 
-    def checking(eager, trace, inputs):
+    def checking(eager, trace, inputs, in_place=False):
         checks.append(inputs[0].shape[1])
-        return agrees(eager, trace, inputs)
+        return agreed(eager, trace, inputs, in_place)
 
-    traced_agrees, traced.agrees = traced.agrees, checking
+    traced_agreed, traced.agreed = traced.agreed, checking
     try:
         ids = prompt(2)
         out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
     finally:
-        traced.agrees = traced_agrees
+        traced.agreed = traced_agreed
     assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
     forwards = gen.target.traced
     assert list(forwards.traces) == [traced.TraceKey("any", True)], forwards.traces
@@ -220,15 +220,16 @@ def test_a_row_class_where_the_trace_disagrees_runs_eagerly(monkeypatch):
     """The trace agrees at the row class it was made at and not at the other: steps of that class run
     eagerly, and the decode stays exact."""
     gen = traced_generator("llama", MIXED)
-    agrees = traced.agrees
+    agreed = traced.agreed
     first = []  # the row class of the first step checked: where the trace is made
 
-    def checking(eager, trace, inputs):
+    def checking(eager, trace, inputs, in_place=False):
         here = traced.row_class(inputs[0].shape[1])
         first.append(first[0] if first else here)
-        return agrees(eager, trace, inputs) and here == first[0]
+        logits, seconds = agreed(eager, trace, inputs, in_place)
+        return (logits if here == first[0] else None), seconds
 
-    monkeypatch.setattr(traced, "agrees", checking)
+    monkeypatch.setattr(traced, "agreed", checking)
     ids = prompt(2)
     out = gen.generate(ids, max_new_tokens=NEW, eos_token_id=NO_EOS)
     assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
@@ -272,13 +273,14 @@ def test_a_trace_serves_another_batch_size_once_checked_there(monkeypatch):
         assert forwards is not None and forwards.traces and all({b for b, _ in s} == {1} for s in forwards.checked.values())
         made = dict(forwards.traces)
         checks = []
-        agrees = traced.agrees
+        agreed = traced.agreed
 
-        def checking(eager, trace, inputs, fails=fails):
+        def checking(eager, trace, inputs, in_place=False, fails=fails):
             checks.append(inputs[0].shape[0])
-            return False if fails and inputs[0].shape[0] > 1 else agrees(eager, trace, inputs)
+            logits, seconds = agreed(eager, trace, inputs, in_place)
+            return (None if fails and inputs[0].shape[0] > 1 else logits), seconds
 
-        monkeypatch.setattr(traced, "agrees", checking)
+        monkeypatch.setattr(traced, "agreed", checking)
         padded, mask = left_padded(PROMPTS)
         out = gen.generate(padded, attention_mask=mask, max_new_tokens=20, eos_token_id=NO_EOS)
         for i, tokens in enumerate(PROMPTS):
@@ -388,3 +390,42 @@ def test_weights_loaded_in_place_of_the_traced_ones_are_traced_again():
     gen.model.load_state_dict({k: v.clone() for k, v in other.items()}, assign=True)
     out = gen.generate(ids, max_new_tokens=12, eos_token_id=NO_EOS)
     assert torch.equal(out, reference(gen.model, ids, 12, eos_token_id=NO_EOS))
+
+
+def _writes(value: float):
+    """A forward that writes ``value`` into slot 0 of the buffer and returns the tokens as its logits."""
+    def forward(tokens, positions, keep, past, buffer, route):
+        buffer[0] = value
+        return tokens.float()
+    return forward
+
+
+def _step(buffer):
+    tokens = torch.arange(3)[None]
+    return tokens, tokens, torch.arange(3), torch.zeros(0), buffer, torch.tensor(0)
+
+
+def test_a_check_in_place_keeps_the_traces_writes_where_it_agrees():
+    buffer = torch.zeros(4)
+    logits, seconds = traced.agreed(_writes(1.0), _writes(1.0), _step(buffer), in_place=True)
+    assert logits is not None and torch.equal(logits, torch.arange(3.0)[None]) and seconds >= 0.0
+    assert buffer.tolist() == [1.0, 0.0, 0.0, 0.0], "the step's own buffer holds the replay's writes"
+
+
+def test_a_check_in_place_leaves_the_eager_forwards_writes_where_it_disagrees():
+    buffer = torch.zeros(4)
+    logits, _ = traced.agreed(_writes(1.0), _writes(2.0), _step(buffer), in_place=True)
+    assert logits is None
+    assert buffer.tolist() == [1.0, 0.0, 0.0, 0.0], "the buffer holds what an eager step writes"
+    copy = torch.zeros(4)
+    assert traced.agreed(_writes(1.0), _writes(1.0), _step(copy))[0] is not None and not copy.any(), \
+        "a check on copies leaves the buffer as it was"
+
+
+def test_same_is_to_the_bit():
+    nan = torch.tensor([float("nan"), 1.0])
+    assert traced.same(nan, nan.clone())
+    assert not traced.same(torch.tensor([0.0]), torch.tensor([-0.0]))
+    assert not traced.same(torch.ones(2), torch.ones(3)) and not traced.same(torch.ones(2), torch.ones(2).double())
+    half = torch.ones(2, dtype=torch.bfloat16)
+    assert traced.same(half, half.clone()) and not traced.same(half, half + 1)

@@ -188,6 +188,7 @@ class DecodeRun:
         self.past = mask.shape[1] - 1
         self.x_pos = positions[:, -1].copy()  # [B]
 
+    @torch.inference_mode()
     def step(self) -> list[Sequence]:
         """One step of every active sequence: 1. propose, 2. build the trees, 3. one forward,
         4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn.
@@ -259,6 +260,7 @@ class DecodeRun:
         bounds = np.cumsum([0] + [seq.staged_size(p) for seq, p in zip(seqs, plans)])
         return [host[bounds[a]:bounds[a + 1]] for a in range(len(seqs))]
 
+    @torch.inference_mode()
     def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, room: int | None = None) -> Sequence:
         """A sequence decoding ``prompt`` [T] joins the batch at the next step.
 
@@ -301,6 +303,7 @@ class DecodeRun:
         self.past = width
         self.x_pos = np.append(self.x_pos, length)
 
+    @torch.inference_mode()
     def leave(self, seq: Sequence) -> None:
         """``seq`` leaves the batch before the next step (a cancelled request; its cache row too)."""
         if seq not in self.active:
