@@ -207,6 +207,18 @@ def test_refine_curve_worked_example():
     assert np.allclose(seen, [1.5, 0.5]) and np.isclose(mean[1], np.log(8.0))
 
 
+def test_refine_curve_never_prices_an_unshown_point_above_a_larger_shown_one():
+    from lookahead.kernels.curve import refine_curve
+
+    rows, start = np.array([1.0, 2.0, 3.0]), np.array([5.0, 2.0, 3.0])
+    seen, mean, seconds = np.array([0.0, 9.0, 0.0]), np.zeros(3), np.zeros(3)
+    refine_curve(rows, start, seen, mean, seconds, 2.0, 2.0, 0.1, 4.0, 9, 8.0)  # (one more step at 2 rows, on the curve)
+    assert np.allclose(seconds, [2.0, 2.0, 3.0])  # 1 row: 5 lowered to 2; 3 rows above 2 stays
+    seen[0] = 4.0  # once steps have shown the one-row point it keeps its own price, dip or not
+    refine_curve(rows, start, seen, mean, seconds, 2.0, 2.0, 0.1, 4.0, 10, 8.0)
+    assert seconds[0] > 4.9
+
+
 def test_table_learn_worked_example_and_last_row_wins():
     from lookahead.kernels.recycle import pair_slot, table_learn
 

@@ -149,3 +149,29 @@ def test_kept_slots_of_one_sequence_tell_in_place_by_its_last_row():
     rows, counts, in_place = kept_slots([np.array([0, 2, 5])])  # a tree path past a skipped sibling
     assert rows.tolist() == [[0, 2, 5]] and counts.tolist() == [3] and not in_place
     assert kept_slots([np.array([0])])[2]  # x alone stays where it is
+
+
+def test_a_step_through_a_route_being_tried_refines_neither_the_curve_nor_the_check(monkeypatch):
+    """The loop leaves a tried route's step out of the budget's learning (decode/loop.py, 6. learn)."""
+    from conftest import tiny_model
+    from lookahead import LookaheadConfig, LookaheadGenerator
+    from lookahead.cost.curve import CostModel
+    from lookahead.plan.choice import StepChooser
+
+    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=False))
+    observed, settled = [], []
+    real_route = type(gen.target).route
+
+    def route(self, batch, rows):
+        picked = real_route(self, batch, rows)
+        self.trying = len(settled) % 2 == 1  # every other step "tries" a route
+        return picked
+
+    real_observe, real_settle = CostModel.observe, StepChooser.settle
+    monkeypatch.setattr(type(gen.target), "route", route)
+    monkeypatch.setattr(CostModel, "observe", lambda self, q, s: (observed.append(len(settled)), real_observe(self, q, s)))
+    monkeypatch.setattr(StepChooser, "settle", lambda self, t, s: (settled.append(s), real_settle(self, t, s)))
+    gen.generate(torch.tensor([[5, 9, 13, 17] * 3]), max_new_tokens=12)
+    assert gen.cost is not None and len(settled) == gen.last_stats.steps >= 6
+    assert [s is None for s in settled] == [i % 2 == 1 for i in range(len(settled))]
+    assert observed == [i for i in range(len(settled)) if i % 2 == 0]

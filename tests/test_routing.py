@@ -260,3 +260,17 @@ def test_a_slow_spell_the_chosen_route_meets_does_not_hand_its_row_count_to_a_ro
     for _ in range(TRY_STEPS):
         run(r, 4, took(4))
     assert r.route_for(1) == KERNEL2 and r.route_for(4) == KERNEL2
+
+
+def test_a_step_through_a_route_being_tried_says_so():
+    """``trying`` marks exactly the steps that ran a route other than the row count's choice (the decode
+    loop then leaves them out of the budget's cost curve: they price a route no chosen step runs)."""
+    r = routing()
+    quiet = lambda route: r.seconds[r.routes.index(route), 0]
+    flags = []
+    for _ in range(3 * EXPLORE_FIRST):
+        route = r.route_for(1)
+        flags.append((route != KERNEL2, r.trying))
+        r.observe(1, quiet(route))
+    assert any(tried for tried, _ in flags), "no route was tried: the test would show nothing"
+    assert all(tried == trying for tried, trying in flags)

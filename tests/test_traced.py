@@ -429,3 +429,49 @@ def test_same_is_to_the_bit():
     assert not traced.same(torch.ones(2), torch.ones(3)) and not traced.same(torch.ones(2), torch.ones(2).double())
     half = torch.ones(2, dtype=torch.bfloat16)
     assert traced.same(half, half.clone()) and not traced.same(half, half + 1)
+
+
+def test_a_batch_size_is_not_checked_once_two_others_of_several_agreed():
+    """Agreement at batch sizes 2 and 3 covers 4 for the same row class (``TracedForward.serves``): a batch of
+    four runs through the trace with no check of its own there, and stays exact."""
+    from test_batch import PROMPTS, alone, left_padded
+
+    gen = traced_generator("llama", LookaheadConfig(traced_forward=True, window=2, ngram=3))
+    checks = []
+    agreed = traced.agreed
+
+    def checking(eager, trace, inputs, in_place=False):
+        checks.append(traced.shape_of(inputs[0]))
+        return agreed(eager, trace, inputs, in_place)
+
+    traced.agreed, saved = checking, traced.agreed
+    try:
+        for size in (2, 3):
+            ids, mask = left_padded(PROMPTS[:size])
+            gen.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=NO_EOS)
+        forwards = gen.target.traced
+        key = traced.TraceKey("any", True)
+        confirmed = {r for r in ("1", "2+") if {(2, r), (3, r)} <= forwards.checked[key]}
+        assert confirmed, f"no row class agreed at both sizes: the test would show nothing ({forwards.checked})"
+        checks.clear()
+        ids, mask = left_padded(PROMPTS)
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=NO_EOS)
+    finally:
+        traced.agreed = saved
+    for i, tokens in enumerate(PROMPTS):
+        assert out[i, ids.shape[1]:].tolist() == alone(gen.model, tokens, 20), f"row {i}"
+    assert not [c for c in checks if c[0] == len(PROMPTS) and c[1] in confirmed], checks
+    stats = gen.last_stats
+    assert any(route.endswith("traced") for route in stats.routes)
+    assert forwards.serves(key, (8, next(iter(confirmed))))
+
+
+def test_a_refusal_at_one_batch_size_leaves_every_other_to_its_own_check():
+    forwards = traced_generator("llama").target.traced
+    key = traced.TraceKey("any", True)
+    forwards.checked[key] = {(2, "2+"), (3, "2+")}
+    assert forwards.serves(key, (4, "2+")) and not forwards.serves(key, (4, "1"))
+    assert not forwards.serves(key, (1, "2+")), "one sequence is a class of its own"
+    forwards.checked[key] = {(2, "2+"), (3, "2+")}
+    forwards.refused.add((key, (5, "2+")))
+    assert not forwards.serves(key, (4, "2+")) and forwards.serves(key, (3, "2+"))

@@ -235,10 +235,14 @@ class DecodeRun:
         changes = marks[-1] - changed
         one_off = self.target.one_off
         target_seconds = max(seconds - spent - changes - one_off, 0.0)
+        # A step through a route its routing was trying (routing.py) says what that route costs, not what the
+        # steps the budget prices cost: it refines neither the curve nor the speculation check's times.
         count, width = rows.tokens.shape
-        self.chooser.observe(width, target_seconds)  # the batch's cost curve
+        timed = not self.target.trying
+        if timed:
+            self.chooser.observe(width, target_seconds)  # the batch's cost curve
         accepted = sum(seq.stats.accepted[-1] for seq in seqs)  # tokens the step gave, all sequences
-        self.chooser.settle(accepted, seconds - changes - one_off)  # ... and what was forecast of it
+        self.chooser.settle(accepted, seconds - changes - one_off if timed else None)  # ... and its forecast
         # The route is re-checked on the forward and its read-back alone (what its measurement timed): the
         # host's own work (joins, compaction, a draft) is the same whichever route ran, noise to it.
         self.target.observe(count, width, marks[4] - marks[2] - one_off)

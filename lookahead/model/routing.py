@@ -178,6 +178,7 @@ class Routing:
     recent: dict[tuple[int, int], list[float]] = field(init=False, default_factory=dict)  # the last RECENT
     # log ratios per (route, grid point)
     ran: int = field(init=False, default=-1)  # the route the last route_for gave
+    trying: bool = field(init=False, default=False)  # ... and whether it was a try (not the row count's choice)
     since: int = field(init=False, default=0)  # steps since the runner-up was last tried
     interval: int = field(init=False, default=EXPLORE_FIRST)  # steps between tries of the runner-up
     rounds: int = field(init=False, default=0)  # re-checks started (drift or schedule)
@@ -212,6 +213,7 @@ class Routing:
 
     def route_for(self, q: int) -> Route:
         """The route a forward over q rows runs through now (a route being tried, else the chosen one)."""
+        self.trying = bool(self.queue)
         self.ran = self.queue.pop(0) if self.queue else int(self.choice[self._point(q)])
         return self.routes[self.ran]
 

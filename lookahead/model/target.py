@@ -107,6 +107,7 @@ class Target:
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         self.one_off = 0.0  # seconds of the latest step spent on one-off work (making a trace, capturing a graph),
         # not its forward
+        self.trying = False  # the latest step ran a route its routing was trying (routing.py), not the chosen one
         embedding = cast(torch.Tensor, model.get_input_embeddings().weight)  # [V, hidden]
         self.device = input_device(model)
         self.dtype = embedding.dtype
@@ -155,6 +156,7 @@ class Target:
         routing = self.routing(batch)
         route = routing.route_for(rows) if routing is not None else None
         self.last_route = route.label if route is not None else ""
+        self.trying = routing is not None and routing.trying
         return route
 
     def observe(self, batch: int, rows: int, seconds: float) -> None:
@@ -203,7 +205,7 @@ class Target:
         """
         dev = self.device
         count, rows = tokens.shape
-        self.one_off = 0.0
+        self.one_off, self.trying = 0.0, False
         if self.graphs is not None and slots is None:
             arena = arena_of(cache)
             if arena is not None and arena.buffer is not None and arena.buffer.shape[2] == 1:

@@ -31,10 +31,11 @@ cannot be made) is never used for its key; those steps run eagerly. The
 number of sequences and the number of rows are sizes like the others, so
 one trace serves every batch and step length, once it agreed with the eager
 forward on a step of that ``Shape`` (a batch size, and one row or several:
-where transformers' code would branch on a single row); a shape it has not
-met is checked on its first step (one eager and one traced forward on
-copies of the cache, not a new trace), and a shape where it disagrees runs
-eagerly. Target gives a traced model's one-row steps a mask too, so that
+where transformers' code would branch on a single row), or for several
+sequences on steps of two other batch sizes of several (``serves``); a shape
+it does not serve yet is checked on its first step (the eager forward on a
+copy of the cache, the trace replayed in place, compared to the bit), and a
+shape where it disagrees runs eagerly. Target gives a traced model's one-row steps a mask too, so that
 one trace serves every step of a process (a trace costs about a second to
 make; an unmasked one-row step is no faster replayed).
 
@@ -209,10 +210,31 @@ class TracedForward:
         return (weight.data_ptr(), weight.dtype, weight.device) if weight is not None else ()
 
     def ready(self, key: TraceKey, shape: Shape) -> bool:
-        """Whether ``key``'s trace is made and was checked at ``shape``: a step of that shape replays it, with
-        nothing to make or check (the caller then sets only the route's threads, ``step(replay_only=True)``,
-        which finds moved weights and returns None)."""
-        return shape in self.checked.get(key, ())
+        """Whether ``key``'s trace is made and serves ``shape`` (``serves``): a step of that shape replays it,
+        with nothing to make or check (the caller then sets only the route's threads,
+        ``step(replay_only=True)``, which finds moved weights and returns None)."""
+        return self.serves(key, shape)
+
+    def serves(self, key: TraceKey, shape: Shape) -> bool:
+        """Whether ``key``'s trace serves steps of ``shape`` with no check: it agreed at that shape, or (several
+        sequences) at two other batch sizes of several with the same row class and was refused at none. A
+        batch size that transformers' Python turned into a constant of the trace (an ``int()`` of a size)
+        shows at every batch size but the one it was made at, so two sizes that agree rule it out; only a
+        branch on particular sizes above one would not show, which no tested model has.
+
+        Checked at (2, "2+") and (3, "2+"): (4, "2+") and (8, "2+") served; (4, "1") not (another row
+        class), nor (1, "2+") (one sequence is a class of its own)."""
+        checked = self.checked.get(key)
+        if checked is None:
+            return False
+        if shape in checked:
+            return True
+        count, rows = shape
+        if count < 2 or len({a for a, r in checked if r == rows and a >= 2}) < 2 \
+                or any(k == key and a >= 2 and r == rows for k, (a, r) in self.refused):
+            return False
+        checked.add(shape)  # (found at once from now on)
+        return True
 
     def step(self, key: TraceKey, route: str | None, arena: Arena, tokens: torch.Tensor, positions: torch.Tensor,
              mask: torch.Tensor | None, keep: torch.Tensor, past: int,
@@ -235,7 +257,7 @@ class TracedForward:
                 or any(layer.length != past for layer in arena.members):
             return None
         trace = self.traces.get(key)
-        if replay_only and (trace is None or shape not in self.checked[key]):
+        if replay_only and (trace is None or not self.serves(key, shape)):
             return None
         if trace is None and not self.due(key):
             return None
@@ -247,7 +269,7 @@ class TracedForward:
                           else ROUTE_CODES.get(route or "torch", 0)]
         inputs = (tokens, positions, keep, self._past(past, buffer), buffer, code) \
             + ((mask,) if mask is not None else ())
-        if trace is not None and shape not in self.checked[key]:
+        if trace is not None and not self.serves(key, shape):
             began = time.perf_counter()
             checked, forward = self._checked_at(key, trace, inputs)  # the step itself, checked as it runs
             self.one_off = time.perf_counter() - began - forward

@@ -75,12 +75,13 @@ class StepChooser:
                                                spent, self.acceptance.calibration(), *self.corrections(), share)
         return int(self.widths[option]), size, expected
 
-    def settle(self, tokens: int, seconds: float) -> None:
-        """The step ``decide`` shaped gave ``tokens`` in ``seconds``: learn how far off its forecast was."""
-        if self.forecast is not None:
+    def settle(self, tokens: int, seconds: float | None) -> None:
+        """The step ``decide`` shaped gave ``tokens`` in ``seconds``: learn how far off its forecast was (None:
+        its time says nothing of the forecast, e.g. it ran a route being tried; nothing is learned)."""
+        if self.forecast is not None and seconds is not None:
             kind, sequences, expected_tokens, expected_seconds = self.forecast
             self.check.observe(kind, sequences, (expected_tokens, expected_seconds), (float(tokens), seconds))
-            self.forecast = None
+        self.forecast = None
 
     def rows(self, width: int) -> int:
         """Rows the window takes at ``width`` columns (x included)."""
