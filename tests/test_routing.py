@@ -64,11 +64,11 @@ def test_a_machine_that_gets_busy_moves_to_one_thread_and_back_when_quiet():
     """Another process takes a core: two-thread routes run 3x slower, one-thread ones as measured."""
     r = routing()
     busy = lambda route: r.seconds[r.routes.index(route), 0] * (3.0 if route.threads == 2 else 1.0)
-    tried = 3 * TRY_STEPS
+    tried = 2 * TRY_STEPS
     seen = [run(r, 1, busy) for _ in range(1 + tried + 4)]
     assert seen[0] == KERNEL2 and r.rounds == 1  # the first slow step starts a re-check ...
-    assert sorted(seen[1:1 + tried], key=str) == sorted([TORCH2, TORCH1, KERNEL1] * TRY_STEPS, key=str)  # ... every
-    # other route runs its try ...
+    assert seen[1:1 + tried] == [TORCH2] * TRY_STEPS + [KERNEL1] * TRY_STEPS  # ... the fastest other route of each
+    # thread count runs its try ...
     assert seen[1 + tried:] == [KERNEL1] * 4 and r.route_for(1) == KERNEL1  # ... and one thread wins
     quiet = lambda route: r.seconds[r.routes.index(route), 0]
     seen = [run(r, 1, quiet) for _ in range(EXPLORE_FIRST + 4)]
@@ -118,11 +118,11 @@ def test_an_unlucky_try_is_corrected_by_a_later_one():
     def busy(route):
         slow = 3.0 if route.threads == 2 else 1.0
         if route == KERNEL1 and unlucky[0]:  # its whole try in the re-check hit a burst
-            unlucky[0], slow = unlucky[0] - 1, 2.0
+            unlucky[0], slow = unlucky[0] - 1, 3.0
         return r.seconds[r.routes.index(route), 0] * slow
 
-    seen = [run(r, 1, busy) for _ in range(1 + 3 * TRY_STEPS + 2)]
-    assert seen[-1] == TORCH1  # chosen on the unlucky try
+    seen = [run(r, 1, busy) for _ in range(1 + 2 * TRY_STEPS + 2)]
+    assert seen[1:1 + 2 * TRY_STEPS].count(KERNEL1) == TRY_STEPS and seen[-1] == KERNEL2  # kept on the unlucky try
     seen = [run(r, 1, busy) for _ in range(4 * EXPLORE_BUSY)]
     assert seen[-1] == KERNEL1  # the estimated runner-up's scheduled try won it back
 
@@ -154,8 +154,9 @@ def test_a_route_slow_at_one_row_count_keeps_its_place_at_another():
             route = r.route_for(q)
             r.observe(q, took(route, q))
             seen[q].append(route)
-    assert seen[1][-10:].count(KERNEL1) >= 9 and r.route_for(1) == KERNEL1
-    assert seen[4][-10:].count(KERNEL2) >= 9 and r.route_for(4) == KERNEL2
+    chosen = lambda q: r.routes[int(r.choice[r._point(q)])]
+    assert seen[1][-10:].count(KERNEL1) >= 10 - TRY_STEPS and chosen(1) == KERNEL1  # (a scheduled try may fall
+    assert seen[4][-10:].count(KERNEL2) >= 10 - TRY_STEPS and chosen(4) == KERNEL2  # among the last steps)
 
 
 def test_a_forward_over_more_rows_than_measured_is_not_counted():

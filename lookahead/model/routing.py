@@ -12,8 +12,12 @@ loop re-checks that choice while it runs:
 
 - the chosen route's steps follow how much slower or faster than measured the
   machine runs now; when that moves ``RECHECK`` times from where it stood at
-  the choice (the machine got busy or quiet), every other route runs
-  TRY_STEPS real steps and the choice is made again;
+  the choice (the machine got busy or quiet), the fastest other route of
+  each thread count (as estimated now) runs TRY_STEPS real steps and the
+  choice is made again: a load moves routes apart by their threads, so the
+  others of a count would only repeat what its fastest shows (trying all five
+  after a 1.5x drift cost four sequences' steps on two cores 15 steps at
+  1.6-3.5x the chosen route's, again at each row count and batch size);
 - a runner-up also runs TRY_STEPS steps on a schedule (``EXPLORE_FIRST``
   steps, doubling while it loses), so a load that ended, or one unlucky step,
   does not keep a fast route off for good.
@@ -248,7 +252,7 @@ class Routing:
             return
         self.since += 1
         if abs(self.common[point] - self.chosen_common[point]) > math.log(RECHECK):
-            self._recheck([i for i in range(len(self.routes)) if i != r])
+            self._recheck(self._fastest_others(r, point))
         elif self.since >= self.interval and len(self.routes) > 1:
             # The runner-up as measured (a route slowed by a load that has gone looks no better now than
             # then) and, every other time, as estimated now (one unlucky step may have sunk it).
@@ -257,6 +261,18 @@ class Routing:
             ahead[r] = np.inf
             self.scheduled += 1
             self._recheck([int(np.argmin(ahead))])
+
+    def _fastest_others(self, chosen: int, point: int) -> list[int]:
+        """The fastest route now at ``point`` of each thread count, ``chosen`` left out, by thread count.
+
+        Routes torch x2, kernel x2, torch x1, kernel x1 estimated 3, 2, 4, 2.5 at a point where kernel x2
+        runs -> [torch x2, kernel x1]."""
+        now = self._now()[:, point]  # [R]
+        best: dict[int, int] = {}
+        for i, route in enumerate(self.routes):
+            if i != chosen and (route.threads not in best or now[i] < now[best[route.threads]]):
+                best[route.threads] = i
+        return [best[threads] for threads in sorted(best, reverse=True)]
 
     def _recheck(self, routes: list[int]) -> None:
         """Run these routes for TRY_STEPS steps each, then choose again."""
