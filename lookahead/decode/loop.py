@@ -188,13 +188,20 @@ class DecodeRun:
         self.past = mask.shape[1] - 1
         self.x_pos = positions[:, -1].copy()  # [B]
 
-    @torch.inference_mode()
     def step(self) -> list[Sequence]:
         """One step of every active sequence: 1. propose, 2. build the trees, 3. one forward,
         4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn.
 
         Returns the sequences that finished in it (they have left the batch; ``Sequence.finish``
-        is the caller's: ``decode`` finishes them all at the end)."""
+        is the caller's: ``decode`` finishes them all at the end). Runs in inference mode, entered
+        here where the caller has not (a server's loop, generate: already in it)."""
+        if torch.is_inference_mode_enabled():
+            return self._step()
+        with torch.inference_mode():
+            return self._step()
+
+    def _step(self) -> list[Sequence]:
+        """``step``, in inference mode."""
         clock = time.perf_counter
         marks = [clock()]  # the end of each phase (stats.PHASES)
         seqs = list(self.active)
