@@ -67,21 +67,24 @@ def serve(gen: LookaheadGenerator, prompts: list[np.ndarray], clients: int, new:
     wall = time.perf_counter() - began
     stats = run.stats
     tokens = {i: seq.finish()[len(prompts[i]):].tolist() for i, seq in seqs.items()}
-    steps = [(k[0], k[1], acc, sec, k[2], k[3]) for k, acc, sec in zip(kinds, stats.accepted, stats.step_seconds)]
+    steps = [(k[0], k[1], acc, sec, k[2], k[3], host)
+             for k, acc, sec, host in zip(kinds, stats.accepted, stats.step_seconds, stats.host_seconds)]
     return {"tokens_per_s": sum(stats.accepted) / wall, "new_tokens": sum(stats.accepted), "steps": stats.steps,
             "wall_s": wall, "join_s": joins, "step_s": sum(stats.step_seconds), "host_s": sum(stats.host_seconds),
             "step_kinds": steps, "tokens": tokens}
 
 
 def by_kind(steps: list[tuple]) -> dict[str, dict[str, float]]:
-    """Steps grouped by (kind, sequences): count, mean ms, tokens a step, tokens/s, forecast tokens and ms."""
+    """Steps grouped by (kind, sequences): count, mean ms (and the host's share), tokens a step, tokens/s, forecast
+    tokens and ms."""
     groups: dict[str, list[tuple]] = defaultdict(list)
     for kind, sequences, *rest in steps:
         groups[f"{kind} x{sequences}"].append(tuple(rest))
     table = {}
     for key, rows in sorted(groups.items()):
-        accepted, seconds, forecast_tokens, forecast_seconds = (np.array(c, dtype=float) for c in zip(*rows))
-        table[key] = {"steps": len(rows), "ms": 1e3 * seconds.mean(), "tokens": accepted.mean(),
+        accepted, seconds, forecast_tokens, forecast_seconds, host = (np.array(c, dtype=float) for c in zip(*rows))
+        table[key] = {"steps": len(rows), "ms": 1e3 * seconds.mean(), "host_ms": 1e3 * host.mean(),
+                      "tokens": accepted.mean(),
                       "tokens_per_s": accepted.sum() / seconds.sum() if seconds.sum() > 0 else 0.0,
                       "forecast_tokens": forecast_tokens.mean(), "forecast_ms": 1e3 * forecast_seconds.mean()}
     return table
@@ -174,7 +177,8 @@ def main(model_name: str, dataset: str, limit: int, offset: int, warmup_dataset:
             click.echo(f"  {name}: {n['tokens_per_s']:.1f} tokens/s, {n['steps']} steps, joins {n['join_s']:.2f} s, "
                        f"steps {n['step_s']:.2f} s (host {n['host_s']:.2f})")
             for key, k in n["by_kind"].items():
-                click.echo(f"    {key:<10} {k['steps']:4d} steps {k['ms']:6.1f} ms {k['tokens']:5.2f} tokens "
+                click.echo(f"    {key:<10} {k['steps']:4d} steps {k['ms']:6.1f} ms (host {k['host_ms']:.2f}) "
+                           f"{k['tokens']:5.2f} tokens "
                            f"{k['tokens_per_s']:6.1f} tokens/s (forecast {k['forecast_tokens']:.2f} in "
                            f"{k['forecast_ms']:.1f} ms)")
     click.echo(f"wrote {out}")

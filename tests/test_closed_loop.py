@@ -28,8 +28,10 @@ def test_both_loops_give_every_request_the_same_tokens():
 
 
 def test_by_kind_groups_steps_by_kind_and_sequences():
-    steps = [("plain", 2, 2, 0.02, 2.0, 0.025), ("tree", 2, 5, 0.04, 6.0, 0.03), ("plain", 2, 2, 0.03, 2.0, 0.025)]
+    steps = [("plain", 2, 2, 0.02, 2.0, 0.025, 0.001), ("tree", 2, 5, 0.04, 6.0, 0.03, 0.002),
+             ("plain", 2, 2, 0.03, 2.0, 0.025, 0.002)]
     table = by_kind(steps)
     assert list(table) == ["plain x2", "tree x2"]
     assert table["plain x2"]["steps"] == 2 and np.isclose(table["plain x2"]["ms"], 25.0)
+    assert np.isclose(table["plain x2"]["host_ms"], 1.5)
     assert np.isclose(table["plain x2"]["tokens_per_s"], 4 / 0.05) and np.isclose(table["tree x2"]["forecast_ms"], 30.0)
