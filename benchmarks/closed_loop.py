@@ -23,7 +23,6 @@ must be the same: greedy output does not depend on speculation or company).
 from __future__ import annotations
 
 import json
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 
 from lookahead import LookaheadConfig, LookaheadGenerator, load_model
 from lookahead.call.decoding import resolve_decoding
+from lookahead.cost.measure import cpu_name
 from lookahead.plan.choice import StepChooser
 
 from .datasets import canonical_name, load_dataset
@@ -118,7 +118,7 @@ def compare(model: Any, tokenizer: Any, rounds: list[list[np.ndarray]], warmup: 
     """Both generators on each round's prompts after ``warmup``, which goes first alternating; the report."""
     gens = {"lookahead": LookaheadGenerator(model, tokenizer, LookaheadConfig()),
             "plain": LookaheadGenerator(model, tokenizer, LookaheadConfig(**PLAIN))}
-    report: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+    report: dict[str, Any] = {"cpu": cpu_name(), "torch": torch.__version__,
                               "threads": torch.get_num_threads(), "clients": clients, "max_new_tokens": new,
                               "requests": [len(p) for p in rounds], "rounds": []}
     with ForecastLog() as log:

@@ -475,3 +475,14 @@ def test_a_refusal_at_one_batch_size_leaves_every_other_to_its_own_check():
     forwards.checked[key] = {(2, "2+"), (3, "2+")}
     forwards.refused.add((key, (5, "2+")))
     assert not forwards.serves(key, (4, "2+")) and forwards.serves(key, (3, "2+"))
+
+
+def test_a_check_in_place_whose_replay_fails_leaves_the_eager_forwards_writes():
+    def fails(tokens, positions, keep, past, buffer, route):
+        buffer[1] = 7.0  # part-way through, then it raises
+        raise RuntimeError("the trace cannot run this shape")
+
+    buffer = torch.zeros(4)
+    with pytest.raises(RuntimeError):
+        traced.agreed(_writes(1.0), fails, _step(buffer), in_place=True)
+    assert buffer.tolist() == [1.0, 0.0, 0.0, 0.0], "the buffer holds what an eager step writes"

@@ -35,9 +35,9 @@ where transformers' code would branch on a single row), or for several
 sequences on steps of two other batch sizes of several (``serves``); a shape
 it does not serve yet is checked on its first step (the eager forward on a
 copy of the cache, the trace replayed in place, compared to the bit), and a
-shape where it disagrees runs eagerly. Target gives a traced model's one-row steps a mask too, so that
-one trace serves every step of a process (a trace costs about a second to
-make; an unmasked one-row step is no faster replayed).
+shape where it disagrees runs eagerly. Target gives a traced model's one-row
+steps a mask too, so that one trace serves every step of a process (a trace
+costs about a second to make; an unmasked one-row step is no faster replayed).
 
 Linear layers routed to lookahead's kernel (fewrows.py) are recorded as an op
 told the route at run time, so the trace calls the kernel too: the C++ op
@@ -470,7 +470,12 @@ def agreed(eager: Any, trace: Any, inputs: tuple, in_place: bool = False) -> tup
     expected = eager(*inputs[:4], mine, *inputs[5:])
     theirs = buffer if in_place else buffer.clone()
     began = time.perf_counter()
-    got = replay(trace, inputs[:4] + (theirs,) + inputs[5:])
+    try:
+        got = replay(trace, inputs[:4] + (theirs,) + inputs[5:])
+    except Exception:
+        if in_place:  # (a replay that failed part-way: the buffer as the eager forward left it)
+            buffer.copy_(mine)
+        raise
     seconds = time.perf_counter() - began
     if same(expected, got) and same(mine, theirs):
         return got, seconds
@@ -482,7 +487,7 @@ def agreed(eager: Any, trace: Any, inputs: tuple, in_place: bool = False) -> tup
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal to the bit: floats compared as integers of their width, so a NaN equals a NaN of the same bits
     (a buffer's slots past those written are uninitialised memory, which may hold NaNs, copied alike into
-    both copies). One pass, no temporaries (``isclose`` over a cache's buffer took some 40 ms)."""
+    both copies). One pass, no temporaries: 19 ms over a 188 MB buffer where ``isclose`` took 126."""
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
