@@ -87,8 +87,8 @@ class AdjacencyTable:
         """Row i of a forward carried tokens[i] after prev[i] (-1 or None: unknown); the model's
         top-R there were top[i, :R], with confidence buckets buckets[i, :R] (None: all 0)."""
         count, width = tokens.shape[0], self.width
-        top = np.ascontiguousarray(top[:, :width], dtype=np.int64)  # [K, R]
-        buckets = np.zeros_like(top) if buckets is None else np.ascontiguousarray(buckets[:, :width], dtype=np.int64)
+        top = contiguous(top[:, :width])  # [K, R]
+        buckets = np.zeros_like(top) if buckets is None else contiguous(buckets[:, :width])
         prev = np.full(count, -1, dtype=np.int64) if prev is None else contiguous(prev)
         table_learn(contiguous(tokens), prev, top, buckets, BUCKETS, self.successors, self.confidence,
                     self.pair_keys, self.pair_successors, self.pair_confidence)
