@@ -50,6 +50,7 @@ LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul
                         "lookahead_native::linear",  # ... and lookahead's C++ op (a traced step's kernel route)
                         "lookahead_native::tiled"})  # ... and its tiled kernel (an eager step's, in float32)
 KV_RANGE = "lookahead::kv_cache_update"  # the profiler range put around the KV cache's update (``attributed``)
+ATTENTION_OPS = frozenset({"lookahead_native::attend"})  # lookahead's attention op (native/fused.cpp)
 PARTS = ("linears", "attention", "kv cache", "other ops", "python and dispatch")  # a step's breakdown, in order
 LOG_SPAN = 20  # the plot's ms axis turns logarithmic past this ratio of its largest to its smallest value
 PROMPTS = ("Write a Python function that returns the n-th Fibonacci number, with a docstring and two tests.",
@@ -254,16 +255,16 @@ def op_part(name: str, ancestors: tuple[str, ...]) -> str | None:
     telling one decides: under KV_RANGE "kv cache" (every op of the cache's update: its
     slot copies, slices and views); under or being a matrix product (LINEAR_OPS, by name: the
     rotary embedding's small matmul counts too) "linears"; under or being an op named
-    *scaled_dot_product* "attention"; else "other ops".
+    *scaled_dot_product* or being lookahead's attention op (ATTENTION_OPS) "attention"; else "other ops".
     """
-    if not name.startswith("aten::"):
-        return "linears" if name in LINEAR_OPS else None  # (oneDNN's packed linear and our C++ op are no aten ops)
+    if not name.startswith("aten::"):  # (oneDNN's packed linear and our C++ ops are no aten ops)
+        return "linears" if name in LINEAR_OPS else "attention" if name in ATTENTION_OPS else None
     for outer in (*reversed(ancestors), name):
         if outer == KV_RANGE:
             return "kv cache"
         if outer in LINEAR_OPS:
             return "linears"
-        if "scaled_dot_product" in outer:
+        if "scaled_dot_product" in outer or outer in ATTENTION_OPS:
             return "attention"
     return "other ops"
 

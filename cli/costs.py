@@ -182,8 +182,9 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
 
     device, dtype, trust_remote_code = loading
     model, _ = load_model(model_name, device=device, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    # (as LookaheadGenerator builds it: the same curves, the same cache keys)
     target = Target(model, check_model(model, config.allow_untested_models), config.cuda_graphs, config.traced_forward,
-                    config.native_linear)  # (as LookaheadGenerator builds it: the same curves, the same cache keys)
+                    config.native_linear, config.native_attention)
     policy = CostPolicy(target, config)
     start_numba_threads()  # as a generator does before its measurement: the kernels compiled, not timed compiling
     warmup(workers=usable_cores())

@@ -140,6 +140,11 @@ class LookaheadConfig:
                                            "and float32 products over 2-64 rows run through its tiled AVX2 "
                                            "kernel, eager or traced; where it cannot be built, or off, a "
                                            "Python op and numba's kernel, some 60 us more a layer")
+    native_attention: bool = documented(True, "on the CPU, with native_linear's C++ op loaded: a float32 step's "
+                                               "grouped-query attention (query heads sharing key/value heads, "
+                                               "as Llama-style models have) over its 1-32 rows through the "
+                                               "op's kernel instead of torch's SDPA, whose blocking is sized for "
+                                               "long queries; no effect otherwise")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "
@@ -180,7 +185,7 @@ class LookaheadConfig:
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
                      "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs",
-                     "traced_forward", "native_linear"):
+                     "traced_forward", "native_linear", "native_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -40,7 +40,7 @@ def fake_timer(times):
         fast = route is None or (route.linear == "kernel" and route.threads == torch.get_num_threads())
         return times(q) * (1.0 if fast else SLOWER)
 
-    return lambda model, layout, context, seed=0, batch=1, graphs=False, traced=False, native=True: None if times is None else time_one
+    return lambda model, layout, context, seed=0, batch=1, graphs=False, traced=False, native=True, attention=True: None if times is None else time_one
 
 
 def first_passes(model) -> int:

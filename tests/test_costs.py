@@ -112,9 +112,10 @@ def test_the_config_fields_are_validated_and_reach_the_measurement(llama, tmp_pa
         with pytest.raises(ConfigError, match=message):
             LookaheadConfig(**bad)
     assert engine.measuring(LookaheadConfig()) == {"bound_s": 12.0, "keep_busy": False, "fresh": False,
-                                                   "native": True}
-    assert engine.measuring(LookaheadConfig(calibration_seconds=5, keep_busy_curve=True, native_linear=False),
-                            fresh=True) == {"bound_s": 5.0, "keep_busy": True, "fresh": True, "native": False}
+                                                   "native": True, "attention": True}
+    assert engine.measuring(LookaheadConfig(calibration_seconds=5, keep_busy_curve=True, native_linear=False,
+                                            native_attention=False), fresh=True) == \
+        {"bound_s": 5.0, "keep_busy": True, "fresh": True, "native": False, "attention": False}
     model, _ = llama
     monkeypatch.setattr(engine, "load_cost_model", store.load_cost_model)  # measure (fakely) for real here
     monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
@@ -181,7 +182,7 @@ def test_a_measurement_keeps_to_its_bound_and_says_what_it_cut(llama, tmp_path, 
     clock = FakeClock()
     slow = clock.forward(lambda q, route=None: 25 * cpu_time(q) * (1.0 if route is None or route.linear == "kernel"
                                                                    else 1.6))
-    monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1, graphs=False, traced=False, native=True: slow)
+    monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1, graphs=False, traced=False, native=True, attention=True: slow)
     monkeypatch.setattr(store, "others_busy", lambda before, after: 0.0)
     cost = load_cost_model(model, layout, 33, 8, 5, str(tmp_path), bound_s=20.0, clock=clock)
     before, after = lines(capsys)

@@ -123,6 +123,8 @@ def test_a_hopeless_route_is_timed_no_further_at_that_row_count():
     ("mkldnn::_linear_pointwise", (), "linears"),  # the onednn route's op (no aten op)
     ("lookahead_native::linear", (), "linears"),  # the C++ op a traced step's kernel route runs
     ("aten::empty", ("lookahead_native::linear",), "linears"),
+    ("lookahead_native::attend", (), "attention"),  # lookahead's attention op (native/fused.cpp) ...
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", ("lookahead_native::attend",), "attention"),  # ... SDPA in it
     ("aten::bmm", ("aten::_scaled_dot_product_attention_math", "aten::scaled_dot_product_attention"), "attention"),
     ("aten::copy_", (rl.KV_RANGE,), "kv cache"),
     ("aten::copy_", ("aten::slice", rl.KV_RANGE), "kv cache"),

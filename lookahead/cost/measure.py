@@ -312,7 +312,8 @@ def interpolated(rows: tuple[int, ...], measured: tuple[int, ...], seconds: Arra
 
 # ---------------------------------------------------------------- one decode-shaped forward
 def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                      batch: int = 1, graphs: bool = False, traced: bool = False, native: bool = True) -> StepTimer:
+                      batch: int = 1, graphs: bool = False, traced: bool = False, native: bool = True,
+                      attention: bool = True) -> StepTimer:
     """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
     cached ones, run through ``route`` (model/routing.py; None: as torch is set).
 
@@ -321,9 +322,10 @@ def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: 
     the step's host sync (an argmax read back), and is cropped away again. A
     synthetic context of random tokens is prefilled here, once. ``traced``:
     the target replays its steps from TorchScript traces (model/traced.py),
-    each kind traced on its first step (``StepTimer``). ``native``: the target's ``native`` (model/target.py).
+    each kind traced on its first step (``StepTimer``). ``native``, ``attention``: the target's ``native`` and
+    ``native_attention`` (model/target.py).
     """
-    return StepTimer(model, layout, context, seed, batch, graphs, traced, native)
+    return StepTimer(model, layout, context, seed, batch, graphs, traced, native, attention)
 
 
 class StepTimer:
@@ -331,10 +333,11 @@ class StepTimer:
     whose ``last_route`` says how the latest step ran ("kernel x2", "kernel x2 traced", ...)."""
 
     def __init__(self, model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                 batch: int = 1, graphs: bool = False, traced: bool = False, native: bool = True):
+                 batch: int = 1, graphs: bool = False, traced: bool = False, native: bool = True,
+                 attention: bool = True):
         # (graphs: model/graphs.py, where the target takes them; traced: model/traced.py, on the CPU;
-        # native: the C++ op and its tiled kernel, model/fewrows.py)
-        self.target = Target(model, layout, graphs, traced=traced, native=native)
+        # native: the C++ op and its tiled kernel, model/fewrows.py; attention: its attention kernel)
+        self.target = Target(model, layout, graphs, traced=traced, native=native, native_attention=attention)
         if traced:
             self.target.long_lived()  # every kind traced on its first step
         self.traced = traced

@@ -44,9 +44,9 @@ def measuring(config: LookaheadConfig, fresh: bool = False) -> dict[str, Any]:
     """``load_cost_model``'s keywords for how a curve is measured and kept: its time bound
     (``calibration_seconds``), whether a curve measured under load is cached (``keep_busy_curve``),
     ``fresh`` (measured whatever the cache holds), and whether its forwards run through the C++ op
-    (``native_linear``), as the decode's do."""
+    (``native_linear``) and its attention kernel (``native_attention``), as the decode's do."""
     return {"bound_s": float(config.calibration_seconds), "keep_busy": config.keep_busy_curve, "fresh": fresh,
-            "native": config.native_linear}
+            "native": config.native_linear, "attention": config.native_attention}
 
 
 class CostPolicy:

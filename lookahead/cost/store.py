@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
 # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces,
-# the tiled kernel's spread prefetch, curves of traced steps)
-ROUTES_VERSION = 6
+# the tiled kernel's spread prefetch, curves of traced steps; 7: the C++ op's attention kernel)
+ROUTES_VERSION = 7
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds
@@ -73,7 +73,7 @@ def say_on_stderr(line: str) -> None:
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr, few_row_matmul: bool = True,
                     onednn: bool = False, graphs: bool = False, native: bool = True, traced: bool = False,
-                    bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
+                    attention: bool = True, bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
                     clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
     (or ``fresh``: measured whatever the cache holds, and written over it).
@@ -93,7 +93,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     LOAD_LIMIT cores busy, is used for this run and not saved as measured.
     ``cache_dir`` "" measures without reading or writing the disk. ``graphs``: one sequence's steps on a
     CUDA device run as CUDA graphs (model/graphs.py), and are measured so. ``native``: the forwards run as
-    a generator with ``native_linear`` runs them (the C++ op and its tiled kernel, model/fewrows.py).
+    a generator with ``native_linear`` runs them (the C++ op and its tiled kernel, model/fewrows.py), and
+    ``attention``: their grouped-query attention through that op's kernel, as with ``native_attention``.
     ``traced``: on the CPU, the steps are replayed from a trace (model/traced.py) as a generator with
     ``traced_forward`` replays them, so the curve has their shape (an eager step's fixed Python costs made
     more rows look cheaper relative to one: 16 rows 1.8x one row eager against 2.5x traced, SmolLM2 on
@@ -103,6 +104,7 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     routes = measured_routes(model, few_row_matmul, onednn)
     fingerprint = model_fingerprint(model, rows, context, repeats, routes)
     fingerprint["native_linear"] = native
+    fingerprint["native_attention"] = native and attention
     if batch > 1:
         fingerprint["batch"] = batch
     graphed = graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as CUDA graphs
@@ -122,7 +124,7 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     started, before = clock(), cpu_snapshot()
     # (prefills the synthetic context)
     time_one = decode_step_timer(model, layout, context, batch=batch, graphs=graphed, traced=replayed,
-                                 native=native)
+                                 native=native, attention=attention)
     forwards = probe_forwards(time_one, rows, routes)
     plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
     say(announcement(fingerprint, rows, (clock() - started + plan.likely, clock() - started + plan.longest),

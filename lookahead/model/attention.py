@@ -20,6 +20,14 @@ Worked example: 9 query heads over 3 key/value heads (SmolLM2), a step of
 8 rows after 300 cached ones: transformers' path copies 2 x 3 x 3 x 308 x 64
 floats per layer before attending; this one copies none. The outputs are
 the same numbers: both run torch's SDPA kernel over the same heads.
+
+With ``native`` (lookahead's C++ library loaded, native/build.py), float32
+steps on the CPU attend through ``lookahead_native::attend`` instead
+(``grouped_native``): the same attention for a step's 1-32 rows without
+SDPA's blocking for long queries, each row's numbers computed the same way
+whatever the step's other rows (native/fused.cpp); more rows, or what it does
+not take, go to torch's SDPA inside the op, so a trace that records it follows
+the row count at run time.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "lookahead_grouped_sdpa"  # the attention implementation's registered name
+NATIVE_NAME = "lookahead_grouped_native"  # ... and with the C++ op
 COVERED = frozenset({"sliding_window", "position_ids", "cache_position", "layer_idx", "use_cache"})  # ignorable
 
 
@@ -54,10 +63,33 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     return out.transpose(1, 2).contiguous(), None
 
 
+def grouped_native(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                   is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """``grouped_sdpa`` through ``lookahead_native::attend`` where it applies (float32 on the CPU, an additive
+    mask [B or 1, 1, Q, P+Q], nothing it would drop); otherwise ``grouped_sdpa`` itself."""
+    plain = all(v is None or v is False or k in COVERED for k, v in kwargs.items())
+    if attention_mask is None or dropout or not plain or query.device.type != "cpu" \
+            or query.dtype != torch.float32 or attention_mask.dtype != torch.float32 or attention_mask.dim() != 4:
+        return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return torch.ops.lookahead_native.attend(query, key, value, attention_mask, float(scale)), None
+
+
+def native_attention() -> bool:
+    """Whether this process has ``lookahead_native::attend`` (native/build.py loads it with the linear op)."""
+    ops = getattr(torch.ops, "lookahead_native", None)
+    return ops is not None and hasattr(ops, "attend")
+
+
 def register() -> None:
-    """Make ``NAME`` known to transformers (idempotent): the attention above, SDPA's mask format."""
+    """Make ``NAME`` and ``NATIVE_NAME`` known to transformers (idempotent): the attentions above, SDPA's mask
+    format."""
     AttentionInterface.register(NAME, grouped_sdpa)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionInterface.register(NATIVE_NAME, grouped_native)
+    AttentionMaskInterface.register(NATIVE_NAME, sdpa_mask)
 
 
 def applies(model: torch.nn.Module) -> bool:
@@ -72,21 +104,24 @@ def applies(model: torch.nn.Module) -> bool:
 
 
 class GroupedAttention:
-    """A model's attention switched to ``grouped_sdpa`` while ``switched()`` is entered (where it applies)."""
+    """A model's attention switched to ``grouped_sdpa`` (``native``: ``grouped_native``, where this process has
+    the C++ op) while ``switched()`` is entered (where it applies)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, native: bool = False):
         self.config: Any = model.config  # a transformers PretrainedConfig
         self.on = applies(model)
+        self.native = self.on and native and native_attention()
         if self.on:
             register()
 
     @contextmanager
     def switched(self) -> Iterator[None]:
-        """The body's forwards attend through grouped_sdpa; the user's implementation is put back after."""
+        """The body's forwards attend through grouped_sdpa or grouped_native; the user's implementation is put
+        back after."""
         if not self.on or self.config._attn_implementation != "sdpa":
             yield
             return
-        self.config._attn_implementation = NAME
+        self.config._attn_implementation = NATIVE_NAME if self.native else NAME
         try:
             yield
         finally:

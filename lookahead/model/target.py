@@ -88,12 +88,13 @@ class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
     def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False, traced: bool = False,
-                 native: bool = True):
+                 native: bool = True, native_attention: bool = True):
         """``graphs``: run one sequence's steps as CUDA graphs (graphs.py) where the model is on a CUDA
         device, every layer attends fully and the layers sit on one device. ``traced``: on the CPU,
         replay steps from checked TorchScript traces (traced.py) where every layer attends fully; ``native``:
         their linear layers through the C++ op (native/) where it can be built, and the kernel route's
-        float32 products, eager or traced, through its tiled kernel (fewrows.py)."""
+        float32 products, eager or traced, through its tiled kernel (fewrows.py); ``native_attention``: with
+        that op's library loaded, a float32 step's grouped-query attention through its kernel (attention.py)."""
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -103,7 +104,8 @@ class Target:
         self.linears = FewRowLinear(model, native)  # its linear layers, for the routes that reroute them
         text = model.config.get_text_config(decoder=True)
         self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
-        self.attention = GroupedAttention(model)  # grouped heads under a mask without copies (attention.py)
+        # grouped heads under a mask without copies (attention.py), through the C++ op's kernel where it is loaded
+        self.attention = GroupedAttention(model, native and native_attention)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         self.one_off = 0.0  # seconds of the latest step spent on one-off work (making a trace, capturing a graph),
         # not its forward

@@ -1,4 +1,5 @@
-// lookahead_native::rms_norm, ::rotate_half and ::kv_write: chains of a decoder layer's small ops as one op each.
+// lookahead_native::rms_norm, ::rotate_half and ::kv_write: chains of a decoder layer's small ops as one op each;
+// ::attend: grouped-query attention over a step's few rows under its mask.
 //
 // A traced step (lookahead/model/traced.py) replays some 1,900 tensor ops a forward for SmolLM2-135M, and
 // each costs the interpreter and torch's dispatcher a few microseconds however little it computes. Most of
@@ -17,12 +18,17 @@
 // out = [[0.84853, 2.26274]]. (rotate_half): q = [1, 2, 3, 4], cos = 1, sin = 1 -> q + [-3, -4, 1, 2] =
 // [-2, -2, 4, 6].
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -128,6 +134,201 @@ std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& keys, const at::Te
   return {keys.narrow(2, 0, past + rows), values.narrow(2, 0, past + rows)};
 }
 
+// ---- attend: softmax(q k^T * scale + mask) v for a step's few query rows, grouped heads read in place ----
+//
+// q [B, Hq, Q, D], k and v [B, Hk, S, D] (query head h reads key/value head h / (Hq / Hk), as torch's
+// enable_gqa), mask [B or 1, 1, Q, S] added to the scaled scores -> [B, Q, Hq, D] (the layout transformers
+// reshapes the heads from). torch's SDPA over a few rows spends most of its time on blocking and buffers
+// sized for long queries (SmolLM2's 9 over 3 heads, D 64, 300 keys, 2-core AMD EPYC: 44 us at one row and
+// 111 at eight, where this op takes 20 and 57; results/RESULTS.md run 127).
+//
+// Up to QB query vectors of one key/value head are attended together, so each key and value row is read
+// from cache once for all of them. Every number a query row gets is computed the same way whatever the
+// step's other rows, its batch or its blocking: a score is the dot product in chunks of 8 in order of the
+// dimension (fused multiply-adds into one vector), then hsum8, times scale, plus the mask; its exponent
+// exp8 is lane-wise; the softmax sum adds score p into lane p mod 8, in order of p, then hsum8; an output
+// element sums exp(score) * v over the keys in order (one fused multiply-add each), then divides by the
+// sum. A masked key (exp 0) adds exactly nothing, so neither do the mask's hidden columns. A row whose
+// every score is -inf gives 0, as torch's SDPA on the CPU does.
+//
+// Worked example: one head, D = 16 (every q and k element 0), v rows [1 ... 1] and [3 ... 3], mask [0 0]:
+// equal scores, weights 1/2 each -> [2 ... 2]; mask [0 -inf] -> [1 ... 1].
+
+constexpr int QB = 4;  // query vectors attended together
+constexpr int64_t ATTEND_ROWS_MAX = 32;  // more query rows: torch's SDPA (its blocking pays from about there)
+
+__attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {  // ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
+}
+
+// exp(x) lane by lane for x <= 0 (the softmax's shifted scores; -inf gives 0): Cephes' single-precision
+// polynomial after x = n ln 2 + r, scaled by 2^n through the exponent bits; 0 below -87 (2^-125).
+__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, low);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
+  return _mm256_andnot_ps(under, y);
+}
+
+// scores[n][p + j] = q_n . k_{p + j} for NQ query vectors and NK key rows (k: row p's start)
+template <int NQ, int NK>
+__attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q, const float* k, int64_t ks,
+                                                           int64_t d, float* const* scores, int64_t p) {
+  __m256 acc[NQ][NK];
+  for (int n = 0; n < NQ; ++n)
+    for (int j = 0; j < NK; ++j) acc[n][j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    __m256 kv[NK];
+    for (int j = 0; j < NK; ++j) kv[j] = _mm256_loadu_ps(k + j * ks + c);
+    for (int n = 0; n < NQ; ++n) {
+      const __m256 qv = _mm256_loadu_ps(q[n] + c);
+      for (int j = 0; j < NK; ++j) acc[n][j] = _mm256_fmadd_ps(qv, kv[j], acc[n][j]);
+    }
+  }
+  for (int n = 0; n < NQ; ++n)
+    for (int j = 0; j < NK; ++j) scores[n][p + j] = hsum8(acc[n][j]);
+}
+
+// NQ query vectors against the same `keys` key and value rows (row strides ks, vs): out[n] [d]; scores[n]:
+// room for the keys rounded up to 8.
+template <int NQ>
+__attribute__((target("avx2,fma"))) void attend_block(const float* const* q, const float* k, int64_t ks,
+                                                      const float* v, int64_t vs, const float* const* mask,
+                                                      int64_t keys, int64_t d, float scale, float* const* scores,
+                                                      float* const* out) {
+  int64_t p = 0;
+  for (; p + 3 <= keys; p += 3) score_tile<NQ, 3>(q, k + p * ks, ks, d, scores, p);
+  for (; p < keys; ++p) score_tile<NQ, 1>(q, k + p * ks, ks, d, scores, p);
+  const int64_t padded = (keys + 7) & ~int64_t{7};
+  const float none = -std::numeric_limits<float>::infinity();
+  float sums[NQ];
+  bool empty[NQ];
+  for (int n = 0; n < NQ; ++n) {
+    float* s = scores[n];
+    float top = none;
+    for (p = 0; p < keys; ++p) {
+      const float x = s[p] * scale + mask[n][p];
+      s[p] = x;
+      top = x > top ? x : top;
+    }
+    for (; p < padded; ++p) s[p] = none;
+    empty[n] = top == none;
+    const __m256 shift = _mm256_set1_ps(empty[n] ? 0.0f : top);
+    __m256 total = _mm256_setzero_ps();
+    for (p = 0; p < padded; p += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + p), shift));
+      _mm256_storeu_ps(s + p, e);
+      total = _mm256_add_ps(total, e);
+    }
+    sums[n] = hsum8(total);
+  }
+  for (int64_t c = 0; c < d; c += 16) {  // two vectors of every output at a time, over all the keys
+    __m256 acc[NQ][2];
+    for (int n = 0; n < NQ; ++n) acc[n][0] = acc[n][1] = _mm256_setzero_ps();
+    for (p = 0; p < keys; ++p) {
+      const float* vp = v + p * vs + c;
+      const __m256 v0 = _mm256_loadu_ps(vp), v1 = _mm256_loadu_ps(vp + 8);
+      for (int n = 0; n < NQ; ++n) {
+        const __m256 e = _mm256_broadcast_ss(scores[n] + p);
+        acc[n][0] = _mm256_fmadd_ps(e, v0, acc[n][0]);
+        acc[n][1] = _mm256_fmadd_ps(e, v1, acc[n][1]);
+      }
+    }
+    for (int n = 0; n < NQ; ++n) {
+      const __m256 l = _mm256_set1_ps(sums[n]);
+      const __m256 zero = _mm256_setzero_ps();
+      _mm256_storeu_ps(out[n] + c, empty[n] ? zero : _mm256_div_ps(acc[n][0], l));
+      _mm256_storeu_ps(out[n] + c + 8, empty[n] ? zero : _mm256_div_ps(acc[n][1], l));
+    }
+  }
+}
+
+bool avx2_fma() {
+  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return available;
+}
+
+bool attend_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  if (!avx2_fma() || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || mask.dim() != 4) return false;
+  for (const at::Tensor* t : {&q, &k, &v, &mask}) {
+    if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || t->stride(3) != 1) return false;
+  }
+  const int64_t batch = q.size(0), heads = q.size(1), rows = q.size(2), width = q.size(3);
+  const int64_t kv_heads = k.size(1), keys = k.size(2);
+  return rows >= 1 && rows <= ATTEND_ROWS_MAX && width % 16 == 0 && width > 0 && kv_heads > 0 &&
+         heads % kv_heads == 0 && k.size(0) == batch && v.size(0) == batch && v.size(1) == kv_heads &&
+         v.size(2) == keys && k.size(3) == width && v.size(3) == width && keys >= 1 &&
+         (mask.size(0) == 1 || mask.size(0) == batch) && mask.size(1) == 1 && mask.size(2) == rows &&
+         mask.size(3) == keys;
+}
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                  double scale) {
+  if (!attend_takes(q, k, v, mask)) {  // torch's SDPA, in the same layout
+    return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale, true).transpose(1, 2).contiguous();
+  }
+  const int64_t batch = q.size(0), heads = q.size(1), rows = q.size(2), width = q.size(3);
+  const int64_t kv_heads = k.size(1), keys = k.size(2);
+  const int64_t group = heads / kv_heads;
+  at::Tensor out = at::empty({batch, rows, heads, width}, q.options());
+  const float* qp = q.const_data_ptr<float>();
+  const float* kp = k.const_data_ptr<float>();
+  const float* vp = v.const_data_ptr<float>();
+  const float* mp = mask.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  const int64_t mask_batch = mask.size(0) == 1 ? 0 : mask.stride(0);
+  const float factor = static_cast<float>(scale);
+  const int64_t vectors = group * rows;  // query vectors per key/value head, head by head
+  const int64_t blocks = (vectors + QB - 1) / QB;
+  const int64_t padded = (keys + 7) & ~int64_t{7};
+  // about 16k query-key pairs a thread at least: fewer are done before a second thread would start
+  const int64_t grain = std::max<int64_t>(1, 16384 / (QB * keys));
+  at::parallel_for(0, batch * kv_heads * blocks, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(QB * padded);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t block = item % blocks, head = (item / blocks) % kv_heads, b = item / (blocks * kv_heads);
+      const int64_t first = block * QB;
+      const int count = static_cast<int>(std::min<int64_t>(QB, vectors - first));
+      const float* qrow[QB];
+      const float* mrow[QB];
+      float* srow[QB];
+      float* orow[QB];
+      for (int n = 0; n < count; ++n) {
+        const int64_t m = first + n, t = m % rows, h = head * group + m / rows;
+        qrow[n] = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
+        mrow[n] = mp + b * mask_batch + t * mask.stride(2);
+        srow[n] = buffer.data() + n * padded;
+        orow[n] = op + ((b * rows + t) * heads + h) * width;
+      }
+      const float* kb = kp + b * k.stride(0) + head * k.stride(1);
+      const float* vb = vp + b * v.stride(0) + head * v.stride(1);
+      const int64_t ks = k.stride(2), vs = v.stride(2);
+      switch (count) {
+        case 4: attend_block<4>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
+        case 3: attend_block<3>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
+        case 2: attend_block<2>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
+        default: attend_block<1>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
@@ -136,7 +337,9 @@ TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
   m.def("rotate_half(Tensor q, Tensor cos, Tensor sin, int dim_a, int? start_a, int? end_a, int step_a, "
         "int dim_b, int? start_b, int? end_b, int step_b, int cat_dim, Scalar alpha) -> Tensor");
   m.def("kv_write(Tensor(a!) keys, Tensor(b!) values, Tensor k, Tensor v, Tensor past) -> (Tensor(a), Tensor(b))");
+  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
   m.impl("rms_norm", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(rms_norm));
+  m.impl("attend", c10::DispatchKey::CPU, TORCH_FN(attend));
   m.impl("kv_write", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(kv_write));
   m.impl("rotate_half", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(rotate_half));
 }

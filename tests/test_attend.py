@@ -1,0 +1,128 @@
+"""lookahead_native::attend (native/fused.cpp) and grouped_native (model/attention.py): a step's grouped-query
+attention through the C++ kernel, torch's SDPA's numbers to float32 rounding, each row's numbers the same
+whatever else the step holds, SDPA itself where the kernel does not take the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_model
+from lookahead.model.attention import NAME, NATIVE_NAME, GroupedAttention, grouped_native, native_attention
+from lookahead.native.build import load_linear
+
+LOWEST = torch.finfo(torch.float32).min
+
+
+@pytest.fixture(scope="module")
+def attend():
+    op, why = load_linear()  # (the library the attention op comes with)
+    if op is None or not native_attention():
+        pytest.skip(f"lookahead's C++ op could not be built here: {why}")
+    if not torch.ops.lookahead_native.tiled_available():
+        pytest.skip("this CPU has no AVX2 and FMA: the attention op runs torch's SDPA")
+    return torch.ops.lookahead_native.attend
+
+
+def sdpa(q, k, v, mask, scale):
+    """What the op stands for: torch's SDPA with grouped heads, in the op's layout [B, Q, Hq, D]."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
+
+
+def case(batch, heads, kv_heads, rows, keys, width, seed=0, mask_batch=None, hidden=0.3):
+    """q [B, Hq, Q, D], k, v [B, Hk, S, D], an additive mask [B or 1, 1, Q, S] hiding ~``hidden`` of the keys
+    (every row sees key 0)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, rows, width, generator=g)
+    k = torch.randn(batch, kv_heads, keys, width, generator=g)
+    v = torch.randn(batch, kv_heads, keys, width, generator=g)
+    visible = torch.rand(mask_batch or batch, 1, rows, keys, generator=g) >= hidden
+    visible[..., 0] = True
+    return q, k, v, torch.zeros(visible.shape).masked_fill_(~visible, LOWEST)
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,rows,keys,width", [
+    (1, 9, 3, 1, 1, 64), (1, 9, 3, 1, 300, 64), (1, 9, 3, 7, 300, 64), (2, 4, 2, 5, 17, 16),
+    (3, 4, 4, 32, 70, 32), (1, 8, 1, 3, 9, 128), (4, 6, 3, 16, 130, 16)])
+def test_attend_gives_sdpa_numbers(attend, batch, heads, kv_heads, rows, keys, width):
+    q, k, v, mask = case(batch, heads, kv_heads, rows, keys, width)
+    got = attend(q, k, v, mask, width ** -0.5)
+    assert got.shape == (batch, rows, heads, width) and got.is_contiguous()
+    torch.testing.assert_close(got, sdpa(q, k, v, mask, width ** -0.5), rtol=2e-5, atol=2e-6)
+
+
+def test_one_mask_for_the_batch_and_strided_inputs(attend):
+    q, k, v, mask = case(3, 4, 2, 4, 40, 16, mask_batch=1)
+    wide = torch.randn(3, 2, 50, 16)  # a cache buffer: the op reads slots 0 .. 39 of it in place
+    wide[:, :, :40] = k
+    got = attend(q.transpose(1, 2).contiguous().transpose(1, 2), wide[:, :, :40], v, mask, 0.7)
+    torch.testing.assert_close(got, sdpa(q, k, v, mask, 0.7), rtol=2e-5, atol=2e-6)
+
+
+def test_worked_example(attend):
+    q, k = torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 2, 16)
+    v = torch.stack([torch.full((16,), 1.0), torch.full((16,), 3.0)])[None, None]
+    both = attend(q, k, v, torch.zeros(1, 1, 1, 2), 0.25)
+    first = attend(q, k, v, torch.tensor([[[[0.0, float("-inf")]]]]), 0.25)
+    assert torch.equal(both, torch.full((1, 1, 1, 16), 2.0)) and torch.equal(first, torch.full((1, 1, 1, 16), 1.0))
+
+
+def test_a_row_that_sees_nothing_gives_zeros_as_sdpa_does(attend):
+    q, k, v, mask = case(1, 4, 2, 3, 10, 16)
+    mask[0, 0, 1] = float("-inf")
+    got = attend(q, k, v, mask, 0.25)
+    assert torch.equal(got[0, 1], torch.zeros(4, 16))
+    torch.testing.assert_close(got, sdpa(q, k, v, mask, 0.25), rtol=2e-5, atol=2e-6)
+
+
+def test_a_rows_numbers_do_not_depend_on_the_others(attend):
+    """Row t of a step gives the same bits alone, among other rows, in another batch, and with more keys
+    hidden after it (the tree's rows, a batch's padding): what keeps tree sizes from changing greedy text."""
+    q, k, v, mask = case(2, 9, 3, 12, 200, 64, hidden=0.2)
+    full = attend(q, k, v, mask, 0.125)  # [B, Q, Hq, D]
+    for t in (0, 5, 11):
+        alone = attend(q[:, :, t:t + 1], k, v, mask[:, :, t:t + 1], 0.125)
+        assert torch.equal(alone[:, 0], full[:, t])
+        more = torch.cat([k, torch.randn(2, 3, 9, 64)], dim=2), torch.cat([v, torch.randn(2, 3, 9, 64)], dim=2)
+        padded = torch.cat([mask[:, :, t:t + 1], torch.full((2, 1, 1, 9), LOWEST)], dim=3)
+        assert torch.equal(attend(q[:, :, t:t + 1], *more, padded, 0.125)[:, 0], full[:, t])
+    assert torch.equal(attend(q[1:], k[1:], v[1:], mask[1:], 0.125), full[1:])
+
+
+@pytest.mark.parametrize("shape", ["rows", "width", "dtype"])
+def test_what_the_kernel_does_not_take_runs_sdpa(attend, shape):
+    rows, width = (33, 16) if shape == "rows" else (2, 8) if shape == "width" else (2, 16)
+    q, k, v, mask = case(1, 4, 2, rows, 20, width)
+    if shape == "dtype":
+        q, k, v, mask = q.double(), k.double(), v.double(), mask.double()
+    assert torch.equal(attend(q, k, v, mask, 0.3), sdpa(q, k, v, mask, 0.3).contiguous())
+
+
+class Heads(torch.nn.Module):
+    num_key_value_groups = 2
+    is_causal = True
+
+
+def test_grouped_native_calls_the_op_where_it_applies(attend, monkeypatch):
+    import lookahead.model.attention as attention
+
+    q, k, v, mask = case(1, 4, 2, 3, 12, 16)
+    got, _ = grouped_native(Heads(), q, k, v, mask, scaling=0.25, position_ids=None)
+    assert torch.equal(got, attend(q, k, v, mask, 0.25))
+    seen = []
+    monkeypatch.setattr(attention, "grouped_sdpa", lambda *a, **kw: seen.append(kw) or ("sdpa", None))
+    assert grouped_native(Heads(), q, k, v, None)[0] == "sdpa"  # no mask
+    assert grouped_native(Heads(), q, k, v, mask, dropout=0.1)[0] == "sdpa"
+    assert grouped_native(Heads(), q, k, v, mask, softcap=30.0)[0] == "sdpa"
+    assert grouped_native(Heads(), q.double(), k.double(), v.double(), mask.double())[0] == "sdpa"
+    assert len(seen) == 4
+
+
+def test_switched_to_the_native_attention_only_where_asked(attend):
+    model = tiny_model("llama")
+    with GroupedAttention(model, native=True).switched():
+        assert model.config._attn_implementation == NATIVE_NAME
+    with GroupedAttention(model, native=False).switched():
+        assert model.config._attn_implementation == NAME
+    assert model.config._attn_implementation == "sdpa"
