@@ -5,9 +5,10 @@
 What ``lookahead bench-serve`` measures, without HTTP, a server process or a client: the batch
 that ``lookahead serve`` decodes (``LookaheadGenerator.open_batch``; ``DecodeRun.join`` and ``step``),
 fed by C clients that each send their next prompt when their last one ends, greedy, every request
-``--max-new-tokens`` long unless it ends first. Two generators share the model: lookahead's
-defaults and the plain options of bench-serve's ``lookahead-plain`` (``PLAIN``: no candidates, the
-window x alone, no sources, no memory). Each first serves ``--warmup`` requests of another data set
+``--max-new-tokens`` long unless it ends first. Two generators share the model, each set up as
+``lookahead serve`` sets up its own (its defaults, ``SERVE_DEFAULTS``: fair_share 1; every step kind
+traced on sight, ``Target.long_lived``): lookahead's defaults and the plain options of bench-serve's
+``lookahead-plain`` (``PLAIN``: no candidates, the window x alone, no sources, no memory). Each first serves ``--warmup`` requests of another data set
 (so its traces, shape checks and batch curves are made), then both serve the same prompts, the
 order of the two alternating between ``--rounds``; each round serves the next ``--limit`` prompts
 of the data set (the same prompts again would meet lookahead's memory of them: in one such round
@@ -34,6 +35,7 @@ import torch
 
 from lookahead import LookaheadConfig, LookaheadGenerator, load_model
 from lookahead.call.decoding import resolve_decoding
+from lookahead.cli.serve import SERVE_DEFAULTS
 from lookahead.cost.measure import cpu_name
 from lookahead.plan.choice import StepChooser
 
@@ -116,8 +118,10 @@ class ForecastLog:
 def compare(model: Any, tokenizer: Any, rounds: list[list[np.ndarray]], warmup: list[np.ndarray], clients: int,
             new: int) -> dict[str, Any]:
     """Both generators on each round's prompts after ``warmup``, which goes first alternating; the report."""
-    gens = {"lookahead": LookaheadGenerator(model, tokenizer, LookaheadConfig()),
-            "plain": LookaheadGenerator(model, tokenizer, LookaheadConfig(**PLAIN))}
+    gens = {"lookahead": LookaheadGenerator(model, tokenizer, LookaheadConfig(**SERVE_DEFAULTS)),
+            "plain": LookaheadGenerator(model, tokenizer, LookaheadConfig(**{**SERVE_DEFAULTS, **PLAIN}))}
+    for gen in gens.values():
+        gen.target.long_lived()  # (as the server's engine does)
     report: dict[str, Any] = {"cpu": cpu_name(), "torch": torch.__version__,
                               "threads": torch.get_num_threads(), "clients": clients, "max_new_tokens": new,
                               "requests": [len(p) for p in rounds], "rounds": []}

@@ -106,7 +106,25 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
             engine.start(thread=False)  # reads --memory: a damaged file stops here, before the port opens
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
+    _warm_up(engine)
     _run(engine, name, host, port, api_key)
+
+
+def _warm_up(engine: Any) -> None:
+    """The steps a batch meets first, run before the port opens (lookahead/serve/warmup.py), in this (the
+    decode loop's) thread; where that fails, one line says so and the first requests do that work."""
+    from lookahead.serve.warmup import warm_up
+
+    try:
+        with warnings_as_lines():
+            done = warm_up(engine.generator, engine.max_batch)
+    except Exception as exc:  # noqa: BLE001  (the server still serves: its first requests make the traces)
+        click.echo(f"lookahead: warning: warming up failed ({cli_message(exc)}); the first requests will "
+                   f"make its traces and curves", err=True)
+        return
+    largest = max(count for count, _ in done.shapes)
+    click.echo(f"lookahead: warmed up in {done.seconds:.1f} s (a step of 1-{largest} sequences, of one row and "
+               f"of several)", err=True)
 
 
 def _engine(model_name: str, device: str, dtype: str, trust_remote_code: bool, config: Any, max_batch: int,

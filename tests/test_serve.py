@@ -587,6 +587,7 @@ def test_serve_command_stops_cleanly_on_sigterm_and_sigint_and_saves_memory(tmp_
             wait_until(listening, "the server never said where it listens:\n" + "".join(lines), looks=6000)
             found = [re.search(r"Uvicorn running on (http://\S+)", line) for line in lines]
             url = next(m.group(1) for m in found if m)
+            assert any("warmed up in" in line for line in lines), "".join(lines)  # before the port opened
             response = httpx.post(url + "/v1/completions", json={"prompt": "w1 w2 w3 w1 w2", "max_tokens": 6},
                                   timeout=WAIT_S)
             assert response.status_code == 200, response.text

@@ -1,0 +1,66 @@
+"""A server's one-off work done before its first request: the step shapes its batches will run, traced.
+
+A fresh process pays once for each kind of step it meets: the cost curve of each batch size (measured
+on first use where the disk holds none, cost/store.py) and, with a traced forward (model/traced.py), a
+check of the trace at each new shape (a batch size of one or of several, a step of one row or of
+several), 0.15-0.4 s each for SmolLM2 on a 2-core AMD EPYC. Left to the first requests, that work
+stalls every sequence in their batches; done here, before the port opens, it is paid at start.
+
+``warm_up`` joins synthetic prompts to a batch of 1, 2 and 3 sequences (two sizes of several serve
+every larger one, ``TracedForward.serves``) and runs one step of one row and one of two rows for each
+through the target, as the decode loop would, then drops the batch: nothing is decoded, nothing is
+learned (no acceptance, no curve refinement, no memory), only the curves, routes and traces are made.
+
+Worked example (``max_batch`` 4, SmolLM2 traced): shapes (1, 1), (1, 2+), (2, 1), (2, 2+), (3, 1),
+(3, 2+) checked; a step of 4 sequences over 3 rows then replays its trace at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..call.decoding import resolve_decoding
+from ..generator import LookaheadGenerator
+
+PROMPT_TOKENS = 16  # a synthetic prompt's length
+BATCHES = 3  # batch sizes 1 .. BATCHES are warmed (fewer where max_batch is smaller)
+ROWS = (1, 2)  # a step's row classes: one row, several
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What ``warm_up`` ran: the (sequences, rows) of its steps and the seconds it took."""
+
+    shapes: tuple[tuple[int, int], ...]
+    seconds: float
+
+
+def warm_up(generator: LookaheadGenerator, max_batch: int) -> WarmUp:
+    """Run one step of every (batch size, row class) a server of ``max_batch`` sequences meets first (see the
+    module's docstring) on throwaway batches of synthetic prompts."""
+    began = time.perf_counter()
+    prompt = np.arange(1, PROMPT_TOKENS + 1, dtype=np.int64) % max(generator.vocab, 1)  # [T]
+    shapes = []
+    with torch.inference_mode():
+        for count in range(1, min(BATCHES, max_batch) + 1):
+            for rows in ROWS:
+                _step(generator, prompt, count, rows)
+                shapes.append((count, rows))
+    return WarmUp(tuple(shapes), time.perf_counter() - began)
+
+
+def _step(generator: LookaheadGenerator, prompt: np.ndarray, count: int, rows: int) -> None:
+    """``count`` sequences on ``prompt`` join a new batch; one step of ``rows`` rows each through the target."""
+    run = generator.open_batch()
+    decoding = resolve_decoding(generator.model, int(prompt.shape[0]), generator.target.device,
+                                max_new_tokens=rows + 1, do_sample=False)
+    for _ in range(count):
+        run.join(prompt, decoding)
+    tokens = np.repeat(prompt[-rows:][None], count, axis=0)  # [A, Q]
+    positions = run.x_pos[:, None] + np.arange(rows)  # [A, Q]
+    local = np.repeat(np.tril(np.ones((rows, rows), dtype=bool))[None], count, axis=0)  # [A, Q, Q]: a chain
+    generator.target.step(run.cache, tokens, positions, local, np.arange(rows), run.past, run.slots)

@@ -1,0 +1,47 @@
+"""A server's warm-up (lookahead/serve/warmup.py): every shape a batch meets first is traced and checked
+before any request, nothing is learned or remembered, and requests after it decode exactly."""
+
+from __future__ import annotations
+
+import torch
+from conftest import VOCAB, reference
+from test_traced import traced_generator
+
+from lookahead import LookaheadConfig
+from lookahead.call.decoding import resolve_decoding
+from lookahead.serve.warmup import warm_up
+
+NO_EOS = [VOCAB + 1000]
+
+
+def test_warm_up_traces_every_first_shape_and_learns_nothing():
+    gen = traced_generator("llama", LookaheadConfig(traced_forward=True, fair_share=1.0, memory_tokens=4096))
+    done = warm_up(gen, max_batch=4)
+    assert done.shapes == ((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)) and done.seconds > 0
+    traced = gen.target.traced
+    assert traced is not None and len(traced.traces) == 1 and not traced.failures
+    (key,) = traced.traces
+    assert traced.checked[key] >= {(1, "1"), (1, "2+"), (2, "1"), (2, "2+"), (3, "1"), (3, "2+")}
+    assert traced.serves(key, (4, "2+")) and traced.serves(key, (4, "1"))  # larger batches: no check left
+    assert gen.acceptance and all(not table.seen_trials.any() for table in gen.acceptance.values())  # nothing decoded, nothing learned
+    assert gen.memory.store.tokens == 0  # ... nor remembered
+
+    # four requests at once after it: each exactly what model.generate gives on its prompt alone
+    prompts = [torch.randint(3, VOCAB, (1, 6 + 3 * i), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    run = gen.open_batch()
+    seqs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            decoding = resolve_decoding(gen.model, ids.shape[1], gen.target.device, max_new_tokens=12,
+                                        do_sample=False, eos_token_id=NO_EOS)
+            seqs.append(run.join(ids[0].numpy(), decoding))
+        while run.active:
+            run.step()
+    for ids, seq in zip(prompts, seqs):
+        assert torch.equal(torch.from_numpy(seq.finish())[None], reference(gen.model, ids, 12, eos_token_id=NO_EOS))
+    assert any(route.endswith("traced") for route in run.stats.routes)
+
+
+def test_a_server_of_one_sequence_warms_one_sequence():
+    gen = traced_generator("qwen2")
+    assert warm_up(gen, max_batch=1).shapes == ((1, 1), (1, 2))
