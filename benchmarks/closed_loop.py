@@ -8,11 +8,12 @@ fed by C clients that each send their next prompt when their last one ends, gree
 ``--max-new-tokens`` long unless it ends first. Two generators share the model, each set up as
 ``lookahead serve`` sets up its own (its defaults, ``SERVE_DEFAULTS``: fair_share 1; every step kind
 traced on sight, ``Target.long_lived``): lookahead's defaults and the plain options of bench-serve's
-``lookahead-plain`` (``PLAIN``: no candidates, the window x alone, no sources, no memory). Each first serves ``--warmup`` requests of another data set
-(so its traces, shape checks and batch curves are made), then both serve the same prompts, the
-order of the two alternating between ``--rounds``; each round serves the next ``--limit`` prompts
-of the data set (the same prompts again would meet lookahead's memory of them: in one such round
-it ran 1.9x the plain loop, 54 tokens a step, copying its own earlier answers).
+``lookahead-plain`` (``PLAIN``: no candidates, the window x alone, no sources, no memory). Each first
+serves ``--warmup`` requests of another data set (so its traces, shape checks and batch curves are
+made), then both serve the same prompts, the order of the two alternating between ``--rounds``; each
+round serves the next ``--limit`` prompts of the data set (the same prompts again would meet
+lookahead's memory of them: in one such round it ran 1.9x the plain loop, 54 tokens a step, copying
+its own earlier answers).
 
 Per run: tokens/s, steps, the seconds spent joining (each join prefills its prompt alone) and in
 steps, the host's share of the steps; per step kind (plain, tree, window: what the budget chose,
@@ -35,9 +36,9 @@ import torch
 
 from lookahead import LookaheadConfig, LookaheadGenerator, load_model
 from lookahead.call.decoding import resolve_decoding
-from lookahead.cli.serve import SERVE_DEFAULTS
 from lookahead.cost.measure import cpu_name
 from lookahead.plan.choice import StepChooser
+from lookahead.serve.defaults import SERVE_DEFAULTS
 
 from .datasets import canonical_name, load_dataset
 from .parsers import render_prompt

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from lookahead.serve.defaults import SERVE_DEFAULTS
+
 from .options import (
     CLI_ERRORS,
     DTYPES,
@@ -29,11 +31,6 @@ from .options import (
 DISTRIBUTION = "lookahead-lm"  # pyproject.toml [project] name
 SERVE_MODULES = ("fastapi", "uvicorn", "pydantic")  # what the [serve] extra installs that serving imports
 GRACEFUL_SHUTDOWN_S = 10  # on SIGTERM / Ctrl-C: how long requests in flight may take to finish
-# Where a server's defaults differ from LookaheadConfig's: a server takes no batched step that a request is
-# expected to decode slower in than without speculation (fair_share 1: its p99 time per output token with
-# four clients was worse than the plain loop's without; run 111). (It traces each step kind on sight
-# whatever the defaults: lookahead/model/traced.py, Target.long_lived.)
-SERVE_DEFAULTS = {"fair_share": 1.0}
 
 
 def require_serve_extra() -> None:
