@@ -271,9 +271,12 @@ def test_models_health_and_metrics(served, client, http):
     values = metrics(http)
     for name in ("requests_total", "requests_running", "queue_depth", "batch_size", "tokens_generated_total",
                  "forwards_total", "tokens_per_forward", "tokens_per_second", "memory_fill",
-                 "client_disconnects_total"):
+                 "client_disconnects_total", "step_seconds_total", "host_seconds_total", "forward_seconds_total"):
         assert f"lookahead_{name}" in values
     assert values["lookahead_requests_total"] >= 1 and values["lookahead_tokens_generated_total"] >= 1
+    # a step's time is its host work and its forward (with the read-back), and little else
+    host, forward = values["lookahead_host_seconds_total"], values["lookahead_forward_seconds_total"]
+    assert 0 < host and 0 < forward and host + forward <= values["lookahead_step_seconds_total"]
     assert values['lookahead_http_responses_total{status="200"}'] >= 1
     kinds = dict(line.split()[2:4] for line in http.get("/metrics").text.splitlines() if line.startswith("# TYPE"))
     assert kinds["lookahead_requests_total"] == "counter" and kinds["lookahead_queue_depth"] == "gauge"

@@ -72,6 +72,10 @@ METRIC_HELP = {
     "tokens_per_forward": "Tokens each sequence gained per step it was in (1.0 for plain decoding at any batch size).",
     "tokens_per_second": "Tokens generated per second of decode steps.",
     "memory_fill": "Fraction of the memory across requests in use.",
+    "step_seconds_total": "Seconds spent in decode steps (a request's join, its prefill, is not in them).",
+    "host_seconds_total": "Seconds of the decode steps' host work: proposing, planning, committing, the cache's "
+                          "bookkeeping, learning.",
+    "forward_seconds_total": "Seconds of the decode steps' forwards with their read-back of the results.",
     "http_responses_total": "HTTP responses sent, by status code.",
     "client_disconnects_total": "Requests cancelled because their client disconnected before the answer was complete.",
 }

@@ -157,6 +157,8 @@ class Counters:
     forwards_total: int = 0  # steps of the batch: one forward each
     sequence_steps_total: int = 0  # steps counted once per sequence in them (a step of 4 sequences: 4)
     step_seconds_total: float = 0.0
+    host_seconds_total: float = 0.0  # the steps' host work (propose, plan, commit, cache, learn: stats.PHASES)
+    forward_seconds_total: float = 0.0  # ... and their forwards with the read-back (stats.DEVICE_PHASES)
 
 
 class Engine:
@@ -270,6 +272,8 @@ class Engine:
                                        if c.sequence_steps_total else 0.0),
                 "tokens_per_second": (c.tokens_generated_total / c.step_seconds_total
                                       if c.step_seconds_total else 0.0),
+                "step_seconds_total": c.step_seconds_total, "host_seconds_total": c.host_seconds_total,
+                "forward_seconds_total": c.forward_seconds_total,
                 "memory_fill": fill}
 
     # ------------------------------------------------------------------ the decode thread
@@ -356,6 +360,8 @@ class Engine:
             return False
         c = self.counters
         c.step_seconds_total += time.perf_counter() - start
+        c.host_seconds_total += sum(run.stats.host_seconds[steps_before:])
+        c.forward_seconds_total += sum(run.stats.forward_seconds[steps_before:])
         c.forwards_total += run.stats.steps - steps_before
         c.sequence_steps_total += len(self._live) * (run.stats.steps - steps_before)
         c.tokens_generated_total += sum(seq.out.new_tokens - before[id(seq)] for seq, _ in self._live)
