@@ -69,6 +69,9 @@ STDERR_LINES = 8  # a server's last stderr lines quoted when it does not come up
 STOP_WAIT_S = 30.0  # SIGTERM, then this long before SIGKILL
 METRIC_TOKENS = "lookahead_tokens_generated_total"
 METRIC_FORWARDS = "lookahead_sequence_steps_total"  # steps counted once per sequence in them
+METRIC_STEPS = "lookahead_forwards_total"  # the batch's steps, one forward each
+METRIC_HOST = "lookahead_host_seconds_total"  # the steps' host work
+METRIC_FORWARD = "lookahead_forward_seconds_total"  # the steps' forwards with their read-back
 
 
 class BenchServeError(RuntimeError):
@@ -136,6 +139,20 @@ def tokens_per_forward(before: dict[str, float] | None, after: dict[str, float] 
     except KeyError:
         return None
     return tokens / forwards if forwards > 0 else None
+
+
+def step_parts(before: dict[str, float] | None, after: dict[str, float] | None) -> tuple[float, float] | None:
+    """(host, forward) seconds a step between two /metrics scrapes, the batch's steps counted once; None
+    without both scrapes' counters (another server, an older lookahead) or steps."""
+    if not before or not after:
+        return None
+    try:
+        steps = after[METRIC_STEPS] - before[METRIC_STEPS]
+        host = after[METRIC_HOST] - before[METRIC_HOST]
+        forward = after[METRIC_FORWARD] - before[METRIC_FORWARD]
+    except KeyError:
+        return None
+    return (host / steps, forward / steps) if steps > 0 else None
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -227,17 +244,19 @@ def _x(value: float | None) -> str:
 
 def markdown_table(runs: list[dict[str, Any]]) -> str:
     """One row per run: data set, server, concurrency, requests (errors), tokens/s, requests/s, TTFT and
-    TPOT p50/p99 in ms, tokens per forward."""
+    TPOT p50/p99 in ms, tokens per forward, a step's host and forward ms (lookahead's servers)."""
     lines = ["| data set | server | concurrency | requests | output tokens | tokens/s | requests/s | TTFT p50 ms "
-             "| TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | tokens/forward |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | tokens/forward | step host / forward ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         errors = f" ({r['errors']} failed)" if r.get("errors") else ""
         tpf = r.get("tokens_per_forward")
+        parts = r.get("step_parts")
         lines.append(f"| {r['dataset']} | {r['server']} | {r['concurrency']} | {r['requests']}{errors} "
                      f"| {r['output_tokens']} | {r['throughput_tok_s']:.1f} | {r['requests_per_s']:.2f} "
                      f"| {_ms(r.get('ttft_p50_s'))} | {_ms(r.get('ttft_p99_s'))} | {_ms(r.get('tpot_p50_s'))} "
-                     f"| {_ms(r.get('tpot_p99_s'))} | {'-' if tpf is None else f'{tpf:.2f}'} |")
+                     f"| {_ms(r.get('tpot_p99_s'))} | {'-' if tpf is None else f'{tpf:.2f}'} "
+                     f"| {'-' if not parts else f'{_ms(parts[0])} / {_ms(parts[1])}'} |")
     return "\n".join(lines)
 
 
@@ -277,7 +296,10 @@ def report_text(data: dict[str, Any]) -> str:
                   ratio_table(data["ratios"])]
     lines += ["", "TTFT: request sent to its first streamed text; TPOT: (latency - TTFT) / (output tokens - 1); "
               "tokens/forward: the lookahead servers' /metrics over the measured requests, the tokens each "
-              "sequence gained per step it was in (1.0 for plain decoding at any concurrency).", "", "Servers:",
+              "sequence gained per step it was in (1.0 for plain decoding at any concurrency); step host / "
+              "forward ms: the same /metrics' seconds of the batch's steps, their host work (proposing, planning, "
+              "committing, the cache's bookkeeping) and their forwards with the read-back, per step.", "",
+              "Servers:",
               ""]
     for name, server in data["servers"].items():
         extra = ""
@@ -670,7 +692,8 @@ def _one_run(name: str, dataset: str, prompts: list[tuple[str, list[dict[str, An
         server.stop()
     run = {"server": name, "dataset": dataset, "concurrency": concurrency, "command": command,
            "startup_s": startup_s, "warmup_s": warmup_s, **summarize_run(records, wall),
-           "tokens_per_forward": tokens_per_forward(before, after), "metrics_before": before, "metrics_after": after,
+           "tokens_per_forward": tokens_per_forward(before, after), "step_parts": step_parts(before, after),
+           "metrics_before": before, "metrics_after": after,
            "records": records}
     log(f"[bench-serve] {label}: {run['throughput_tok_s']:.1f} tokens/s, {run['requests_per_s']:.2f} requests/s"
         + (f", {run['errors']} failed (first: {next(r['error'] for r in records if r.get('error'))})"

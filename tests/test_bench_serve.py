@@ -28,6 +28,7 @@ from lookahead.benchmarks.serving import (
     request_times,
     server_command,
     summarize_run,
+    step_parts,
     tokens_per_forward,
     write_report,
 )
@@ -70,6 +71,12 @@ lookahead_broken not-a-number
                        'lookahead_http_responses_total{status="429",path="/v1 x"}': 1.0}
     after = {**samples, "lookahead_tokens_generated_total": 420.0, "lookahead_sequence_steps_total": 150.0}
     assert tokens_per_forward(samples, after) == 3.0
+    timed = {"lookahead_forwards_total": 4.0, "lookahead_host_seconds_total": 0.5,
+             "lookahead_forward_seconds_total": 3.0}
+    later = {"lookahead_forwards_total": 14.0, "lookahead_host_seconds_total": 0.52,
+             "lookahead_forward_seconds_total": 3.3}
+    assert step_parts(timed, later) == pytest.approx((0.002, 0.03))
+    assert step_parts(timed, timed) is None and step_parts(samples, after) is None  # no steps; no such counters
     assert tokens_per_forward(samples, samples) is None  # no forwards in between
     assert tokens_per_forward(None, after) is None
     assert tokens_per_forward({"other": 1.0}, {"other": 2.0}) is None
@@ -113,6 +120,7 @@ def hand_made_runs() -> list[dict]:
                 "output_tokens": 96, "throughput_tok_s": tokens_s, "requests_per_s": tokens_s / 48,
                 "ttft_p50_s": 0.2, "ttft_p99_s": 0.3, "tpot_p50_s": tpot, "tpot_p99_s": tpot * 2,
                 "tokens_per_forward": tpf, "command": [server, "--port", "1"],
+                "step_parts": (0.0015, 0.030) if tpf is not None else None,
                 "records": [{"id": str(i), "text": t, "error": None} for i, t in enumerate(texts)]}
 
     return [run("lookahead", 1, 60.0, 0.010, 2.5, ["a", "b"]), run("lookahead", 4, 120.0, 0.020, 5.0, ["a", "b"]),
@@ -132,8 +140,9 @@ def test_ratios_and_tables():
     assert four["throughput_vs_plain"] == 1.5 and four["throughput_vs_transformers"] is None  # no such run
     table = markdown_table(runs)
     assert table.splitlines()[0].startswith("| data set | server | concurrency |")
-    assert "| tool-calls | lookahead | 1 | 2 | 96 | 60.0 | 1.25 | 200.0 | 300.0 | 10.0 | 20.0 | 2.50 |" in table
-    assert "| tool-calls | transformers | 1 | 2 | 96 | 20.0 | 0.42 | 200.0 | 300.0 | 40.0 | 80.0 | - |" in table
+    assert "| tool-calls | lookahead | 1 | 2 | 96 | 60.0 | 1.25 | 200.0 | 300.0 | 10.0 | 20.0 | 2.50 | 1.5 / 30.0 |" \
+        in table
+    assert "| tool-calls | transformers | 1 | 2 | 96 | 20.0 | 0.42 | 200.0 | 300.0 | 40.0 | 80.0 | - | - |" in table
     ratios = ratio_table(rows)
     assert "| tool-calls | 1 | 2.00x | 3.00x | 2.50x | 4.00x | 2/2 | 2/2 |" in ratios
     assert "| tool-calls | 4 | 1.50x | - | 1.50x | - | 1/2 | - |" in ratios
@@ -295,6 +304,8 @@ def test_end_to_end_against_real_lookahead_servers(tmp_path, monkeypatch):
         assert run["output_tokens"] > 0 and run["throughput_tok_s"] > 0 and run["requests_per_s"] > 0
         assert all(r["tokens_from"] == "usage" for r in run["records"])
         assert run["tokens_per_forward"] is not None and run["ttft_p50_s"] is not None
+        host, forward = run["step_parts"]  # the server's own seconds of its steps (/metrics)
+        assert host > 0 and forward > 0
         assert "--cost-cache-dir=" in run["command"] and ("--candidates" in run["command"]) == (server != "lookahead")
     assert runs[("lookahead-plain", 2)]["tokens_per_forward"] == 1.0  # plain decoding: one token a forward
     for row in data["ratios"]:  # greedy: both servers answer every prompt with the same text
