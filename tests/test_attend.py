@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
+from test_attention import Heads
 from lookahead.model.attention import NAME, NATIVE_NAME, GroupedAttention, grouped_native, native_attention
 from lookahead.native.build import load_linear
 
@@ -99,23 +100,18 @@ def test_what_the_kernel_does_not_take_runs_sdpa(attend, shape):
     assert torch.equal(attend(q, k, v, mask, 0.3), sdpa(q, k, v, mask, 0.3).contiguous())
 
 
-class Heads(torch.nn.Module):
-    num_key_value_groups = 2
-    is_causal = True
-
-
 def test_grouped_native_calls_the_op_where_it_applies(attend, monkeypatch):
     import lookahead.model.attention as attention
 
     q, k, v, mask = case(1, 4, 2, 3, 12, 16)
-    got, _ = grouped_native(Heads(), q, k, v, mask, scaling=0.25, position_ids=None)
+    got, _ = grouped_native(Heads(2), q, k, v, mask, scaling=0.25, position_ids=None)
     assert torch.equal(got, attend(q, k, v, mask, 0.25))
     seen = []
     monkeypatch.setattr(attention, "grouped_sdpa", lambda *a, **kw: seen.append(kw) or ("sdpa", None))
-    assert grouped_native(Heads(), q, k, v, None)[0] == "sdpa"  # no mask
-    assert grouped_native(Heads(), q, k, v, mask, dropout=0.1)[0] == "sdpa"
-    assert grouped_native(Heads(), q, k, v, mask, softcap=30.0)[0] == "sdpa"
-    assert grouped_native(Heads(), q.double(), k.double(), v.double(), mask.double())[0] == "sdpa"
+    assert grouped_native(Heads(2), q, k, v, None)[0] == "sdpa"  # no mask
+    assert grouped_native(Heads(2), q, k, v, mask, dropout=0.1)[0] == "sdpa"
+    assert grouped_native(Heads(2), q, k, v, mask, softcap=30.0)[0] == "sdpa"
+    assert grouped_native(Heads(2), q.double(), k.double(), v.double(), mask.double())[0] == "sdpa"
     assert len(seen) == 4
 
 

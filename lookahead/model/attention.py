@@ -47,14 +47,19 @@ NATIVE_NAME = "lookahead_grouped_native"  # ... and with the C++ op
 COVERED = frozenset({"sliding_window", "position_ids", "cache_position", "layer_idx", "use_cache"})  # ignorable
 
 
+def plain(kwargs: dict[str, Any]) -> bool:
+    """Whether an attention call's keywords ask for nothing these functions would drop (a softcap, a
+    position bias, sinks, ...): each is unset, False, or one they may ignore (COVERED)."""
+    return all(v is None or v is False or k in COVERED for k, v in kwargs.items())
+
+
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """query [B, Hq, Q, D], key and value [B, Hkv, P+Q, D], attention_mask [B or 1, 1, Q, P+Q]
     -> ([B, Q, Hq, D], None), like transformers' ``sdpa_attention_forward``."""
     groups = getattr(module, "num_key_value_groups", 1)
-    plain = all(v is None or v is False or k in COVERED for k, v in kwargs.items())  # nothing it would drop
-    if groups == 1 or attention_mask is None or dropout or not plain or attention_mask.dtype == torch.bool \
+    if groups == 1 or attention_mask is None or dropout or not plain(kwargs) or attention_mask.dtype == torch.bool \
             or query.shape[-1] != value.shape[-1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -68,8 +73,7 @@ def grouped_native(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """``grouped_sdpa`` through ``lookahead_native::attend`` where it applies (float32 on the CPU, an additive
     mask [B or 1, 1, Q, P+Q], nothing it would drop); otherwise ``grouped_sdpa`` itself."""
-    plain = all(v is None or v is False or k in COVERED for k, v in kwargs.items())
-    if attention_mask is None or dropout or not plain or query.device.type != "cpu" \
+    if attention_mask is None or dropout or not plain(kwargs) or query.device.type != "cpu" \
             or query.dtype != torch.float32 or attention_mask.dtype != torch.float32 or attention_mask.dim() != 4:
         return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)
