@@ -482,12 +482,24 @@ def _part_cells(parts: dict[str, float] | None) -> str:
     return " | ".join(_ms(parts[name]) if parts is not None else "-" for name in PARTS)
 
 
+def _width(result: dict) -> str:
+    """The tiled kernel's width as the report says it: '16 lanes (measured 2.5 ms against 8 lanes' 2.8)'."""
+    lanes, timings = result.get("tiled_lanes", 0), result.get("tiled_timings_ms", [])
+    if not lanes:
+        return "none (numba's kernel computes the kernel route's products)"
+    if len(timings) == 2:
+        other = 8 if lanes == 16 else 16
+        return f"{lanes} lanes (measured {timings[lanes == 16]:.2f} ms against {other} lanes' {timings[lanes == 8]:.2f})"
+    return f"{lanes} lanes (the only width this CPU runs)"
+
+
 def report_markdown(result: dict) -> str:
     """The report of ``measure_roofline``'s result (with the keys cli/roofline.py adds: model, dtype,
     cpu, torch, transformers) as markdown: a header, the step table, the host-time table."""
     lines = [f"# Roofline: {result['model']} ({result['dtype']}, {result['device']})", "",
              f"- CPU: {result['cpu']}",
              f"- threads: {result['threads']}",
+             f"- tiled kernel: {_width(result)}",
              f"- torch {result['torch']}, transformers {result['transformers']}",
              f"- model: {result['model']}, dtype {result['dtype']}",
              f"- weight bytes a forward reads: {result['weight_bytes'] / 1e6:.1f} MB",

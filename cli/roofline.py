@@ -62,14 +62,16 @@ def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, .
     from lookahead.benchmarks.roofline import measure_roofline
     from lookahead.config import LookaheadConfig
     from lookahead.cost.measure import cpu_name
+    from lookahead.native.build import tiled_width
 
     device, dtype, trust_remote_code = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
                                   trust_remote_code=trust_remote_code)
     config = LookaheadConfig(allow_untested_models=allow_untested)
     result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config, traced=traced)
+    lanes, timings = tiled_width()  # (after the measurement, which loaded the C++ op where it could)
     return {"model": model_name, "dtype": dtype, "cpu": cpu_name(), "torch": torch.__version__,
-            "transformers": transformers.__version__, **result}
+            "transformers": transformers.__version__, "tiled_lanes": lanes, "tiled_timings_ms": timings, **result}
 
 
 def write_roofline(out_dir: str, result: dict) -> str:

@@ -73,38 +73,66 @@ def tiled_op(native_op):
     return op
 
 
-def test_tiled_worked_example(tiled_op):
+def widths() -> list[int]:
+    """The tiled kernel's widths this CPU runs (8 lanes with AVX2 and FMA; 16 too with AVX-512F)."""
+    op, _ = build.load_linear()
+    return list(torch.ops.lookahead_native.tiled_widths()) if op is not None else []
+
+
+@pytest.fixture(params=[8, 16])
+def lanes(request, tiled_op):
+    if request.param not in widths():
+        pytest.skip(f"this CPU does not run the tiled kernel in {request.param} lanes")
+    return request.param
+
+
+def test_tiled_width_is_one_this_cpu_runs_and_the_default(tiled_op, lanes):
+    chosen = torch.ops.lookahead_native.tiled_lanes()
+    assert chosen in widths()
+    timings = torch.ops.lookahead_native.tiled_width_timings()
+    assert len(timings) == (2 if len(widths()) == 2 else 0)  # measured where there is a choice
+    if timings:
+        assert chosen == (16 if timings[1] < timings[0] else 8) and all(t > 0 for t in timings)
+    x, w = torch.randn(5, 100), torch.randn(9, 100)
+    assert torch.equal(tiled_op(x, w, None), tiled_op(x, w, None, chosen))
+
+
+def test_tiled_worked_example(tiled_op, lanes):
     w = torch.tensor([[1.0, 2.0], [0.0, 1.0], [1.0, 0.0]])  # [O=3, I=2]
     x = torch.tensor([[1.0, 1.0], [2.0, 0.0]])  # [R=2, I=2]
-    assert tiled_op(x, w, None).tolist() == [[3, 1, 1], [2, 0, 2]]
-    assert tiled_op(x, w, torch.tensor([1.0, 0.0, -1.0])).tolist() == [[4, 1, 0], [3, 0, 1]]
+    assert tiled_op(x, w, None, lanes).tolist() == [[3, 1, 1], [2, 0, 2]]
+    assert tiled_op(x, w, torch.tensor([1.0, 0.0, -1.0]), lanes).tolist() == [[4, 1, 0], [3, 0, 1]]
 
 
-def test_tiled_sums_lanes_then_tail_as_documented(tiled_op):
-    """I = 11: eight lanes (one product each here), added as ((0+4)+(2+6)) + ((1+5)+(3+7)), then the tail
-    8, 9, 10 in order: chosen so that any other order rounds differently in float32."""
+def test_tiled_sums_lanes_then_tail_as_documented(tiled_op, lanes):
+    """I = lanes + 3: one product a lane here; 16 lanes added upper eight onto lower eight, then eight
+    lanes as ((0+4)+(2+6)) + ((1+5)+(3+7)); then the three of the tail in order: chosen so that any other
+    order rounds differently in float32."""
     big, tiny = 2.0 ** 24, 1.0
-    x = torch.tensor([[big, tiny, -big, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny]])
-    w = torch.ones(1, 11)
-    lanes = np.array([big, tiny, -big, tiny, tiny, tiny, tiny, tiny], dtype=np.float32)  # float32 sums
-    expected = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
-    assert expected == 5  # (big + 1 rounds to big)
-    for value in x[0, 8:].tolist():
+    values = [big, tiny, -big] + [tiny] * (lanes - 3) + [tiny] * 3
+    x, w = torch.tensor([values]), torch.ones(1, lanes + 3)
+    sums = np.array(values[:lanes], dtype=np.float32)  # float32 sums
+    if lanes == 16:
+        sums = sums[:8] + sums[8:]
+    expected = ((sums[0] + sums[4]) + (sums[2] + sums[6])) + ((sums[1] + sums[5]) + (sums[3] + sums[7]))
+    assert expected == lanes - 3  # (big + 1 rounds to big)
+    for value in values[lanes:]:
         expected = np.float32(expected + np.float32(value))
-    assert tiled_op(x, w, None).item() == float(expected)
+    assert tiled_op(x, w, None, lanes).item() == float(expected)
     assert float(expected) != float(np.float32(x.double().sum().item()))  # (the order matters for this input)
 
 
 @pytest.mark.parametrize("inputs", [5, 8, 64, 1030])
 @pytest.mark.parametrize("outputs", [1, 7, 37])
-def test_tiled_rows_do_not_depend_on_the_others(tiled_op, inputs, outputs):
-    """Every row count 1..KERNEL_ROWS_MAX takes other tiles (6, 4, 3 weight rows; 4-row groups and their
-    rest): each row's products equal that row's alone to the bit, and the product to float32 precision."""
+def test_tiled_rows_do_not_depend_on_the_others(tiled_op, lanes, inputs, outputs):
+    """Every row count 1..KERNEL_ROWS_MAX takes other tiles (8 lanes: 6, 4, 3 weight rows, 4-row groups and
+    their rest; 16 lanes: one weight row by up to 6 rows, 6 by 4-row groups and their rest): each row's
+    products equal that row's alone to the bit, and the product to float32 precision."""
     torch.manual_seed(inputs * 100 + outputs)
     w, x = torch.randn(outputs, inputs), torch.randn(KERNEL_ROWS_MAX, inputs)
-    alone = torch.cat([tiled_op(x[r:r + 1], w, None) for r in range(KERNEL_ROWS_MAX)])  # [R, O]
-    for rows in (1, 2, 3, 4, 5, 7, 9, 16, KERNEL_ROWS_MAX):
-        together = tiled_op(x[:rows], w, None)
+    alone = torch.cat([tiled_op(x[r:r + 1], w, None, lanes) for r in range(KERNEL_ROWS_MAX)])  # [R, O]
+    for rows in (1, 2, 3, 4, 5, 6, 7, 9, 10, 16, KERNEL_ROWS_MAX):
+        together = tiled_op(x[:rows], w, None, lanes)
         assert torch.equal(together, alone[:rows])
     torch.testing.assert_close(alone, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-4)
 
@@ -114,6 +142,8 @@ def test_tiled_refuses_what_it_does_not_compute(tiled_op):
         tiled_op(torch.randn(2, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64), None)
     with pytest.raises(RuntimeError, match="contiguous weight"):
         tiled_op(torch.randn(2, 8), torch.randn(8, 3).t(), None)
+    with pytest.raises(RuntimeError, match="does not run the tiled kernel in 12 lanes"):
+        tiled_op(torch.randn(2, 8), torch.randn(3, 8), None, 12)
 
 
 def test_native_op_falls_back_to_torch_for_what_the_kernel_does_not_take(native_op):

@@ -484,15 +484,28 @@ LOAD_SPAN_S = 0.25  # others_busy counts over at least this long (a shorter meas
 
 
 def cpu_name() -> str:
-    """The CPU's model name ('AMD EPYC', 'Intel(R) Xeon(R) ...'), or the machine type where it cannot be read."""
+    """The CPU's model name, with its family and model numbers and its widest vector extension where
+    /proc/cpuinfo gives them ('AMD EPYC (family 26, model 2, AVX-512)': the name alone is the same for
+    CPUs generations apart), or the machine type where it cannot be read."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as handle:
             for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break  # (the first processor's block is enough)
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    about = [f"family {fields['cpu family']}" if "cpu family" in fields else None,
+             f"model {fields['model']}" if "model" in fields else None, widest]
+    said = ", ".join(part for part in about if part)
+    return f"{name} ({said})" if said else name
 
 
 def cpu_snapshot() -> tuple[float, float, float]:

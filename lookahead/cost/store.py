@@ -32,6 +32,7 @@ from ..loading.models import ALIASES
 from ..model.routing import Routing
 from ..model.support import AttentionLayout
 from ..model.target import input_device
+from ..native.build import load_linear, tiled_width
 from .curve import TRUST_MEASURED, TRUST_REPAIRED, CostModel, row_grid
 from .disk import CurveStore
 from .measure import (
@@ -55,8 +56,9 @@ if TYPE_CHECKING:
 
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
 # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces,
-# the tiled kernel's spread prefetch, curves of traced steps; 7: the C++ op's attention kernel)
-ROUTES_VERSION = 7
+# the tiled kernel's spread prefetch, curves of traced steps; 7: the C++ op's attention kernel; 8: the tiled
+# kernel in 16 lanes where AVX-512F runs and measures faster, its width in the fingerprint)
+ROUTES_VERSION = 8
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds
@@ -105,6 +107,9 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     fingerprint = model_fingerprint(model, rows, context, repeats, routes)
     fingerprint["native_linear"] = native
     fingerprint["native_attention"] = native and attention
+    if native and input_device(model).type == "cpu":
+        load_linear()  # (where not loaded yet: the forwards measured load it next)
+        fingerprint["tiled_lanes"] = tiled_width()[0]  # (products summed in another width: another curve)
     if batch > 1:
         fingerprint["batch"] = batch
     graphed = graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as CUDA graphs

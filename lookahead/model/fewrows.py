@@ -11,8 +11,10 @@ machines measured).
 
 Inside ``FewRowLinear`` a forward over TILED_ROWS_MIN..KERNEL_ROWS_MAX rows
 in float32 runs its linear layers through the tiled kernel of lookahead's
-C++ op (native/linear.cpp: AVX2 tiles of weight rows by input rows, on
-torch's threads), where that op can be built and the CPU has AVX2 and FMA;
+C++ op (native/linear.cpp: tiles of weight rows by input rows, on torch's
+threads, in 8 lanes with AVX2 and FMA, or in 16 with AVX-512F where the CPU
+runs it and it measured faster there: ``native.build.tiled_width``), where that
+op can be built and the CPU has AVX2 and FMA;
 otherwise, and over one row or in float64, through
 ``kernels.linear.rows_linear`` (numba: one pass over the weights, every
 thread); other float dtypes (bfloat16,

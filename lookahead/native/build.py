@@ -58,12 +58,22 @@ def load_linear() -> tuple[Callable[..., torch.Tensor] | None, str]:
 
 def tiled_kernel() -> tuple[Callable[..., torch.Tensor] | None, str]:
     """``torch.ops.lookahead_native.tiled`` (the tiled float32 kernel, linear.cpp) and ""; or None and why:
-    the library is not loaded in this process (``load_linear``), or this CPU lacks AVX2 and FMA."""
+    the library is not loaded in this process (``load_linear``), or this CPU lacks AVX2 and FMA. It runs in
+    the width ``tiled_width`` says."""
     if not loaded():
         return None, "lookahead's C++ op is not loaded (load_linear)"
     if not torch.ops.lookahead_native.tiled_available():
         return None, "this CPU has no AVX2 and FMA: the tiled kernel cannot run (numba's kernel runs instead)"
     return torch.ops.lookahead_native.tiled, ""
+
+
+def tiled_width() -> tuple[int, list[float]]:
+    """The lanes this process's tiled kernel sums in (8: AVX2; 16: AVX-512F, where this CPU runs it and it
+    measured faster here, linear.cpp's ``tiled_lanes``; 0: no tiled kernel or no library loaded) and what
+    the choice measured: ms at 8 and at 16 lanes (empty where one width alone runs)."""
+    if not loaded() or not torch.ops.lookahead_native.tiled_available():
+        return 0, []
+    return int(torch.ops.lookahead_native.tiled_lanes()), list(torch.ops.lookahead_native.tiled_width_timings())
 
 
 def fused_ops() -> bool:

@@ -11,28 +11,32 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace {
 
-// ---- The tiled kernel: out [R, O] = x [R, I] @ w [O, I]^T in float32, with AVX2 and FMA ----
+// ---- The tiled kernel: out [R, O] = x [R, I] @ w [O, I]^T in float32, 8 lanes (AVX2, FMA) or 16 (AVX-512F) ----
 //
 // Every product out[r, o] is summed the same way, whatever the row count and wherever (r, o) falls in
-// a tile: eight lanes, lane j summing w[o, i] x[r, i] over i = j mod 8 in order of i (fused
-// multiply-adds), the lanes then added as hsum does, then the I mod 8 tail in order. So a row's products
-// do not depend on the step's other rows, and the tile shape can follow the row count. A tile of OT
-// weight rows by RT input rows keeps OT * RT sums in registers (at most 12 of the 16), so a weight
-// vector loaded once serves RT input rows; the tile's weight rows are read from memory once (for more
-// than RT input rows, again from cache), and the next tile's are prefetched into L2 meanwhile, spread over
-// all of the tile's passes: prefetched in its first pass alone, the next tile's lines were all asked for
-// while the memory then idled through the passes that read from cache (8-13% slower at 8-24 rows, SmolLM2's
-// linears on a 2-core AMD EPYC). The tiles of weight rows are split between torch's threads (at::parallel_for).
+// a tile: L lanes (L = 8 or 16, the width this process runs: tiled_lanes), lane j summing w[o, i] x[r, i]
+// over i = j mod L in order of i (fused multiply-adds), the lanes then added as hsum does (16 lanes: the
+// upper eight onto the lower eight first), then the I mod L tail in order. So a row's products do not
+// depend on the step's other rows, and the tile shape can follow the row count. A tile of OT weight rows
+// by RT input rows keeps OT * RT sums in registers, so a weight vector loaded once serves RT input rows;
+// the tile's weight rows are read from memory once (for more than RT input rows, again from cache), and
+// the next tile's are prefetched into L2 meanwhile, spread over all of the tile's passes: prefetched in its
+// first pass alone, the next tile's lines were all asked for while the memory then idled through the
+// passes that read from cache (8-13% slower at 8-24 rows, SmolLM2's linears on a 2-core AMD EPYC). The
+// tiles of weight rows are split between torch's threads (at::parallel_for).
 //
 // Worked example: w = [[1 2] [0 1] [1 0]], x = [[1 1] [2 0]] -> [[3 1 1] [2 0 2]] (I = 2: all tail).
 
-constexpr int TILE_ROWS = 4;  // RT, for four input rows or more
+constexpr int TILE_ROWS = 4;  // RT, for four input rows or more (8 lanes), seven or more (16 lanes)
 
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {  // ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))
   const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -40,74 +44,128 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {  // ((v0 + v4)
   return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
 }
 
-// out[r0 .. r0 + RT, o0 .. o0 + OT], the tile's pass `pass` of `passes` over its weight rows; the weight
-// rows `ahead` floats on (the next tile's; 0: none) are prefetched, a 64-byte line per `passes` lines
-// read, so that every pass, not the first alone, streams a share of the next tile from memory (into L2;
-// into L1 where there is one pass, as 2-3 rows ran 5% faster so).
-template <int OT, int RT>
-__attribute__((target("avx2,fma"))) void tile(const float* w, const float* x, float* out, int64_t inputs,
-                                              int64_t outputs, int64_t o0, int64_t r0, int64_t ahead,
-                                              int64_t pass, int64_t passes) {
-  __m256 acc[OT][RT];
-  const float* wrow[OT];
-  const float* xrow[RT];
+__attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum(v0..7 + v8..15)
+  const __m256 low = _mm512_castps512_ps256(v);
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 eight = _mm256_add_ps(low, high);
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
+}
+
+// A pass's prefetch of the next tile: line `pass` of every `passes` lines of each of its OT weight rows
+// (into L1 where the tile has one pass, as 2-3 rows ran 5% faster so; else into L2).
+template <int OT>
+inline void prefetch_next(const float* const* wrow, int64_t ahead, int64_t start, int64_t pass, int64_t passes) {
   for (int o = 0; o < OT; ++o) {
-    wrow[o] = w + (o0 + o) * inputs;
-    for (int r = 0; r < RT; ++r) acc[o][r] = _mm256_setzero_ps();
-  }
-  for (int r = 0; r < RT; ++r) xrow[r] = x + (r0 + r) * inputs;
-  const int64_t vectors = inputs & ~int64_t{7};
-  const int64_t chunk = 16 * passes;  // floats: `passes` lines of each weight row
-  for (int64_t start = 0; start < vectors; start += chunk) {
-    if (ahead != 0) {  // this pass's line of the chunk, in the next tile (into L1 where the tile has one pass)
-      for (int o = 0; o < OT; ++o) {
-        const char* line = reinterpret_cast<const char*>(wrow[o] + ahead + start + 16 * pass);
-        if (passes == 1) {
-          _mm_prefetch(line, _MM_HINT_T0);
-        } else {
-          _mm_prefetch(line, _MM_HINT_T1);
-        }
-      }
-    }
-    const int64_t stop = start + chunk < vectors ? start + chunk : vectors;
-    for (int64_t i = start; i < stop; i += 8) {
-      __m256 wv[OT];
-      for (int o = 0; o < OT; ++o) wv[o] = _mm256_loadu_ps(wrow[o] + i);
-      for (int r = 0; r < RT; ++r) {
-        const __m256 xv = _mm256_loadu_ps(xrow[r] + i);
-        for (int o = 0; o < OT; ++o) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);
-      }
-    }
-  }
-  for (int o = 0; o < OT; ++o) {
-    for (int r = 0; r < RT; ++r) {
-      float sum = hsum(acc[o][r]);
-      for (int64_t i = vectors; i < inputs; ++i) sum = std::fma(wrow[o][i], xrow[r][i], sum);
-      out[(r0 + r) * outputs + o0 + o] = sum;
+    const char* line = reinterpret_cast<const char*>(wrow[o] + ahead + start + 16 * pass);
+    if (passes == 1) {
+      _mm_prefetch(line, _MM_HINT_T0);
+    } else {
+      _mm_prefetch(line, _MM_HINT_T1);
     }
   }
 }
 
-// Every input row against weight rows o0 .. o0 + OT, in passes of TILE_ROWS input rows (the weight rows
-// streamed from memory in the first, from cache after), all of them prefetching the rows `ahead` floats on.
-template <int OT>
+// out[r0 .. r0 + RT, o0 .. o0 + OT], the tile's pass `pass` of `passes` over its weight rows; the weight
+// rows `ahead` floats on (the next tile's; 0: none) are prefetched, a 64-byte line per `passes` lines
+// read, so that every pass, not the first alone, streams a share of the next tile from memory.
+// Tile8 and Tile16 are the same loop in 8 and 16 lanes.
+template <int OT, int RT>
+struct Tile8 {
+  __attribute__((target("avx2,fma"))) static void run(const float* w, const float* x, float* out, int64_t inputs,
+                                                      int64_t outputs, int64_t o0, int64_t r0, int64_t ahead,
+                                                      int64_t pass, int64_t passes) {
+    __m256 acc[OT][RT];
+    const float* wrow[OT];
+    const float* xrow[RT];
+    for (int o = 0; o < OT; ++o) {
+      wrow[o] = w + (o0 + o) * inputs;
+      for (int r = 0; r < RT; ++r) acc[o][r] = _mm256_setzero_ps();
+    }
+    for (int r = 0; r < RT; ++r) xrow[r] = x + (r0 + r) * inputs;
+    const int64_t vectors = inputs & ~int64_t{7};
+    const int64_t chunk = 16 * passes;  // floats: `passes` lines of each weight row
+    for (int64_t start = 0; start < vectors; start += chunk) {
+      if (ahead != 0) prefetch_next<OT>(wrow, ahead, start, pass, passes);
+      const int64_t stop = start + chunk < vectors ? start + chunk : vectors;
+      for (int64_t i = start; i < stop; i += 8) {
+        __m256 wv[OT];
+        for (int o = 0; o < OT; ++o) wv[o] = _mm256_loadu_ps(wrow[o] + i);
+        for (int r = 0; r < RT; ++r) {
+          const __m256 xv = _mm256_loadu_ps(xrow[r] + i);
+          for (int o = 0; o < OT; ++o) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);
+        }
+      }
+    }
+    for (int o = 0; o < OT; ++o) {
+      for (int r = 0; r < RT; ++r) {
+        float sum = hsum(acc[o][r]);
+        for (int64_t i = vectors; i < inputs; ++i) sum = std::fma(wrow[o][i], xrow[r][i], sum);
+        out[(r0 + r) * outputs + o0 + o] = sum;
+      }
+    }
+  }
+};
+
+template <int OT, int RT>
+struct Tile16 {
+  __attribute__((target("avx512f"))) static void run(const float* w, const float* x, float* out, int64_t inputs,
+                                                    int64_t outputs, int64_t o0, int64_t r0, int64_t ahead,
+                                                    int64_t pass, int64_t passes) {
+    __m512 acc[OT][RT];
+    const float* wrow[OT];
+    const float* xrow[RT];
+    for (int o = 0; o < OT; ++o) {
+      wrow[o] = w + (o0 + o) * inputs;
+      for (int r = 0; r < RT; ++r) acc[o][r] = _mm512_setzero_ps();
+    }
+    for (int r = 0; r < RT; ++r) xrow[r] = x + (r0 + r) * inputs;
+    const int64_t vectors = inputs & ~int64_t{15};
+    const int64_t chunk = 16 * passes;  // floats: `passes` lines of each weight row
+    for (int64_t start = 0; start < vectors; start += chunk) {
+      if (ahead != 0) prefetch_next<OT>(wrow, ahead, start, pass, passes);
+      const int64_t stop = start + chunk < vectors ? start + chunk : vectors;
+      for (int64_t i = start; i < stop; i += 16) {
+        __m512 wv[OT];
+        for (int o = 0; o < OT; ++o) wv[o] = _mm512_loadu_ps(wrow[o] + i);
+        for (int r = 0; r < RT; ++r) {
+          const __m512 xv = _mm512_loadu_ps(xrow[r] + i);
+          for (int o = 0; o < OT; ++o) acc[o][r] = _mm512_fmadd_ps(wv[o], xv, acc[o][r]);
+        }
+      }
+    }
+    for (int o = 0; o < OT; ++o) {
+      for (int r = 0; r < RT; ++r) {
+        float sum = hsum16(acc[o][r]);
+        for (int64_t i = vectors; i < inputs; ++i) sum = std::fma(wrow[o][i], xrow[r][i], sum);
+        out[(r0 + r) * outputs + o0 + o] = sum;
+      }
+    }
+  }
+};
+
+// Every input row against weight rows o0 .. o0 + OT: up to TR rows in one pass (Tile<OT, rows>), more in
+// passes of TR (the weight rows streamed from memory in the first, from cache after), all of them
+// prefetching the rows `ahead` floats on.
+template <template <int, int> class Tile, int OT, int TR>
 void tile_column(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs,
                  int64_t o0, int64_t ahead) {
-  const int64_t passes = (rows + TILE_ROWS - 1) / TILE_ROWS;
+  const int64_t passes = (rows + TR - 1) / TR;
   int64_t r0 = 0, pass = 0;
-  for (; r0 + TILE_ROWS <= rows; r0 += TILE_ROWS, ++pass) {
-    tile<OT, TILE_ROWS>(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes);
-  }
-  switch (rows - r0) {
-    case 3: tile<OT, 3>(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
-    case 2: tile<OT, 2>(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
-    case 1: tile<OT, 1>(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
+  for (; r0 + TR <= rows; r0 += TR, ++pass) Tile<OT, TR>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes);
+  switch (rows - r0) {  // (cases at or past TR are never reached: no instance of them is made)
+    case 5: if constexpr (TR > 5) Tile<OT, 5>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
+    case 4: if constexpr (TR > 4) Tile<OT, 4>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
+    case 3: Tile<OT, 3>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
+    case 2: Tile<OT, 2>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
+    case 1: Tile<OT, 1>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
     default: break;
   }
 }
 
 // The product with tiles of OT weight rows, each thread prefetching its next tile.
-template <int OT>
+template <template <int, int> class Tile, int OT, int TR>
 void tiled_columns(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs) {
   const int64_t tiles = (outputs + OT - 1) / OT;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
@@ -115,28 +173,108 @@ void tiled_columns(const float* w, const float* x, float* out, int64_t rows, int
       const int64_t o0 = t * OT;
       if (o0 + OT <= outputs) {
         const int64_t ahead = t + 1 < end && o0 + 2 * OT <= outputs ? OT * inputs : 0;
-        tile_column<OT>(w, x, out, rows, inputs, outputs, o0, ahead);
+        tile_column<Tile, OT, TR>(w, x, out, rows, inputs, outputs, o0, ahead);
       } else {
-        for (int64_t o = o0; o < outputs; ++o) tile_column<1>(w, x, out, rows, inputs, outputs, o, 0);
+        for (int64_t o = o0; o < outputs; ++o) tile_column<Tile, 1, TR>(w, x, out, rows, inputs, outputs, o, 0);
       }
     }
   });
 }
 
-// Tiles of 6 weight rows for one or two input rows, 4 for three, 3 for four or more (at most 12 sums).
-void tiled_product(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs) {
-  if (rows <= 2) {
-    tiled_columns<6>(w, x, out, rows, inputs, outputs);
+// 8 lanes: tiles of 6 weight rows for one or two input rows, 4 for three, 3 for four or more (at most 12
+// of the 16 registers hold sums). 16 lanes (32 registers): one weight row (a single stream a thread, as
+// numba's kernel) by all of up to six input rows in one pass, 6 weight rows by 4 input rows from seven
+// rows (24 sums). (SmolLM2's linears on a 2-core AMD EPYC with AVX-512, ms a forward's worth at 1 / 4 / 8
+// / 16 rows: 8 lanes 14.9 / 15.8 / 18.6 / 22.3, 16 lanes so 11.8 / 12.5 / 15.3 / 16.7; run 128.)
+void tiled_product(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs,
+                   int64_t lanes) {
+  if (lanes == 16) {
+    if (rows <= 6) {
+      tiled_columns<Tile16, 1, 6>(w, x, out, rows, inputs, outputs);
+    } else {
+      tiled_columns<Tile16, 6, TILE_ROWS>(w, x, out, rows, inputs, outputs);
+    }
+  } else if (rows <= 2) {
+    tiled_columns<Tile8, 6, TILE_ROWS>(w, x, out, rows, inputs, outputs);
   } else if (rows == 3) {
-    tiled_columns<4>(w, x, out, rows, inputs, outputs);
+    tiled_columns<Tile8, 4, TILE_ROWS>(w, x, out, rows, inputs, outputs);
   } else {
-    tiled_columns<3>(w, x, out, rows, inputs, outputs);
+    tiled_columns<Tile8, 3, TILE_ROWS>(w, x, out, rows, inputs, outputs);
   }
 }
 
+// The widths this CPU runs the tiled kernel in: 8 lanes with AVX2 and FMA, 16 too with AVX-512F.
+std::vector<int64_t> tiled_widths() {
+  std::vector<int64_t> widths;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    widths.push_back(8);
+    if (__builtin_cpu_supports("avx512f")) widths.push_back(16);
+  }
+  return widths;
+}
+
 bool tiled_available() {  // this CPU runs AVX2 and FMA instructions
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool available = !tiled_widths().empty();
   return available;
+}
+
+// The median seconds of `repeats` products over `rows` input rows at each width, the widths interleaved.
+std::vector<double> time_widths(const std::vector<int64_t>& widths, const float* w, const float* x, float* out,
+                                int64_t rows, int64_t inputs, int64_t outputs, int repeats) {
+  std::vector<std::vector<double>> seconds(widths.size());
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    for (size_t k = 0; k < widths.size(); ++k) {
+      const auto start = std::chrono::steady_clock::now();
+      tiled_product(w, x, out, rows, inputs, outputs, widths[k]);
+      seconds[k].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  std::vector<double> medians;
+  for (auto& s : seconds) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s[s.size() / 2]);
+  }
+  return medians;
+}
+
+// What the width was chosen on: [ms at 8 lanes, ms at 16 lanes] (the sums over 4 and 12 input rows of the
+// median products), empty where one width alone runs.
+std::vector<double>& width_timings() {
+  static std::vector<double> timings;
+  return timings;
+}
+
+// The width this process runs the tiled kernel in (0: none), chosen once, on first use: the only one this
+// CPU runs, or, where it runs both, the faster on this machine: products of 4 and 12 input rows with 64 MB
+// of weights (more than the caches hold: streamed from memory, as a forward's are), the widths interleaved,
+// 5 times each (about 50 ms). What the choice saw: tiled_width_timings.
+int64_t tiled_lanes() {
+  static const int64_t lanes = [] {
+    const std::vector<int64_t> widths = tiled_widths();
+    if (widths.size() < 2) return widths.empty() ? int64_t{0} : widths[0];
+    const int64_t inputs = 1024, outputs = 16384, repeats = 5;
+    // (torch's allocations, 64-byte aligned as a model's weights are: a 16-lane load never splits a line)
+    const at::Tensor w = at::arange(inputs * outputs, at::kFloat).remainder_(7).mul_(0.125).sub_(0.375);
+    const at::Tensor x = at::arange(12 * inputs, at::kFloat).remainder_(5).mul_(0.25).sub_(0.5);
+    at::Tensor out = at::empty({12 * outputs}, at::kFloat);
+    time_widths(widths, w.const_data_ptr<float>(), x.const_data_ptr<float>(), out.mutable_data_ptr<float>(), 12,
+                inputs, outputs, 1);  // (a first pass of each: threads woken, pages touched)
+    std::vector<double> total(widths.size(), 0.0);
+    for (const int64_t rows : {4, 12}) {
+      const std::vector<double> medians =
+          time_widths(widths, w.const_data_ptr<float>(), x.const_data_ptr<float>(),
+                      out.mutable_data_ptr<float>(), rows, inputs, outputs, repeats);
+      for (size_t k = 0; k < widths.size(); ++k) total[k] += medians[k];
+    }
+    for (const double seconds : total) width_timings().push_back(1e3 * seconds);
+    return total[1] < total[0] ? widths[1] : widths[0];
+  }();
+  return lanes;
+}
+
+std::vector<double> tiled_width_timings() {
+  tiled_lanes();
+  return width_timings();
 }
 
 bool tiled_takes(const at::Tensor& x, const at::Tensor& weight) {
@@ -151,18 +289,24 @@ at::Tensor with_rows_of(const at::Tensor& out, const at::Tensor& x) {  // out [R
   return out.view(shape);
 }
 
-// x [..., I] @ weight [O, I]^T (+ bias [O]) -> [..., O] through the tiled kernel.
-at::Tensor tiled(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+// x [..., I] @ weight [O, I]^T (+ bias [O]) -> [..., O] through the tiled kernel, in `lanes` lanes (0: the
+// process's, tiled_lanes; 8 or 16 where this CPU runs them, tiled_widths: what the tests compare).
+at::Tensor tiled(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                 int64_t lanes) {
   TORCH_CHECK(tiled_takes(x, weight),
               "lookahead_native::tiled takes float32 CPU tensors x [..., I] and a contiguous weight [O, I] on a "
               "CPU with AVX2 and FMA (tiled_available)");
+  if (lanes == 0) lanes = tiled_lanes();
+  const std::vector<int64_t> widths = tiled_widths();
+  TORCH_CHECK(std::find(widths.begin(), widths.end(), lanes) != widths.end(), "lookahead_native::tiled: this CPU "
+              "does not run the tiled kernel in ", lanes, " lanes (tiled_widths); pass lanes=0 for the process's");
   const int64_t inputs = x.size(-1);
   const int64_t rows = inputs > 0 ? x.numel() / inputs : 0;
   const at::Tensor flat = x.reshape({rows, inputs}).contiguous();  // [R, I]
   at::Tensor out = at::empty({rows, weight.size(0)}, x.options());  // [R, O]
   if (rows > 0) {
     tiled_product(weight.const_data_ptr<float>(), flat.const_data_ptr<float>(), out.mutable_data_ptr<float>(), rows,
-                  inputs, weight.size(0));
+                  inputs, weight.size(0), lanes);
   }
   if (bias.has_value() && bias->defined()) out.add_(*bias);
   return with_rows_of(out, x);
@@ -200,7 +344,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   const int64_t inputs = x.size(-1);
   const int64_t rows = inputs > 0 ? x.numel() / inputs : 0;
   if (code == TILED_CODE) {  // the kernel route with the tiled kernel, where it takes the product
-    if (tiled_takes(x, weight) && rows >= TILED_ROWS_MIN && rows <= KERNEL_ROWS_MAX) return tiled(x, weight, bias);
+    if (tiled_takes(x, weight) && rows >= TILED_ROWS_MIN && rows <= KERNEL_ROWS_MAX) return tiled(x, weight, bias, 0);
     code = KERNEL_CODE;
   }
   const bool same_dtype = x.scalar_type() == weight.scalar_type() && weight.dim() == 2 && weight.size(1) == inputs;
@@ -232,8 +376,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 TORCH_LIBRARY(lookahead_native, m) {
   m.def("set_kernels(int float32_kernel, int float64_kernel) -> ()", &set_kernels);
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, Tensor route) -> Tensor");
-  m.def("tiled(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("tiled(Tensor x, Tensor weight, Tensor? bias, int lanes=0) -> Tensor");
   m.def("tiled_available() -> bool", &tiled_available);
+  m.def("tiled_widths() -> int[]", &tiled_widths);
+  m.def("tiled_lanes() -> int", &tiled_lanes);
+  m.def("tiled_width_timings() -> float[]", &tiled_width_timings);
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
   m.impl("tiled", c10::DispatchKey::CPU, TORCH_FN(tiled));
 }
