@@ -13,7 +13,7 @@ import torch
 from conftest import VOCAB, record_one_offs, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.model import traced
-from lookahead.model.traced import row_class, trace_linear, varied
+from lookahead.model.traced import ONEDNN_UNTRACED, TraceKey, row_class, trace_linear, varied
 
 NEW = 40
 ARCHS = ("llama", "qwen3", "gpt2", "gpt_neox")
@@ -134,6 +134,21 @@ def test_a_model_cast_after_tracing_is_traced_again():
     out = gen.generate(ids, max_new_tokens=12, eos_token_id=NO_EOS)
     assert torch.equal(out, reference(model, ids, 12, eos_token_id=NO_EOS))
     assert all(forwards.traces.get(key) is not trace for key, trace in before.items())
+
+
+def test_the_onednn_route_is_not_traced_and_says_why():
+    """torch's tracer cannot hold oneDNN's packed weights (opaque tensors) as a trace's constants."""
+    from lookahead.model.fewrows import onednn_available, pack_for_onednn
+    if onednn_available():
+        with pytest.raises(RuntimeError, match="Unsupported value kind"):  # (what a trace of it raised)
+            packed = pack_for_onednn(torch.randn(4, 8))
+            torch.jit.trace(lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+                            (torch.randn(2, 8),), check_trace=False)
+    forwards = traced_generator("llama").target.traced
+    assert forwards is not None
+    key = TraceKey("onednn", masked=True)
+    assert forwards._new_trace(key, ()) is None and key not in forwards.traces
+    assert forwards.failures[key] == ONEDNN_UNTRACED
 
 
 def test_a_kind_is_traced_only_after_its_first_steps():

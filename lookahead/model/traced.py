@@ -85,6 +85,9 @@ TRACE_STEPS_GUESS = 25
 # use long; a server or a session of calls traces within its first calls. (Once that, with a guess of 15
 # steps, made the test suite's many short decodes trace, 17% more CPU time, for no measured gain; run 118.)
 TRACE_PATIENCE = 2.0
+# Why the onednn route's steps run eagerly: a trace would hold its packed weights as constants, and torch's
+# tracer refuses oneDNN's opaque tensors there ("Unsupported value kind: Tensor", torch 2.13).
+ONEDNN_UNTRACED = "the onednn route is not traced: torch's tracer cannot hold oneDNN's packed weights as constants"
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -119,7 +122,7 @@ def row_class(rows: int) -> str:
 
 def trace_linear(route: str | None) -> str:
     """The TraceKey's linear part of a forward through ``route`` (a Route's linear; None: torch as set):
-    "onednn" (its packed weights are recorded) or "any" (every other route, told at run time)."""
+    "onednn" (never traced: ONEDNN_UNTRACED) or "any" (every other route, told at run time)."""
     return "onednn" if route == "onednn" else "any"
 
 
@@ -363,6 +366,9 @@ class TracedForward:
     def _new_trace(self, key: TraceKey, inputs: tuple) -> Any:
         """The trace for ``key`` made from the step ``inputs`` and checked (``agrees``); None (and the key's
         failure noted) where it cannot be made or does not agree with the eager forward."""
+        if key.linear == "onednn":
+            self.failures[key] = ONEDNN_UNTRACED
+            return None
         began = time.perf_counter()
         try:
             with self._recording(key, inputs[5]):
