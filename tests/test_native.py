@@ -51,7 +51,7 @@ def test_entry_point_worked_example():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("code", [0, 1, 2, TILED_CODE])
-@pytest.mark.parametrize("rows", [1, 2, 3, MM_ROWS_MAX, 9, 64, 65])
+@pytest.mark.parametrize("rows", [1, 2, 3, MM_ROWS_MAX, 9, 64, 65, 200, 257])
 @pytest.mark.parametrize("bias", [False, True])
 def test_native_op_gives_the_python_ops_products_to_the_bit(native_op, dtype, code, rows, bias):
     """Every route, dtype and row count: kernel (numba's, or the tiled one), W @ x^T and F.linear, as

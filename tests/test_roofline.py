@@ -75,7 +75,12 @@ def test_routes_that_run_as_another_are_left_out():
     assert labels(1) == ["torch x2", "kernel x2", "torch x1", "kernel x1"]  # W @ x^T needs 2..7 rows
     assert labels(4) == [r.label for r in routes]
     assert labels(16) == ["torch x2", "kernel x2", "torch x1", "kernel x1"]
-    assert labels(65) == ["torch x2"]  # past the few-row limit every route is torch as set
+    from lookahead.model.fewrows import FEW_ROWS_MAX, KERNEL_ROWS_MAX
+    from lookahead.native.build import tiled_width
+    # past numba's 64 rows the kernel route runs as torch's, unless the tiled kernel takes them (to 256)
+    assert labels(KERNEL_ROWS_MAX + 1) == (["torch x2", "kernel x2", "torch x1", "kernel x1"] if tiled_width()[0]
+                                           else ["torch x2", "torch x1"])
+    assert labels(FEW_ROWS_MAX + 1) == ["torch x2"]  # past the few-row limit every route is torch as set
     assert rl.runs_as(Route(1, "mm"), 8, 2) == Route(1, "torch")
     assert rl.own_routes([None], 3, 2) == [None]
 

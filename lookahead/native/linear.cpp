@@ -322,6 +322,7 @@ constexpr int64_t KERNEL_CODE = 1;
 constexpr int64_t TILED_CODE = 3;
 constexpr int64_t TILED_ROWS_MIN = 2;  // fewrows.TILED_ROWS_MIN: one row stays on numba's kernel
 constexpr int64_t KERNEL_ROWS_MAX = 64;  // fewrows.KERNEL_ROWS_MAX
+constexpr int64_t TILED_ROWS_MAX = 256;  // fewrows.TILED_ROWS_MAX
 constexpr int64_t MM_ROWS_MAX = 7;  // fewrows.MM_ROWS_MAX
 
 void set_kernels(int64_t float32_kernel, int64_t float64_kernel) {
@@ -344,7 +345,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   const int64_t inputs = x.size(-1);
   const int64_t rows = inputs > 0 ? x.numel() / inputs : 0;
   if (code == TILED_CODE) {  // the kernel route with the tiled kernel, where it takes the product
-    if (tiled_takes(x, weight) && rows >= TILED_ROWS_MIN && rows <= KERNEL_ROWS_MAX) return tiled(x, weight, bias, 0);
+    if (tiled_takes(x, weight) && rows >= TILED_ROWS_MIN && rows <= TILED_ROWS_MAX) return tiled(x, weight, bias, 0);
     code = KERNEL_CODE;
   }
   const bool same_dtype = x.scalar_type() == weight.scalar_type() && weight.dim() == 2 && weight.size(1) == inputs;
