@@ -94,7 +94,8 @@ class LookaheadGenerator:
         if not isinstance(self.config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig, got {type(self.config).__name__}")
         self.target = Target(model, check_model(model, self.config.allow_untested_models), self.config.cuda_graphs,
-                             self.config.traced_forward, self.config.native_linear, self.config.native_attention)
+                             self.config.traced_forward, self.config.native_linear, self.config.native_attention,
+                             prefill_kernel=self.config.few_row_matmul)
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
         self.costs = CostPolicy(self.target, self.config)  # which curve prices which step (cost/policy.py)

@@ -134,6 +134,8 @@ def test_tiled_rows_do_not_depend_on_the_others(tiled_op, lanes, inputs, outputs
     for rows in (1, 2, 3, 4, 5, 6, 7, 9, 10, 16, KERNEL_ROWS_MAX):
         together = tiled_op(x[:rows], w, None, lanes)
         assert torch.equal(together, alone[:rows])
+    many = x.repeat(5, 1)  # [5R, I]: past the op's blocks of 128 rows
+    assert torch.equal(tiled_op(many, w, None, lanes), alone.repeat(5, 1))
     torch.testing.assert_close(alone, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-4)
 
 

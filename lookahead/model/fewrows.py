@@ -9,7 +9,7 @@ forward through it and through torch's own on this machine, and each row
 count runs through whichever was faster (benchmarks/RESULTS.md has what
 machines measured).
 
-Inside ``FewRowLinear`` a forward over TILED_ROWS_MIN..TILED_ROWS_MAX rows
+Inside ``FewRowLinear`` a forward over TILED_ROWS_MIN rows or more
 in float32 runs its linear layers through the tiled kernel of lookahead's
 C++ op (native/linear.cpp: tiles of weight rows by input rows, on torch's
 threads, in 8 lanes with AVX2 and FMA, or in 16 with AVX-512F where the CPU
@@ -65,12 +65,13 @@ KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py compute
 ONEDNN_DTYPES = (torch.float32,)  # what the onednn route packs
 KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (the cost measurement decides where it wins)
 MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
-# the tiled kernel (float32, where loaded): up to this many rows (a batch's step: sequences x rows). SmolLM2's
-# linears on a 2-core AMD EPYC with AVX-512, ms at 32 / 64 / 96 / 128 / 192 rows: 16 lanes 27.9 / 48.0 / 71.7 /
-# 92.7 / 144, 8 lanes 41.3 / 74.7 / 112 / 148 / 230, torch's F.linear 73.6 / 115 / 159 / 199 / 290 (run 128):
-# past 64 rows, where numba's kernel stops, a batch of four 33-row steps fell off a cliff to torch's
-TILED_ROWS_MAX = 256
-FEW_ROWS_MAX = TILED_ROWS_MAX  # the most rows a forward is ever rerouted for
+# The most rows a step's forward is rerouted for (past it, as torch is set): the tiled kernel (float32, where
+# loaded) takes any number of rows; SmolLM2's linears on a 2-core AMD EPYC with AVX-512, ms at 32 / 64 / 96 /
+# 128 / 192 rows: 16 lanes 27.9 / 48.0 / 71.7 / 92.7 / 144, 8 lanes 41.3 / 74.7 / 112 / 148 / 230, torch's
+# F.linear 73.6 / 115 / 159 / 199 / 290 (run 128): at 64, where numba's kernel stops and where this limit stood,
+# a batch of four 33-row steps fell off a cliff to torch's. (Prompts prefill through it where it measures
+# faster: prefill.py.)
+FEW_ROWS_MAX = 256
 OP = "lookahead::linear"  # a linear layer as a torch op that follows a route given at run time (traced.py)
 ROUTE_CODES = {"torch": 0, "kernel": 1, "mm": 2}  # the routes OP takes, by the code it is given
 KERNEL_CODE = ROUTE_CODES["kernel"]
@@ -91,11 +92,11 @@ def kernel_product(w: np.ndarray, x: torch.Tensor, rows: int, bias: torch.Tensor
 
 def tiled_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the tiled kernel computes x [..., I] W [O, I]^T: float32 CPU tensors, W contiguous,
-    TILED_ROWS_MIN to TILED_ROWS_MAX rows (where it is loaded: ``FewRowLinear.tiled``)."""
+    TILED_ROWS_MIN rows or more (where it is loaded: ``FewRowLinear.tiled``)."""
     inputs = x.shape[-1]
     return x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu and weight.is_contiguous() \
         and weight.dim() == 2 and weight.shape[1] == inputs \
-        and TILED_ROWS_MIN <= x.numel() // max(inputs, 1) <= TILED_ROWS_MAX
+        and TILED_ROWS_MIN <= x.numel() // max(inputs, 1)
 
 
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, route: torch.Tensor) -> torch.Tensor:
@@ -184,7 +185,7 @@ class RoutedWeight(torch.Tensor):
                     and not x.requires_grad and (bias is None or not bias.requires_grad):
                 inputs = array.shape[1]
                 rows = x.numel() // inputs if x.shape[-1] == inputs else 0
-                if weight.tiled is not None and TILED_ROWS_MIN <= rows <= TILED_ROWS_MAX:
+                if weight.tiled is not None and TILED_ROWS_MIN <= rows:
                     return weight.tiled(x, weight.plain, bias)  # [..., O] (float32: ``tiled`` is set for no other)
                 if 1 <= rows <= KERNEL_ROWS_MAX:
                     return kernel_product(array, x, rows, bias)  # [..., O]

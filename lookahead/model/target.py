@@ -26,6 +26,7 @@ from .cache import Arena, SlotCache, arena_of, cache_keyword, new_cache
 from .fewrows import FEW_ROWS_MAX, FewRowLinear
 from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
+from .prefill import PrefillChoice
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
 from .traced import TracedForward, TraceKey, row_class, trace_linear, traceable
@@ -88,13 +89,15 @@ class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
     def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False, traced: bool = False,
-                 native: bool = True, native_attention: bool = True):
+                 native: bool = True, native_attention: bool = True, prefill_kernel: bool = True):
         """``graphs``: run one sequence's steps as CUDA graphs (graphs.py) where the model is on a CUDA
         device, every layer attends fully and the layers sit on one device. ``traced``: on the CPU,
         replay steps from checked TorchScript traces (traced.py) where every layer attends fully; ``native``:
         their linear layers through the C++ op (native/) where it can be built, and the kernel route's
         float32 products, eager or traced, through its tiled kernel (fewrows.py); ``native_attention``: with
-        that op's library loaded, a float32 step's grouped-query attention through its kernel (attention.py)."""
+        that op's library loaded, a float32 step's grouped-query attention through its kernel (attention.py);
+        ``prefill_kernel``: prompts prefill through that op's tiled kernel where it measures faster than torch's
+        (prefill.py)."""
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -102,6 +105,9 @@ class Target:
         # the cost curve (cost/measure.py); without one a forward runs as torch is set.
         self.routings: dict[int, Routing] = {}
         self.linears = FewRowLinear(model, native)  # its linear layers, for the routes that reroute them
+        # whose kernel prefills prompts: measured on the first ones, where the tiled kernel takes float32 weights
+        self.prefills = PrefillChoice(self.linears if prefill_kernel and self.linears.tiled is not None
+                                      and input_device(model).type == "cpu" else None)
         text = model.config.get_text_config(decoder=True)
         self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
         # grouped heads under a mask without copies (attention.py), through the C++ op's kernel where it is loaded
@@ -194,8 +200,9 @@ class Target:
         if mask is not None:
             assert positions is not None, "a padded prompt comes with its positions"
             padded = dict(attention_mask=to_device(mask, dev), position_ids=to_device(positions, dev))
-        self.model(input_ids=to_device(ids, dev), use_cache=True, logits_to_keep=1,
-                   **{self.cache_keyword: cache}, **padded)
+        with self.prefills.running(ids.shape[0] * ids.shape[1]):
+            self.model(input_ids=to_device(ids, dev), use_cache=True, logits_to_keep=1,
+                       **{self.cache_keyword: cache}, **padded)
 
     def step(self, cache: Cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
              past: int, slots: PastSlots | None = None) -> torch.Tensor:
