@@ -117,9 +117,10 @@ class LookaheadConfig:
                                             "weights, float32, made only where it fits in a third of the free "
                                             "memory); it wins over 8 rows and more, and with few_row_matmul off")
     few_row_matmul: bool = documented(True, "on the CPU, let the cost measurement try lookahead's own linear "
-                                            "kernel for 1-64-row forwards beside torch's, each row count then "
-                                            "running through the fastest route; off: torch's kernels only (no "
-                                            "effect on a GPU)")
+                                            "kernel for a step's forwards beside torch's, each row count then "
+                                            "running through the fastest route, and prompts prefill through its "
+                                            "tiled kernel where the first prefills measure it faster; off: "
+                                            "torch's kernels only (no effect on a GPU)")
     cuda_graphs: bool = documented(True, "on a CUDA GPU, replay a single sequence's steps as CUDA graphs (one "
                                          "captured per step size of 1-128 rows, over a KV buffer kept for "
                                          "later calls): a step then costs its kernels, not their launches "
