@@ -125,7 +125,7 @@ def runs_as(route, rows: int, threads: int):
     """The route a forward over ``rows`` rows through ``route`` really runs as (model/fewrows.py,
     model/routing.py): past FEW_ROWS_MAX rows every route is torch as set ("torch x{threads}"); the
     kernel outside 1..KERNEL_ROWS_MAX (where the tiled kernel runs: any rows) and W @ x^T ("mm") outside
-    2..MM_ROWS_MAX rows are torch's linear on the route's threads. None stays None."""
+    1..MM_ROWS_MAX rows are torch's linear on the route's threads. None stays None."""
     from lookahead.model.fewrows import FEW_ROWS_MAX, KERNEL_ROWS_MAX, MM_ROWS_MAX
     from lookahead.native.build import tiled_width
     from lookahead.model.routing import Route
@@ -136,7 +136,7 @@ def runs_as(route, rows: int, threads: int):
         return Route(threads, "torch")
     kernel_max = FEW_ROWS_MAX if tiled_width()[0] else KERNEL_ROWS_MAX
     if (route.linear == "kernel" and not 1 <= rows <= kernel_max) or \
-            (route.linear == "mm" and not 2 <= rows <= MM_ROWS_MAX):
+            (route.linear == "mm" and not 1 <= rows <= MM_ROWS_MAX):
         return Route(route.threads, "torch")
     return route
 

@@ -110,7 +110,7 @@ class LookaheadConfig:
                                               "core or more busy; by default it is used for that run only and "
                                               "measured again next run (or measure one while the machine is idle: "
                                               "lookahead costs measure)")
-    # The routes: lookahead/model/fewrows.py beside F.linear (and W @ x^T for 2-7 rows), each on torch's
+    # The routes: lookahead/model/fewrows.py beside F.linear (and W @ x^T for 1-64 rows), each on torch's
     # threads and on one; every row count runs through the fastest, re-checked as steps run (model/routing.py).
     onednn_linear: bool = documented(False, "on the CPU, let the cost measurement also try torch's oneDNN linear "
                                             "over weights packed once (a copy as large as the linear layers' "

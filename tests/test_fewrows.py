@@ -86,7 +86,7 @@ def test_few_row_linear_is_the_same_product(rows, bias, dtype):
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", range(2, MM_ROWS_MAX + 1))
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 33, MM_ROWS_MAX])
 def test_other_dtypes_take_the_transposed_product(rows):
     torch.manual_seed(rows)
     x, weight, b = torch.randn(rows, 24).bfloat16(), torch.randn(40, 24).bfloat16(), torch.randn(40).bfloat16()
@@ -98,7 +98,6 @@ def test_other_dtypes_take_the_transposed_product(rows):
 def test_few_row_linear_leaves_other_cases_to_torch():
     weight = torch.randn(8, 4)
     assert few_row_linear(torch.randn(KERNEL_ROWS_MAX + 1, 4), weight) is None  # many rows: torch's own
-    assert few_row_linear(torch.randn(1, 4).bfloat16(), weight.bfloat16()) is None  # one bf16 row: torch's
     assert few_row_linear(torch.randn(MM_ROWS_MAX + 1, 4).bfloat16(), weight.bfloat16()) is None
     assert few_row_linear(torch.randn(3, 4, dtype=torch.float64), weight) is None  # mixed dtypes: torch says so
     assert few_row_linear(torch.randn(3, 5), weight) is None  # a shape error stays torch's
@@ -187,16 +186,19 @@ def test_both_routings_are_exact(arch, monkeypatch):
         assert bool(calls) is enabled and (not enabled or max(calls) > 1)  # the kernel ran the decode's linears
 
 
-def test_without_the_kernel_only_two_to_seven_rows_go_through_w_times_x():
+def test_without_the_kernel_one_to_64_rows_go_through_w_times_x():
     torch.manual_seed(0)
     weight, bias = torch.randn(32, 16), torch.randn(32)
-    for rows in (2, 3, MM_ROWS_MAX):
+    for rows in (2, 3, 8, MM_ROWS_MAX):
         x = torch.randn(rows, 16)
         out = few_row_linear(x, weight, bias, kernel=False)
         assert torch.equal(out, torch.addmm(bias[:, None], weight, x.t()).t())  # W @ x^T, bit for bit
         torch.testing.assert_close(out, F.linear(x, weight, bias))
-    for rows in (1, MM_ROWS_MAX + 1):
-        assert few_row_linear(torch.randn(rows, 16), weight, kernel=False) is None  # torch's own
+    x = torch.randn(1, 16)  # one row: as itself twice (torch's matrix-vector kernel is the slow one)
+    out = few_row_linear(x, weight, bias, kernel=False)
+    assert torch.equal(out, torch.addmm(bias[:, None], weight, x.repeat(2, 1).t())[:, :1].t())
+    torch.testing.assert_close(out, F.linear(x, weight, bias))
+    assert few_row_linear(torch.randn(MM_ROWS_MAX + 1, 16), weight, kernel=False) is None  # torch's own
     with torch.no_grad():
         layer = torch.nn.Linear(16, 32)
         x = torch.randn(3, 16)

@@ -72,21 +72,19 @@ def test_roofline_is_bytes_over_bandwidth():
 def test_routes_that_run_as_another_are_left_out():
     routes = candidate_routes(2, True)  # torch, kernel, mm on 2 threads and on 1
     labels = lambda q: [r.label for r in rl.own_routes(routes, q, 2)]  # noqa: E731
-    assert labels(1) == ["torch x2", "kernel x2", "torch x1", "kernel x1"]  # W @ x^T needs 2..7 rows
-    assert labels(4) == [r.label for r in routes]
-    assert labels(16) == ["torch x2", "kernel x2", "torch x1", "kernel x1"]
+    assert labels(1) == labels(4) == labels(16) == labels(64) == [r.label for r in routes]  # W @ x^T: 1..64 rows
     from lookahead.model.fewrows import FEW_ROWS_MAX, KERNEL_ROWS_MAX
     from lookahead.native.build import tiled_width
     # past numba's 64 rows the kernel route runs as torch's, unless the tiled kernel takes them (to 256)
     assert labels(KERNEL_ROWS_MAX + 1) == (["torch x2", "kernel x2", "torch x1", "kernel x1"] if tiled_width()[0]
-                                           else ["torch x2", "torch x1"])
+                                           else ["torch x2", "torch x1"])  # (and W @ x^T stops at 64 rows)
     assert labels(FEW_ROWS_MAX + 1) == ["torch x2"]  # past the few-row limit every route is torch as set
-    assert rl.runs_as(Route(1, "mm"), 8, 2) == Route(1, "torch")
+    assert rl.runs_as(Route(1, "mm"), 65, 2) == Route(1, "torch")
     assert rl.own_routes([None], 3, 2) == [None]
 
 
 def test_step_seconds_interleave_and_take_medians():
-    routes = candidate_routes(2, True)
+    routes = candidate_routes(2, False)  # torch and W @ x^T, on 2 threads and on 1
     calls = []
     factor = {"torch": 1.0, "kernel": 1.1, "mm": 0.9}
 
@@ -94,15 +92,15 @@ def test_step_seconds_interleave_and_take_medians():
         calls.append((q, route.label))
         return q * factor[route.linear] * (2.0 if route.threads == 1 else 1.0)
 
-    seconds = rl.step_seconds(fake, (1, 4), routes, 3, 2)
+    seconds = rl.step_seconds(fake, (4, 65), routes, 3, 2)
     assert list(seconds) == [r.label for r in routes]
-    assert seconds["mm x2"] == [None, pytest.approx(3.6)]  # W @ x^T runs 2..7 rows only
-    assert seconds["torch x1"] == [pytest.approx(2.0), pytest.approx(8.0)]
-    assert len(calls) == (4 + 6) * (1 + 3)  # a warm-up and 3 passes over every applicable (rows, route)
-    timed = calls[10:]
-    assert [q for q, _ in timed[:10]] == [1] * 4 + [4] * 6 and timed[10][0] == 4  # ascending, then descending
-    assert timed[4][1] == "torch x2" and timed[10][1] == "kernel x2"  # the routes' order turns each pass
-    assert rl.best_routes(seconds) == [("torch x2", pytest.approx(1.0)), ("mm x2", pytest.approx(3.6))]
+    assert seconds["mm x2"] == [pytest.approx(3.6), None]  # W @ x^T runs 1..64 rows only
+    assert seconds["torch x1"] == [pytest.approx(8.0), pytest.approx(130.0)]
+    assert len(calls) == (4 + 2) * (1 + 3)  # a warm-up and 3 passes over every applicable (rows, route)
+    timed = calls[6:]
+    assert [q for q, _ in timed[:6]] == [4] * 4 + [65] * 2 and timed[6][0] == 65  # ascending, then descending
+    assert timed[0][1] == "torch x2" and timed[8][1] == "mm x2"  # the routes' order turns each pass
+    assert rl.best_routes(seconds) == [("mm x2", pytest.approx(3.6)), ("torch x2", pytest.approx(65.0))]
 
 
 def test_a_hopeless_route_is_timed_no_further_at_that_row_count():

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measuring: the curve is not cached
 # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces,
 # the tiled kernel's spread prefetch, curves of traced steps; 7: the C++ op's attention kernel; 8: the tiled
-# kernel in 16 lanes where AVX-512F runs and measures faster, its width in the fingerprint)
+# kernel in 16 lanes where AVX-512F runs and measures faster, its width in the fingerprint; W @ x^T from one row)
 ROUTES_VERSION = 8
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely

@@ -2,7 +2,7 @@
 
 A decode step feeds 1 row; a speculative step feeds a few more. On the CPU
 torch's ``F.linear`` hands a one-row product to a matrix-vector kernel and a
-product over 2 to 7 rows to a general matrix-matrix kernel; on some CPUs
+product over 2 or more rows to a general matrix-matrix kernel; on some CPUs
 neither streams the weights at the memory's speed, on others they do. So
 this is one route among others (model/routing.py): the cost measurement times a
 forward through it and through torch's own on this machine, and each row
@@ -18,7 +18,7 @@ op can be built and the CPU has AVX2 and FMA;
 otherwise, and over one row or in float64, through
 ``kernels.linear.rows_linear`` (numba: one pass over the weights, every
 thread); other float dtypes (bfloat16,
-float16, which neither computes in) run 2..MM_ROWS_MAX rows as W @ x^T;
+float16, which neither computes in) run 1..MM_ROWS_MAX rows as W @ x^T;
 anything else is torch's own.
 
 A third route is torch's own oneDNN (``onednn``): every weight packed once
@@ -64,7 +64,12 @@ PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
 ONEDNN_DTYPES = (torch.float32,)  # what the onednn route packs
 KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (the cost measurement decides where it wins)
-MM_ROWS_MAX = 7  # other dtypes, W @ x^T: 2 .. MM_ROWS_MAX rows (from 8 rows torch's kernel holds)
+# W @ x^T (the "mm" route, and the kernel route's for other dtypes): 1 .. MM_ROWS_MAX rows, a single row computed
+# as two (itself twice): torch sends one column to a matrix-vector kernel that on a 2-core AMD EPYC with AVX-512
+# took 33.4 ms over SmolLM2's linears where its matrix kernel took 17.1 over the row twice (run 128; F.linear:
+# 33.4 at one row, 53.6 / 50.9 / 46.8 / 57.7 at 2 / 4 / 8 / 16 against W @ x^T's 15.6 / 17.5 / 32.4 / 47.1, but
+# 51.9 against 60.3 at 12). The cost measurement decides per row count where it wins.
+MM_ROWS_MAX = 64
 # The most rows a step's forward is rerouted for (past it, as torch is set): the tiled kernel (float32, where
 # loaded) takes any number of rows; SmolLM2's linears on a 2-core AMD EPYC with AVX-512, ms at 32 / 64 / 96 /
 # 128 / 192 rows: 16 lanes 27.9 / 48.0 / 71.7 / 92.7 / 144, 8 lanes 41.3 / 74.7 / 112 / 148 / 230, torch's
@@ -212,7 +217,7 @@ def routable_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 class FewRowLinear:
     """A model's linear layers, rerouted to ``few_row_linear`` while ``routed(kernel)`` is entered
-    (``kernel`` False: only its W @ x^T part, for 2..MM_ROWS_MAX rows of any float dtype).
+    (``kernel`` False: only its W @ x^T part, for 1..MM_ROWS_MAX rows of any float dtype).
 
     Built once per model (it finds the layers and wraps their weights); entering it swaps each
     layer's weight for its ``RoutedWeight`` and puts the weight back on exit. numba runs on as many
@@ -304,7 +309,7 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                    kernel: bool = True, array: np.ndarray | None = None,
                    tiled: Callable[..., torch.Tensor] | None = None) -> torch.Tensor | None:
     """x [..., I] W[O, I]^T (+ bias [O]) through lookahead's kernel (``kernel``: 1..KERNEL_ROWS_MAX
-    rows, float32 or float64, contiguous W) or as (W x^T)^T (2..MM_ROWS_MAX rows: other dtypes, or
+    rows, float32 or float64, contiguous W) or as (W x^T)^T (1..MM_ROWS_MAX rows: other dtypes, or
     every float dtype without ``kernel``), for CPU tensors in W's dtype outside autograd; None
     otherwise (the caller runs the stock F.linear). ``array``: W as a numpy array, if the caller holds one;
     ``tiled``: the tiled kernel's op, which then computes float32 products in the kernel's place."""
@@ -319,9 +324,11 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         return tiled(x, weight, bias)
     if kernel and x.dtype in KERNEL_DTYPES and 1 <= rows <= KERNEL_ROWS_MAX and weight.is_contiguous():
         return kernel_product(array if array is not None else weight.detach().numpy(), x, rows, bias)
-    if (kernel and x.dtype in KERNEL_DTYPES) or not x.dtype.is_floating_point or not 2 <= rows <= MM_ROWS_MAX:
+    if (kernel and x.dtype in KERNEL_DTYPES) or not x.dtype.is_floating_point or not 1 <= rows <= MM_ROWS_MAX:
         return None
     flat = x.reshape(rows, x.shape[-1])  # [R, I]
+    if rows == 1:
+        flat = flat.repeat(2, 1)  # [2, I]: the row twice (see MM_ROWS_MAX), the second column dropped below
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())  # [O, R]
-    return out.t().reshape(*x.shape[:-1], weight.shape[0])
+    return out[:, :rows].t().reshape(*x.shape[:-1], weight.shape[0])
 

@@ -56,7 +56,7 @@ RECENT = 3  # a chosen route's level moves toward the median of its last RECENT 
 SWITCH_MARGIN = 0.05  # a tried route takes a row count over when it is this much faster (log ratio) there
 
 
-# torch's F.linear; lookahead's few-row kernel; torch's W @ x^T (2-7 rows); torch's oneDNN over packed weights
+# torch's F.linear; lookahead's few-row kernel; torch's W @ x^T (1-64 rows); torch's oneDNN over packed weights
 LINEARS = ("torch", "kernel", "mm", "onednn")
 
 
@@ -64,7 +64,7 @@ LINEARS = ("torch", "kernel", "mm", "onednn")
 class Route:
     """One way to run a forward: on ``threads`` threads (at most torch's), linears through
     ``linear``: "torch" (F.linear as it is), "kernel" (lookahead's few-row kernel, fewrows.py),
-    "mm" (2..7 rows as W @ x^T: torch's own kernels, through a faster path than F.linear's on some
+    "mm" (1..64 rows as W @ x^T: torch's own kernels, through a faster path than F.linear's on some
     CPUs) or "onednn" (torch's oneDNN kernel over weights packed once, fewrows.py)."""
 
     threads: int

@@ -326,7 +326,7 @@ constexpr int64_t KERNEL_CODE = 1;
 constexpr int64_t TILED_CODE = 3;
 constexpr int64_t TILED_ROWS_MIN = 2;  // fewrows.TILED_ROWS_MIN: one row stays on numba's kernel
 constexpr int64_t KERNEL_ROWS_MAX = 64;  // fewrows.KERNEL_ROWS_MAX
-constexpr int64_t MM_ROWS_MAX = 7;  // fewrows.MM_ROWS_MAX
+constexpr int64_t MM_ROWS_MAX = 64;  // fewrows.MM_ROWS_MAX
 
 void set_kernels(int64_t float32_kernel, int64_t float64_kernel) {
   kernels[0] = reinterpret_cast<Kernel>(float32_kernel);
@@ -363,14 +363,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
     if (bias.has_value() && bias->defined()) out.add_(*bias);
     return with_rows_of(out, x);
   }
-  // W @ x^T for 2..MM_ROWS_MAX rows: the "mm" route, and the kernel route's for dtypes the kernel does not take
+  // W @ x^T for 1..MM_ROWS_MAX rows (one row as itself twice, fewrows.MM_ROWS_MAX): the "mm" route, and the
+  // kernel route's for dtypes the kernel does not take
   if (code != TORCH_CODE && same_dtype && !(code == KERNEL_CODE && kernel_dtype) && x.is_floating_point() &&
-      rows >= 2 && rows <= MM_ROWS_MAX) {
-    const at::Tensor flat = x.reshape({rows, inputs});  // [R, I]
+      rows >= 1 && rows <= MM_ROWS_MAX) {
+    at::Tensor flat = x.reshape({rows, inputs});  // [R, I]
+    if (rows == 1) flat = flat.repeat({2, 1});  // [2, I]
     const at::Tensor out = bias.has_value() && bias->defined()
                                ? at::addmm(bias->unsqueeze(1), weight, flat.t())
                                : at::mm(weight, flat.t());  // [O, R]
-    return with_rows_of(out.t().reshape({rows, weight.size(0)}), x);
+    return with_rows_of(out.narrow(1, 0, rows).t().reshape({rows, weight.size(0)}), x);
   }
   return at::linear(x, weight, bias);
 }
