@@ -97,6 +97,34 @@ def test_prompts_prefilled_through_either_kernel_decode_as_generate_does():
     assert choice.chosen in ("torch", "kernel") and all(len(v) == TRIES for v in choice.per_row.values())
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "phi3"])
+def test_prompts_prefilled_through_the_kernel_decode_as_generate_does(arch):
+    """The kernel chosen (whatever the timings would say): long prompts, one at a time and a left-padded
+    batch, every output generate's; architectures with biases (qwen2), sliding layers (gemma3), fused
+    projections (phi3)."""
+    model = tiny_model(arch)
+    gen = LookaheadGenerator(model, config=LookaheadConfig())
+    if gen.target.prefills.linears is None:
+        pytest.skip("the tiled kernel is not loaded here (no C++ compiler, or no AVX2)")
+    choice = gen.target.prefills
+    choice.chosen = "kernel"
+    kinds = []
+    running = choice.running
+    choice.running = lambda rows: (kinds.append((rows, choice.next_kind(rows))), running(rows))[1]
+    g = torch.Generator().manual_seed(5)
+    for length in (MEASURED_ROWS + 9, 3 * MEASURED_ROWS):
+        ids = torch.randint(1, VOCAB, (1, length), generator=g)
+        out = gen.generate(ids, max_new_tokens=20, eos_token_id=VOCAB + 1)
+        assert torch.equal(out, reference(model, ids, 20, eos_token_id=VOCAB + 1))
+    long, short = torch.randint(1, VOCAB, (1, 50), generator=g), torch.randint(1, VOCAB, (1, 38), generator=g)
+    batch = torch.cat([long, torch.cat([torch.zeros(1, 12, dtype=torch.long), short], 1)])  # [2, 50], left-padded
+    mask = torch.cat([torch.ones(1, 50, dtype=torch.long), (torch.arange(50) >= 12).long()[None]])
+    outs = gen.generate(batch, attention_mask=mask, max_new_tokens=16, eos_token_id=VOCAB + 1)
+    assert torch.equal(outs[:1], reference(model, long, 16, eos_token_id=VOCAB + 1))
+    assert torch.equal(outs[1:, 12:], reference(model, short, 16, eos_token_id=VOCAB + 1))
+    assert kinds == [(MEASURED_ROWS + 8, "kernel"), (3 * MEASURED_ROWS - 1, "kernel"), (2 * 49, "kernel")]
+
+
 def test_few_row_matmul_off_prefills_through_torch():
     gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(few_row_matmul=False))
     assert gen.target.prefills.linears is None and gen.target.prefills.next_kind(500) == "torch"
