@@ -127,8 +127,8 @@ def runs_as(route, rows: int, threads: int):
     kernel outside 1..KERNEL_ROWS_MAX (where the tiled kernel runs: any rows) and W @ x^T ("mm") outside
     1..MM_ROWS_MAX rows are torch's linear on the route's threads. None stays None."""
     from lookahead.model.fewrows import FEW_ROWS_MAX, KERNEL_ROWS_MAX, MM_ROWS_MAX
-    from lookahead.native.build import tiled_width
     from lookahead.model.routing import Route
+    from lookahead.native.build import tiled_width
 
     if route is None:
         return None
@@ -490,8 +490,9 @@ def _width(result: dict) -> str:
     if not lanes:
         return "none (numba's kernel computes the kernel route's products)"
     if len(timings) == 2:
+        ms = dict(zip((8, 16), timings))  # (linear.cpp's tiled_width_timings: 8 lanes, then 16)
         other = 8 if lanes == 16 else 16
-        return f"{lanes} lanes (measured {timings[lanes == 16]:.2f} ms against {other} lanes' {timings[lanes == 8]:.2f})"
+        return f"{lanes} lanes (measured {ms[lanes]:.2f} ms against {other} lanes' {ms[other]:.2f})"
     return f"{lanes} lanes (the only width this CPU runs)"
 
 

@@ -58,7 +58,7 @@ import torch.nn.functional as F
 
 from ..kernels.linear import rows_linear
 from ..kernels.threads import start_numba_threads
-from ..native.build import load_linear, tiled_kernel
+from ..native.build import load_linear, tiled_kernel, tiled_width
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
@@ -237,6 +237,7 @@ class FewRowLinear:
         self.tiled: Callable[..., torch.Tensor] | None = None
         if self.native_op is not None and any(layer.weight.dtype == torch.float32 for layer in layers):
             self.tiled, _ = tiled_kernel()
+            tiled_width()  # (the process's width chosen now, ~50 ms once, not inside the first timed forward)
         self._wrap()
 
     def _wrap(self) -> None:
