@@ -226,15 +226,20 @@ def test_table_learn_worked_example_and_last_row_wins():
     keys, pairs, pair_conf = np.full((5, 2), -1, dtype=np.int64), np.full((5, 2), -1, dtype=np.int64), \
         np.zeros((5, 2), dtype=np.int64)
     i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
-    table_learn(i64(5), i64(-1), i64([7, 8]).reshape(1, 2), i64([9, 0]).reshape(1, 2), 3, successors, confidence,
+    table_learn(i64(5), i64(-1), i64([7, 8]).reshape(1, 2), i64([9, 0]).reshape(1, 2), 0, 3, successors, confidence,
                 keys, pairs, pair_conf)
     assert successors[5].tolist() == [7, 8] and confidence[5].tolist() == [2, 0] and (keys == -1).all()
     # a token twice: the later row wins; a known predecessor fills the pair's slot; a token past V is skipped
-    table_learn(i64(3, 3, 99), i64(-1, 4, 2), i64([1, 2], [6, 7], [5, 5]), i64([1, 1], [0, 2], [0, 0]), 3,
+    table_learn(i64(3, 3, 99), i64(-1, 4, 2), i64([1, 2], [6, 7], [5, 5]), i64([1, 1], [0, 2], [0, 0]), 0, 3,
                 successors, confidence, keys, pairs, pair_conf)
     assert successors[3].tolist() == [6, 7] and confidence[3].tolist() == [0, 2]
     s = pair_slot(4, 3, 5)
     assert keys[s].tolist() == [4, 3] and pairs[s].tolist() == [6, 7] and pair_conf[s].tolist() == [0, 2]
+    # the staged layout [K, 2R]: top in the first R columns, the buckets in the next R (bucket_column R)
+    staged = i64([4, 1, 2, 0])
+    table_learn(i64(6), i64(-1), staged.reshape(1, 4), staged.reshape(1, 4), 2, 3, successors, confidence, keys, pairs,
+                pair_conf)
+    assert successors[6].tolist() == [4, 1] and confidence[6].tolist() == [2, 0]
 
 
 def test_previous_tokens_worked_example_and_window_rows():

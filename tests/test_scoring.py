@@ -13,7 +13,7 @@ from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
 from lookahead.kernels.estimates import backoff_estimates
 from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, tree_paths
-from lookahead.kernels.trie import best_first_order, build_scored_trie
+from lookahead.kernels.trie import best_first_order, build_scored_trie, ranked_nodes
 from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
@@ -89,6 +89,30 @@ def test_every_prefix_of_the_best_first_order_is_a_tree(rows, data):
             ready = [n for n in range(tokens.shape[0]) if n not in taken and (parents[n] < 0 or parents[n] in taken)]
             assert prob[order[k]] == max(prob[ready])
 
+
+
+def test_ranked_nodes_docstring_example():
+    parents, prob, depths = a(-1, 0, 0, -1), np.array([.9, .3, .5, .6]), a(1, 2, 2, 1)
+    order, probs = ranked_nodes(parents, prob, depths, 3)
+    assert order.tolist() == [0, 3, 2, 1] and np.allclose(probs, [.9, .6, .5, .3])
+    order, probs = ranked_nodes(parents, prob, depths, 2)
+    assert order.tolist() == [0, 3] and np.allclose(probs, [.9, .6])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=8), st.integers(1, 6),
+       st.data())
+def test_ranked_nodes_is_the_best_first_order_cut_by_depth(rows, deepest, data):
+    """Property: the nodes shallower than ``deepest`` in best-first order, their probabilities, a tree."""
+    width = max(map(len, rows))
+    cands = np.array([r + [0] * (width - len(r)) for r in rows])
+    est = np.array([[data.draw(st.floats(0.01, 0.99)) for _ in range(3)]])
+    tokens, parents, depths, cls, prob = build_scored_trie(cands, a(*map(len, rows)), np.zeros_like(cands), est, 100)
+    order, probs = ranked_nodes(parents, prob, depths, deepest)
+    full = best_first_order(parents, prob)
+    assert order.tolist() == [n for n in full.tolist() if depths[n] < deepest]
+    assert np.array_equal(probs, prob[order])
+    assert subtree(TokenTree(tokens, parents, depths, cls), order).size == order.shape[0]  # closed under parents
 
 def test_subtree_renumbers_and_refuses_orphans():
     tree = TokenTree(a(4, 5, 6, 7), a(-1, 0, 1, 0), a(1, 2, 3, 2), a(0, 0, 0, 1))
@@ -218,6 +242,18 @@ def test_rank_priors_fall_with_rank_and_rise_with_confidence():
     assert ((priors > 0) & (priors < 1)).all()
 
 
+
+def test_adjacency_table_learns_the_staged_layout_as_its_two_halves():
+    """learn_staged reads top-R and the buckets from the verifier's [K, 2R] rows as learn does from two arrays."""
+    staged = np.array([[2, 3, 1, 0], [4, 5, 0, 2], [6, 7, 3, 3]])
+    tokens, prev = a(1, 2, 1), a(-1, 1, 2)
+    split, whole = AdjacencyTable(vocab=8, width=2), AdjacencyTable(vocab=8, width=2)
+    split.learn(tokens, staged[:, :2], staged[:, 2:], prev)
+    whole.learn_staged(tokens, staged, prev)
+    for name in ("successors", "confidence", "pair_keys", "pair_successors", "pair_confidence"):
+        assert np.array_equal(getattr(split, name), getattr(whole, name)), name
+    assert whole.successors[1].tolist() == [6, 7] and whole.confidence[2].tolist() == [0, 2]
+
 def test_recycling_proposer_paths_carry_rank_bucket_classes():
     table = AdjacencyTable(vocab=8, width=2)
     table.learn(a(1, 2), np.array([[2, 3], [4, 5]]), np.array([[1, 0], [0, 0]]))
@@ -328,6 +364,24 @@ def test_calibration_splits_a_promise_between_the_levels_around_it():
     assert np.isclose(factors[at[1.0]], factors[at[2.0]], rtol=0.5) and factors[at[2.0]] < 0.5
     assert factors[at[0.25]] == 1.0 and factors[at[16.0]] == 1.0  # far levels untouched
 
+
+
+def test_calibration_decays_by_a_running_factor_and_folds_it_back():
+    """The lazily kept decay gives the decayed sums a plain recurrence gives, also across the fold-back."""
+    from lookahead.plan.acceptance import GAIN_DECAY, GAIN_PRIOR_TREES, RESCALE
+    gain = GainCalibration()
+    steps = int(np.log(RESCALE) / np.log(GAIN_DECAY)) + 50  # past the point where the factor is folded back
+    yielded = promised = 0.0  # the level of 2.0 tokens, as a plain recurrence decays it
+    rng = np.random.default_rng(0)
+    for step in range(steps):
+        kept = int(rng.integers(0, 3)) if step % 3 else 0
+        gain.observe(2.0 if step % 3 else 0.0, kept)
+        yielded = yielded * GAIN_DECAY + kept
+        promised = promised * GAIN_DECAY + (2.0 if step % 3 else 0.0)
+    assert gain.scale > GAIN_DECAY ** (steps - 1)  # folded back at least once (unfolded: GAIN_DECAY ** steps)
+    prior = GAIN_PRIOR_TREES * 2.0
+    expected = min(max((yielded + prior) / (promised + prior), GAIN_RANGE[0]), GAIN_RANGE[1])
+    assert np.isclose(gain.factors()[list(GAIN_LEVELS).index(2.0)], expected)
 
 def test_budget_speculates_nothing_where_trees_never_paid():
     cost = CostModel(np.array([1., 2., 8.]), np.array([1., 1.3, 1.5]))

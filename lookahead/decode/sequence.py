@@ -162,9 +162,7 @@ class Sequence:
         choice = self.verifier.finish(host, plan.rows, plan.tree, plan.keep.shape[0])
         self.planner.learn(plan.tree, choice.path, plan.rows.window)
         if self.recycled is not None and choice.top is not None:  # top: every kept row's top 2R, with recycling
-            width = self.recycled.width
-            self.recycled.learn(plan.tokens[plan.keep], choice.top[:, :width], choice.top[:, width:],
-                                self._previous(plan))
+            self.recycled.learn_staged(plan.tokens[plan.keep], choice.top, self._previous(plan))
         start = self.out.stop
         done = self.out.append(choice.new)
         self.stats.accepted.append(self.out.stop - start)

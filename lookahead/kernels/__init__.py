@@ -18,7 +18,15 @@ from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, previous_tokens, table_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
 from .topk import top_entries
-from .trie import best_first_order, build_scored_trie, layout_mask, path_tokens, step_arrays, subtree_arrays
+from .trie import (
+    best_first_order,
+    build_scored_trie,
+    layout_mask,
+    path_tokens,
+    ranked_nodes,
+    step_arrays,
+    subtree_arrays,
+)
 from .walk import accept_walk
 
 SEQ = np.array([1, 2, 3, 1, 2], dtype=np.int64)
@@ -59,6 +67,7 @@ def _warm_trees() -> None:
     """The trie, its layout and mask, and verification's walk."""
     tokens, parents, depths, _, prob = _scored_trie()
     best_first_order(parents, prob)
+    ranked_nodes(parents, prob, depths, 2)
     shared = np.ones((1, 1), dtype=np.bool_)
     layout_mask(shared, parents)
     shared.flags.writeable = False  # the window's masks are cached read-only (plan/window.py)
@@ -89,7 +98,7 @@ def _warm_recycle() -> None:
                                np.full((4, 2), 0.5), 3)
     tree_paths(*grown)
     previous_tokens(np.array([0, 2], dtype=np.int64), 2, SEQ, np.array([-1, 0], dtype=np.int64), SEQ[:2], 1, -1)
-    table_learn(np.array([1, 5], dtype=np.int64), np.array([0, -1], dtype=np.int64), adj, np.zeros_like(adj), 3,
+    table_learn(np.array([1, 5], dtype=np.int64), np.array([0, -1], dtype=np.int64), adj, np.zeros_like(adj), 0, 3,
                 np.full((4, 2), -1, dtype=np.int64), np.zeros((4, 2), dtype=np.int64), keys, pair_adj,
                 np.zeros_like(pair_adj))
 
@@ -106,8 +115,9 @@ WARM_GROUPS: tuple[Callable[[], None], ...] = (_warm_trees, _warm_sources, _warm
                                                _warm_linear, _warm_topk)
 ENTRY_KERNELS = (backoff_estimates, count_tree, forecast_options, refine_curve, match_continuations,
                  pool_insert_sequence, pool_insert_grams, pool_lookup, store_append, store_separate, store_lookup,
-                 build_scored_trie, best_first_order, step_arrays, layout_mask, subtree_arrays, path_tokens,
-                 accept_walk, top_entries, pair_learn, grow_recycled_tree, tree_paths, previous_tokens, table_learn)
+                 build_scored_trie, best_first_order, ranked_nodes, step_arrays, layout_mask, subtree_arrays,
+                 path_tokens, accept_walk, top_entries, pair_learn, grow_recycled_tree, tree_paths, previous_tokens,
+                 table_learn)
 
 
 def cached() -> bool:

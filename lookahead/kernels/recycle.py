@@ -103,11 +103,12 @@ def previous_tokens(lead_rows: np.ndarray, width: int, step_tokens: np.ndarray, 
 
 
 @njit(cache=True)
-def table_learn(tokens: np.ndarray, prev: np.ndarray, top: np.ndarray, buckets: np.ndarray, bucket_count: int,
-                successors: np.ndarray, confidence: np.ndarray, pair_keys: np.ndarray, pair_adj: np.ndarray,
-                pair_conf: np.ndarray) -> None:
+def table_learn(tokens: np.ndarray, prev: np.ndarray, top: np.ndarray, buckets: np.ndarray, bucket_column: int,
+                bucket_count: int, successors: np.ndarray, confidence: np.ndarray, pair_keys: np.ndarray,
+                pair_adj: np.ndarray, pair_conf: np.ndarray) -> None:
     """Row i of a forward carried tokens[i] after prev[i] (-1: unknown); the model's top-R there (R: the
-    table's width) were top[i, :R], with confidence buckets[i, :R] (clipped to 0 .. bucket_count - 1).
+    table's width) were top[i, :R], with confidence buckets[i, bucket_column:bucket_column + R] (clipped to
+    0 .. bucket_count - 1; ``bucket_column`` R and ``buckets`` top itself read the staged [K, 2R] layout).
     The token's successors [V, R] and confidence are overwritten (a later row of the same token wins),
     and so are the pair's (``pair_learn``; none when the table holds no pairs). Tokens outside
     0 .. V - 1 are skipped.
@@ -123,7 +124,7 @@ def table_learn(tokens: np.ndarray, prev: np.ndarray, top: np.ndarray, buckets: 
             continue
         for r in range(width):
             successors[token, r] = top[i, r]
-            confidence[token, r] = min(max(buckets[i, r], 0), bucket_count - 1)
+            confidence[token, r] = min(max(buckets[i, bucket_column + r], 0), bucket_count - 1)
         if prev[i] >= 0 and slots > 0:
             _remember_pair(prev[i], token, top[i], confidence[token], pair_keys, pair_adj, pair_conf)
 

@@ -100,6 +100,28 @@ def best_first_order(parents: np.ndarray, prob: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
+def ranked_nodes(parents: np.ndarray, prob: np.ndarray, depths: np.ndarray,
+                 deepest: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order [K], probs [K]): ``best_first_order`` of the nodes shallower than ``deepest``, and their
+    path probabilities (one kernel call where the planner needs both; the nodes kept are still closed
+    under parents, ancestors being shallower).
+
+    Worked example: parents [-1 0 0 -1], prob [.9 .3 .5 .6], depths [1 2 2 1], deepest 3 ->
+    order [0 3 2 1], probs [.9 .6 .5 .3]; deepest 2 -> order [0 3], probs [.9 .6].
+    """
+    full = best_first_order(parents, prob)
+    order = np.empty(full.shape[0], dtype=np.int64)
+    probs = np.empty(full.shape[0], dtype=np.float64)
+    k = 0
+    for node in full:
+        if depths[node] < deepest:
+            order[k] = node
+            probs[k] = prob[node]
+            k += 1
+    return order[:k], probs[:k]
+
+
+@njit(cache=True)
 def step_arrays(window_offsets: np.ndarray, window_mask: np.ndarray, window_tokens: np.ndarray, x: int,
                 kept: np.ndarray, tree_tokens: np.ndarray, parents: np.ndarray,
                 depths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

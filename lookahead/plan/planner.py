@@ -25,7 +25,7 @@ import torch
 from ..config import LookaheadConfig
 from ..core.rows import DrawnRows
 from ..core.tree import TokenTree, empty_tree, prepend_chain, scored_tree, subtree
-from ..kernels.trie import best_first_order
+from ..kernels.trie import best_first_order, ranked_nodes
 from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext, no_candidates
 from .acceptance import AcceptanceStats
 from .budget import expected_gains
@@ -185,9 +185,8 @@ class Planner:
         if tree.size == 0:
             return RankedTree(tree, NO_ORDER, NO_PROBS, None, seconds)
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
-        order = best_first_order(tree.parents, prob)  # [M]
-        order = order[tree.depths[order] < deepest]  # still closed under parents: ancestors are shallower
-        probs = prob[order]  # [M] as the estimates say (choose_step calibrates their sums)
+        order, probs = ranked_nodes(tree.parents, prob, tree.depths, deepest)  # [M]: probs as the estimates say
+        # (choose_step calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
 
     @staticmethod
@@ -197,7 +196,7 @@ class Planner:
 
     def cut(self, ranked: RankedTree, size: int) -> TokenTree:
         """The first ``size`` nodes of a ranked trie (closed under parents), as the step's tree."""
-        self.predicted = float(ranked.probs[:size].sum())
+        self.predicted = sum(ranked.probs[:size].tolist())  # (a builtin sum: a step's numpy calls come cold)
         self.drawn = drawn_rows(ranked.drawn, np.sort(ranked.order[:size])) if ranked.drawn is not None else None
         return subtree(ranked.tree, ranked.order[:size])
 

@@ -90,8 +90,15 @@ class AdjacencyTable:
         top = contiguous(top[:, :width])  # [K, R]
         buckets = np.zeros_like(top) if buckets is None else contiguous(buckets[:, :width])
         prev = np.full(count, -1, dtype=np.int64) if prev is None else contiguous(prev)
-        table_learn(contiguous(tokens), prev, top, buckets, BUCKETS, self.successors, self.confidence,
+        table_learn(contiguous(tokens), prev, top, buckets, 0, BUCKETS, self.successors, self.confidence,
                     self.pair_keys, self.pair_successors, self.pair_confidence)
+
+    def learn_staged(self, tokens: np.ndarray, staged: np.ndarray, prev: np.ndarray) -> None:
+        """``learn`` from the verifier's staged layout: staged [K, 2R] holds each row's top-R, then their
+        confidence buckets (``top_successors``); prev [K] (-1: unknown). No copy of either half."""
+        staged = contiguous(staged)
+        table_learn(contiguous(tokens), contiguous(prev), staged, staged, self.width, BUCKETS, self.successors,
+                    self.confidence, self.pair_keys, self.pair_successors, self.pair_confidence)
 
 
 class RecyclingProposer(Source):
