@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
 from lookahead.kernels.estimates import backoff_estimates
-from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, tree_paths
+from lookahead.kernels.recycle import grow_recycled_tree, pair_learn, pair_slot, recycled_paths, tree_paths
 from lookahead.kernels.trie import best_first_order, build_scored_trie, ranked_nodes
 from lookahead.proposers.base import Proposer
 from lookahead.proposers.context import ContextMatcher
@@ -153,6 +153,14 @@ def test_recycled_tree_docstring_example():
     cands, lens, labels = tree_paths(tokens, parents, depths, classes)
     assert cands.tolist() == [[2, 4], [3, 0]] and lens.tolist() == [2, 1] and labels.tolist() == [[0, 0], [1, 0]]
 
+
+
+def test_recycled_paths_are_the_grown_trees_paths_in_one_call():
+    adj, conf, est = recycling_example()
+    cands, lens, labels = recycled_paths(adj, conf, *no_pairs(adj.shape[1]), 1, -1, 1, est, 3)
+    assert cands.tolist() == [[2, 4], [3, 0]] and lens.tolist() == [2, 1] and labels.tolist() == [[0, 0], [1, 0]]
+    unknown = np.full_like(adj, -1)  # no successor of x known: no rows
+    assert recycled_paths(unknown, conf, *no_pairs(adj.shape[1]), 1, -1, 1, est, 3)[1].shape == (0,)
 
 def test_recycled_tree_scores_by_rank_and_confidence_bucket():
     adj, conf, _ = recycling_example()

@@ -15,7 +15,7 @@ from .estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates, coun
 from .linear import WIDE_ROWS, rows_linear
 from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
-from .recycle import grow_recycled_tree, pair_learn, previous_tokens, table_learn, tree_paths
+from .recycle import grow_recycled_tree, pair_learn, previous_tokens, recycled_paths, table_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
 from .topk import top_entries
 from .trie import (
@@ -97,6 +97,7 @@ def _warm_recycle() -> None:
     grown = grow_recycled_tree(adj, np.zeros_like(adj), keys, pair_adj, np.zeros_like(pair_adj), 1, 1, 0,
                                np.full((4, 2), 0.5), 3)
     tree_paths(*grown)
+    recycled_paths(adj, np.zeros_like(adj), keys, pair_adj, np.zeros_like(pair_adj), 1, 1, 0, np.full((4, 2), 0.5), 3)
     previous_tokens(np.array([0, 2], dtype=np.int64), 2, SEQ, np.array([-1, 0], dtype=np.int64), SEQ[:2], 1, -1)
     table_learn(np.array([1, 5], dtype=np.int64), np.array([0, -1], dtype=np.int64), adj, np.zeros_like(adj), 0, 3,
                 np.full((4, 2), -1, dtype=np.int64), np.zeros((4, 2), dtype=np.int64), keys, pair_adj,
@@ -117,7 +118,7 @@ ENTRY_KERNELS = (backoff_estimates, count_tree, forecast_options, refine_curve, 
                  pool_insert_sequence, pool_insert_grams, pool_lookup, store_append, store_separate, store_lookup,
                  build_scored_trie, best_first_order, ranked_nodes, step_arrays, layout_mask, subtree_arrays,
                  path_tokens, accept_walk, top_entries, pair_learn, grow_recycled_tree, tree_paths, previous_tokens,
-                 table_learn)
+                 table_learn, recycled_paths)
 
 
 def cached() -> bool:

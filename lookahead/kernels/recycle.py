@@ -251,3 +251,14 @@ def tree_paths(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray,
             cur = parents[cur]
         g += 1
     return cands, lens, out_labels
+
+
+@njit(cache=True)
+def recycled_paths(adj: np.ndarray, conf: np.ndarray, pair_keys: np.ndarray, pair_adj: np.ndarray,
+                   pair_conf: np.ndarray, buckets: int, x_prev: int, x: int, est: np.ndarray,
+                   max_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``tree_paths`` of ``grow_recycled_tree`` (one kernel call a step): the recycled tree under x as
+    candidate rows (cands [G, L], lens [G], classes [G, L]); G = 0 where the tables know nothing of x."""
+    tokens, parents, depths, classes = grow_recycled_tree(adj, conf, pair_keys, pair_adj, pair_conf, buckets, x_prev,
+                                                          x, est, max_nodes)
+    return tree_paths(tokens, parents, depths, classes)

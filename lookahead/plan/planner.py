@@ -118,8 +118,9 @@ def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
     for c, off in groups:  # (filled in place: np.pad and np.concatenate cost more than the copying)
         rows, cols = c.tokens.shape
         tokens[row:row + rows, :cols] = c.tokens
-        classes[row:row + rows, :cols] = c.classes + off
-        classes[row:row + rows, cols:] = off  # the padding's class: the source's first, as everywhere
+        np.add(c.classes, off, out=classes[row:row + rows, :cols])
+        if cols < width:
+            classes[row:row + rows, cols:] = off  # the padding's class: the source's first, as everywhere
         row += rows
     lens = np.concatenate([c.lens for c, _ in groups])  # [G]
     return Candidates(tokens, lens, classes)

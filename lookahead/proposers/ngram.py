@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.arrays import contiguous
 from ..core.learner import DecayedScalar
 from ..kernels.pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
-from .base import Candidates, Outcome, Source, State, StepContext, no_candidates, single_class
+from .base import Candidates, Outcome, Source, State, StepContext, no_candidates
 
 POOL_PRIORS = np.array([0.3, 0.2, 0.15, 0.1])  # by recency rank in the pool (rank >= 3 shares the last)
 COLUMN_PRIOR = (1.0, 20.0)  # (tokens, column-steps): a window column starts worth 0.05 tokens a step, enough
@@ -62,6 +63,7 @@ class NgramProposer(Source):
         self.seed_from_prompt = seed_from_prompt
         self.seed_from_output = seed_from_output
         self.ranks = self.lens = np.zeros(0, dtype=np.int64)  # per row of a lookup: its class, its length
+        self.classes = np.zeros((0, 0), dtype=np.int64)  # [G, N-1] ranks repeated along each row
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         self.pool.clear()
@@ -77,7 +79,8 @@ class NgramProposer(Source):
         if self.ranks.shape[0] < count:  # (made once: every numpy call of a step's host work costs)
             self.ranks = np.minimum(np.arange(count), POOL_PRIORS.shape[0] - 1)  # [G] each row's class
             self.lens = np.full(count, cands.shape[1], dtype=np.int64)  # [G] every row is a whole n-gram
-        return single_class(cands, self.lens[:count], self.ranks[:count])
+            self.classes = np.repeat(self.ranks[:, None], cands.shape[1], axis=1)  # [G, N-1] its tokens' classes
+        return Candidates(contiguous(cands), self.lens[:count], self.classes[:count])  # (read, never written)
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Insert the n-grams that end inside the newly accepted tokens."""

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..core.arrays import contiguous
-from ..kernels.recycle import grow_recycled_tree, table_learn, tree_paths
+from ..kernels.recycle import recycled_paths, table_learn
 from ..kernels.topk import top_entries
 from .base import Candidates, Source, StepContext, no_candidates
 
@@ -121,12 +121,12 @@ class RecyclingProposer(Source):
             return no_candidates()
         table = self.table
         before = int(seq[stop - 2]) if stop >= 2 else -1  # x's previous token
-        tokens, parents, depths, classes = grow_recycled_tree(
+        cands, lens, classes = recycled_paths(
             table.successors, table.confidence, table.pair_keys, table.pair_successors, table.pair_confidence,
             BUCKETS, before, int(seq[stop - 1]), estimates, self.nodes)
-        if tokens.shape[0] == 0:
+        if lens.shape[0] == 0:
             return no_candidates()
-        return Candidates(*tree_paths(tokens, parents, depths, classes))
+        return Candidates(cands, lens, classes)
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """Nothing: the table learns from the forward's logits (AdjacencyTable.learn)."""
