@@ -80,6 +80,7 @@ class LookaheadProposer:
         self.acceptance = AcceptanceStats(priors, SCORE_DEPTH)
         self.saved_at = time.monotonic()
         self.clock = StepClock()  # what a row of vLLM's step costs here (least_accept "auto")
+        self.now = time.perf_counter  # the clock the step clock reads (a replay gives its modelled time)
         self.proposed = 0  # draft tokens proposed, all requests
         self.accepted = 0  # of them accepted
         self.closed = False
@@ -101,7 +102,7 @@ class LookaheadProposer:
         rows = [(i, token_ids_cpu[i], int(num_tokens_no_spec[i]), len(sampled))
                 for i, sampled in enumerate(sampled_token_ids) if sampled]
         step = self.tracker.step(rows)
-        self.clock.tick(time.perf_counter(), sum(r[3] for r in rows), clean=not step.begun and not step.ended)
+        self.clock.tick(self.now(), sum(r[3] for r in rows), clean=not step.begun and not step.ended)
         for ended in step.ended:
             self._finish(ended)
         for index, tracked in step.requests.items():
