@@ -39,6 +39,8 @@ from typing import Callable
 
 import torch
 
+from lookahead.model.hugepages import huge_bytes, move_to_huge_pages, on_huge_pages
+
 STREAM_MIN_BYTES = 256 * 2 ** 20  # the bandwidth probe sums at least this much (past every cache level)
 STREAM_WARMUPS = 2  # untimed sums before the timed ones (first touch, frequency ramp-up)
 STREAM_REPEATS = 7  # timed sums; the median counts
@@ -89,15 +91,21 @@ def _sync(device: torch.device) -> None:
 
 
 def streaming_bandwidth(nbytes: int, device: torch.device | str = "cpu", warmups: int = STREAM_WARMUPS,
-                        repeats: int = STREAM_REPEATS) -> tuple[float, list[float]]:
+                        repeats: int = STREAM_REPEATS, huge: bool = False) -> tuple[float, list[float]]:
     """(bytes per second, the timed seconds [repeats]) of torch summing a float32 tensor of ``nbytes``
-    bytes (rounded down to whole floats, at least one) on ``device``, on torch's threads as set.
+    bytes (rounded down to whole floats, at least one) on ``device``, on torch's threads as set; ``huge``:
+    on the CPU, the tensor on transparent huge pages where the kernel offers them (as the weights are,
+    model/hugepages.py), so the roofline streams as the steps do.
 
     ``warmups`` untimed sums first; the rate is the tensor's bytes over the median timed sum.
     """
     device = torch.device(device)
     count = max(1, nbytes // 4)
-    data = torch.ones(count, dtype=torch.float32, device=device)  # [count], every page touched
+    arena = huge_bytes(count * 4) if huge and device.type == "cpu" else None
+    if arena is not None:
+        data = arena.view(torch.float32).fill_(1.0)  # [count], every page touched
+    else:
+        data = torch.ones(count, dtype=torch.float32, device=device)  # [count], every page touched
     times = []
     for index in range(warmups + repeats):
         _sync(device)
@@ -440,9 +448,13 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     layout = check_model(model, allow_untested)
     device = input_device(model)
     threads = torch.get_num_threads()
+    config = config if config is not None else LookaheadConfig()
+    if config.huge_pages and device.type == "cpu":
+        move_to_huge_pages(model)  # (where a generator's would be: its steps are the ones timed)
+    huge = on_huge_pages(model)
     weights = weight_bytes(model)
     stream_bytes = max(weights, stream_min_bytes)
-    bandwidth, stream_times = streaming_bandwidth(stream_bytes, device)
+    bandwidth, stream_times = streaming_bandwidth(stream_bytes, device, huge=huge)
     roofline = roofline_seconds(weights, bandwidth)
     routes = measured_routes(model, True, onednn=True)  # every route there is, oneDNN's included
     time_one = decode_step_timer(model, layout, context)
@@ -463,9 +475,9 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
         steps.append({"rows": q, "seconds": {lab: seconds[lab][rows.index(q)] for lab in seconds},
                       "best_route": label, "best_s": best_s, "x_roofline": best_s / roofline, "breakdown_s": parts,
                       "profiled_s": profiled, "traced": trace})
-    host = host_phases(model, tokenizer, config if config is not None else LookaheadConfig(),
+    host = host_phases(model, tokenizer, config,
                        prompt_ids(tokenizer, int(model.get_input_embeddings().weight.shape[0])), host_tokens)
-    return {"device": str(device), "threads": threads, "context": context, "repeats": repeats,
+    return {"device": str(device), "threads": threads, "context": context, "repeats": repeats, "huge_pages": huge,
             "weight_bytes": weights, "stream_bytes": max(1, stream_bytes // 4) * 4,
             "stream_s": stream_times, "bandwidth_bytes_per_s": bandwidth, "roofline_s": roofline,
             "routes": list(seconds), "steps": steps, "host": host}
@@ -505,10 +517,11 @@ def report_markdown(result: dict) -> str:
              f"- tiled kernel: {_width(result)}",
              f"- torch {result['torch']}, transformers {result['transformers']}",
              f"- model: {result['model']}, dtype {result['dtype']}",
-             f"- weight bytes a forward reads: {result['weight_bytes'] / 1e6:.1f} MB",
+             f"- weight bytes a forward reads: {result['weight_bytes'] / 1e6:.1f} MB"
+             f"{' (on 2 MB pages: model/hugepages.py)' if result.get('huge_pages') else ''}",
              f"- streaming bandwidth: {result['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
-             f"(torch summing {result['stream_bytes'] / 1e6:.0f} MB of float32, median of "
-             f"{len(result['stream_s'])})",
+             f"(torch summing {result['stream_bytes'] / 1e6:.0f} MB of float32"
+             f"{' on 2 MB pages' if result.get('huge_pages') else ''}, median of {len(result['stream_s'])})",
              f"- roofline (weights / bandwidth): {_ms(result['roofline_s'])} ms per step",
              f"- steps after {result['context']} cached tokens, median of {result['repeats']}; "
              f"routes: {', '.join(result['routes'])}", "",

@@ -176,13 +176,16 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
     from lookahead.cost.policy import CostPolicy, budgeted
     from lookahead.kernels import warmup
     from lookahead.kernels.threads import start_numba_threads, usable_cores
+    from lookahead.model.hugepages import move_to_huge_pages
     from lookahead.model.support import check_model
     from lookahead.model.target import Target
     from lookahead.plan.window import auto_window
 
     device, dtype, trust_remote_code = loading
     model, _ = load_model(model_name, device=device, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
-    # (as LookaheadGenerator builds it: the same curves, the same cache keys)
+    # (as LookaheadGenerator builds it: the weights where its would be, the same curves, the same cache keys)
+    if config.huge_pages:
+        move_to_huge_pages(model)
     target = Target(model, check_model(model, config.allow_untested_models), config.cuda_graphs, config.traced_forward,
                     config.native_linear, config.native_attention)
     policy = CostPolicy(target, config)

@@ -146,6 +146,11 @@ class LookaheadConfig:
                                                "as Llama-style models have) over its 1-32 rows through the "
                                                "op's kernel instead of torch's SDPA, whose blocking is sized for "
                                                "long queries; no effect otherwise")
+    huge_pages: bool = documented(True, "on a Linux CPU that offers transparent huge pages: the model's "
+                                        "weights copied once, values unchanged, into memory backed by 2 MB "
+                                        "pages, so a step streams them with fewer TLB misses (1.1-1.2x "
+                                        "faster decoding measured on a 2-core AMD EPYC); the copy is shared "
+                                        "by every generator of the model")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "
@@ -186,7 +191,7 @@ class LookaheadConfig:
         for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
                      "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
                      "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs",
-                     "traced_forward", "native_linear", "native_attention"):
+                     "traced_forward", "native_linear", "native_attention", "huge_pages"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

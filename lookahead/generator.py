@@ -35,6 +35,7 @@ from .decode.sources import DraftModel, SourceFactory
 from .kernels import warmup
 from .kernels.threads import start_numba_threads, usable_cores
 from .model.fewrows import FewRowLinear
+from .model.hugepages import move_to_huge_pages
 from .model.routing import Routing
 from .model.support import check_model
 from .model.target import Target
@@ -93,7 +94,10 @@ class LookaheadGenerator:
         self.config = config if config is not None else LookaheadConfig()
         if not isinstance(self.config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig, got {type(self.config).__name__}")
-        self.target = Target(model, check_model(model, self.config.allow_untested_models), self.config.cuda_graphs,
+        layout = check_model(model, self.config.allow_untested_models)
+        if self.config.huge_pages:  # (before anything holds the weights: the trace, the kernels, a cost curve)
+            move_to_huge_pages(model)
+        self.target = Target(model, layout, self.config.cuda_graphs,
                              self.config.traced_forward, self.config.native_linear, self.config.native_attention,
                              prefill_kernel=self.config.few_row_matmul)
         self.vocab = self.target.vocab
@@ -104,6 +108,8 @@ class LookaheadGenerator:
         if draft_model is not None:
             layout = check_draft(model, draft_model, tokenizer, draft_tokenizer, allow_draft_device,
                                  self.config.allow_untested_models)
+            if self.config.huge_pages:
+                move_to_huge_pages(draft_model)
             draft_cost = self.costs.draft(draft_model, layout) if self.config.budget == "adaptive" else None
             linears = FewRowLinear(draft_model, self.config.native_linear)  # the draft's linears, wrapped once
             self.draft = DraftModel(draft_model, draft_cost, linears)

@@ -29,6 +29,7 @@ from numpy.typing import ArrayLike
 
 from ..config import LookaheadConfig
 from ..loading.models import ALIASES
+from ..model.hugepages import on_huge_pages
 from ..model.routing import Routing
 from ..model.support import AttentionLayout
 from ..model.target import input_device
@@ -110,6 +111,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     if native and input_device(model).type == "cpu":
         load_linear()  # (where not loaded yet: the forwards measured load it next)
         fingerprint["tiled_lanes"] = tiled_width()[0]  # (products summed in another width: another curve)
+    if on_huge_pages(model):
+        fingerprint["huge_pages"] = True  # (weights streamed from 2 MB pages: a faster curve)
     if batch > 1:
         fingerprint["batch"] = batch
     graphed = graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as CUDA graphs
