@@ -8,8 +8,9 @@ same weights take about 270 entries. Linux backs anonymous memory with 2 MB page
 so advised, so ``move_to_huge_pages`` copies every CPU parameter, values unchanged, into one anonymous
 private mapping advised so (2 MB-aligned, each parameter at a 64-byte boundary) and points the
 parameters at it (``param.data``): tied weights stay tied, and the mapping lives as long as any
-parameter views it. On a 2-core AMD EPYC (SmolLM2-135M, float32) a one-row step took 12.0-12.4 ms
-against 13.8-14.9 and decoding ran 1.10-1.17x faster (results/RESULTS.md, run 129).
+parameter views it. On a 2-core AMD EPYC (SmolLM2-135M, float32; two copies of the model in one
+process, their decodes interleaved) a one-row forward took 10.8 ms against 12.2 and 16.7 against 17.4 in
+two runs, and decoding ran 1.11x and 1.03x faster (results/RESULTS.md, run 129).
 
 Nothing is moved off Linux, where the kernel offers no transparent huge pages ("never"), for parameters
 not on the CPU, or where the CPU parameters already share one storage (moved before: a model handed to
