@@ -56,6 +56,20 @@ def test_tied_weights_stay_tied_and_the_model_computes_the_same(offered):
         assert torch.equal(model(x).logits, expected)
 
 
+
+@needs_madvise
+def test_weights_that_share_another_storage_are_moved_and_told_apart(offered):
+    """Parameters viewing one buffer of another layout (as a memory-mapped file's would) are not taken for
+    moved: the fingerprint stays 4 KB, and the move copies them."""
+    model = Two()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # one storage, no padding, no alignment
+    with torch.no_grad():
+        model.first.weight.data = flat[:1024].view(32, 32)
+        model.second.weight.data = flat[1024:].view(48, 32)
+    assert not on_huge_pages(model)
+    assert move_to_huge_pages(model, offered) and on_huge_pages(model)
+    assert torch.equal(model.second.weight.reshape(-1), flat[1024:])
+
 def test_nothing_moves_where_the_kernel_offers_no_huge_pages(tmp_path):
     never = tmp_path / "enabled"
     never.write_text("always madvise [never]\n")

@@ -13,8 +13,8 @@ process, their decodes interleaved) a one-row forward took 10.8 ms against 12.2 
 two runs, and decoding ran 1.11x and 1.03x faster (results/RESULTS.md, run 129).
 
 Nothing is moved off Linux, where the kernel offers no transparent huge pages ("never"), for parameters
-not on the CPU, or where the CPU parameters already share one storage (moved before: a model handed to
-generator after generator is copied once).
+not on the CPU, or where the CPU parameters already lie as a move leaves them (``moved_here``: a model
+handed to generator after generator is copied once).
 
 Worked example: a model whose two linear layers hold 4 KB and 6 KB of float32 weights -> one mapping of
 2 MB + 10 KB, the first weight at its 2 MB boundary, the second 4 KB on; both views of it, their values
@@ -50,9 +50,22 @@ def cpu_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.device.type == "cpu" and not p.is_sparse]
 
 
-def shares_one_storage(params: list[torch.nn.Parameter]) -> bool:
-    """Whether the parameters all view one storage (already moved together)."""
-    return len({p.untyped_storage().data_ptr() for p in params}) <= 1
+def padded(params: list[torch.nn.Parameter]) -> list[int]:
+    """Each parameter's bytes, rounded up to ALIGN: its room in the mapping."""
+    return [-(-p.numel() * p.element_size() // ALIGN) * ALIGN for p in params]
+
+
+def moved_here(params: list[torch.nn.Parameter]) -> bool:
+    """Whether the parameters sit as ``move_to_huge_pages`` lays them out: all in one storage of their
+    padded bytes plus a huge page, the first on a 2 MB boundary, each ALIGN after the one before (a
+    model whose weights view one memory-mapped file, say, does not)."""
+    if not params or len({p.untyped_storage().data_ptr() for p in params}) > 1:
+        return False
+    rooms = padded(params)
+    if params[0].untyped_storage().nbytes() != sum(rooms) + HUGE_PAGE or params[0].data_ptr() % HUGE_PAGE:
+        return False
+    starts = [params[0].data_ptr() + sum(rooms[:i]) for i in range(len(params))]
+    return all(p.data_ptr() == start for p, start in zip(params, starts))
 
 
 def huge_bytes(nbytes: int, setting: Path = SETTING) -> torch.Tensor | None:
@@ -77,24 +90,23 @@ def move_to_huge_pages(model: torch.nn.Module, setting: Path = SETTING) -> bool:
     """Copy the model's CPU parameters into one huge-page-advised mapping and point them at it; whether
     they were moved (see the module docstring for when nothing is)."""
     params = cpu_parameters(model)
-    if not params or shares_one_storage(params):
+    if not params or moved_here(params):
         return False
-    sizes = [p.numel() * p.element_size() for p in params]
-    arena = huge_bytes(sum(-(-size // ALIGN) * ALIGN for size in sizes), setting)
+    rooms = padded(params)
+    arena = huge_bytes(sum(rooms), setting)
     if arena is None:
         return False
     at = 0
     with torch.no_grad():
-        for param, size in zip(params, sizes):
-            moved = arena[at:at + size].view(param.dtype).view(param.shape)
+        for param, room in zip(params, rooms):
+            moved = arena[at:at + param.numel() * param.element_size()].view(param.dtype).view(param.shape)
             moved.copy_(param.data)
             param.data = moved  # the old storage goes with its last reference
-            at += -(-size // ALIGN) * ALIGN
+            at += room
     return True
 
 
 def on_huge_pages(model: torch.nn.Module) -> bool:
-    """Whether the model's CPU parameters were moved together (``move_to_huge_pages``; a curve measured
-    on them is kept apart from one measured on 4 KB pages)."""
-    params = cpu_parameters(model)
-    return len(params) > 1 and shares_one_storage(params) and params[0].untyped_storage().nbytes() >= HUGE_PAGE
+    """Whether the model's CPU parameters were moved (``move_to_huge_pages``; a curve measured on them is
+    kept apart from one measured on 4 KB pages)."""
+    return moved_here(cpu_parameters(model))
