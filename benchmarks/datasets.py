@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from lookahead.benchmarks.parsers import (
     Prompt,
@@ -173,3 +174,12 @@ def load_dataset(name: str, limit: int | None = None,
         raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
     prompts = SOURCES[key][1](dataset_file(key, cache_dir))
     return prompts if limit is None else prompts[:limit]
+
+
+def chat_messages(name: str, limit: int | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The data set's first ``limit`` prompts as (id, chat messages), in order; ValueError for a data set
+    of completion prompts (no chat messages to send)."""
+    loaded = load_dataset(name, limit)
+    if any(p.messages is None for p in loaded):
+        raise ValueError(f"data set {name} holds completion prompts, no chat messages")
+    return [(p.id, list(p.messages or [])) for p in loaded]

@@ -91,15 +91,14 @@ def bench_serve(model_name: str, datasets: tuple[str, ...], concurrency: str, ma
 def chat_prompts(names: Iterable[str], limit: int) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
     """Each data set's first ``limit`` prompts as (id, chat messages), in order; one line and exit 2 for a
     data set of completion prompts (no chat messages to send)."""
-    from lookahead.benchmarks.datasets import load_dataset
+    from lookahead.benchmarks.datasets import chat_messages
 
     prompts = {}
     for name in names:
-        loaded = load_dataset(name, limit)
-        if any(p.messages is None for p in loaded):
-            fail(f"data set {name} holds completion prompts, no chat messages: pick a chat data set such as "
-                 f"{' or '.join(DEFAULT_DATASETS)} (option --dataset)")
-        prompts[name] = [(p.id, list(p.messages or [])) for p in loaded]
+        try:
+            prompts[name] = chat_messages(name, limit)
+        except ValueError as exc:
+            fail(f"{exc}: pick a chat data set such as {' or '.join(DEFAULT_DATASETS)} (option --dataset)")
     return prompts
 
 

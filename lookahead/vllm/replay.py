@@ -188,13 +188,13 @@ class SuffixDriver:
 
 def chat_prompts(name: str, limit: int) -> list[list[dict[str, Any]]]:
     """The data set's first ``limit`` prompts as chat messages (a data set of completion prompts refused)."""
-    from ..benchmarks.datasets import load_dataset
+    from ..benchmarks.datasets import chat_messages
 
-    loaded = load_dataset(name, limit)
-    if any(p.messages is None for p in loaded):
-        raise click.BadParameter(f"{name} holds completion prompts, no chat messages: pick a chat data set "
-                                 "such as tool-calls or mt-bench-1", param_hint="--dataset")
-    return [list(p.messages or []) for p in loaded]
+    try:
+        return [messages for _, messages in chat_messages(name, limit)]
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}: pick a chat data set such as tool-calls or mt-bench-1",
+                                 param_hint="--dataset") from None
 
 
 def greedy_answers(model: Any, tokenizer: Any, prompts: list[list[dict[str, Any]]], max_tokens: int,
