@@ -94,3 +94,25 @@ def test_gain_calibration_counts_a_promise_at_the_two_levels_around_it():
     assert calibration._weights(100.0) == [(GAIN_LEVELS.shape[0] - 1, 1.0)]  # past the last: the last
     (low, w_low), (high, w_high) = calibration._weights(3.0)  # between 2 and 4, by log distance
     assert (low, high) == (3, 4) and abs(w_high - np.log(1.5) / np.log(2.0)) < 1e-12 and abs(w_low + w_high - 1) < 1e-12
+
+
+def test_decayed_slots_docstring_example_and_the_values_of_a_decayed_ratio():
+    from lookahead.core.learner import DecayedRatio, DecayedSlots
+    slots = DecayedSlots([0.0] * 3, [0.0] * 3, 0.5)
+    slots.step(4, 2, [(0, 0.25), (1, 0.75)])
+    assert slots.num == [1.0, 3.0, 0.0] and slots.den == [0.5, 1.5, 0.0]
+    # stepped alike, past the fold-back of its running factor, it keeps DecayedRatio's values
+    prior = [1.0, 2.0, 4.0]
+    lazy, ratio = DecayedSlots(prior, prior, 0.9), DecayedRatio(prior, prior, 0.9, 3)
+    rng = np.random.default_rng(1)
+    steps = int(np.log(DecayedSlots.RESCALE) / np.log(0.9)) + 40
+    for step in range(steps):
+        weights = [] if step % 4 == 0 else [(int(rng.integers(0, 3)), 1.0)]
+        num, den = float(rng.integers(0, 3)), 2.0
+        lazy.step(num, den, weights)
+        if weights:
+            ratio.step_slots(num, den, weights)
+        else:
+            ratio.step()
+    assert lazy.scale > 0.9 ** (steps - 1)  # folded back at least once
+    assert np.allclose(lazy.values(), ratio.values()) and np.allclose(lazy.num, ratio.num)

@@ -376,9 +376,10 @@ def test_calibration_splits_a_promise_between_the_levels_around_it():
 
 def test_calibration_decays_by_a_running_factor_and_folds_it_back():
     """The lazily kept decay gives the decayed sums a plain recurrence gives, also across the fold-back."""
-    from lookahead.plan.acceptance import GAIN_DECAY, GAIN_PRIOR_TREES, RESCALE
+    from lookahead.core.learner import DecayedSlots
+    from lookahead.plan.acceptance import GAIN_DECAY, GAIN_PRIOR_TREES
     gain = GainCalibration()
-    steps = int(np.log(RESCALE) / np.log(GAIN_DECAY)) + 50  # past the point where the factor is folded back
+    steps = int(np.log(DecayedSlots.RESCALE) / np.log(GAIN_DECAY)) + 50  # past the point where the factor is folded back
     yielded = promised = 0.0  # the level of 2.0 tokens, as a plain recurrence decays it
     rng = np.random.default_rng(0)
     for step in range(steps):
@@ -386,10 +387,11 @@ def test_calibration_decays_by_a_running_factor_and_folds_it_back():
         gain.observe(2.0 if step % 3 else 0.0, kept)
         yielded = yielded * GAIN_DECAY + kept
         promised = promised * GAIN_DECAY + (2.0 if step % 3 else 0.0)
-    assert gain.scale > GAIN_DECAY ** (steps - 1)  # folded back at least once (unfolded: GAIN_DECAY ** steps)
+    assert gain.ratio.scale > GAIN_DECAY ** (steps - 1)  # folded back at least once (unfolded: GAIN_DECAY ** steps)
     prior = GAIN_PRIOR_TREES * 2.0
     expected = min(max((yielded + prior) / (promised + prior), GAIN_RANGE[0]), GAIN_RANGE[1])
     assert np.isclose(gain.factors()[list(GAIN_LEVELS).index(2.0)], expected)
+
 
 def test_budget_speculates_nothing_where_trees_never_paid():
     cost = CostModel(np.array([1., 2., 8.]), np.array([1., 1.3, 1.5]))

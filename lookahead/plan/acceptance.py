@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.learner import DecayedSlots
 from ..kernels.estimates import ESTIMATE_CEILING, ESTIMATE_FLOOR, backoff_estimates, count_tree
 from .budget import LEAST_PROMISE
 
@@ -47,7 +48,6 @@ GAIN_DECAY = 0.98  # weight of the past per step, speculative or not: about the 
 # trust follows the text
 PRIOR_STRENGTH = 4.0  # trials a class's prior counts as at every depth: a few verified nodes already move it
 HORIZON = 400.0  # trials past which a cell's counts are halved, so the estimates follow the text being generated
-RESCALE = 1e-100  # the sums' running decay factor below which they are folded back
 GAIN_RANGE = (0.1, 1.5)  # a level's trust stays in here: never so low it stops a level for good, nor so high
 # that one lucky copy inflates it
 
@@ -64,36 +64,21 @@ class GainCalibration:
     def __init__(self) -> None:
         self.logs = np.log(GAIN_LEVELS)  # [L]
         self.log_list = self.logs.tolist()  # the same, for bisect
-        self.prior = (GAIN_PRIOR_TREES * GAIN_LEVELS).tolist()  # [L] pseudo-tokens on both sides of each ratio
-        # The decayed sums of yielded and promised tokens per level, over ``scale`` (the decay is kept as one
-        # running factor: a step touches only the levels it counts at). Plain floats, not numpy: this runs once
-        # a step, after a forward has flushed the CPU's caches, where every numpy call costs some 10 us.
-        self.yielded = [0.0] * GAIN_LEVELS.shape[0]
-        self.promised = [0.0] * GAIN_LEVELS.shape[0]
-        self.scale = 1.0
+        prior = (GAIN_PRIOR_TREES * GAIN_LEVELS).tolist()  # [L] pseudo-tokens on both sides of each ratio
+        # yielded / promised [L], stepped once a step in plain floats (core/learner.py DecayedSlots)
+        self.ratio = DecayedSlots(prior, prior, GAIN_DECAY)
         self.cached: np.ndarray | None = None  # ``factors`` as they stand (None: a step since)
 
     def observe(self, promised: float, yielded: float) -> None:
         """One step: its tree promised ``promised`` extra tokens and yielded ``yielded`` (0, 0: no tree)."""
-        self.scale *= GAIN_DECAY
-        if self.scale < RESCALE:
-            self.yielded = [v * self.scale for v in self.yielded]
-            self.promised = [v * self.scale for v in self.promised]
-            self.scale = 1.0
+        self.ratio.step(yielded, promised, self._weights(promised) if promised > 0 else [])
         self.cached = None
-        if promised <= 0:
-            return
-        for level, weight in self._weights(promised):
-            self.yielded[level] += weight * yielded / self.scale
-            self.promised[level] += weight * promised / self.scale
 
     def factors(self) -> np.ndarray:
         """[L] yielded / promised per level, with the prior, clipped to GAIN_RANGE (shared: read only)."""
         if self.cached is None:
             low, high = GAIN_RANGE
-            scale = self.scale
-            self.cached = np.array([min(max((y * scale + p) / (q * scale + p), low), high)
-                                    for y, q, p in zip(self.yielded, self.promised, self.prior)])
+            self.cached = np.array([min(max(value, low), high) for value in self.ratio.values()])
         return self.cached
 
     def calibrated(self, promised: np.ndarray) -> np.ndarray:
