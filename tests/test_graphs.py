@@ -210,7 +210,7 @@ def test_the_cost_measurement_times_a_step_again_after_capturing_its_graph(monke
     from lookahead.model.support import attention_layout
 
     model = tiny_model("llama")
-    timer = decode_step_timer(model, attention_layout(model), context=20)
+    timer = decode_step_timer(model, attention_layout(model), context=20, graphs=True)  # (CUDA: captured)
     cpu_graphs(timer.target)
     graphs = timer.target.graphs
     assert graphs is not None
