@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lookahead.kernels.match import match_continuations
 from lookahead.proposers.ngram import NgramPool
-from lookahead.kernels.walk import accept_walk
+from lookahead.kernels.walk import accept_walk, chosen_walk
 
 
 def greedy_accept(tokens: np.ndarray, parents: np.ndarray, root_next: int, node_next: np.ndarray):
@@ -117,6 +119,26 @@ def test_accept_walk_docstring_example():
     assert path.tolist() == [0, 3] and new.tolist() == [4, 7, 2]
     path, new = accept_walk(a(4, 5), a(-1, -1), np.array([False, False]), a(6, 0, 0))
     assert path.tolist() == [] and new.tolist() == [6]  # nothing accepted: x's token alone
+
+
+def test_chosen_walk_docstring_example():
+    path, new = chosen_walk(a(4, 5, 6, 7), a(-1, 0, 1, 0), a(4, 7, 1, 3, 2))
+    assert path.tolist() == [0, 3] and new.tolist() == [4, 7, 2]
+    path, new = chosen_walk(a(), a(), a(3))
+    assert path.tolist() == [] and new.tolist() == [3]  # no tree: x's row alone
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_chosen_walk_is_accept_walk_over_the_verifiers_rule(data):
+    """Random trees and chosen rows: the fused walk is accept_walk over accepted_children's array."""
+    size = data.draw(st.integers(0, 12))
+    parents = np.array([data.draw(st.integers(-1, i - 1)) for i in range(size)], dtype=np.int64)
+    tokens = np.array(data.draw(st.lists(st.integers(0, 3), min_size=size, max_size=size)), dtype=np.int64)
+    chosen = np.array(data.draw(st.lists(st.integers(0, 3), min_size=size + 1, max_size=size + 1)), dtype=np.int64)
+    path, new = chosen_walk(tokens, parents, chosen)
+    want_path, want_new = accept_walk(tokens, parents, tokens == chosen[parents + 1], chosen)
+    assert path.tolist() == want_path.tolist() and new.tolist() == want_new.tolist()
 
 
 WARMUP_SCRIPT = """

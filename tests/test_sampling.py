@@ -307,7 +307,8 @@ def _same_uniform_everywhere(self, positions, lane=0):
 @pytest.mark.parametrize("wrong", ["first-child", "same-uniform"])
 def test_end_to_end_harness_catches_a_wrong_verifier(model, prompt, wrong, monkeypatch):
     if wrong == "first-child":
-        monkeypatch.setattr(verify, "accepted_children", _accept_first_child)
+        monkeypatch.setattr(verify, "walk", lambda tree, chosen: accept_walk(
+            tree.tokens, tree.parents, _accept_first_child(tree, chosen), chosen))
     else:
         monkeypatch.setattr(verify.PositionUniforms, "at", _same_uniform_everywhere)
     gen = _generator(model)

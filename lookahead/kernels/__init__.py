@@ -27,7 +27,7 @@ from .trie import (
     step_arrays,
     subtree_arrays,
 )
-from .walk import accept_walk
+from .walk import accept_walk, chosen_walk
 
 SEQ = np.array([1, 2, 3, 1, 2], dtype=np.int64)
 
@@ -80,6 +80,7 @@ def _warm_trees() -> None:
     subtree_arrays(tokens, parents, depths, np.zeros_like(tokens), np.zeros(1, dtype=np.int64))
     path_tokens(tokens, parents, depths)
     accept_walk(tokens, parents, np.ones(2, dtype=np.bool_), np.array([2, 3, 4], dtype=np.int64))
+    chosen_walk(tokens, parents, np.array([2, 3, 4], dtype=np.int64))
 
 
 def _warm_topk() -> None:
@@ -117,8 +118,8 @@ WARM_GROUPS: tuple[Callable[[], None], ...] = (_warm_trees, _warm_sources, _warm
 ENTRY_KERNELS = (backoff_estimates, count_tree, forecast_options, refine_curve, match_continuations,
                  pool_insert_sequence, pool_insert_grams, pool_lookup, store_append, store_separate, store_lookup,
                  build_scored_trie, best_first_order, ranked_nodes, step_arrays, layout_mask, subtree_arrays,
-                 path_tokens, accept_walk, top_entries, pair_learn, grow_recycled_tree, tree_paths, previous_tokens,
-                 table_learn, recycled_paths)
+                 path_tokens, accept_walk, chosen_walk, top_entries, pair_learn, grow_recycled_tree, tree_paths,
+                 previous_tokens, table_learn, recycled_paths)
 
 
 def cached() -> bool:

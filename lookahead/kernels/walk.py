@@ -40,3 +40,36 @@ def accept_walk(tokens: np.ndarray, parents: np.ndarray, accept: np.ndarray,
         k += 1
         cur = child
     return path[:k], new[:k + 1]
+
+
+@njit(cache=True)
+def chosen_walk(tokens: np.ndarray, parents: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``accept_walk`` where a node is accepted when its token is the one chosen at its parent's row
+    (the verifier's rule, greedy and sampled alike), in one call: accept[i] = tokens[i] ==
+    chosen[parents[i] + 1], and chosen is also the fallback.
+
+    tokens[M], parents[M] (-1 = x), chosen[1 + M] (x's row first). Returns (path[k], new[k + 1]).
+
+    Worked example: tokens [4 5 6 7], parents [-1 0 1 0], chosen [4 7 1 3 2] -> at x (row 0, 4) node
+    0 is accepted; at node 0 (row 1, 7) node 3 is, not node 1 (5); node 3 has no children and its
+    row says 2: path [0 3], new [4 7 2].
+    """
+    size = tokens.shape[0]
+    path = np.empty(size, dtype=np.int64)
+    new = np.empty(size + 1, dtype=np.int64)
+    cur = -1
+    k = 0
+    while True:
+        want = chosen[cur + 1]
+        child = -1
+        for node in range(size):
+            if parents[node] == cur and tokens[node] == want:
+                child = node
+                break
+        new[k] = want
+        if child < 0:
+            break
+        path[k] = child
+        k += 1
+        cur = child
+    return path[:k], new[:k + 1]

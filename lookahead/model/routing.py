@@ -172,10 +172,12 @@ class Routing:
     routes: list[Route]
     seconds: np.ndarray  # [R, S]
     level: np.ndarray = field(init=False)  # [R, S] log(taken / measured) per route and row count, less common
-    common: np.ndarray = field(init=False)  # [S] the machine's level: log(taken / measured) of every route
-    followed: np.ndarray = field(init=False)  # [S] whether a chosen route's step has set ``common`` there
-    choice: np.ndarray = field(init=False)  # [S] route index per row count
-    chosen_common: np.ndarray = field(init=False)  # [S] the machine's level when the choice was made
+    # Per row count, as plain Python lists: a step reads and writes one entry of each (numpy's scalar
+    # indexing costs microseconds a call in a step's host work, which runs with the caches cold)
+    common: list[float] = field(init=False)  # [S] the machine's level: log(taken / measured) of every route
+    followed: list[bool] = field(init=False)  # [S] whether a chosen route's step has set ``common`` there
+    choice: np.ndarray = field(init=False)  # [S] route index per row count (``choice_list``: the same, as ints)
+    chosen_common: list[float] = field(init=False)  # [S] the machine's level when the choice was made
     queue: list[int] = field(init=False, default_factory=list)  # routes to try next, a step each entry
     samples: dict[tuple[int, int], list[float]] = field(init=False, default_factory=dict)  # this try's
     # log ratios per (route, grid point)
@@ -192,11 +194,18 @@ class Routing:
         self.rows = np.asarray(self.rows, dtype=np.float64)
         self.row_list = self.rows.tolist()  # the same, for bisect (no numpy call in a step)
         self.seconds = np.asarray(self.seconds, dtype=np.float64).reshape(len(self.routes), -1)
+        self.seconds_list = self.seconds.tolist()  # [R][S] the same, for a step's scalar reads
         self.level = np.zeros(self.seconds.shape)
-        self.common = np.zeros(self.seconds.shape[1])
-        self.followed = np.zeros(self.seconds.shape[1], dtype=bool)
-        self.choice = np.argmin(self._now(), axis=0)  # [S]
-        self.chosen_common = np.zeros(self.choice.shape)
+        self.level_list = self.level.tolist()  # [R][S] the same, kept equal where level is written
+        points = self.seconds.shape[1]
+        self.common, self.followed, self.chosen_common = [0.0] * points, [False] * points, [0.0] * points
+        self._set_choice(np.argmin(self._now(), axis=0))  # [S]
+
+    def _set_choice(self, choice: np.ndarray) -> None:
+        """The route of each row count [S], and the machine's level it was chosen at."""
+        self.choice = choice
+        self.choice_list = choice.tolist()
+        self.chosen_common = list(self.common)
 
     def _now(self) -> np.ndarray:
         """[R, S] what every route should take now."""
@@ -208,8 +217,7 @@ class Routing:
         points = np.arange(self.choice.shape[0])
         best = np.argmin(now, axis=0)  # [S]
         stay = now[self.choice, points] <= now[best, points] + SWITCH_MARGIN
-        self.choice = np.where(stay, self.choice, best)
-        self.chosen_common = self.common.copy()  # [S]
+        self._set_choice(np.where(stay, self.choice, best))
 
     def _point(self, q: int) -> int:
         """The grid point that prices a step of q rows (the first at or above q, the last past it)."""
@@ -218,7 +226,7 @@ class Routing:
     def route_for(self, q: int) -> Route:
         """The route a forward over q rows runs through now (a route being tried, else the chosen one)."""
         self.trying = bool(self.queue)
-        self.ran = self.queue.pop(0) if self.queue else int(self.choice[self._point(q)])
+        self.ran = self.queue.pop(0) if self.queue else self.choice_list[self._point(q)]
         return self.routes[self.ran]
 
     def observe(self, q: int, seconds: float) -> None:
@@ -227,17 +235,17 @@ class Routing:
         self.ran = -1
         if r < 0 or seconds <= 0 or q > self.row_list[-1]:  # (a forward over more rows than measured says little)
             return
-        taken = math.log(seconds / self.seconds[r, point])
+        taken = math.log(seconds / self.seconds_list[r][point])
         recent = self.recent.setdefault((r, point), [])
         recent.append(taken)
         del recent[:-RECENT]
-        chosen = int(self.choice[point])
+        chosen = self.choice_list[point]
         if r != chosen:  # a try: what the route did long ago says little now; its steps' median does
             samples = self.samples.setdefault((r, point), [])
             samples.append(taken)
-            self.level[r, point] = median(samples) - self.common[point]
+            self.level[r, point] = self.level_list[r][point] = median(samples) - self.common[point]
         else:  # the machine's level, as the chosen route's last steps show it (one stalled step: nothing)
-            machine = median(recent) - float(self.level[r, point])
+            machine = median(recent) - self.level_list[r][point]
             step = 1.0 if not self.followed[point] else SMOOTHING
             self.common[point] += step * (machine - self.common[point])
             self.followed[point] = True
@@ -246,7 +254,8 @@ class Routing:
         if r != chosen:  # a try ended: choose again; a runner-up that lost waits longer next time
             before = self.choice.copy()
             self._choose()
-            fallback = self.choice[point] != np.argmin(self.seconds[:, point])  # off the measured best: a load
+            # off the measured best: a load
+            fallback = self.choice_list[point] != int(np.argmin(self.seconds[:, point]))
             longest = EXPLORE_BUSY if fallback else EXPLORE_LAST  # (whose end is worth noticing soon)
             self.interval = EXPLORE_FIRST if (self.choice != before).any() else min(2 * self.interval, longest)
             return

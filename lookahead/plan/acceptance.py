@@ -113,6 +113,7 @@ class AcceptanceStats:
                  horizon: float = HORIZON):
         sizes = [int(p.shape[0]) for p in priors]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # [S + 1]
+        self.bounds = self.offsets.tolist()  # the same as ints: what a step reads (no numpy scalar each time)
         self.prior = np.concatenate([np.zeros(0), *priors]).astype(np.float64)  # [C] (C = 0: no sources)
         self.seen_trials = np.zeros((self.prior.shape[0], depth))  # [C, D] verified nodes whose parent held
         self.seen_hits = np.zeros((self.prior.shape[0], depth))  # [C, D] those accepted too
@@ -149,7 +150,7 @@ class AcceptanceStats:
 
     def block(self, source: int, estimates: np.ndarray) -> np.ndarray:
         """Rows of ``estimates`` that belong to source number ``source``."""
-        return estimates[self.offsets[source]:self.offsets[source + 1]]
+        return estimates[self.bounds[source]:self.bounds[source + 1]]
 
     def update(self, classes: np.ndarray, depths: np.ndarray, parents: np.ndarray, path: np.ndarray) -> None:
         """Count the trials and hits of one verified tree (classes, depths, parents [M]; path [k])."""

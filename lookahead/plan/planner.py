@@ -245,7 +245,7 @@ class Planner:
             ask = others = None  # type: ignore[assignment]
         drawn, groups = None, []
         for i in range(count):
-            cands, row = split_drawn(found[i], int(self.acceptance.offsets[i]))
+            cands, row = split_drawn(found[i], self.acceptance.bounds[i])
             drawn = row if row is not None else drawn
             groups.append((cands, i))
         built = None
@@ -268,7 +268,7 @@ class Planner:
 
     def _merged(self, groups: list[tuple[Candidates, int]]) -> Candidates:
         """merge_candidates of (candidates, source number) pairs."""
-        return merge_candidates([(c, int(self.acceptance.offsets[i])) for c, i in groups])
+        return merge_candidates([(c, self.acceptance.bounds[i]) for c, i in groups])
 
     def learn(self, tree: TokenTree, path: np.ndarray, width: int = 0) -> None:
         """Count the verified nodes into the estimates and the tree's yield against its promise
@@ -278,7 +278,7 @@ class Planner:
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
         price = partial(self.chooser.price, tree.size, width)
         for i, source in enumerate(self.proposers):
-            block = (int(self.acceptance.offsets[i]), int(self.acceptance.offsets[i + 1]))
+            block = (self.acceptance.bounds[i], self.acceptance.bounds[i + 1])
             source.learn(Outcome(tree, path, width, block, self.states[i], price))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:

@@ -5,7 +5,7 @@ tree node i (row 1 + i). Each decision row yields one *chosen* token: what
 the target itself puts after that row's prefix. Verification then walks the
 tree from x: a child is accepted iff its token is the token chosen at its
 parent's row; when no child is, the chosen token ends the step
-(``accept_walk``; after a full match it is the bonus token).
+(``walk``; after a full match it is the bonus token).
 
 - Greedy: the chosen token is the argmax of the processed scores.
 - Sampling (model-free candidates, no draft distribution): multi-candidate
@@ -59,7 +59,7 @@ from ..core.rows import DrawnRows, RowMap
 from ..core.tree import TokenTree
 from ..errors import ProcessorOutputError
 from ..kernels.trie import path_tokens
-from ..kernels.walk import accept_walk
+from ..kernels.walk import chosen_walk
 from ..model.target import to_device
 from ..proposers.recycle import top_successors
 from .sampling import NO_TOKEN, PositionUniforms, fast_top_k, sample_rows, sample_top_k, speculative_rows
@@ -176,7 +176,7 @@ class Verifier:
             top = host[at:at + kept * 2 * self.recycle_width].reshape(kept, 2 * self.recycle_width)
             at += kept * 2 * self.recycle_width
         chosen = host[at:]  # [1 + M] the target's token after x and after every node
-        path, new = accept_walk(tree.tokens, tree.parents, accepted_children(tree, chosen), chosen)
+        path, new = walk(tree, chosen)
         check_drawn(int(new[-1]), self.decoding)
         return Choice(path, new, window_next, top)
 
@@ -215,5 +215,12 @@ def check_drawn(token: int, decoding: Decoding) -> None:
 
 
 def accepted_children(tree: TokenTree, chosen: np.ndarray) -> np.ndarray:
-    """accept[M]: node i's token is the one chosen at its parent's row (chosen[1 + M], x first)."""
+    """accept[M]: node i's token is the one chosen at its parent's row (chosen[1 + M], x first): the rule
+    ``walk`` applies, as an array for ``accept_walk`` (kernels/walk.py)."""
     return tree.tokens == chosen[tree.parents + 1]
+
+
+def walk(tree: TokenTree, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(path [k], new tokens [k + 1]) of the step: down ``tree`` while a child holds the token chosen at its
+    parent's row (chosen [1 + M], x first; ``accepted_children``), then that row's token. One kernel call."""
+    return chosen_walk(tree.tokens, tree.parents, chosen)

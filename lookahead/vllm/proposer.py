@@ -158,7 +158,7 @@ class LookaheadProposer:
             path, tree = np.zeros(0, dtype=np.int64), empty_tree()
             self.acceptance.observe_gain(0.0, 0)
         for i, source in enumerate(state.sources):
-            block = (int(self.acceptance.offsets[i]), int(self.acceptance.offsets[i + 1]))
+            block = (self.acceptance.bounds[i], self.acceptance.bounds[i + 1])
             source.learn(Outcome(tree, path, 0, block, partial(self.acceptance.state, source.name), lambda: 1.0))
             source.observe(seq, start, stop)
 
@@ -174,7 +174,7 @@ class LookaheadProposer:
         for i, source in enumerate(state.sources):
             context = StepContext(room, partial(self.acceptance.state, source.name), _nothing_else, _no_cost)
             found = source.propose(seq, stop, cfg.candidates, self.acceptance.block(i, estimates), context)
-            groups.append((found, int(self.acceptance.offsets[i])))
+            groups.append((found, self.acceptance.bounds[i]))
         merged = merge_candidates(groups)
         if not merged.count:
             return []
