@@ -126,12 +126,12 @@ def test_tiled_sums_lanes_then_tail_as_documented(tiled_op, lanes):
 @pytest.mark.parametrize("outputs", [1, 7, 37])
 def test_tiled_rows_do_not_depend_on_the_others(tiled_op, lanes, inputs, outputs):
     """Every row count 1..KERNEL_ROWS_MAX takes other tiles (8 lanes: 6, 4, 3 weight rows, 4-row groups and
-    their rest; 16 lanes: one weight row by up to 6 rows, 6 by 4-row groups and their rest): each row's
-    products equal that row's alone to the bit, and the product to float32 precision."""
+    their rest; 16 lanes: one weight row by up to 6 rows, two by 7-9 rows, 6 by 4-row groups and their
+    rest): each row's products equal that row's alone to the bit, and the product to float32 precision."""
     torch.manual_seed(inputs * 100 + outputs)
     w, x = torch.randn(outputs, inputs), torch.randn(KERNEL_ROWS_MAX, inputs)
     alone = torch.cat([tiled_op(x[r:r + 1], w, None, lanes) for r in range(KERNEL_ROWS_MAX)])  # [R, O]
-    for rows in (1, 2, 3, 4, 5, 6, 7, 9, 10, 16, KERNEL_ROWS_MAX):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, KERNEL_ROWS_MAX):
         together = tiled_op(x[:rows], w, None, lanes)
         assert torch.equal(together, alone[:rows])
     many = x.repeat(5, 1)  # [5R, I]: past the op's blocks of 128 rows

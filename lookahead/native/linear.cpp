@@ -158,6 +158,9 @@ void tile_column(const float* w, const float* x, float* out, int64_t rows, int64
   int64_t r0 = 0, pass = 0;
   for (; r0 + TR <= rows; r0 += TR, ++pass) Tile<OT, TR>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes);
   switch (rows - r0) {  // (cases at or past TR are never reached: no instance of them is made)
+    case 8: if constexpr (TR > 8) Tile<OT, 8>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
+    case 7: if constexpr (TR > 7) Tile<OT, 7>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
+    case 6: if constexpr (TR > 6) Tile<OT, 6>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
     case 5: if constexpr (TR > 5) Tile<OT, 5>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
     case 4: if constexpr (TR > 4) Tile<OT, 4>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
     case 3: Tile<OT, 3>::run(w, x, out, inputs, outputs, o0, r0, ahead, pass, passes); break;
@@ -186,14 +189,18 @@ void tiled_columns(const float* w, const float* x, float* out, int64_t rows, int
 
 // 8 lanes: tiles of 6 weight rows for one or two input rows, 4 for three, 3 for four or more (at most 12
 // of the 16 registers hold sums). 16 lanes (32 registers): one weight row (a single stream a thread, as
-// numba's kernel) by all of up to six input rows in one pass, 6 weight rows by 4 input rows from seven
-// rows (24 sums). (SmolLM2's linears on a 2-core AMD EPYC with AVX-512, ms a forward's worth at 1 / 4 / 8
-// / 16 rows: 8 lanes 14.9 / 15.8 / 18.6 / 22.3, 16 lanes so 11.8 / 12.5 / 15.3 / 16.7; run 128.)
+// numba's kernel) by all of up to six input rows in one pass, two weight rows by all of seven to nine
+// (up to 18 sums, one pass), 6 weight rows by 4 input rows from ten rows (24 sums). (SmolLM2's linears on
+// a 2-core AMD EPYC with AVX-512, ms a forward's worth at 1 / 4 / 8 / 16 rows: 8 lanes 14.9 / 15.8 / 18.6 /
+// 22.3, 16 lanes so 11.8 / 12.5 / 15.3 / 16.7; run 128. At 7 / 8 / 9 rows two weight rows in one pass took
+// 13.6 / 13.2-13.5 / 13.5 ms against 14.2-14.6 / 14.9 / 14.5 for 6 by 4 in passes; run 130.)
 void tiled_product(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs,
                    int64_t lanes) {
   if (lanes == 16) {
     if (rows <= 6) {
       tiled_columns<Tile16, 1, 6>(w, x, out, rows, inputs, outputs);
+    } else if (rows <= 9) {
+      tiled_columns<Tile16, 2, 9>(w, x, out, rows, inputs, outputs);
     } else {
       tiled_columns<Tile16, 6, TILE_ROWS>(w, x, out, rows, inputs, outputs);
     }
