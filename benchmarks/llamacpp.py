@@ -21,7 +21,6 @@ Run: ``python -m lookahead.benchmarks.llamacpp --server BUILD/bin/llama-server -
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import time
 import urllib.error
@@ -32,6 +31,10 @@ from typing import Any
 
 import click
 import numpy as np
+
+from lookahead.proposers.draft.drafter import common_prefix
+
+from .report import geomean
 
 DEFAULT_DATASETS = ("mt-bench-1", "translate", "summarize", "open-qa", "gsm8k", "passage-qa")
 START_TIMEOUT_S = 120
@@ -67,21 +70,11 @@ def summary(rows: list[Row]) -> dict[str, Any]:
     return {"prompts": len(rows), "llama_tokens_per_s": rate("llama_tokens", "llama_s"),
             "lookahead_tokens_per_s": rate("lookahead_tokens", "lookahead_s"),
             "greedy_tokens_per_s": rate("greedy_tokens", "greedy_s"),
-            "ratio_geomean": math.exp(sum(math.log(x) for x in ratios) / len(ratios)),
+            "ratio_geomean": geomean(ratios),
             "ratio_min": min(ratios), "ratio_max": max(ratios),
             "llama_decode_median_tps": float(np.median([r.llama_decode_tps for r in rows])),
             "lookahead_exact": sum(r.lookahead_exact for r in rows),
             "llama_all_equal": sum(r.llama_equal == r.greedy_tokens for r in rows)}
-
-
-def equal_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens of a and b agree."""
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 class Server:
@@ -171,7 +164,8 @@ def main(binary: str, gguf: str, model_name: str, datasets: tuple[str, ...], lim
             start = time.perf_counter()
             greedy = model.generate(batch, max_new_tokens=max_new_tokens, do_sample=False)[0, ids.shape[0]:].tolist()
             greedy_s = time.perf_counter() - start
-            rows.append(Row(name, int(ids.shape[0]), len(llama), llama_s, decode, equal_prefix(llama, greedy),
+            rows.append(Row(name, int(ids.shape[0]), len(llama), llama_s, decode,
+                            common_prefix(np.asarray(llama), np.asarray(greedy)),
                             len(ours), ours_s, ours == greedy, len(greedy), greedy_s))
             r = rows[-1]
             click.echo(f"{name:12s} llama.cpp {r.llama_tokens / llama_s:6.1f} tokens/s (decode {decode:6.1f}; "

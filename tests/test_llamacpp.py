@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import click
+import numpy as np
 import pytest
 
-from lookahead.benchmarks.llamacpp import Row, Server, equal_prefix, summary
+from lookahead.benchmarks.llamacpp import Row, Server, summary
+from lookahead.proposers.draft.drafter import common_prefix
 
 
 def row(llama: tuple[int, float], ours: tuple[int, float], exact: bool = True, equal: int = 0) -> Row:
@@ -20,10 +22,10 @@ def test_summary_worked_example():
     assert out["lookahead_exact"] == 1 and out["llama_all_equal"] == 1  # (the second row's 30 of 30)
 
 
-def test_equal_prefix():
-    assert equal_prefix([1, 2, 3], [1, 2, 4]) == 2
-    assert equal_prefix([1, 2], [1, 2, 3]) == 2
-    assert equal_prefix([], [1]) == 0
+def test_the_texts_agreement_is_their_common_prefix():
+    assert common_prefix(np.asarray([1, 2, 3]), np.asarray([1, 2, 4])) == 2
+    assert common_prefix(np.asarray([1, 2]), np.asarray([1, 2, 3])) == 2
+    assert common_prefix(np.asarray([], dtype=np.int64), np.asarray([1])) == 0
 
 
 def test_a_missing_server_or_weights_file_is_named(tmp_path):
