@@ -504,33 +504,54 @@ def test_flat_curve_prices_every_size_like_one_row_and_never_learns():
     assert flat.step(np.array([16.0])).tolist() == [2.0] and curve.seconds.tolist() == [2.0, 3.0, 5.0]
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 6), st.integers(0, 40)), min_size=0, max_size=5),
-       st.integers(0, 2**31 - 1))
-def test_merge_candidates_stacks_every_source_padded_with_its_own_first_class(shapes, seed):
-    """Each source's rows in order; rows shorter than the widest padded with token 0 and the
-    source's class offset (what np.pad + offset gave before the merge was written in place)."""
-    from lookahead.plan.planner import merge_candidates
-    from lookahead.proposers.base import Candidates
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 6), st.integers(0, 6)), min_size=0, max_size=5),
+       st.integers(1, 40), st.integers(1, 7), st.integers(0, 2**31 - 1))
+def test_scored_groups_is_the_trie_of_the_groups_stacked(shapes, max_nodes, deepest, seed):
+    """Each source's rows merged in order, without stacking them first: the same trie as scored_tree over
+    the rows stacked (padded, classes offset) and cut at ``deepest`` tokens."""
+    from lookahead.core.tree import scored_groups, scored_tree
 
     rng = np.random.default_rng(seed)
+    est = rng.uniform(0.05, 0.95, (10, 4))
     groups = []
     for rows, cols, offset in shapes:
-        tokens = rng.integers(0, 50, (rows, cols))
-        classes = rng.integers(0, 3, (rows, cols))
-        groups.append((Candidates(tokens, rng.integers(1, cols + 1, rows), classes), offset))
-    merged = merge_candidates(groups)
-    kept = [(c, off) for c, off in groups if c.count]
+        tokens = rng.integers(0, 4, (rows, cols))  # few tokens: rows share prefixes, sources merge
+        classes = rng.integers(0, 4, (rows, cols))
+        groups.append((tokens, rng.integers(1, cols + 1, rows), classes, offset))
+    tree, prob = scored_groups([g for g in groups if g[0].shape[0]], est, max_nodes, deepest)
+    kept = [g for g in groups if g[0].shape[0]]
     if not kept:
-        assert merged.count == 0
+        assert tree.size == 0 and prob.shape[0] == 0
         return
-    width = max(c.tokens.shape[1] for c, _ in kept)
-    want_tokens = np.concatenate([np.pad(c.tokens, ((0, 0), (0, width - c.tokens.shape[1]))) for c, _ in kept])
-    want_classes = np.concatenate([np.pad(c.classes, ((0, 0), (0, width - c.classes.shape[1]))) + off
-                                   for c, off in kept])
-    np.testing.assert_array_equal(merged.tokens, want_tokens)
-    np.testing.assert_array_equal(merged.classes, want_classes)
-    np.testing.assert_array_equal(merged.lens, np.concatenate([c.lens for c, _ in kept]))
+    width = max(g[0].shape[1] for g in kept)
+    stacked = np.concatenate([np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t, _, _, _ in kept])
+    classes = np.concatenate([np.pad(c, ((0, 0), (0, width - c.shape[1]))) + off for _, _, c, off in kept])
+    lens = np.minimum(np.concatenate([n for _, n, _, _ in kept]), deepest)
+    want, want_prob = scored_tree(stacked, lens, classes, est, max_nodes)
+    for name in ("tokens", "parents", "depths", "classes"):
+        np.testing.assert_array_equal(getattr(tree, name), getattr(want, name))
+    np.testing.assert_allclose(prob, want_prob)
+
+
+def test_trie_extend_worked_example():
+    """The docstring's example: two sources' rows sharing a first token, merged one call a source."""
+    from lookahead.kernels.trie import trie_extend, trie_probs
+
+    nodes, cond = np.zeros((4, 4), dtype=np.int64), np.zeros(4)
+    est = np.array([[.9, .5], [.8, .6]])
+    m = trie_extend(nodes, cond, 0, np.array([[4, 5]]), a(2), np.zeros((1, 2), dtype=np.int64), 0, est, 9)
+    assert m == 2
+    m = trie_extend(nodes, cond, m, np.array([[4, 6]]), a(2), np.zeros((1, 2), dtype=np.int64), 1, est, 9)
+    assert m == 3
+    assert nodes[0, :m].tolist() == [4, 5, 6] and nodes[1, :m].tolist() == [-1, 0, 0]
+    assert nodes[3, :m].tolist() == [0, 0, 1]  # the shared 4 keeps the better class (.9 > .8)
+    np.testing.assert_allclose(cond[:m], [.98, .5, .6])
+    np.testing.assert_allclose(trie_probs(nodes[1], cond, m), [.98, .49, .588])
+    # a full trie takes no new node, a row cut at deepest 1 adds only its first token
+    assert trie_extend(nodes[:, :3].copy(), cond[:3].copy(), 3, np.array([[7, 8]]), a(2),
+                       np.zeros((1, 2), dtype=np.int64), 0, est, 9) == 3
+    assert trie_extend(nodes, cond, 3, np.array([[7, 8]]), a(2), np.zeros((1, 2), dtype=np.int64), 0, est, 1) == 4
 
 
 @settings(max_examples=200, deadline=None)

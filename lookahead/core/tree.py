@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels.trie import build_scored_trie, layout_mask, step_arrays, subtree_arrays
+from ..kernels.trie import build_scored_trie, layout_mask, step_arrays, subtree_arrays, trie_extend, trie_probs
 from ..kernels.walk import accept_walk
 from .arrays import contiguous
 
@@ -59,6 +59,22 @@ def scored_tree(cands: np.ndarray, lens: np.ndarray, classes: np.ndarray, estima
     tokens, parents, depths, cls, prob = build_scored_trie(contiguous(cands), contiguous(lens), contiguous(classes),
                                                            estimates, max_nodes)
     return TokenTree(tokens, parents, depths, cls), prob
+
+
+def scored_groups(groups: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]], estimates: np.ndarray,
+                  max_nodes: int, deepest: int = 1 << 30) -> tuple[TokenTree, np.ndarray]:
+    """``scored_tree`` of several sources' rows without stacking them first: groups of (cands [G, L],
+    lens [G], classes [G, L], offset into estimates' rows), merged in order into a trie of at most
+    max_nodes nodes, no row deeper than ``deepest`` (one kernel call a group, one for the
+    probabilities). The same trie as ``scored_tree`` over the groups stacked, classes offset."""
+    if max_nodes <= 0 or not groups:
+        return empty_tree(), np.zeros(0)
+    nodes = np.empty((4, max_nodes), dtype=np.int64)  # tokens, parents, depths, classes
+    cond = np.empty(max_nodes)  # [S] each node's chance given its parent
+    m = 0
+    for cands, lens, classes, offset in groups:
+        m = trie_extend(nodes, cond, m, cands, lens, classes, offset, estimates, deepest)
+    return TokenTree(nodes[0, :m], nodes[1, :m], nodes[2, :m], nodes[3, :m]), trie_probs(nodes[1], cond, m)
 
 
 def prepend_chain(tree: TokenTree, prob: np.ndarray, tokens: np.ndarray, classes: np.ndarray,

@@ -26,6 +26,8 @@ from .trie import (
     ranked_nodes,
     step_arrays,
     subtree_arrays,
+    trie_extend,
+    trie_probs,
 )
 from .walk import accept_walk, chosen_walk
 
@@ -66,6 +68,9 @@ def _scored_trie() -> tuple[np.ndarray, ...]:
 def _warm_trees() -> None:
     """The trie, its layout and mask, and verification's walk."""
     tokens, parents, depths, _, prob = _scored_trie()
+    nodes, cond = np.empty((4, 2), dtype=np.int64), np.empty(2)  # the trie merged a source at a time (core/tree.py)
+    trie_probs(nodes[1], cond, trie_extend(nodes, cond, 0, tokens[None], np.ones(1, dtype=np.int64),
+                                           np.zeros((1, 2), dtype=np.int64), 0, np.ones((1, 1)), 2))
     best_first_order(parents, prob)
     ranked_nodes(parents, prob, depths, 2)
     shared = np.ones((1, 1), dtype=np.bool_)

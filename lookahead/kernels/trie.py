@@ -39,42 +39,65 @@ def build_scored_trie(cands: np.ndarray, lens: np.ndarray, classes: np.ndarray, 
     for g in range(cands.shape[0]):
         total += lens[g]
     size = min(total, max_nodes)
-    tokens = np.empty(size, dtype=np.int64)
-    parents = np.empty(size, dtype=np.int64)
-    depths = np.empty(size, dtype=np.int64)
-    cls = np.empty(size, dtype=np.int64)
+    nodes = np.empty((4, size), dtype=np.int64)
     cond = np.empty(size, dtype=np.float64)
+    m = trie_extend(nodes, cond, 0, cands, lens, classes, 0, est, total)
+    return nodes[0, :m], nodes[1, :m], nodes[2, :m], nodes[3, :m], trie_probs(nodes[1], cond, m)
+
+
+@njit(cache=True)
+def trie_extend(nodes: np.ndarray, cond: np.ndarray, m: int, cands: np.ndarray, lens: np.ndarray,
+                classes: np.ndarray, offset: int, est: np.ndarray, deepest: int) -> int:
+    """Merge one source's rows cands[G, L] (valid up to lens[g], no deeper than ``deepest``; labels
+    classes[G, L] + offset) into the trie whose first m nodes fill nodes[4, S] (tokens, parents,
+    depths, classes) and cond[S] (each node's chance given its parent), as ``build_scored_trie``
+    merges them; returns the new node count (at most S: rows are cut where the trie is full).
+
+    Worked example: an empty trie of room 4, rows [[4 5]] class 0, then rows [[4 6]] class 1
+    (offset 0), est [[.9 .5], [.8 .6]] -> m 2, then m 3: tokens [4 5 6], parents [-1 0 0],
+    cond [.98 .5 .6] (the shared 4 is held if either class holds: 1 - .1 * .2).
+    """
+    size = cond.shape[0]
     last = est.shape[1] - 1
-    m = 0
     for g in range(cands.shape[0]):
         cur = -1
-        for d in range(lens[g]):
+        for d in range(min(lens[g], deepest)):
             tok = cands[g, d]
-            score = est[classes[g, d], min(d, last)]
+            label = classes[g, d] + offset
+            score = est[label, min(d, last)]
             found = -1
             for node in range(m):
-                if parents[node] == cur and tokens[node] == tok:
+                if nodes[1, node] == cur and nodes[0, node] == tok:
                     found = node
                     break
             if found < 0:
                 if m >= size:
                     break
-                tokens[m] = tok
-                parents[m] = cur
-                depths[m] = d + 1
-                cls[m] = classes[g, d]
+                nodes[0, m] = tok
+                nodes[1, m] = cur
+                nodes[2, m] = d + 1
+                nodes[3, m] = label
                 cond[m] = score
                 found = m
                 m += 1
-            elif classes[g, d] != cls[found]:
+            elif label != nodes[3, found]:
                 if score > cond[found]:
-                    cls[found] = classes[g, d]
+                    nodes[3, found] = label
                 cond[found] = 1.0 - (1.0 - cond[found]) * (1.0 - score)
             cur = found
+    return m
+
+
+@njit(cache=True)
+def trie_probs(parents: np.ndarray, cond: np.ndarray, m: int) -> np.ndarray:
+    """[m] path probabilities of the first m nodes (parents first): the product of cond from x down.
+
+    parents [-1 0 0], cond [.98 .5 .6] -> [.98 .49 .588].
+    """
     prob = np.empty(m, dtype=np.float64)
-    for node in range(m):  # parents come before children
+    for node in range(m):
         prob[node] = cond[node] * (prob[parents[node]] if parents[node] >= 0 else 1.0)
-    return tokens[:m], parents[:m], depths[:m], cls[:m], prob
+    return prob
 
 
 @njit(cache=True)

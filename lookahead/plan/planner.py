@@ -24,9 +24,9 @@ import torch
 
 from ..config import LookaheadConfig
 from ..core.rows import DrawnRows
-from ..core.tree import TokenTree, empty_tree, prepend_chain, scored_tree, subtree
+from ..core.tree import TokenTree, empty_tree, prepend_chain, scored_groups, subtree
 from ..kernels.trie import best_first_order, ranked_nodes
-from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext, no_candidates
+from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext
 from .acceptance import AcceptanceStats
 from .budget import expected_gains
 from .choice import StepChooser
@@ -100,32 +100,6 @@ def coverage(depths: np.ndarray, prob: np.ndarray, length: int) -> np.ndarray:
     return covered
 
 
-def merge_candidates(groups: list[tuple[Candidates, int]]) -> Candidates:
-    """Concatenate every source's candidates (in priority order), shifting each
-    source's classes by its offset into the shared estimate table (drawn rows
-    are not merged: see ``Planner.rank``)."""
-    groups = [(c, off) for c, off in groups if c.count]
-    if not groups:
-        return no_candidates()
-    if len(groups) == 1:  # (one source's rows as they are: no copy)
-        c, off = groups[0]
-        return Candidates(c.tokens, c.lens, c.classes + off if off else c.classes)
-    width = max(c.tokens.shape[1] for c, _ in groups)
-    count = sum(c.tokens.shape[0] for c, _ in groups)
-    tokens = np.zeros((count, width), dtype=np.result_type(*(c.tokens for c, _ in groups)))  # [G, L], 0 past a row
-    classes = np.empty((count, width), dtype=np.result_type(*(c.classes for c, _ in groups)))  # [G, L]
-    row = 0
-    for c, off in groups:  # (filled in place: np.pad and np.concatenate cost more than the copying)
-        rows, cols = c.tokens.shape
-        tokens[row:row + rows, :cols] = c.tokens
-        np.add(c.classes, off, out=classes[row:row + rows, :cols])
-        if cols < width:
-            classes[row:row + rows, cols:] = off  # the padding's class: the source's first, as everywhere
-        row += rows
-    lens = np.concatenate([c.lens for c, _ in groups])  # [G]
-    return Candidates(tokens, lens, classes)
-
-
 def split_drawn(cands: Candidates, offset: int) -> tuple[Candidates, Candidates | None]:
     """(the chosen rows, the drawn row or None) of one source's candidates: a source that drew
     row 0 (``q`` set) gets it back apart, its classes offset into the shared table."""
@@ -133,6 +107,10 @@ def split_drawn(cands: Candidates, offset: int) -> tuple[Candidates, Candidates 
         return cands, None
     drawn = Candidates(cands.tokens[:1], cands.lens[:1], cands.classes[:1] + offset, cands.q)
     return Candidates(cands.tokens[1:], cands.lens[1:], cands.classes[1:]), drawn
+
+
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # one source's (tokens [G, L], lens [G], classes [G, L],
+# offset of its classes in the shared estimate table), as core/tree.py scored_groups takes them
 
 
 class Planner:
@@ -170,8 +148,7 @@ class Planner:
             return self.nothing()
         estimates = self.acceptance.estimates()  # [C, D]
         chosen, drawn, seconds, built = self._propose(seq, stop, estimates, room)
-        tree, prob = built if built is not None else scored_tree(chosen.tokens, chosen.lens, chosen.classes,
-                                                                 estimates, BUILD_SLACK * cap)
+        tree, prob = built if built is not None else scored_groups(chosen, estimates, BUILD_SLACK * cap)
         chain = None
         if drawn is not None:
             # A drawn chain is its own branch (put first), never merged with another source's equal tokens,
@@ -202,10 +179,10 @@ class Planner:
         return subtree(ranked.tree, ranked.order[:size])
 
     def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray, room: int):
-        """Candidates from every source (at most G each), classes in the shared table: the chosen
-        ones merged, a drawn chain (or None), the seconds the sources spent, and their scored trie
-        when it is already built (what the others reach, when the source that asked added no
-        chosen rows), else None.
+        """Candidates from every source (at most G each): each source's chosen rows with its offset into
+        the shared table (``_rows``), a drawn chain (or None), the seconds the sources spent, and their
+        scored trie when it is already built (what the others reach, when the source that asked added
+        no chosen rows), else None.
 
         Sources are asked in priority order; a source that asks what the others reach
         (``StepContext.others``: one that costs time to ask, such as a draft model, spends it only
@@ -231,9 +208,8 @@ class Planner:
                     if j != i:
                         ask(j)
                 asked = [j for j in sorted(found) if j != i]
-                free = self._merged([(split_drawn(found[j], 0)[0], j) for j in asked])
-                tree, prob = scored_tree(free.tokens, free.lens, free.classes, estimates,
-                                         BUILD_SLACK * self.config.max_tree_nodes)
+                free = self._rows([(split_drawn(found[j], 0)[0], j) for j in asked])
+                tree, prob = scored_groups(free, estimates, BUILD_SLACK * self.config.max_tree_nodes)
                 covered = coverage(tree.depths, prob, estimates.shape[1])  # [D]
                 reached[i] = (asked, (tree, prob), Others(tree, covered, self._plain_step(tree, prob)))
             return reached[i][2]
@@ -253,7 +229,7 @@ class Planner:
             if len(asked) == count - 1 and not groups[i][0].count:  # the asker added no chosen rows
                 built = trie
                 break
-        return self._merged(groups), drawn, sum(c.seconds for c in found.values()), built
+        return self._rows(groups), drawn, sum(c.seconds for c in found.values()), built
 
     def _plain_step(self, tree: TokenTree, prob: np.ndarray) -> tuple[float, float]:
         """(expected tokens, cost in plain steps) of this step if it verified ``tree`` alone, sized
@@ -266,9 +242,11 @@ class Planner:
         tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + worth * width
         return float(tokens), self.chooser.price(size, width)
 
-    def _merged(self, groups: list[tuple[Candidates, int]]) -> Candidates:
-        """merge_candidates of (candidates, source number) pairs."""
-        return merge_candidates([(c, self.acceptance.bounds[i]) for c, i in groups])
+    def _rows(self, groups: list[tuple[Candidates, int]]) -> list[Rows]:
+        """(candidates, source number) pairs as ``scored_groups`` takes them, in order: each source's rows
+        with its offset into the shared estimate table (sources without rows left out)."""
+        bounds = self.acceptance.bounds
+        return [(c.tokens, c.lens, c.classes, bounds[i]) for c, i in groups if c.count]
 
     def learn(self, tree: TokenTree, path: np.ndarray, width: int = 0) -> None:
         """Count the verified nodes into the estimates and the tree's yield against its promise

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ..core.tree import TokenTree, empty_tree, scored_tree, subtree
+from ..core.tree import TokenTree, empty_tree, scored_groups, subtree
 from ..plan.acceptance import AcceptanceStats
-from ..plan.planner import SCORE_DEPTH, merge_candidates
-from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext
+from ..plan.planner import SCORE_DEPTH
+from ..proposers.base import Others, Outcome, Proposer, StepContext
 from ..proposers.context import ContextMatcher
 from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.memory.file import vocabulary_key
@@ -170,15 +170,17 @@ class LookaheadProposer:
         if room <= 0 or not state.sources:
             return []
         cfg = self.settings.config
-        groups: list[tuple[Candidates, int]] = []
+        groups = []
         for i, source in enumerate(state.sources):
             context = StepContext(room, partial(self.acceptance.state, source.name), _nothing_else, _no_cost)
             found = source.propose(seq, stop, cfg.candidates, self.acceptance.block(i, estimates), context)
-            groups.append((found, self.acceptance.bounds[i]))
-        merged = merge_candidates(groups)
-        if not merged.count:
+            if found.count:
+                groups.append((found.tokens, found.lens, found.classes, self.acceptance.bounds[i]))
+        # every source's rows cut at the chain's length, so that the first source's long rows leave room for
+        # the others' in the trie
+        tree, prob = scored_groups(groups, estimates, max(cfg.max_tree_nodes, room), deepest=room)
+        if not tree.size:
             return []
-        tree, prob = scored_tree(merged.tokens, merged.lens, merged.classes, estimates, max(cfg.max_tree_nodes, room))
         nodes = best_chain(tree.parents, prob, room, 0.0)  # [L] the best path, uncut
         if nodes.shape[0] == 0:
             return []
