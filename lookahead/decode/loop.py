@@ -224,7 +224,7 @@ class DecodeRun:
         finished = [a for a, (done, _) in enumerate(results) if done]
         continues = len(finished) < len(seqs)
         if continues:
-            self._keep([kept for _, kept in results])
+            self._keep([kept for _, kept in results], self.past + rows.tokens.shape[1])
         changed = clock()  # from here on, the batch's own changes
         if continues:
             self._drop(finished)
@@ -346,12 +346,14 @@ class DecodeRun:
         stats.forward_seconds.append(device)
         stats.host_seconds.append(total - device)
 
-    def _keep(self, kept: list[np.ndarray]) -> None:
-        """Gather every sequence's kept step rows to the front of the step's slots; mask the rest."""
+    def _keep(self, kept: list[np.ndarray], filled: int) -> None:
+        """Gather every sequence's kept step rows to the front of the step's slots; mask the rest. The cache
+        holds ``filled`` slots (the past and the step's rows)."""
         rows, counts, in_place = kept_slots(kept)
         dev = self.target.device
         # In place, keep_rows reads only how many rows: no copy to the device is needed.
-        keep_rows(self.cache, self.past, torch.from_numpy(rows) if in_place else to_device(rows, dev), in_place)
+        keep_rows(self.cache, self.past, torch.from_numpy(rows) if in_place else to_device(rows, dev), in_place,
+                  filled)
         if self.slots is not None:
             column = np.arange(rows.shape[1])  # [K]
             self.slots = PastSlots(

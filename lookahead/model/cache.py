@@ -284,15 +284,17 @@ def keep_sequences(cache: DynamicCache, stay: list[int], device: torch.device) -
     cache.batch_select_indices(torch.tensor(stay, device=device))
 
 
-def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool) -> None:
+def keep_rows(cache: DynamicCache, past: int, rows: torch.Tensor, in_place: bool, filled: int | None = None) -> None:
     """Sequence a keeps its step rows rows[a, :] (indices into this step's Q rows, padded to a common
     length K) at slots past .. past + K - 1; the rest is cropped.
 
-    ``in_place`` (every sequence keeps rows 0 .. k-1, known on the host) skips the gather.
+    ``in_place`` (every sequence keeps rows 0 .. k-1, known on the host) skips the gather. ``filled``:
+    the slots the cache holds now (past + Q, which the caller knows: asking the cache costs more than
+    the crop), None to ask it.
     """
     if not in_place:
         _gather_to(cache, rows, past, past)
-    _crop_to(cache, past + rows.shape[1])
+    _crop_to(cache, past + rows.shape[1], filled)
 
 
 def compact_slots(cache: DynamicCache, index: torch.Tensor) -> None:
@@ -332,9 +334,9 @@ def _gather_to(cache: DynamicCache, index: torch.Tensor, offset: int, start: int
             tensor[:, :, start:start + count] = gather_slots(tensor, sources[tensor.device])
 
 
-def _crop_to(cache: DynamicCache, length: int) -> None:
-    """Forget every slot past ``length``."""
-    surplus = cache.get_seq_length() - length
+def _crop_to(cache: DynamicCache, length: int, filled: int | None = None) -> None:
+    """Forget every slot past ``length`` (of ``filled``, the slots held; None: the cache says)."""
+    surplus = (cache.get_seq_length() if filled is None else filled) - length
     if surplus > 0:
         cache.crop(-surplus)  # negative = number of rows to drop (all transformers 5.x)
 

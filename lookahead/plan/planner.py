@@ -26,7 +26,7 @@ from ..config import LookaheadConfig
 from ..core.rows import DrawnRows
 from ..core.tree import TokenTree, empty_tree, prepend_chain, scored_groups, subtree
 from ..kernels.trie import best_first_order, ranked_nodes
-from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext
+from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext, acts
 from .acceptance import AcceptanceStats
 from .budget import expected_gains
 from .choice import StepChooser
@@ -124,6 +124,9 @@ class Planner:
         self.acceptance = acceptance
         self.chooser = chooser
         self.states = [partial(acceptance.state, source.name) for source in proposers]  # what each learns
+        # the sources told each step's outcome and new tokens: those whose learn / observe do something
+        self.learners = [i for i, source in enumerate(proposers) if acts(source, "learn")]
+        self.observers = [source for source in proposers if acts(source, "observe")]
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
 
@@ -254,14 +257,16 @@ class Planner:
         step's outcome (``width`` window columns fed)."""
         self.acceptance.update(tree.classes, tree.depths, tree.parents, path)
         self.acceptance.observe_gain(self.predicted if tree.size else 0.0, int(path.shape[0]))
+        if not self.learners:
+            return
         price = partial(self.chooser.price, tree.size, width)
-        for i, source in enumerate(self.proposers):
-            block = (self.acceptance.bounds[i], self.acceptance.bounds[i + 1])
-            source.learn(Outcome(tree, path, width, block, self.states[i], price))
+        bounds = self.acceptance.bounds
+        for i in self.learners:
+            self.proposers[i].learn(Outcome(tree, path, width, (bounds[i], bounds[i + 1]), self.states[i], price))
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         """seq[start:stop] was just accepted."""
-        for source in self.proposers:
+        for source in self.observers:
             source.observe(seq, start, stop)
 
     def finish(self, seq: np.ndarray, stop: int) -> None:

@@ -183,3 +183,9 @@ class Source:
     def column_worth(self, state: State) -> float:
         """Window columns are worth nothing to this source."""
         return 0.0
+
+
+def acts(source: Proposer, method: str) -> bool:
+    """Whether ``source``'s ``method`` ("begin", "observe", "learn", ...) may do anything: False only where
+    it is ``Source``'s own no-op, so that a loop calling it every step can leave such sources out."""
+    return getattr(type(source), method, None) is not getattr(Source, method)

@@ -16,7 +16,8 @@ MATCH_PRIORS = np.array([0.15, 0.35, 0.5, 0.6, 0.7, 0.85, 0.9])
 class ContextMatcher(Source):
     """Prompt lookup generalised: the longest suffix (match_max .. match_min tokens)
     of prompt + output that occurred before proposes up to ``length`` tokens of
-    its continuation; each token is labelled by the full match length."""
+    its continuation; each token is labelled by the full match length. It reads the sequence
+    itself: nothing to begin or observe (``Source``'s)."""
 
     name = "context"
     priors = MATCH_PRIORS
@@ -26,9 +27,6 @@ class ContextMatcher(Source):
         self.match_max = match_max
         self.length = length
 
-    def begin(self, seq: np.ndarray, stop: int) -> None:
-        """Nothing to prepare: the matcher reads the sequence itself."""
-
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 step: StepContext | None = None) -> Candidates:
         out, lens, matched, count = match_continuations(seq, stop, self.match_min, self.match_max,
@@ -37,6 +35,3 @@ class ContextMatcher(Source):
             return no_candidates()
         labels = MATCH_BUCKETS.searchsorted(matched[:count], side="right")  # [G]
         return single_class(out[:count], lens[:count], labels)
-
-    def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
-        """Nothing to update: new tokens are in seq already."""

@@ -103,7 +103,9 @@ class AdjacencyTable:
 
 class RecyclingProposer(Source):
     """Proposes a best-first tree of up to ``nodes`` recycled successors of x (the planner ranks
-    them among the other sources' candidates and keeps what the budget pays for)."""
+    them among the other sources' candidates and keeps what the budget pays for). Nothing to begin,
+    observe or learn as ``Source``: the table is kept across sequences and learns from the forward's
+    logits (``AdjacencyTable.learn_staged``, called by the sequence's commit)."""
 
     name = "recycle"
 
@@ -111,9 +113,6 @@ class RecyclingProposer(Source):
         self.table = table
         self.nodes = nodes
         self.priors = rank_priors(table.width)
-
-    def begin(self, seq: np.ndarray, stop: int) -> None:
-        """The table is kept across sequences: nothing to reset."""
 
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 step: StepContext | None = None) -> Candidates:
@@ -127,6 +126,3 @@ class RecyclingProposer(Source):
         if lens.shape[0] == 0:
             return no_candidates()
         return Candidates(cands, lens, classes)
-
-    def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
-        """Nothing: the table learns from the forward's logits (AdjacencyTable.learn)."""
