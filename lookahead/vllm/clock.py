@@ -13,12 +13,9 @@ A slope is believed as far as the steps determine it. Where step times scatter f
 row moves them (a shared or busy machine), a slope fitted to them can land anywhere, and a high one
 stops drafting altogether (on one CI machine "auto" drafted 9 tokens over two rounds of four
 requests where a fixed 0.3 drafted 197 on this one; its step times were not recorded). With b's
-standard error s, the threshold is w * b * R + (1 - w) * t0 with w = b^2 / (b^2 + s^2) and t0 the
-threshold a fresh clock starts from (the caller's fallback): steps whose time follows their rows give
-the fitted threshold, steps whose rows explain little of their time leave it near where it started.
-Not toward the floor: with four requests of open chat in flight on a 2-core CPU, the first 275 of 350
-steps fitted a slope of about zero (trust 0), so a floor of 0.05 drafted nearly every candidate, and
-lookahead's proposer ran 0.94-1.00x no speculation (results/RESULTS.md, run 131).
+standard error s, the threshold is w * b * R with w = b^2 / (b^2 + s^2): steps whose time follows
+their rows give the fitted threshold, steps whose rows explain little of their time pull it toward
+the floor, as rows that cost nothing measurable would.
 
 Worked example: steps of 4 rows took 50 ms and steps of 12 rows 66 ms: b = 2 ms a row; at 60
 tokens/s a draft token must be accepted with chance 0.12 to pay. On a GPU, where rows are nearly
@@ -101,13 +98,12 @@ class StepClock:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
     def threshold(self, fallback: float) -> float:
-        """The least acceptance chance a draft token needs to pay now: w * b * R + (1 - w) * fallback, kept
-        within FLOOR and CEILING (``fallback`` before the fit)."""
+        """The least acceptance chance a draft token needs to pay now: w * b * R, kept within FLOOR and
+        CEILING (``fallback`` before the fit)."""
         fit, rate = self._fit(), self.rate()  # one fit a step
         if fit is None or rate is None or not math.isfinite(fit[0] * rate):
             return fallback
-        trust = _trust(fit)
-        return min(max(trust * max(fit[0], 0.0) * rate + (1.0 - trust) * fallback, FLOOR), CEILING)
+        return min(max(_trust(fit) * max(fit[0], 0.0) * rate, FLOOR), CEILING)
 
 
 def _trust(fit: tuple[float, float] | None) -> float:
