@@ -267,7 +267,9 @@ class DecodeRun:
             return [seq.verifier.restaged(argmax[a], top[a] if top is not None else None, p.rows, p.tree,
                                           p.keep.shape[0]) for a, (seq, p) in enumerate(zip(seqs, plans))]
         staged = [seq.stage(logits[a, :p.keep.shape[0]], p) for a, (seq, p) in enumerate(zip(seqs, plans))]
-        host = (staged[0] if len(staged) == 1 else torch.cat(staged)).cpu().numpy()
+        if len(staged) == 1:  # (one sequence: its part is the whole, no bounds to count)
+            return [staged[0].cpu().numpy()]
+        host = torch.cat(staged).cpu().numpy()
         bounds = np.cumsum([0] + [seq.staged_size(p) for seq, p in zip(seqs, plans)])
         return [host[bounds[a]:bounds[a + 1]] for a in range(len(seqs))]
 

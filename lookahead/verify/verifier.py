@@ -109,7 +109,7 @@ class Verifier:
         """Everything the host needs from logits [K, V], as one int64 tensor on the device
         (``staged_size`` long): window argmax, top-R, the chosen token of every decision row
         (``drawn``: rows whose child a draft drew, sampling only)."""
-        parts = [row_argmax(logits[rows.window_rows()])]  # [W]
+        parts = [row_argmax(logits[rows.window_rows()])] if rows.window else []  # [W] (none without a window)
         if self.recycle_width is not None:
             parts.append(top_successors(logits, self.recycle_width).reshape(-1))  # [K * 2R]
         decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
