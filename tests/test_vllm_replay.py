@@ -129,3 +129,34 @@ def test_cli_refuses_bad_settings_and_completion_data_sets_before_loading_a_mode
     assert result.exit_code == 2 and "'bogus' is no setting" in result.output
     result = runner.invoke(main, ["--no-suffix", "--dataset", "humaneval", "--limit", "1"])
     assert result.exit_code == 2 and "completion prompts" in result.output
+
+
+def test_the_step_log_holds_each_draft_its_truth_and_the_sources_rows():
+    """--log's records: one a step, the truth being the answer's next k tokens, the draft's accepted prefix
+    counted against it, and the candidate rows of every source lookahead's proposer asked."""
+    motif = list(range(40, 52))
+    answers = [(np.array(motif * 2, dtype=np.int64), np.array(motif * 3, dtype=np.int64)) for _ in range(2)]
+    records = []
+    counts = replay(answers, [LookaheadDriver(vocab=64, settings={"least_accept": 0.3}, k=4, offered=True)], 4,
+                    20.0, 5.0, records.append)
+    assert len(records) == sum(c.steps - 1 for c in counts)  # every step after the prefill's
+    for record in records:
+        prompt, answer = answers[record["request"]]
+        assert record["truth"] == answer[record["at"]:record["at"] + 4].tolist()
+        lane = record["drivers"][0]
+        assert lane["accepted"] == accepted_prefix(lane["draft"], answer, record["at"])
+        assert all(len(row["tokens"]) == len(row["classes"]) > 0 for row in lane["offered"])
+    sources = {row["source"] for record in records for row in record["drivers"][0]["offered"]}
+    assert "context" in sources  # the motif repeats in the prompt: the context matcher offers its copy
+    # a drafted chain starts with a token some source offered first
+    drafted = [r for r in records if r["drivers"][0]["draft"]]
+    assert drafted and all(any(row["tokens"][0] == r["drivers"][0]["draft"][0] for row in r["drivers"][0]["offered"])
+                           for r in drafted)
+    quiet = LookaheadDriver(vocab=64, settings={}, k=4)  # not asked to keep them: nothing kept
+    replay(answers[:1], [quiet], 4, 20.0, 5.0)
+    assert quiet.offered() is None and quiet.proposer.offered is None
+
+
+def test_cli_refuses_a_log_it_cannot_write_before_loading_a_model(tmp_path):
+    result = CliRunner().invoke(main, ["--no-suffix", "--log", str(tmp_path / "missing" / "steps.jsonl")])
+    assert result.exit_code == 2 and "--log" in result.output and "existing, writable directory" in result.output

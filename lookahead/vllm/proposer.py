@@ -32,7 +32,7 @@ import numpy as np
 from ..core.tree import TokenTree, empty_tree, scored_groups, subtree
 from ..plan.acceptance import AcceptanceStats
 from ..plan.planner import SCORE_DEPTH
-from ..proposers.base import Others, Outcome, Proposer, StepContext
+from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext
 from ..proposers.context import ContextMatcher
 from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.memory.file import vocabulary_key
@@ -84,6 +84,9 @@ class LookaheadProposer:
         self.proposed = 0  # draft tokens proposed, all requests
         self.accepted = 0  # of them accepted
         self.closed = False
+        # Set to a list to keep, at every call, each row's candidates as the sources offered them: [(source
+        # name, Candidates), ...] per row of the batch (the replay's log, replay.py; None: nothing kept)
+        self.offered: list[list[tuple[str, Candidates]]] | None = None
         if self.settings.memory is not None:
             # On the way out, where the process gets to run its exit handlers: atexit for an engine in
             # this process, multiprocessing's finalizers for a worker process that ends normally. (vLLM's
@@ -108,9 +111,12 @@ class LookaheadProposer:
         for index, tracked in step.requests.items():
             self._learn(tracked, rows_accepted=len(sampled_token_ids[index]))
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        if self.offered is not None:
+            self.offered = [[] for _ in sampled_token_ids]
         least, estimates = self._least(), self.acceptance.estimates()  # once a step: [C, D] for every request
         for index, tracked in step.requests.items():
-            drafts[index] = self._chain(tracked, least, estimates)
+            drafts[index] = self._chain(tracked, least, estimates,
+                                        self.offered[index] if self.offered is not None else None)
         self.clock.proposed(len(step.requests) + sum(len(d) for d in drafts))
         return drafts
 
@@ -162,9 +168,10 @@ class LookaheadProposer:
             source.learn(Outcome(tree, path, 0, block, partial(self.acceptance.state, source.name), lambda: 1.0))
             source.observe(seq, start, stop)
 
-    def _chain(self, tracked: Tracked[RequestState], least: float, estimates: np.ndarray) -> list[int]:
+    def _chain(self, tracked: Tracked[RequestState], least: float, estimates: np.ndarray,
+               offered: list[tuple[str, Candidates]] | None = None) -> list[int]:
         """1. propose and 2. build: the best chain of the sources' merged trie, scored by estimates [C, D]
-        (maybe empty)."""
+        (maybe empty); ``offered`` (when given) gets each source's candidates."""
         state, seq, stop = tracked.state, tracked.tokens, tracked.length
         room = min(self.k, self.max_len - stop)
         if room <= 0 or not state.sources:
@@ -174,6 +181,8 @@ class LookaheadProposer:
         for i, source in enumerate(state.sources):
             context = StepContext(room, partial(self.acceptance.state, source.name), _nothing_else, _no_cost)
             found = source.propose(seq, stop, cfg.candidates, self.acceptance.block(i, estimates), context)
+            if offered is not None:
+                offered.append((source.name, found))
             if found.count:
                 groups.append((found.tokens, found.lens, found.classes, self.acceptance.bounds[i]))
         # every source's rows cut at the chain's length, so that the first source's long rows leave room for

@@ -28,7 +28,9 @@ and 5 a draft token, 4 tokens in 70 ms, 57.1 tokens/s.
 
 Run: ``python -m lookahead.vllm.replay --dataset tool-calls`` (SuffixDecoding is built from
 arctic-inference's source once, as ``lookahead bench-memory --anchor`` builds it; ``--no-suffix``
-skips it).
+skips it). ``--log steps.jsonl`` writes lookahead's lane step by step (``step_record``): its draft, what
+was accepted, the answer's next k tokens and every source's candidate rows with their classes, the data
+for studying which candidate a chain should have followed.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import click
 import numpy as np
@@ -85,11 +87,11 @@ def accepted_prefix(draft: Sequence[int], answer: np.ndarray, at: int) -> int:
 
 
 def replay(answers: list[tuple[np.ndarray, np.ndarray]], drivers: list[Driver], k: int, step_ms: float,
-           draft_ms: float) -> list[Count]:
+           draft_ms: float, log: Callable[[dict[str, Any]], None] | None = None) -> list[Count]:
     """The counts per request of one replay, each (prompt, answer) in order. One driver: its own drafts.
     Several (fresh ones, not shared with another replay): the oracle, at every step the draft accepted
     furthest (the shorter on a tie), every driver asked and told what was accepted, as vLLM would tell
-    the one proposer it runs."""
+    the one proposer it runs. ``log`` gets one record a step (``step_record``)."""
     counts: list[Count] = []
     for request, (prompt, answer) in enumerate(answers):
         count = Count(int(answer.shape[0]), steps=1)  # the prefill's step gives the first token
@@ -99,6 +101,8 @@ def replay(answers: list[tuple[np.ndarray, np.ndarray]], drivers: list[Driver], 
             drafts = [list(d.propose(request, prompt, answer[:at], sampled, k)) for d in drivers]  # (each row paid
             # for, past the answer's end too: vLLM verifies a draft whole and drops what follows max_tokens)
             kept = [accepted_prefix(draft, answer, at) for draft in drafts]
+            if log is not None:
+                log(step_record(request, at, answer[at:at + k], drivers, drafts, kept))
             best = max(range(len(drivers)), key=lambda i: (kept[i], -len(drafts[i])))
             count.steps += 1
             count.drafts += len(drafts[best])
@@ -110,6 +114,20 @@ def replay(answers: list[tuple[np.ndarray, np.ndarray]], drivers: list[Driver], 
     for d in drivers:
         d.close()
     return counts
+
+
+def step_record(request: int, at: int, truth: np.ndarray, drivers: Sequence[Driver], drafts: list[list[int]],
+                kept: list[int]) -> dict[str, Any]:
+    """One step of a replay as data for studying how a proposer chooses: the request, the answer's position
+    and its next tokens (what a perfect draft would be), and per driver its draft, how much of it was
+    accepted and, for a driver that keeps them (``LookaheadDriver(offered=True)``), every source's candidate
+    rows with their classes. Request 0 at 3, truth [7 8], a draft [7 9] -> accepted 1."""
+    lanes = []
+    for driver, draft, accepted in zip(drivers, drafts, kept):
+        offered = getattr(driver, "offered", None)
+        lanes.append({"draft": [int(t) for t in draft], "accepted": accepted,
+                      "offered": offered() if callable(offered) else None})
+    return {"request": request, "at": at, "truth": [int(t) for t in truth], "drivers": lanes}
 
 
 def summary(counts: list[Count], step_ms: float, draft_ms: float) -> dict[str, Any]:
@@ -130,7 +148,8 @@ class LookaheadDriver:
     """``LookaheadProposer`` as vLLM drives it (one row; the engine's config as attributes), reading the
     replay's modelled clock."""
 
-    def __init__(self, vocab: int, settings: dict[str, Any], k: int):
+    def __init__(self, vocab: int, settings: dict[str, Any], k: int, offered: bool = False):
+        """``offered``: keep each step's candidate rows for ``offered()`` (the replay's log)."""
         from .proposer import LookaheadProposer
 
         model = SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: vocab, tokenizer=None,
@@ -141,6 +160,20 @@ class LookaheadDriver:
         self.seconds = 0.0
         self.proposer.now = lambda: self.seconds
         self.row = np.zeros((1, MAX_LEN), dtype=np.int64)
+        if offered:
+            self.proposer.offered = []
+
+    def offered(self) -> list[dict[str, Any]] | None:
+        """The last step's candidate rows, source by source in the order they were asked (None: not kept)."""
+        if self.proposer.offered is None:
+            return None
+        rows = []
+        for name, found in (self.proposer.offered[0] if self.proposer.offered else []):
+            for g in range(found.count):
+                length = int(found.lens[g])
+                rows.append({"source": name, "tokens": [int(t) for t in found.tokens[g, :length]],
+                             "classes": [int(c) for c in found.classes[g, :length]]})
+        return rows
 
     def propose(self, request: int, prompt: np.ndarray, done: np.ndarray, sampled: list[int], k: int) -> list[int]:
         length = prompt.shape[0] + done.shape[0]
@@ -253,13 +286,12 @@ def markdown(report: dict[str, Any]) -> str:
 @click.option("--suffix/--no-suffix", default=True, show_default=True,
               help="Also replay SuffixDecoding (arctic-inference, built from source once) and the oracle.")
 @click.option("--out", default=None, help="Write the report as JSON to this file.")
+@click.option("--log", "log_path", default=None,
+              help="Write lookahead's lane step by step to this file (JSON lines: the draft, what was accepted, "
+                   "the answer's next tokens and every source's candidate rows).")
 def main(model_name: str, datasets: tuple[str, ...], limit: int, max_tokens: int, k: int, step_ms: float,
-         draft_ms: float, lookahead_settings: str, suffix: bool, out: str | None) -> None:
+         draft_ms: float, lookahead_settings: str, suffix: bool, out: str | None, log_path: str | None) -> None:
     """Replay lookahead's vLLM proposer (and SuffixDecoding) on the model's greedy answers; see the module."""
-    import torch
-
-    from lookahead import load_model
-
     from .settings import settings_from
 
     try:
@@ -276,6 +308,40 @@ def main(model_name: str, datasets: tuple[str, ...], limit: int, max_tokens: int
         except AnchorUnavailable as exc:
             skipped = str(exc)
     chats = {name: chat_prompts(name, limit) for name in datasets}
+    log_file = open_log(log_path)
+    try:
+        report = replay_all(model_name, chats, max_tokens, k, step_ms, draft_ms, settings, cache_class, skipped,
+                            log_file)
+    finally:
+        if log_file is not None:
+            log_file.close()
+    click.echo(markdown(report))
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def open_log(path: str | None) -> IO[str] | None:
+    """The step log's file, open for writing (None without one); a path it cannot be written at is refused
+    with the reason, before any model is loaded."""
+    if path is None:
+        return None
+    try:
+        return open(path, "w")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path!r}: {exc.strerror}; name a file in an existing, writable "
+                                 "directory", param_hint="--log") from None
+
+
+def replay_all(model_name: str, chats: dict[str, list[list[dict[str, Any]]]], max_tokens: int, k: int,
+               step_ms: float, draft_ms: float, settings: dict[str, Any], cache_class: Any, skipped: str | None,
+               log_file: IO[str] | None) -> dict[str, Any]:
+    """Every data set's lanes replayed on the model's greedy answers: the report ``markdown`` prints. With
+    ``log_file``, lookahead's lane writes one JSON line a step (``step_record`` and the data set's name)."""
+    import torch
+
+    from lookahead import load_model
+
     model, tokenizer = load_model(model_name, dtype=torch.float32)
     vocab = len(tokenizer)
     report: dict[str, Any] = {"meta": {"model": model_name, "k": k, "max_tokens": max_tokens, "step_ms": step_ms,
@@ -283,17 +349,22 @@ def main(model_name: str, datasets: tuple[str, ...], limit: int, max_tokens: int
                               "datasets": {}}
     for name, prompts in chats.items():
         answers = greedy_answers(model, tokenizer, prompts, max_tokens, lambda line: click.echo(line, err=True))
-        lanes: dict[str, Callable[[], list[Driver]]] = {"lookahead": lambda: [LookaheadDriver(vocab, settings, k)]}
+        lanes: dict[str, Callable[[], list[Driver]]] = {
+            "lookahead": lambda: [LookaheadDriver(vocab, settings, k, offered=log_file is not None)]}
         if cache_class is not None:
             lanes["suffix"] = lambda: [SuffixDriver(cache_class)]
             lanes["oracle (the better draft each step)"] = lambda: [LookaheadDriver(vocab, settings, k),
                                                                     SuffixDriver(cache_class)]
-        report["datasets"][name] = {lane: summary(replay(answers, make(), k, step_ms, draft_ms), step_ms, draft_ms)
-                                    for lane, make in lanes.items()}
-    click.echo(markdown(report))
-    if out:
-        with open(out, "w") as f:
-            json.dump(report, f, indent=1)
+        write = None
+        if log_file is not None:
+            def write(record: dict[str, Any], name: str = name) -> None:
+                assert log_file is not None
+                log_file.write(json.dumps({"dataset": name, **record}) + "\n")
+        report["datasets"][name] = {
+            lane: summary(replay(answers, make(), k, step_ms, draft_ms, write if lane == "lookahead" else None),
+                          step_ms, draft_ms)
+            for lane, make in lanes.items()}
+    return report
 
 
 if __name__ == "__main__":
