@@ -54,22 +54,5 @@ def chosen_walk(tokens: np.ndarray, parents: np.ndarray, chosen: np.ndarray) -> 
     0 is accepted; at node 0 (row 1, 7) node 3 is, not node 1 (5); node 3 has no children and its
     row says 2: path [0 3], new [4 7 2].
     """
-    size = tokens.shape[0]
-    path = np.empty(size, dtype=np.int64)
-    new = np.empty(size + 1, dtype=np.int64)
-    cur = -1
-    k = 0
-    while True:
-        want = chosen[cur + 1]
-        child = -1
-        for node in range(size):
-            if parents[node] == cur and tokens[node] == want:
-                child = node
-                break
-        new[k] = want
-        if child < 0:
-            break
-        path[k] = child
-        k += 1
-        cur = child
-    return path[:k], new[:k + 1]
+    accept = tokens == chosen[parents + 1]  # [M]: each node's token is the one its parent's row chose
+    return accept_walk(tokens, parents, accept, chosen)
