@@ -2,12 +2,22 @@
 proposers and with lookahead's (lookahead/vllm/), on chat data sets replayed in order.
 
 Each method runs on an engine of its own, started here (``enforce_eager``: no compilation, so engines
-start in about half a minute on a CPU), once per concurrency level: at level c the data set's prompts
-go in order, c at a time (a wave: vLLM batches them; the next wave starts when the last of them
-ended). Every method gets the same prompts, greedy, with the same ``num_speculative_tokens``; per
-data set it reports tokens per second over every wave and over the second half of them (where the
-memory across requests has seen the first half), and vLLM's spec-decode counters: draft tokens,
-accepted tokens and the mean accepted length (1 + accepted / drafts: tokens per verification step).
+start in about half a minute on a CPU), once per concurrency level c. The data set's prompts go in
+order, c in flight, on one of two schedules:
+
+- ``closed`` (the default): as c clients each sending their next request when their last one is
+  answered. The first c start together; whenever one finishes, the next prompt joins the running
+  batch, so c requests are in flight until the last prompts drain. A record per finished request:
+  its tokens and the time since the one before it finished.
+- ``waves``: c prompts at a time, as one ``LLM.chat`` call (vLLM batches them); the next wave starts
+  when the last of them ended, so a wave's time is its slowest request's, and the batch thins out
+  as its requests finish. A record per wave. (Runs up to 131 of results/RESULTS.md used this.)
+
+At c = 1 both are the same: one request after another. Every method gets the same prompts, greedy,
+with the same ``num_speculative_tokens``; per data set it reports tokens per second over every record
+and over the second half of them (where the memory across requests has seen the first half), and
+vLLM's spec-decode counters: draft tokens, accepted tokens and the mean accepted length (1 +
+accepted / drafts: tokens per verification step).
 Whether every method's greedy text equals vLLM's without speculation is counted too (vLLM verifies;
 float noise between a verify step and a plain step may flip a rare token).
 
@@ -27,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("none", "ngram", "suffix", "lookahead")
+SCHEDULES = ("closed", "waves")  # how the prompts go in, c in flight (module docstring)
 LOOKAHEAD_CLASS = "lookahead.vllm.LookaheadProposer"
 NGRAM_RANGE = (2, 4)  # prompt_lookup_min, prompt_lookup_max of vLLM's ngram proposer here
 
@@ -43,6 +54,11 @@ class Settings:
     k: int  # num_speculative_tokens of every method
     dtype: str
     lookahead: dict[str, Any]  # additional_config["lookahead"] of lookahead's proposer
+    schedule: str = "closed"  # one of SCHEDULES
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; schedules: {', '.join(SCHEDULES)}")
 
 
 def speculative_config(method: str, k: int) -> dict[str, Any] | None:
@@ -77,24 +93,26 @@ def counters(llm: Any) -> dict[str, float]:
     return found
 
 
-def summarize(waves: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tokens per second over every wave and over the second half of the waves, and the counters' sums."""
-    half = waves[len(waves) // 2:]
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens per second over every record (a wave or a finished request) and over the second half of
+    them, and the counters' sums."""
+    half = records[len(records) // 2:]
 
     def rate(part: list[dict[str, Any]]) -> float | None:
         seconds = sum(w["seconds"] for w in part)
         return sum(w["tokens"] for w in part) / seconds if seconds > 0 else None
 
-    drafts = sum(w["drafts"] for w in waves)
-    accepted = sum(w["accepted"] for w in waves)
-    return {"tokens": sum(w["tokens"] for w in waves), "seconds": sum(w["seconds"] for w in waves),
-            "tokens_per_s": rate(waves), "second_half_tokens_per_s": rate(half),
-            "draft_tokens": sum(w["draft_tokens"] for w in waves), "accepted": accepted,
+    drafts = sum(r["drafts"] for r in records)
+    accepted = sum(r["accepted"] for r in records)
+    return {"tokens": sum(r["tokens"] for r in records), "seconds": sum(r["seconds"] for r in records),
+            "tokens_per_s": rate(records), "second_half_tokens_per_s": rate(half),
+            "draft_tokens": sum(r["draft_tokens"] for r in records), "accepted": accepted,
             "mean_accepted_length": 1 + accepted / drafts if drafts else None}
 
 
 def run_engine(method: str, level: int, settings: Settings, log: Callable[[str], None]) -> dict[str, Any]:
-    """One engine for ``method``: every data set in order, ``level`` prompts a wave; its records."""
+    """One engine for ``method``: every data set in order, ``level`` prompts in flight on the settings'
+    schedule; its records."""
     from vllm import LLM, SamplingParams
 
     began = time.perf_counter()
@@ -108,21 +126,10 @@ def run_engine(method: str, level: int, settings: Settings, log: Callable[[str],
     try:
         llm.chat([[{"role": "user", "content": "Hello"}]], params, use_tqdm=False)  # warm-up, not counted
         for name, prompts in settings.datasets.items():
-            waves, texts = [], {}
-            for start in range(0, len(prompts), level):
-                wave = prompts[start:start + level]
-                before = counters(llm)
-                t0 = time.perf_counter()
-                outs = llm.chat([messages for _, messages in wave], params, use_tqdm=False)
-                seconds = time.perf_counter() - t0
-                after = counters(llm)
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-                for (ident, _), o in zip(wave, outs):
-                    texts[ident] = list(o.outputs[0].token_ids)
-                waves.append({"tokens": tokens, "seconds": seconds,
-                              **{key: after[key] - before[key] for key in after}})
-            summary = summarize(waves)
-            out["datasets"][name] = {**summary, "waves": waves, "texts": texts}
+            run = _closed if settings.schedule == "closed" else _waves
+            records, texts = run(llm, prompts, params, level)
+            summary = summarize(records)
+            out["datasets"][name] = {**summary, "schedule": settings.schedule, "records": records, "texts": texts}
             log(f"{method} c{level} {name}: {summary['tokens_per_s']:.1f} tokens/s "
                 f"(second half {summary['second_half_tokens_per_s']:.1f}), mean accepted length "
                 f"{_num(summary['mean_accepted_length'])}")
@@ -131,6 +138,59 @@ def run_engine(method: str, level: int, settings: Settings, log: Callable[[str],
         del llm
         gc.collect()
     return out
+
+
+def _waves(llm: Any, prompts: list[tuple[str, list[dict[str, Any]]]], params: Any,
+           level: int) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """The prompts ``level`` at a time, a wave each (module docstring): (a record per wave, texts)."""
+    waves, texts = [], {}
+    for start in range(0, len(prompts), level):
+        wave = prompts[start:start + level]
+        before = counters(llm)
+        t0 = time.perf_counter()
+        outs = llm.chat([messages for _, messages in wave], params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        after = counters(llm)
+        for (ident, _), o in zip(wave, outs):
+            texts[ident] = list(o.outputs[0].token_ids)
+        waves.append({"tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": seconds,
+                      **{key: after[key] - before[key] for key in after}})
+    return waves, texts
+
+
+def _closed(llm: Any, prompts: list[tuple[str, list[dict[str, Any]]]], params: Any,
+            level: int) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """The prompts in order with ``level`` in flight, the next joining as one finishes (module
+    docstring): (a record per finished request, texts)."""
+    engine = llm.llm_engine
+    waiting = list(prompts)
+    idents: dict[str, str] = {}  # vLLM's request id -> prompt id
+
+    def send() -> None:
+        ident, messages = waiting.pop(0)
+        (request,) = llm.enqueue_chat([messages], params, use_tqdm=False)
+        # (enqueue returns the engine's id, the LLM's own counter with a suffix after "-"; its outputs
+        # carry the counter alone)
+        idents[request] = idents[request.split("-")[0]] = ident
+
+    for _ in range(min(level, len(waiting))):
+        send()
+    records, texts = [], {}
+    before = counters(llm)
+    last = time.perf_counter()
+    while engine.has_unfinished_requests():
+        done = [o for o in engine.step() if o.finished]
+        if not done:
+            continue
+        now, after = time.perf_counter(), counters(llm)
+        for o in done:
+            texts[idents[o.request_id]] = list(o.outputs[0].token_ids)
+            if waiting:
+                send()
+        records.append({"tokens": sum(len(o.outputs[0].token_ids) for o in done), "seconds": now - last,
+                        **{key: after[key] - before[key] for key in after}})
+        before, last = after, now
+    return records, texts
 
 
 def run_bench(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -159,6 +219,7 @@ def run_bench(settings: Settings, log: Callable[[str], None] = print) -> dict[st
     return {"meta": {"cpu": cpu_name(), "vllm": vllm.__version__, "model": settings.model_dir,
                      "dtype": settings.dtype, "k": settings.k, "max_tokens": settings.max_tokens,
                      "ngram_range": list(NGRAM_RANGE), "lookahead_settings": settings.lookahead,
+                     "schedule": settings.schedule,
                      "skipped": skipped, "datasets": {n: len(p) for n, p in settings.datasets.items()}},
             "runs": runs}
 
@@ -191,11 +252,13 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(data: dict[str, Any]) -> str:
     """The report: settings, then a table row per (data set, concurrency, method)."""
     meta = data["meta"]
+    closed = meta.get("schedule", "waves") == "closed"  # (reports of runs before the schedules: waves)
     lines = [f"# bench-vllm: {Path(meta['model']).name} ({meta['dtype']}), vLLM {meta['vllm']}", "",
              f"- CPU: {meta['cpu']}", f"- num_speculative_tokens {meta['k']}, max_tokens {meta['max_tokens']}, "
              f"greedy; ngram prompt_lookup {meta['ngram_range'][0]}-{meta['ngram_range'][1]}",
-             "- prompts: " + ", ".join(f"{n} {c}" for n, c in meta["datasets"].items()) + " (in order, in waves "
-             "of `concurrency`)"]
+             "- prompts: " + ", ".join(f"{n} {c}" for n, c in meta["datasets"].items()) + " (in order, "
+             + ("`concurrency` in flight, the next joining as one finishes)" if closed
+                else "in waves of `concurrency`)")]
     lines += [f"- {m}: skipped ({why})" for m, why in meta["skipped"].items()]
     lines += ["", "| data set | c | method | tokens/s | 2nd half tokens/s | mean accepted length | vs none "
               "| 2nd half vs ngram | 2nd half vs suffix | same text as none |",
@@ -209,7 +272,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def plot(path: Path, data: dict[str, Any]) -> Path:
-    """Tokens per second (second half of the waves) per method, one panel per (data set, concurrency)."""
+    """Tokens per second (second half of the records) per method, one panel per (data set, concurrency)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -15,6 +15,7 @@ from .options import CLI_ERRORS, cli_message, fail
 
 DEFAULT_DATASETS = ("tool-calls", "mt-bench-1")
 METHODS = ("none", "ngram", "suffix", "lookahead")  # lookahead.benchmarks.vllm_bench.METHODS
+SCHEDULES = ("closed", "waves")  # lookahead.benchmarks.vllm_bench.SCHEDULES
 
 
 @click.command("bench-vllm")
@@ -26,6 +27,9 @@ METHODS = ("none", "ngram", "suffix", "lookahead")  # lookahead.benchmarks.vllm_
               help="Prompts per data set, in its order.")
 @click.option("--concurrency", default="1,4", show_default=True,
               help="Requests in flight, comma-separated levels; each level runs on a freshly started engine.")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="closed", show_default=True,
+              help="closed: `concurrency` requests in flight, the next prompt joining as one finishes (as that "
+                   "many clients); waves: `concurrency` prompts at a time, the next wave after the slowest of them.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="max_tokens of every request.")
 @click.option("--method", "methods", multiple=True, type=click.Choice(METHODS), default=(),
@@ -38,8 +42,9 @@ METHODS = ("none", "ngram", "suffix", "lookahead")  # lookahead.benchmarks.vllm_
               help='additional_config["lookahead"] of lookahead\'s proposer, as JSON, e.g. \'{"least_accept": 0.4}\'.')
 @click.option("--out", "out_dir", default="bench-vllm-out", show_default=True,
               help="Directory for bench-vllm.json, bench-vllm.md and bench-vllm.png.")
-def bench_vllm(model_name: str, datasets: tuple[str, ...], limit: int, concurrency: str, max_tokens: int,
-               methods: tuple[str, ...], k: int, dtype: str, lookahead_settings: str, out_dir: str) -> None:
+def bench_vllm(model_name: str, datasets: tuple[str, ...], limit: int, concurrency: str, schedule: str,
+               max_tokens: int, methods: tuple[str, ...], k: int, dtype: str, lookahead_settings: str,
+               out_dir: str) -> None:
     """Measure vLLM on this machine without speculation, with ngram, suffix and lookahead's proposer:
     tokens/s (all, and the second half of each data set), mean accepted length, same text as without.
 
@@ -71,7 +76,7 @@ def bench_vllm(model_name: str, datasets: tuple[str, ...], limit: int, concurren
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     chosen = tuple(m for m in METHODS if m in methods) if methods else METHODS
-    settings = Settings(model_dir, prompts, chosen, tuple(levels), max_tokens, k, dtype, extra)
+    settings = Settings(model_dir, prompts, chosen, tuple(levels), max_tokens, k, dtype, extra, schedule)
     data = run_bench(settings, log=lambda line: click.echo(line, err=True))
     paths = write_report(out_dir, data)
     click.echo(paths["text"])
