@@ -8,7 +8,8 @@ order, c in flight, on one of two schedules:
 - ``closed`` (the default): as c clients each sending their next request when their last one is
   answered. The first c start together; whenever one finishes, the next prompt joins the running
   batch, so c requests are in flight until the last prompts drain. A record per finished request:
-  its tokens and the time since the one before it finished.
+  its tokens and the time since the one before it finished (0 for a request that finished in the
+  same step as the one before it), so that the second half is the last half of the requests.
 - ``waves``: c prompts at a time, as one ``LLM.chat`` call (vLLM batches them); the next wave starts
   when the last of them ended, so a wave's time is its slowest request's, and the batch thins out
   as its requests finish. A record per wave. (Runs up to 131 of results/RESULTS.md used this.)
@@ -183,12 +184,14 @@ def _closed(llm: Any, prompts: list[tuple[str, list[dict[str, Any]]]], params: A
         if not done:
             continue
         now, after = time.perf_counter(), counters(llm)
-        for o in done:
+        for i, o in enumerate(done):
             texts[idents[o.request_id]] = list(o.outputs[0].token_ids)
             if waiting:
                 send()
-        records.append({"tokens": sum(len(o.outputs[0].token_ids) for o in done), "seconds": now - last,
-                        **{key: after[key] - before[key] for key in after}})
+            # one record per request, so that halves split the requests alike for every method: requests
+            # that finished together share the time (and the counters) since the last that finished before
+            records.append({"tokens": len(o.outputs[0].token_ids), "seconds": now - last if i == 0 else 0.0,
+                            **{key: after[key] - before[key] if i == 0 else 0.0 for key in after}})
         before, last = after, now
     return records, texts
 

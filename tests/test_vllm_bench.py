@@ -80,9 +80,22 @@ def test_closed_keeps_level_in_flight_and_joins_in_order():
     # join; q4 ends at step 4, q3 at step 7.
     assert llm.flight == [2, 2, 2, 2, 1, 1, 1]
     assert texts == {f"p{i}": list(range(STEPS[f"q{i}"])) for i in range(5)}
-    assert [r["tokens"] for r in records] == [1, 3 + 2, 1, 4]  # a record per step that finished requests
+    # a record per request, in the order the engine reports them (q0 and q2 in one step), the second of a
+    # step's records with no time or counts of its own
+    assert [r["tokens"] for r in records] == [1, 3, 2, 1, 4]
+    assert sorted(r["tokens"] for r in records) == sorted(STEPS.values())
+    assert records[2]["seconds"] == 0.0 and records[2]["draft_tokens"] == 0.0
     assert sum(r["draft_tokens"] for r in records) == sum(llm.flight)
     assert all(r["seconds"] >= 0 for r in records)
+
+
+def test_closed_halves_split_the_requests_when_they_finish_together():
+    """Four equal requests two at a time finish in pairs: four records, the second half two requests."""
+    prompts = PROMPTS[:4]
+    records, _ = _closed(FakeLLM({f"q{i}": 2 for i in range(4)}), prompts, None, 2)
+    assert [r["tokens"] for r in records] == [2, 2, 2, 2]
+    assert [r["seconds"] > 0 for r in records] == [True, False, True, False]
+    assert sum(r["tokens"] for r in records[len(records) // 2:]) == 4  # summarize's second half: the last pair
 
 
 def test_waves_wait_for_the_slowest_request():
