@@ -32,7 +32,7 @@ import numpy as np
 from ..core.tree import TokenTree, empty_tree, scored_groups, subtree
 from ..plan.acceptance import AcceptanceStats
 from ..plan.planner import SCORE_DEPTH
-from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext
+from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext, acts
 from ..proposers.context import ContextMatcher
 from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.memory.file import vocabulary_key
@@ -58,6 +58,9 @@ class RequestState:
 
     def __init__(self, sources: list[Proposer]):
         self.sources = sources
+        # those told each step's outcome and new tokens: whose learn / observe do something (as the planner's)
+        self.learners = [i for i, source in enumerate(sources) if acts(source, "learn")]
+        self.observers = [source for source in sources if acts(source, "observe")]
         self.pending: Pending | None = None
         self.begun = False
 
@@ -163,9 +166,12 @@ class LookaheadProposer:
         else:
             path, tree = np.zeros(0, dtype=np.int64), empty_tree()
             self.acceptance.observe_gain(0.0, 0)
-        for i, source in enumerate(state.sources):
-            block = (self.acceptance.bounds[i], self.acceptance.bounds[i + 1])
-            source.learn(Outcome(tree, path, 0, block, partial(self.acceptance.state, source.name), lambda: 1.0))
+        bounds = self.acceptance.bounds
+        for i in state.learners:
+            source = state.sources[i]
+            source.learn(Outcome(tree, path, 0, (bounds[i], bounds[i + 1]), partial(self.acceptance.state, source.name),
+                                 lambda: 1.0))
+        for source in state.observers:
             source.observe(seq, start, stop)
 
     def _chain(self, tracked: Tracked[RequestState], least: float, estimates: np.ndarray,
