@@ -19,7 +19,10 @@ for the model at hand:
 5. on the CPU, the same best route's step replayed from a TorchScript trace
    (``traced_steps``: model/traced.py, ``traced_forward``), timed in the
    same passes as its eager steps, with its own breakdown;
-6. the host's share of real greedy decode steps, by phase (``host_phases``).
+6. the compute roof (compute_roof.py): what the fastest route's products of the model's linear
+   layers do a second, where the arithmetic bounds them, and so the second limit of a step over many
+   rows, ``roof(q) = max(roofline, 2 q M / F)``, and the ridge between the two;
+7. the host's share of real greedy decode steps, by phase (``host_phases``).
 
 ``report_markdown`` and ``plot_roofline`` render the result; cli/roofline.py
 writes roofline.json, roofline.md and roofline.png. Every time is in seconds
@@ -40,6 +43,8 @@ from typing import Callable
 import torch
 
 from lookahead.model.hugepages import huge_bytes, move_to_huge_pages, on_huge_pages
+
+from .compute_roof import PEAK_ROWS, compute_throughput, linear_macs, ridge_rows, roof_seconds
 
 STREAM_MIN_BYTES = 256 * 2 ** 20  # the bandwidth probe sums at least this much (past every cache level)
 STREAM_WARMUPS = 2  # untimed sums before the timed ones (first touch, frequency ramp-up)
@@ -421,14 +426,14 @@ def host_phases(model, tokenizer, config, prompts: list[list[int]], max_new_toke
 # ---------------------------------------------------------------- everything
 def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repeats: int,
                      allow_untested: bool = False, config=None, stream_min_bytes: int = STREAM_MIN_BYTES,
-                     host_tokens: int = HOST_TOKENS, traced: bool = True) -> dict:
+                     host_tokens: int = HOST_TOKENS, traced: bool = True, peak_rows: int = PEAK_ROWS) -> dict:
     """The roofline of ``model`` on this machine beside its measured steps (see the module docstring).
 
     ``rows``: row counts (each >= 1), ``context``: cached tokens behind every step (>= 1; context +
     the largest row count must fit in the model's context), ``repeats``: timed passes (>= 1),
     ``config``: the LookaheadConfig of the host-time generator (None: the default), ``traced``: time
     the best routes' steps replayed from traces too (on the CPU; each step's "traced" entry, else
-    None). Raises
+    None), ``peak_rows``: rows of the compute roof's products (compute_roof.py). Raises
     ValueError for a bad argument and UnsupportedModelError (a ValueError) for a model the engine
     cannot drive. The result holds every number, in seconds and bytes.
     """
@@ -438,9 +443,9 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     from lookahead.model.target import input_device
 
     rows = tuple(sorted(set(int(q) for q in rows)))
-    if not rows or rows[0] < 1 or context < 1 or repeats < 1:
-        raise ValueError(f"rows, context and repeats must be >= 1, got rows {list(rows)}, context {context}, "
-                         f"repeats {repeats}")
+    if not rows or rows[0] < 1 or context < 1 or repeats < 1 or peak_rows < 1:
+        raise ValueError(f"rows, context, repeats and peak rows must be >= 1, got rows {list(rows)}, context "
+                         f"{context}, repeats {repeats}, peak rows {peak_rows}")
     limit = context_length(model.config)
     if limit is not None and context + rows[-1] > limit:
         raise ValueError(f"a context of {context} tokens plus a step of {rows[-1]} rows passes the model's "
@@ -466,21 +471,39 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     time_traced = decode_step_timer(model, layout, context, traced=True) if traced and cpu else None
     replayed = traced_steps(time_one, time_traced, rows, best_route, repeats) if time_traced is not None \
         else [None] * len(rows)
+    rates = compute_throughput(model, time_one.target.linears, routes, peak_rows)
+    macs = linear_macs(model)
+    peak_route = max(rates, key=rates.__getitem__)
+    peak = rates[peak_route]
     steps = []
     for q, route, (label, best_s), trace in zip(rows, best_route, best, replayed):
         parts, profiled = step_breakdown(time_one, q, route, best_s) if cpu else (None, None)
+        roof = roof_seconds(roofline, macs, q, peak)
         if trace is not None and trace["seconds"] is not None and time_traced is not None:
             trace["x_roofline"] = trace["seconds"] / roofline
+            trace["x_roof"] = trace["seconds"] / roof
             trace["breakdown_s"], trace["profiled_s"] = step_breakdown(time_traced, q, route, trace["seconds"])
+            trace["linear_flops_per_s"] = linear_rate(macs, q, trace["breakdown_s"])
         steps.append({"rows": q, "seconds": {lab: seconds[lab][rows.index(q)] for lab in seconds},
-                      "best_route": label, "best_s": best_s, "x_roofline": best_s / roofline, "breakdown_s": parts,
-                      "profiled_s": profiled, "traced": trace})
+                      "best_route": label, "best_s": best_s, "x_roofline": best_s / roofline, "roof_s": roof,
+                      "x_roof": best_s / roof, "breakdown_s": parts, "profiled_s": profiled,
+                      "linear_flops_per_s": linear_rate(macs, q, parts), "traced": trace})
     host = host_phases(model, tokenizer, config,
                        prompt_ids(tokenizer, int(model.get_input_embeddings().weight.shape[0])), host_tokens)
     return {"device": str(device), "threads": threads, "context": context, "repeats": repeats, "huge_pages": huge,
             "weight_bytes": weights, "stream_bytes": max(1, stream_bytes // 4) * 4,
             "stream_s": stream_times, "bandwidth_bytes_per_s": bandwidth, "roofline_s": roofline,
-            "routes": list(seconds), "steps": steps, "host": host}
+            "routes": list(seconds), "steps": steps, "host": host,
+            "compute": {"rows": peak_rows, "macs_per_row": macs, "flops_per_s": rates, "best_route": peak_route,
+                        "peak_flops_per_s": peak, "ridge_rows": ridge_rows(roofline, macs, peak)}}
+
+
+def linear_rate(macs: int, rows: int, parts: dict[str, float] | None) -> float | None:
+    """Float operations per second of a step's linears (2 * rows * macs over the breakdown's "linears"
+    seconds); None without a breakdown or where it gave the linears no time."""
+    if parts is None or parts["linears"] <= 0:
+        return None
+    return 2.0 * rows * macs / parts["linears"]
 
 
 # ---------------------------------------------------------------- the report
@@ -508,6 +531,30 @@ def _width(result: dict) -> str:
     return f"{lanes} lanes (the only width this CPU runs)"
 
 
+def _gflops(rate: float | None) -> str:
+    """Float operations per second as a GFLOP/s cell ('-' for None)."""
+    return "-" if rate is None else f"{rate / 1e9:.0f}"
+
+
+def _roof_cells(step: dict) -> str:
+    """A step's (or a traced step's) "x roof" and "linears GFLOP/s" cells."""
+    return f"{step['x_roof']:.2f}x | {_gflops(step.get('linear_flops_per_s'))}"
+
+
+def compute_lines(result: dict) -> list[str]:
+    """The report's lines on the compute roof (compute_roof.py) and the ridge."""
+    compute = result["compute"]
+    others = ", ".join(f"{label} {_gflops(rate)}" for label, rate in compute["flops_per_s"].items()
+                       if label != compute["best_route"])
+    return [f"- linear layers: {compute['macs_per_row'] / 1e6:.1f} M multiply-adds a row (every nn.Linear, the output "
+            "head included)",
+            f"- compute roof: {_gflops(compute['peak_flops_per_s'])} GFLOP/s (the linears over {compute['rows']} rows "
+            f"of random input through {compute['best_route']}, the fastest route there"
+            f"{'; ' + others if others else ''}): measured, so a lower bound of the cores' peak",
+            f"- ridge: {compute['ridge_rows']:.1f} rows (past it the linears' arithmetic, not the weights' bytes, "
+            "bounds a step: roof = max(roofline, 2 x rows x multiply-adds / compute roof), the tables' \"x roof\")"]
+
+
 def report_markdown(result: dict) -> str:
     """The report of ``measure_roofline``'s result (with the keys cli/roofline.py adds: model, dtype,
     cpu, torch, transformers) as markdown: a header, the step table, the host-time table."""
@@ -523,16 +570,17 @@ def report_markdown(result: dict) -> str:
              f"(torch summing {result['stream_bytes'] / 1e6:.0f} MB of float32"
              f"{' on 2 MB pages' if result.get('huge_pages') else ''}, median of {len(result['stream_s'])})",
              f"- roofline (weights / bandwidth): {_ms(result['roofline_s'])} ms per step",
+             *compute_lines(result),
              f"- steps after {result['context']} cached tokens, median of {result['repeats']}; "
              f"routes: {', '.join(result['routes'])}", "",
              "Step time through the best route and its breakdown, ms per step (profiled self time of the ops by "
              "name, scaled to add up to the unprofiled median; python+dispatch: the wall time the ops leave):", "",
              "| rows | best route | ms | x roofline | linears | attention | kv cache | other ops | "
-             "python+dispatch |",
-             "|---:|:---|---:|---:|---:|---:|---:|---:|---:|"]
+             "python+dispatch | x roof | linears GFLOP/s |",
+             "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for step in result["steps"]:
         lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(step['best_s'])} | "
-                     f"{step['x_roofline']:.2f}x | {_part_cells(step['breakdown_s'])} |")
+                     f"{step['x_roofline']:.2f}x | {_part_cells(step['breakdown_s'])} | {_roof_cells(step)} |")
     lines += traced_lines(result["steps"])
     lines += ["", "Median ms per step through every route ('-': the route runs as another one there):", "",
               "| route | " + " | ".join(str(s["rows"]) for s in result["steps"]) + " |",
@@ -558,8 +606,8 @@ def traced_lines(steps: list[dict]) -> list[str]:
              "model/traced.py), timed in the same passes as its eager step, and its "
              "breakdown (the kv cache's writes count as other ops there):", "",
              "| rows | route | eager ms | traced ms | traced / eager | x roofline | linears | attention | kv cache | "
-             "other ops | python+dispatch |",
-             "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "other ops | python+dispatch | x roof | linears GFLOP/s |",
+             "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     whys = []
     for step in steps:
         trace = step.get("traced")
@@ -568,11 +616,11 @@ def traced_lines(steps: list[dict]) -> list[str]:
         if trace["seconds"] is None:
             whys.append(f"{step['rows']} rows: {trace['why']}")
             lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | - | - | - | "
-                         f"{_part_cells(None)} |")
+                         f"{_part_cells(None)} | - | - |")
             continue
         lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | {_ms(trace['seconds'])} | "
                      f"{trace['seconds'] / trace['eager_s']:.2f} | {trace['x_roofline']:.2f}x | "
-                     f"{_part_cells(trace.get('breakdown_s'))} |")
+                     f"{_part_cells(trace.get('breakdown_s'))} | {_roof_cells(trace)} |")
     if whys:
         lines += ["", "No trace served: " + "; ".join(whys) + "."]
     return lines
@@ -602,6 +650,16 @@ def plot_roofline(result: dict, path: str | Path) -> Path:
     ax.axhline(result["roofline_s"] * 1e3, color="black", linestyle="--",
                label=f"roofline {result['roofline_s'] * 1e3:.1f} ms "
                      f"({result['weight_bytes'] / 1e6:.0f} MB at {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)")
+    compute = result.get("compute")
+    if compute:  # the roof over the rows: flat to the ridge, then the linears' arithmetic
+        ridge = compute["ridge_rows"]
+        grid = sorted(set(rows) | ({ridge} if rows[0] < ridge < rows[-1] else set()))
+        roof = [roof_seconds(result["roofline_s"], compute["macs_per_row"], q, compute["peak_flops_per_s"]) * 1e3
+                for q in grid]
+        ax.plot(grid, roof, color="grey", linestyle="-.",
+                label=f"roof: past {ridge:.1f} rows the linears' arithmetic at "
+                      f"{compute['peak_flops_per_s'] / 1e9:.0f} GFLOP/s")
+        shown += roof
     if len(set(rows)) > 1:
         ax.set_xscale("log", base=2)
     ax.set_xticks(rows, [str(q) for q in rows])

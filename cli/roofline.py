@@ -1,5 +1,6 @@
-"""``lookahead roofline``: this machine's memory roofline of a model beside its measured step cost per
-row count, a breakdown of a step, and the host's share of real steps (benchmarks/roofline.py)."""
+"""``lookahead roofline``: this machine's memory roofline of a model and its compute roof beside its measured
+step cost per row count, a breakdown of a step, and the host's share of real steps (benchmarks/roofline.py,
+benchmarks/compute_roof.py)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,16 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
               help="Timed passes over every row count and route (the median counts).")
 @click.option("--out", "out_dir", default="roofline-out", show_default=True,
               help="Directory for roofline.json, roofline.md and roofline.png.")
+@click.option("--peak-rows", type=int, default=None,
+              help="Rows of the compute roof's products, where the arithmetic bounds them  [default: 256, the most "
+                   "a step is routed for; raise it on a GPU, whose ridge lies further out]")
 @click.option("--traced/--no-traced", default=True, show_default=True,
               help="On the CPU, time the best route's step replayed from a TorchScript trace too.")
 @click.option("--allow-untested-models", is_flag=True, help="Measure an architecture outside the tested list.")
 @trust_remote_code_option
 @threads_option
 def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple[int, ...], repeats: int, out_dir: str,
-             traced: bool, allow_untested_models: bool, trust_remote_code: bool) -> None:
+             peak_rows: int | None, traced: bool, allow_untested_models: bool, trust_remote_code: bool) -> None:
     """The model's memory roofline on this machine beside its measured steps (markdown on stdout)."""
     if any(q < 1 for q in rows):
         fail(f"--rows must be >= 1, got {min(rows)}")
@@ -40,11 +44,13 @@ def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple
         fail(f"--context must be >= 1, got {context}")
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
+    if peak_rows is not None and peak_rows < 1:
+        fail(f"--peak-rows must be >= 1, got {peak_rows}")
     checked_out_dir(out_dir)
     try:
         with warnings_as_lines():
             result = _measure(model_name, (device, dtype, trust_remote_code), tuple(rows), context, repeats,
-                              allow_untested_models, traced)
+                              allow_untested_models, traced, peak_rows)
             text = write_roofline(out_dir, result)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
@@ -52,7 +58,7 @@ def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple
 
 
 def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, ...], context: int, repeats: int,
-             allow_untested: bool, traced: bool = True) -> dict:
+             allow_untested: bool, traced: bool = True, peak_rows: int | None = None) -> dict:
     """Load (device, dtype, trust_remote_code = loading) and measure; the result with the machine's
     and the model's names added."""
     import torch
@@ -68,7 +74,8 @@ def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, .
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
                                   trust_remote_code=trust_remote_code)
     config = LookaheadConfig(allow_untested_models=allow_untested)
-    result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config, traced=traced)
+    peak = {} if peak_rows is None else {"peak_rows": peak_rows}
+    result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config, traced=traced, **peak)
     lanes, timings = tiled_width()  # (after the measurement, which loaded the C++ op where it could)
     return {"model": model_name, "dtype": dtype, "cpu": cpu_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, "tiled_lanes": lanes, "tiled_timings_ms": timings, **result}

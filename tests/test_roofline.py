@@ -11,6 +11,7 @@ import torch
 import transformers
 from click.testing import CliRunner
 
+from lookahead.benchmarks import compute_roof as cr
 from lookahead.benchmarks import roofline as rl
 from lookahead.call.stats import PHASES
 from lookahead.cli.main import main
@@ -64,6 +65,34 @@ def test_bandwidth_is_bytes_over_the_median_time():
 
 def test_roofline_is_bytes_over_bandwidth():
     assert rl.roofline_seconds(540_000_000, 20e9) == pytest.approx(0.027)
+
+
+def test_linear_macs_are_every_linear_layers_weights(llama):
+    cfg = llama.config
+    hidden, inner, heads, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    kv_width = kv * hidden // heads
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * inner  # q o, k v, gate up down
+    assert cr.linear_macs(llama) == cfg.num_hidden_layers * per_layer + cfg.vocab_size * hidden  # + the output head
+
+
+def test_the_roof_is_the_larger_limit_and_the_ridge_joins_them():
+    macs, roofline, flops = 134_479_872, 10.4e-3, 421e9  # the module's worked example
+    assert cr.compute_seconds(macs, 32, flops) == pytest.approx(20.44e-3, rel=1e-3)
+    assert cr.roof_seconds(roofline, macs, 32, flops) == pytest.approx(cr.compute_seconds(macs, 32, flops))
+    assert cr.roof_seconds(roofline, macs, 1, flops) == roofline  # one row: the weights' bytes bound it
+    ridge = cr.ridge_rows(roofline, macs, flops)
+    assert ridge == pytest.approx(16.28, abs=0.01)
+    assert cr.compute_seconds(macs, ridge, flops) == pytest.approx(roofline)  # where the two limits meet
+
+
+def test_compute_throughput_times_each_route_that_runs_its_own_way(llama, time_one):
+    routes = candidate_routes(1, True, onednn=False)  # torch x1, kernel x1, mm x1 (the suite runs on one thread)
+    rates = cr.compute_throughput(llama, time_one.target.linears, routes, rows=16, repeats=2)
+    assert set(rates) == {"torch x1", "kernel x1", "mm x1"} and all(r > 0 for r in rates.values())
+    past = cr.compute_throughput(llama, time_one.target.linears, routes, rows=fewrows.FEW_ROWS_MAX + 1, repeats=1)
+    assert set(past) == {"torch x1"}  # past the routed rows every route is torch's: timed once
+    both = cr.compute_throughput(llama, time_one.target.linears, candidate_routes(2, True), rows=4, repeats=1)
+    assert set(both) == {"torch x1", "kernel x1", "mm x1"}  # a route on other threads than torch's is no candidate
 
 
 # ------------------------------------------------------------------ routes and step costs
@@ -193,10 +222,11 @@ def test_measure_roofline_holds_every_number_and_its_invariants(llama):
     from lookahead import LookaheadConfig
 
     result = rl.measure_roofline(llama, None, (2, 1), 8, 1, config=LookaheadConfig(cost_cache_dir=""),
-                                 stream_min_bytes=SMALL_STREAM, host_tokens=6)
+                                 stream_min_bytes=SMALL_STREAM, host_tokens=6, peak_rows=12)
     assert result["roofline_s"] == pytest.approx(result["weight_bytes"] / result["bandwidth_bytes_per_s"])
     assert result["stream_bytes"] == SMALL_STREAM and result["weight_bytes"] < SMALL_STREAM
     assert [s["rows"] for s in result["steps"]] == [1, 2]
+    compute = result["compute"]
     for step in result["steps"]:
         assert step["best_s"] == min(v for v in step["seconds"].values() if v is not None)
         assert step["seconds"][step["best_route"]] == step["best_s"]
@@ -208,6 +238,18 @@ def test_measure_roofline_holds_every_number_and_its_invariants(llama):
         assert trace["x_roofline"] == pytest.approx(trace["seconds"] / result["roofline_s"])
         assert sum(trace["breakdown_s"].values()) == pytest.approx(trace["seconds"])
         assert all(v >= 0 for v in trace["breakdown_s"].values()) and trace["profiled_s"] > 0
+        roof = max(result["roofline_s"], 2 * step["rows"] * compute["macs_per_row"] / compute["peak_flops_per_s"])
+        assert step["roof_s"] == pytest.approx(roof) and step["x_roof"] == pytest.approx(step["best_s"] / roof)
+        assert trace["x_roof"] == pytest.approx(trace["seconds"] / roof)
+        for timed in (step, trace):
+            linears = timed["breakdown_s"]["linears"]
+            assert timed["linear_flops_per_s"] == (pytest.approx(2 * step["rows"] * compute["macs_per_row"] / linears)
+                                                   if linears > 0 else None)
+    assert compute["rows"] == 12 and compute["macs_per_row"] == cr.linear_macs(llama)
+    assert compute["peak_flops_per_s"] == max(compute["flops_per_s"].values()) > 0
+    assert compute["flops_per_s"][compute["best_route"]] == compute["peak_flops_per_s"]
+    assert compute["ridge_rows"] == pytest.approx(result["roofline_s"] * compute["peak_flops_per_s"]
+                                                  / (2 * compute["macs_per_row"]))
     from lookahead.model.fewrows import onednn_available
     onednn = {"onednn x1"} if onednn_available() else set()  # (torch built with oneDNN: the CPU wheels are)
     assert set(result["routes"]) == {"torch x1", "kernel x1", "mm x1"} | onednn  # the suite runs on one thread
@@ -278,14 +320,16 @@ def test_traced_steps_time_both_in_every_pass(llama):
 
 
 @pytest.mark.parametrize("args, words", [
-    (dict(rows=(0,)), "rows, context and repeats must be >= 1"),
-    (dict(context=0), "rows, context and repeats must be >= 1"),
+    (dict(rows=(0,)), "rows, context, repeats and peak rows must be >= 1"),
+    (dict(context=0), "rows, context, repeats and peak rows must be >= 1"),
+    (dict(peak_rows=0), "rows, context, repeats and peak rows must be >= 1"),
     (dict(context=1020, rows=(8,)), "passes the model's context of 1024 positions"),
 ])
 def test_measure_roofline_refuses_bad_arguments(llama, args, words):
     arguments = dict(rows=(1,), context=8, repeats=1) | args
     with pytest.raises(ValueError, match=words.replace("'", ".")):
-        rl.measure_roofline(llama, None, arguments["rows"], arguments["context"], arguments["repeats"])
+        rl.measure_roofline(llama, None, arguments["rows"], arguments["context"], arguments["repeats"],
+                            peak_rows=arguments.get("peak_rows", 4))
 
 
 # ------------------------------------------------------------------ the command
@@ -309,6 +353,9 @@ def test_the_command_writes_the_report(model_dir, tmp_path):
     text = (out / "roofline.md").read_text()
     assert text.startswith("# Roofline") and "- CPU: " in text and "GB/s" in text
     assert "| rows | best route | ms | x roofline | linears | attention | kv cache | other ops |" in text
+    assert "| python+dispatch | x roof | linears GFLOP/s |" in text
+    assert f"- compute roof: {data['compute']['peak_flops_per_s'] / 1e9:.0f} GFLOP/s (the linears over 256 rows" in text
+    assert f"- ridge: {data['compute']['ridge_rows']:.1f} rows" in text
     assert "| propose |" in text and "| learn |" in text
     assert "| rows | route | eager ms | traced ms | traced / eager | x roofline |" in text
     assert all(s["traced"]["seconds"] > 0 for s in data["steps"])
@@ -321,6 +368,7 @@ def test_the_command_writes_the_report(model_dir, tmp_path):
     (["--rows", "2", "--rows", "-1"], "--rows must be >= 1, got -1"),
     (["--context", "0"], "--context must be >= 1, got 0"),
     (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["--peak-rows", "0"], "--peak-rows must be >= 1, got 0"),
     (["--model", "/no/such/dir"], "cannot load model '/no/such/dir'"),
 ])
 def test_bad_options_get_one_line_and_status_2(tmp_path, args, words):
