@@ -57,29 +57,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def compute_throughput(model: torch.nn.Module, linears, routes: list, rows: int = PEAK_ROWS,
+def compute_throughput(model: torch.nn.Module, linears: object, routes: dict[str, object], rows: int = PEAK_ROWS,
                        repeats: int = PEAK_REPEATS, seed: int = 0) -> dict[str, float]:
     """Route label -> float operations per second of the model's linear layers (``linear_macs``) over
-    ``rows`` rows of random input through that route (model/routing.py ``route_mode``; ``linears`` the
-    target's FewRowLinear), for every route that runs its own way at that row count and on all of
-    torch's threads (a route on fewer threads is no candidate for the machine's peak). Each route: one
-    untimed pass over every layer, then ``repeats`` timed passes, the median's rate."""
-    from lookahead.benchmarks.roofline import own_routes, route_label
+    ``rows`` rows of random input through that route (label -> model/routing.py Route, or None: torch as
+    set; run through ``route_mode``, ``linears`` the target's FewRowLinear). The caller names the routes
+    worth timing (roofline.py ``peak_routes``: those that run their own way at that row count, on all of
+    torch's threads). Each route: one untimed pass over every layer, then ``repeats`` timed passes, the
+    median's rate."""
     from lookahead.model.routing import route_mode
 
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]
     if not layers:
         return {}
     macs = linear_macs(model)
-    threads = torch.get_num_threads()
     weight = layers[0].weight
     generator = torch.Generator().manual_seed(seed)
     inputs = {size: torch.randn(rows, size, generator=generator).to(weight.device, weight.dtype)  # [q, I]
               for size in sorted({m.weight.shape[1] for m in layers})}
-    chosen = [r for r in own_routes(routes, rows, threads) if r is None or r.threads == threads]
     rates = {}
-    for route in chosen:
-        with torch.inference_mode(), route_mode(route, rows, linears):
+    for label, route in routes.items():
+        with torch.inference_mode(), route_mode(route, rows, linears):  # type: ignore[arg-type]
             times = []
             for index in range(repeats + 1):
                 _sync(weight.device)
@@ -89,5 +87,5 @@ def compute_throughput(model: torch.nn.Module, linears, routes: list, rows: int 
                 _sync(weight.device)
                 if index:
                     times.append(time.perf_counter() - began)
-        rates[route_label(route)] = 2.0 * rows * macs / statistics.median(times)
+        rates[label] = 2.0 * rows * macs / statistics.median(times)
     return rates

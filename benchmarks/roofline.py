@@ -166,6 +166,12 @@ def own_routes(routes: list, rows: int, threads: int) -> list:
     return kept
 
 
+def peak_routes(routes: list, rows: int, threads: int) -> dict:
+    """Label -> route of the routes worth timing for the compute roof over ``rows`` rows: those that run
+    their own way there (``own_routes``) on all ``threads`` of torch (None, torch as set, included)."""
+    return {route_label(r): r for r in own_routes(routes, rows, threads) if r is None or r.threads == threads}
+
+
 def step_seconds(time_one: Callable, rows: tuple[int, ...], routes: list, repeats: int,
                  threads: int) -> dict[str, list[float | None]]:
     """Route label -> median seconds [S] of one step over rows[s] rows through that route (None where
@@ -471,7 +477,7 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     time_traced = decode_step_timer(model, layout, context, traced=True) if traced and cpu else None
     replayed = traced_steps(time_one, time_traced, rows, best_route, repeats) if time_traced is not None \
         else [None] * len(rows)
-    rates = compute_throughput(model, time_one.target.linears, routes, peak_rows)
+    rates = compute_throughput(model, time_one.target.linears, peak_routes(routes, peak_rows, threads), peak_rows)
     macs = linear_macs(model)
     peak_route = max(rates, key=rates.__getitem__)
     peak = rates[peak_route]

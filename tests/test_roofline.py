@@ -87,12 +87,16 @@ def test_the_roof_is_the_larger_limit_and_the_ridge_joins_them():
 
 def test_compute_throughput_times_each_route_that_runs_its_own_way(llama, time_one):
     routes = candidate_routes(1, True, onednn=False)  # torch x1, kernel x1, mm x1 (the suite runs on one thread)
-    rates = cr.compute_throughput(llama, time_one.target.linears, routes, rows=16, repeats=2)
-    assert set(rates) == {"torch x1", "kernel x1", "mm x1"} and all(r > 0 for r in rates.values())
-    past = cr.compute_throughput(llama, time_one.target.linears, routes, rows=fewrows.FEW_ROWS_MAX + 1, repeats=1)
-    assert set(past) == {"torch x1"}  # past the routed rows every route is torch's: timed once
-    both = cr.compute_throughput(llama, time_one.target.linears, candidate_routes(2, True), rows=4, repeats=1)
-    assert set(both) == {"torch x1", "kernel x1", "mm x1"}  # a route on other threads than torch's is no candidate
+    chosen = rl.peak_routes(routes, 16, 1)
+    assert list(chosen) == ["torch x1", "kernel x1", "mm x1"]
+    rates = cr.compute_throughput(llama, time_one.target.linears, chosen, rows=16, repeats=2)
+    assert set(rates) == set(chosen) and all(r > 0 for r in rates.values())
+    assert list(rl.peak_routes(routes, fewrows.FEW_ROWS_MAX + 1, 1)) == ["torch x1"]  # past the routed rows every
+    # route is torch's: timed once
+    assert list(rl.peak_routes(candidate_routes(2, True), 4, 1)) == ["torch x1", "kernel x1", "mm x1"]  # a route on
+    # other threads than torch's is no candidate
+    assert list(rl.peak_routes([None], 4, 1)) == ["as set"]  # off the CPU: torch as set
+    assert cr.compute_throughput(torch.nn.Sequential(torch.nn.ReLU()), None, {"as set": None}) == {}  # no linears
 
 
 # ------------------------------------------------------------------ routes and step costs
