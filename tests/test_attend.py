@@ -45,7 +45,8 @@ def case(batch, heads, kv_heads, rows, keys, width, seed=0, mask_batch=None, hid
 
 @pytest.mark.parametrize("batch,heads,kv_heads,rows,keys,width", [
     (1, 9, 3, 1, 1, 64), (1, 9, 3, 1, 300, 64), (1, 9, 3, 7, 300, 64), (2, 4, 2, 5, 17, 16),
-    (3, 4, 4, 32, 70, 32), (1, 8, 1, 3, 9, 128), (4, 6, 3, 16, 130, 16)])
+    (3, 4, 4, 32, 70, 32), (1, 8, 1, 3, 9, 128), (4, 6, 3, 16, 130, 16),
+    (1, 9, 3, 1, 1030, 64), (2, 4, 2, 5, 600, 32), (1, 9, 3, 12, 513, 64)])  # (keys in several chunks of 256)
 def test_attend_gives_sdpa_numbers(attend, batch, heads, kv_heads, rows, keys, width):
     q, k, v, mask = case(batch, heads, kv_heads, rows, keys, width)
     got = attend(q, k, v, mask, width ** -0.5)
@@ -89,6 +90,36 @@ def test_a_rows_numbers_do_not_depend_on_the_others(attend):
         padded = torch.cat([mask[:, :, t:t + 1], torch.full((2, 1, 1, 9), LOWEST)], dim=3)
         assert torch.equal(attend(q[:, :, t:t + 1], *more, padded, 0.125)[:, 0], full[:, t])
     assert torch.equal(attend(q[1:], k[1:], v[1:], mask[1:], 0.125), full[1:])
+
+
+def test_a_rows_numbers_do_not_depend_on_the_others_over_several_chunks(attend):
+    """As above with the keys split into chunks (KEY_CHUNK, 256): a row alone or among others, with hidden keys
+    appended across a chunk's end, and on one thread or two, gives the same bits."""
+    q, k, v, mask = case(1, 9, 3, 6, 500, 64, hidden=0.2)
+    full = attend(q, k, v, mask, 0.125)
+    torch.testing.assert_close(full, sdpa(q, k, v, mask, 0.125), rtol=2e-5, atol=2e-6)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            assert torch.equal(attend(q, k, v, mask, 0.125), full)
+            for t in (0, 5):
+                alone = attend(q[:, :, t:t + 1], k, v, mask[:, :, t:t + 1], 0.125)
+                assert torch.equal(alone[:, 0], full[:, t])
+                more = torch.cat([k, torch.randn(1, 3, 30, 64)], dim=2), torch.cat([v, torch.randn(1, 3, 30, 64)], dim=2)
+                padded = torch.cat([mask[:, :, t:t + 1], torch.full((1, 1, 1, 30), LOWEST)], dim=3)  # 530 keys: a chunk more
+                assert torch.equal(attend(q[:, :, t:t + 1], *more, padded, 0.125)[:, 0], full[:, t])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_chunk_whose_keys_are_all_hidden_adds_nothing(attend):
+    q, k, v, mask = case(1, 4, 2, 3, 700, 16)
+    mask[..., 256:512] = float("-inf")  # the second chunk hidden from every row
+    mask[0, 0, 1, 1:] = float("-inf")  # row 1 sees key 0 alone
+    got = attend(q, k, v, mask, 0.25)
+    torch.testing.assert_close(got, sdpa(q, k, v, mask, 0.25), rtol=2e-5, atol=2e-6)
+    assert torch.equal(got[0, 1], v[0, :, 0].repeat_interleave(2, dim=0))  # (heads 0 1 read kv head 0, 2 3 head 1)
 
 
 @pytest.mark.parametrize("shape", ["rows", "width", "dtype"])

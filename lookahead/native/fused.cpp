@@ -143,19 +143,30 @@ std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& keys, const at::Te
 // 111 at eight, where this op takes 20 and 57; results/RESULTS.md run 127).
 //
 // Up to QB query vectors of one key/value head are attended together, so each key and value row is read
-// from cache once for all of them. Every number a query row gets is computed the same way whatever the
-// step's other rows, its batch or its blocking: a score is the dot product in chunks of 8 in order of the
-// dimension (fused multiply-adds into one vector), then hsum8, times scale, plus the mask; its exponent
-// exp8 is lane-wise; the softmax sum adds score p into lane p mod 8, in order of p, then hsum8; an output
-// element sums exp(score) * v over the keys in order (one fused multiply-add each), then divides by the
-// sum. A masked key (exp 0) adds exactly nothing, so neither do the mask's hidden columns. A row whose
-// every score is -inf gives 0, as torch's SDPA on the CPU does.
+// from cache once for all of them. A row's keys are cut into chunks at multiples of KEY_CHUNK, each chunk a
+// work item of its own (flash-decoding's split): a one-row step has as few as Hk blocks of vectors, and
+// with its keys split both cores attend and read the keys and values from memory side by side (SmolLM2,
+// one row over 1024 keys read from memory, 2-core AMD EPYC: 109 -> 65 us; four rows over 256 keys: 50 ->
+// 29; results/RESULTS.md run 133). Every number a query row gets is computed the same way whatever the
+// step's other rows, its batch, its blocking or the threads: per chunk, a score is the dot product in
+// chunks of 8 in order of the dimension (fused multiply-adds into one vector), then hsum8, times scale,
+// plus the mask; the chunk's largest score is subtracted and exp8 taken lane-wise; the chunk's sum adds
+// score p into lane p mod 8, in order of p, then hsum8; its part of an output element sums exp(score) * v
+// over its keys in order (one fused multiply-add each). Then, in chunk order, each part and sum is scaled
+// by exp(its largest - the row's largest) and added up, and the output is the parts' total over the sums'
+// (one chunk: a factor of exactly 1). A masked key (exp 0) adds exactly nothing, and a chunk that sees no
+// key adds nothing at all, so neither do the mask's hidden columns. A row whose every score is -inf gives
+// 0, as torch's SDPA on the CPU does.
 //
 // Worked example: one head, D = 16 (every q and k element 0), v rows [1 ... 1] and [3 ... 3], mask [0 0]:
 // equal scores, weights 1/2 each -> [2 ... 2]; mask [0 -inf] -> [1 ... 1].
 
 constexpr int QB = 4;  // query vectors attended together
 constexpr int64_t ATTEND_ROWS_MAX = 32;  // more query rows: torch's SDPA (its blocking pays from about there)
+constexpr int64_t KEY_CHUNK = 256;  // keys a work item attends to: a row's keys are cut at multiples of this (128
+// and 512 measured no better over 1-16 rows and 256-1024 keys)
+constexpr int64_t ATTEND_PAIRS = 2048;  // query-key pairs a thread takes at least (16384 before the keys were
+// split: a four-row step over 256 keys then ran on one core)
 
 __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {  // ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))
   const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -204,30 +215,38 @@ __attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q
     for (int j = 0; j < NK; ++j) scores[n][p + j] = hsum8(acc[n][j]);
 }
 
-// NQ query vectors against the same `keys` key and value rows (row strides ks, vs): out[n] [d]; scores[n]:
-// room for the keys rounded up to 8.
+// NQ query vectors against the key and value rows [c0, c1) of one key/value head (row strides ks, vs; k, v
+// and mask[n] at key 0): each vector's largest masked score over them, the sum of exp(score - largest) and
+// out[n] [d] = sum of exp(score - largest) * v, unnormalized (the parts attend_parts combines); a vector
+// whose every score there is -inf gets largest -inf, sum 0 and zeros. scores[n]: room for c1 - c0 rounded
+// up to 8.
 template <int NQ>
 __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, const float* k, int64_t ks,
                                                       const float* v, int64_t vs, const float* const* mask,
-                                                      int64_t keys, int64_t d, float scale, float* const* scores,
-                                                      float* const* out) {
+                                                      int64_t c0, int64_t c1, int64_t d, float scale,
+                                                      float* const* scores, float* const* out, float* largest,
+                                                      float* sums) {
+  const int64_t keys = c1 - c0;
+  k += c0 * ks;
+  v += c0 * vs;
   int64_t p = 0;
   for (; p + 3 <= keys; p += 3) score_tile<NQ, 3>(q, k + p * ks, ks, d, scores, p);
   for (; p < keys; ++p) score_tile<NQ, 1>(q, k + p * ks, ks, d, scores, p);
   const int64_t padded = (keys + 7) & ~int64_t{7};
   const float none = -std::numeric_limits<float>::infinity();
-  float sums[NQ];
   bool empty[NQ];
   for (int n = 0; n < NQ; ++n) {
     float* s = scores[n];
+    const float* m = mask[n] + c0;
     float top = none;
     for (p = 0; p < keys; ++p) {
-      const float x = s[p] * scale + mask[n][p];
+      const float x = s[p] * scale + m[p];
       s[p] = x;
       top = x > top ? x : top;
     }
     for (; p < padded; ++p) s[p] = none;
     empty[n] = top == none;
+    largest[n] = top;
     const __m256 shift = _mm256_set1_ps(empty[n] ? 0.0f : top);
     __m256 total = _mm256_setzero_ps();
     for (p = 0; p < padded; p += 8) {
@@ -250,12 +269,38 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
       }
     }
     for (int n = 0; n < NQ; ++n) {
-      const __m256 l = _mm256_set1_ps(sums[n]);
       const __m256 zero = _mm256_setzero_ps();
-      _mm256_storeu_ps(out[n] + c, empty[n] ? zero : _mm256_div_ps(acc[n][0], l));
-      _mm256_storeu_ps(out[n] + c + 8, empty[n] ? zero : _mm256_div_ps(acc[n][1], l));
+      _mm256_storeu_ps(out[n] + c, empty[n] ? zero : acc[n][0]);
+      _mm256_storeu_ps(out[n] + c + 8, empty[n] ? zero : acc[n][1]);
     }
   }
+}
+
+// out [d] = (sum over chunks of part * f) / (sum over chunks of sum * f), f = exp(largest - top), in chunk
+// order (index(chunk): where a chunk's part, largest and sum sit); zeros where top is -inf (no key seen).
+template <typename Index>
+__attribute__((target("avx2,fma"))) void combine(const float* parts, const float* largest, const float* sums,
+                                                 const Index& index, int64_t chunks, float top, int64_t d,
+                                                 float* out) {
+  const float none = -std::numeric_limits<float>::infinity();
+  if (top == none) {
+    std::fill(out, out + d, 0.0f);
+    return;
+  }
+  float total = 0.0f;
+  for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(out + c, _mm256_setzero_ps());
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t at = index(chunk);
+    if (largest[at] == none) continue;
+    const float f = std::exp(largest[at] - top);
+    const __m256 fv = _mm256_set1_ps(f);
+    const float* part = parts + at * d;
+    for (int64_t c = 0; c < d; c += 8)
+      _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_loadu_ps(out + c), _mm256_mul_ps(_mm256_loadu_ps(part + c), fv)));
+    total += sums[at] * f;
+  }
+  const __m256 l = _mm256_set1_ps(total);
+  for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(out + c, _mm256_div_ps(_mm256_loadu_ps(out + c), l));
 }
 
 bool avx2_fma() {
@@ -295,37 +340,61 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const float factor = static_cast<float>(scale);
   const int64_t vectors = group * rows;  // query vectors per key/value head, head by head
   const int64_t blocks = (vectors + QB - 1) / QB;
-  const int64_t padded = (keys + 7) & ~int64_t{7};
-  // about 16k query-key pairs a thread at least: fewer are done before a second thread would start
-  const int64_t grain = std::max<int64_t>(1, 16384 / (QB * keys));
-  at::parallel_for(0, batch * kv_heads * blocks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(QB * padded);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t block = item % blocks, head = (item / blocks) % kv_heads, b = item / (blocks * kv_heads);
+  const int64_t chunks = (keys + KEY_CHUNK - 1) / KEY_CHUNK;
+  const int64_t units = batch * kv_heads * blocks;  // (sequence, key/value head, block of QB vectors)
+  // Each unit's keys in chunks of KEY_CHUNK, every chunk a work item of its own, so that both cores share a
+  // one-row step's few units (and read the keys and values from memory side by side); the chunks' parts are
+  // combined below. A thread takes at least about ATTEND_PAIRS query-key pairs: fewer are done before a
+  // second thread would start.
+  std::vector<float> parts(units * chunks * QB * width), largest(units * chunks * QB), sums(units * chunks * QB);
+  const int64_t grain = std::max<int64_t>(1, ATTEND_PAIRS / (QB * std::min(keys, KEY_CHUNK)));
+  at::parallel_for(0, units * chunks, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(QB * (KEY_CHUNK + 8));
+    for (int64_t item = begin; item < end; ++item) {  // item = ((b, head) chunk) block: a chunk's blocks in a row,
+      // so a thread reads the chunk's keys and values from memory once and the next blocks find them in cache
+      const int64_t block = item % blocks, chunk = (item / blocks) % chunks, pair = item / (blocks * chunks);
+      const int64_t head = pair % kv_heads, b = pair / kv_heads;
       const int64_t first = block * QB;
       const int count = static_cast<int>(std::min<int64_t>(QB, vectors - first));
       const float* qrow[QB];
       const float* mrow[QB];
       float* srow[QB];
-      float* orow[QB];
+      float* prow[QB];
       for (int n = 0; n < count; ++n) {
         const int64_t m = first + n, t = m % rows, h = head * group + m / rows;
         qrow[n] = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
         mrow[n] = mp + b * mask_batch + t * mask.stride(2);
-        srow[n] = buffer.data() + n * padded;
-        orow[n] = op + ((b * rows + t) * heads + h) * width;
+        srow[n] = buffer.data() + n * (KEY_CHUNK + 8);
+        prow[n] = parts.data() + (item * QB + n) * width;
       }
       const float* kb = kp + b * k.stride(0) + head * k.stride(1);
       const float* vb = vp + b * v.stride(0) + head * v.stride(1);
       const int64_t ks = k.stride(2), vs = v.stride(2);
+      const int64_t c0 = chunk * KEY_CHUNK, c1 = std::min(keys, c0 + KEY_CHUNK);
+      float* top = largest.data() + item * QB;
+      float* sum = sums.data() + item * QB;
       switch (count) {
-        case 4: attend_block<4>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
-        case 3: attend_block<3>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
-        case 2: attend_block<2>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
-        default: attend_block<1>(qrow, kb, ks, vb, vs, mrow, keys, width, factor, srow, orow); break;
+        case 4: attend_block<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+        case 3: attend_block<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+        case 2: attend_block<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+        default: attend_block<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
       }
     }
   });
+  // Combine each vector's chunks in order (``combine``), on this thread: a few microseconds, less than waking
+  // a second one costs.
+  const float none = -std::numeric_limits<float>::infinity();
+  for (int64_t pair = 0; pair < batch * kv_heads; ++pair) {
+    const int64_t head = pair % kv_heads, b = pair / kv_heads;
+    for (int64_t m = 0; m < vectors; ++m) {
+      const int64_t block = m / QB, n = m % QB, t = m % rows, h = head * group + m / rows;
+      float* orow = op + ((b * rows + t) * heads + h) * width;
+      const auto at = [&](int64_t chunk) { return ((pair * chunks + chunk) * blocks + block) * QB + n; };
+      float top = none;
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) top = std::max(top, largest[at(chunk)]);
+      combine(parts.data(), largest.data(), sums.data(), at, chunks, top, width, orow);
+    }
+  }
   return out;
 }
 
