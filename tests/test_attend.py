@@ -26,6 +26,12 @@ def attend():
     return torch.ops.lookahead_native.attend
 
 
+def widths():
+    """The lanes this CPU attends in (8; 16 too with AVX-512F: linear.cpp's tiled_widths)."""
+    op, _ = load_linear()
+    return [8, 16] if op is not None and 16 in torch.ops.lookahead_native.tiled_widths() else [8]
+
+
 def sdpa(q, k, v, mask, scale):
     """What the op stands for: torch's SDPA with grouped heads, in the op's layout [B, Q, Hq, D]."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
@@ -49,9 +55,18 @@ def case(batch, heads, kv_heads, rows, keys, width, seed=0, mask_batch=None, hid
     (1, 9, 3, 1, 1030, 64), (2, 4, 2, 5, 600, 32), (1, 9, 3, 12, 513, 64)])  # (keys in several chunks of 256)
 def test_attend_gives_sdpa_numbers(attend, batch, heads, kv_heads, rows, keys, width):
     q, k, v, mask = case(batch, heads, kv_heads, rows, keys, width)
-    got = attend(q, k, v, mask, width ** -0.5)
-    assert got.shape == (batch, rows, heads, width) and got.is_contiguous()
-    torch.testing.assert_close(got, sdpa(q, k, v, mask, width ** -0.5), rtol=2e-5, atol=2e-6)
+    for lanes in widths():
+        got = attend(q, k, v, mask, width ** -0.5, lanes)
+        assert got.shape == (batch, rows, heads, width) and got.is_contiguous()
+        torch.testing.assert_close(got, sdpa(q, k, v, mask, width ** -0.5), rtol=2e-5, atol=2e-6)
+
+
+def test_the_process_attends_in_its_tiled_kernels_width(attend):
+    q, k, v, mask = case(1, 9, 3, 4, 300, 64)
+    lanes = torch.ops.lookahead_native.tiled_lanes()
+    assert torch.equal(attend(q, k, v, mask, 0.125), attend(q, k, v, mask, 0.125, lanes))
+    with pytest.raises(RuntimeError, match="does not attend in 12 lanes"):
+        attend(q, k, v, mask, 0.125, 12)
 
 
 def test_one_mask_for_the_batch_and_strided_inputs(attend):
@@ -96,30 +111,36 @@ def test_a_rows_numbers_do_not_depend_on_the_others_over_several_chunks(attend):
     """As above with the keys split into chunks (KEY_CHUNK, 256): a row alone or among others, with hidden keys
     appended across a chunk's end, and on one thread or two, gives the same bits."""
     q, k, v, mask = case(1, 9, 3, 6, 500, 64, hidden=0.2)
-    full = attend(q, k, v, mask, 0.125)
-    torch.testing.assert_close(full, sdpa(q, k, v, mask, 0.125), rtol=2e-5, atol=2e-6)
     threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            assert torch.equal(attend(q, k, v, mask, 0.125), full)
-            for t in (0, 5):
-                alone = attend(q[:, :, t:t + 1], k, v, mask[:, :, t:t + 1], 0.125)
-                assert torch.equal(alone[:, 0], full[:, t])
-                more = torch.cat([k, torch.randn(1, 3, 30, 64)], dim=2), torch.cat([v, torch.randn(1, 3, 30, 64)], dim=2)
-                padded = torch.cat([mask[:, :, t:t + 1], torch.full((1, 1, 1, 30), LOWEST)], dim=3)  # 530 keys: a chunk more
-                assert torch.equal(attend(q[:, :, t:t + 1], *more, padded, 0.125)[:, 0], full[:, t])
-    finally:
-        torch.set_num_threads(threads)
+    for lanes in widths():
+        full = attend(q, k, v, mask, 0.125, lanes)
+        torch.testing.assert_close(full, sdpa(q, k, v, mask, 0.125), rtol=2e-5, atol=2e-6)
+        try:
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                assert torch.equal(attend(q, k, v, mask, 0.125, lanes), full)
+                for t in (0, 5):
+                    alone = attend(q[:, :, t:t + 1], k, v, mask[:, :, t:t + 1], 0.125, lanes)
+                    assert torch.equal(alone[:, 0], full[:, t])
+                    more = (torch.cat([k, torch.randn(1, 3, 30, 64)], dim=2),
+                            torch.cat([v, torch.randn(1, 3, 30, 64)], dim=2))
+                    padded = torch.cat([mask[:, :, t:t + 1], torch.full((1, 1, 1, 30), LOWEST)], dim=3)  # 530 keys:
+                    # a chunk more
+                    assert torch.equal(attend(q[:, :, t:t + 1], *more, padded, 0.125, lanes)[:, 0], full[:, t])
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_a_chunk_whose_keys_are_all_hidden_adds_nothing(attend):
     q, k, v, mask = case(1, 4, 2, 3, 700, 16)
     mask[..., 256:512] = float("-inf")  # the second chunk hidden from every row
     mask[0, 0, 1, 1:] = float("-inf")  # row 1 sees key 0 alone
-    got = attend(q, k, v, mask, 0.25)
-    torch.testing.assert_close(got, sdpa(q, k, v, mask, 0.25), rtol=2e-5, atol=2e-6)
-    assert torch.equal(got[0, 1], v[0, :, 0].repeat_interleave(2, dim=0))  # (heads 0 1 read kv head 0, 2 3 head 1)
+    mask[0, 0, 2] = float("-inf")  # row 2 sees nothing
+    for lanes in widths():
+        got = attend(q, k, v, mask, 0.25, lanes)
+        torch.testing.assert_close(got, sdpa(q, k, v, mask, 0.25), rtol=2e-5, atol=2e-6)
+        assert torch.equal(got[0, 1], v[0, :, 0].repeat_interleave(2, dim=0))  # (heads 0 1 read kv head 0, 2 3 head 1)
+        assert torch.equal(got[0, 2], torch.zeros(4, 16))
 
 
 @pytest.mark.parametrize("shape", ["rows", "width", "dtype"])

@@ -1,5 +1,5 @@
 // lookahead_native::rms_norm, ::rotate_half and ::kv_write: chains of a decoder layer's small ops as one op each;
-// ::attend: grouped-query attention over a step's few rows under its mask.
+// ::attend: grouped-query attention over a step's few rows under its mask, in 8 lanes or (AVX-512F) 16.
 //
 // A traced step (lookahead/model/traced.py) replays some 1,900 tensor ops a forward for SmolLM2-135M, and
 // each costs the interpreter and torch's dispatcher a few microseconds however little it computes. Most of
@@ -29,6 +29,8 @@
 #include <optional>
 #include <tuple>
 #include <vector>
+
+int64_t lookahead_tiled_lanes();  // linear.cpp: the lanes this process's tiled kernel runs in (8 or 16)
 
 namespace {
 
@@ -217,7 +219,7 @@ __attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q
 
 // NQ query vectors against the key and value rows [c0, c1) of one key/value head (row strides ks, vs; k, v
 // and mask[n] at key 0): each vector's largest masked score over them, the sum of exp(score - largest) and
-// out[n] [d] = sum of exp(score - largest) * v, unnormalized (the parts attend_parts combines); a vector
+// out[n] [d] = sum of exp(score - largest) * v, unnormalized (the parts `combine` adds up); a vector
 // whose every score there is -inf gets largest -inf, sum 0 and zeros. scores[n]: room for c1 - c0 rounded
 // up to 8.
 template <int NQ>
@@ -276,6 +278,128 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
   }
 }
 
+// ---- the same in 16 lanes (AVX-512F), where the process's tiled kernel runs in 16 (linear.cpp tiled_lanes:
+// the width measured faster for the linears on this machine, so a CPU whose wide vectors cost more than they
+// give keeps 8 here too): scores in chunks of 16 of the dimension, hsum16; exp16; the softmax sum in lane
+// p mod 16; an output's part over up to 64 elements at a time, every key and value row read once for it
+// (in 8 lanes, four passes of 16). Its numbers differ from the 8 lanes' in the last bits; a process runs one
+// width, and every row's numbers are as independent of the rest of the step as in 8. SmolLM2's shapes, keys
+// and values read from memory, 2-core AMD EPYC: 0.65-0.70x the 8 lanes' time at one row, 0.82-0.92x at 4-16
+// rows (results/RESULTS.md run 133).
+
+__attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum8(v0..7 + v8..15)
+  const __m256 low = _mm512_castps512_ps256(v);
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum8(_mm256_add_ps(low, high));
+}
+
+// exp8's polynomial in 16 lanes.
+__attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
+  const __m512 low = _mm512_set1_ps(-87.0f);
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, low, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, low);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(scale));
+  return _mm512_maskz_mov_ps(kept, y);
+}
+
+template <int NQ, int NK>
+__attribute__((target("avx512f"))) inline void score_tile16(const float* const* q, const float* k, int64_t ks,
+                                                            int64_t d, float* const* scores, int64_t p) {
+  __m512 acc[NQ][NK];
+  for (int n = 0; n < NQ; ++n)
+    for (int j = 0; j < NK; ++j) acc[n][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; c += 16) {
+    __m512 kv[NK];
+    for (int j = 0; j < NK; ++j) kv[j] = _mm512_loadu_ps(k + j * ks + c);
+    for (int n = 0; n < NQ; ++n) {
+      const __m512 qv = _mm512_loadu_ps(q[n] + c);
+      for (int j = 0; j < NK; ++j) acc[n][j] = _mm512_fmadd_ps(qv, kv[j], acc[n][j]);
+    }
+  }
+  for (int n = 0; n < NQ; ++n)
+    for (int j = 0; j < NK; ++j) scores[n][p + j] = hsum16(acc[n][j]);
+}
+
+// out[n][c .. c + 16 W) += sum over the keys of e[n][p] * v[p][c ..] (W vectors of 16 per output at a time)
+template <int NQ, int W>
+__attribute__((target("avx512f"))) inline void weigh16(const float* v, int64_t vs, int64_t keys, int64_t c,
+                                                       const float* const* e, float* const* out) {
+  __m512 acc[NQ][W];
+  for (int n = 0; n < NQ; ++n)
+    for (int w = 0; w < W; ++w) acc[n][w] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < keys; ++p) {
+    __m512 vv[W];
+    for (int w = 0; w < W; ++w) vv[w] = _mm512_loadu_ps(v + p * vs + c + 16 * w);
+    for (int n = 0; n < NQ; ++n) {
+      const __m512 en = _mm512_set1_ps(e[n][p]);
+      for (int w = 0; w < W; ++w) acc[n][w] = _mm512_fmadd_ps(en, vv[w], acc[n][w]);
+    }
+  }
+  for (int n = 0; n < NQ; ++n)
+    for (int w = 0; w < W; ++w) _mm512_storeu_ps(out[n] + c + 16 * w, acc[n][w]);
+}
+
+// attend_block in 16 lanes; scores[n]: room for c1 - c0 rounded up to 16.
+template <int NQ>
+__attribute__((target("avx512f"))) void attend_block16(const float* const* q, const float* k, int64_t ks,
+                                                       const float* v, int64_t vs, const float* const* mask,
+                                                       int64_t c0, int64_t c1, int64_t d, float scale,
+                                                       float* const* scores, float* const* out, float* largest,
+                                                       float* sums) {
+  const int64_t keys = c1 - c0;
+  k += c0 * ks;
+  v += c0 * vs;
+  int64_t p = 0;
+  for (; p + 4 <= keys; p += 4) score_tile16<NQ, 4>(q, k + p * ks, ks, d, scores, p);
+  for (; p < keys; ++p) score_tile16<NQ, 1>(q, k + p * ks, ks, d, scores, p);
+  const int64_t padded = (keys + 15) & ~int64_t{15};
+  const float none = -std::numeric_limits<float>::infinity();
+  bool empty[NQ];
+  for (int n = 0; n < NQ; ++n) {
+    float* s = scores[n];
+    const float* m = mask[n] + c0;
+    float top = none;
+    for (p = 0; p < keys; ++p) {
+      const float x = s[p] * scale + m[p];
+      s[p] = x;
+      top = x > top ? x : top;
+    }
+    for (; p < padded; ++p) s[p] = none;
+    empty[n] = top == none;
+    largest[n] = top;
+    const __m512 shift = _mm512_set1_ps(empty[n] ? 0.0f : top);
+    __m512 total = _mm512_setzero_ps();
+    for (p = 0; p < padded; p += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + p), shift));
+      _mm512_storeu_ps(s + p, e);
+      total = _mm512_add_ps(total, e);
+    }
+    sums[n] = hsum16(total);
+  }
+  for (int64_t c = 0; c < d; c += 64) {
+    switch (std::min<int64_t>(4, (d - c) / 16)) {
+      case 4: weigh16<NQ, 4>(v, vs, keys, c, scores, out); break;
+      case 3: weigh16<NQ, 3>(v, vs, keys, c, scores, out); break;
+      case 2: weigh16<NQ, 2>(v, vs, keys, c, scores, out); break;
+      default: weigh16<NQ, 1>(v, vs, keys, c, scores, out); break;
+    }
+  }
+  for (int n = 0; n < NQ; ++n)
+    if (empty[n]) std::fill(out[n], out[n] + d, 0.0f);
+}
+
 // out [d] = (sum over chunks of part * f) / (sum over chunks of sum * f), f = exp(largest - top), in chunk
 // order (index(chunk): where a chunk's part, largest and sum sit); zeros where top is -inf (no key seen).
 template <typename Index>
@@ -323,10 +447,13 @@ bool attend_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                  double scale) {
+                  double scale, int64_t lanes) {
   if (!attend_takes(q, k, v, mask)) {  // torch's SDPA, in the same layout
     return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale, true).transpose(1, 2).contiguous();
   }
+  if (lanes == 0) lanes = lookahead_tiled_lanes();
+  TORCH_CHECK(lanes == 8 || (lanes == 16 && __builtin_cpu_supports("avx512f")), "lookahead_native::attend: this CPU "
+              "does not attend in ", lanes, " lanes (8, or 16 with AVX-512F); pass lanes=0 for the process's");
   const int64_t batch = q.size(0), heads = q.size(1), rows = q.size(2), width = q.size(3);
   const int64_t kv_heads = k.size(1), keys = k.size(2);
   const int64_t group = heads / kv_heads;
@@ -349,7 +476,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   std::vector<float> parts(units * chunks * QB * width), largest(units * chunks * QB), sums(units * chunks * QB);
   const int64_t grain = std::max<int64_t>(1, ATTEND_PAIRS / (QB * std::min(keys, KEY_CHUNK)));
   at::parallel_for(0, units * chunks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(QB * (KEY_CHUNK + 8));
+    std::vector<float> buffer(QB * (KEY_CHUNK + 16));
     for (int64_t item = begin; item < end; ++item) {  // item = ((b, head) chunk) block: a chunk's blocks in a row,
       // so a thread reads the chunk's keys and values from memory once and the next blocks find them in cache
       const int64_t block = item % blocks, chunk = (item / blocks) % chunks, pair = item / (blocks * chunks);
@@ -364,7 +491,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         const int64_t m = first + n, t = m % rows, h = head * group + m / rows;
         qrow[n] = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
         mrow[n] = mp + b * mask_batch + t * mask.stride(2);
-        srow[n] = buffer.data() + n * (KEY_CHUNK + 8);
+        srow[n] = buffer.data() + n * (KEY_CHUNK + 16);
         prow[n] = parts.data() + (item * QB + n) * width;
       }
       const float* kb = kp + b * k.stride(0) + head * k.stride(1);
@@ -373,6 +500,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       const int64_t c0 = chunk * KEY_CHUNK, c1 = std::min(keys, c0 + KEY_CHUNK);
       float* top = largest.data() + item * QB;
       float* sum = sums.data() + item * QB;
+      if (lanes == 16) {
+        switch (count) {
+          case 4: attend_block16<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+          case 3: attend_block16<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+          case 2: attend_block16<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+          default: attend_block16<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+        }
+        continue;
+      }
       switch (count) {
         case 4: attend_block<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
         case 3: attend_block<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
@@ -406,7 +542,7 @@ TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
   m.def("rotate_half(Tensor q, Tensor cos, Tensor sin, int dim_a, int? start_a, int? end_a, int step_a, "
         "int dim_b, int? start_b, int? end_b, int step_b, int cat_dim, Scalar alpha) -> Tensor");
   m.def("kv_write(Tensor(a!) keys, Tensor(b!) values, Tensor k, Tensor v, Tensor past) -> (Tensor(a), Tensor(b))");
-  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, int lanes=0) -> Tensor");
   m.impl("rms_norm", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(rms_norm));
   m.impl("attend", c10::DispatchKey::CPU, TORCH_FN(attend));
   m.impl("kv_write", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(kv_write));

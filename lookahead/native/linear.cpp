@@ -386,6 +386,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 
 }  // namespace
 
+// tiled_lanes for fused.cpp's attention, which runs in the same width (8 or 16; 0: no AVX2 and FMA)
+int64_t lookahead_tiled_lanes() { return tiled_lanes(); }
+
 TORCH_LIBRARY(lookahead_native, m) {
   m.def("set_kernels(int float32_kernel, int float64_kernel) -> ()", &set_kernels);
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, Tensor route) -> Tensor");
