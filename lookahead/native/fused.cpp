@@ -280,12 +280,13 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
 
 // ---- the same in 16 lanes (AVX-512F), where the process's tiled kernel runs in 16 (linear.cpp tiled_lanes:
 // the width measured faster for the linears on this machine, so a CPU whose wide vectors cost more than they
-// give keeps 8 here too): scores in chunks of 16 of the dimension, hsum16; exp16; the softmax sum in lane
+// give keeps 8 here too): scores in chunks of 16 of the dimension, four keys' sums reduced together
+// (hsum16x4); exp16; the softmax sum in lane
 // p mod 16; an output's part over up to 64 elements at a time, every key and value row read once for it
 // (in 8 lanes, four passes of 16). Its numbers differ from the 8 lanes' in the last bits; a process runs one
 // width, and every row's numbers are as independent of the rest of the step as in 8. SmolLM2's shapes, keys
-// and values read from memory, 2-core AMD EPYC: 0.65-0.70x the 8 lanes' time at one row, 0.82-0.92x at 4-16
-// rows (results/RESULTS.md run 133).
+// and values read from memory, 2-core AMD EPYC: 0.65-0.73x the 8 lanes' time at one row, 0.74-0.78x at 4-16
+// rows (with one hsum16 a key instead of hsum16x4: 0.82-0.92x; results/RESULTS.md run 133).
 
 __attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum8(v0..7 + v8..15)
   const __m256 low = _mm512_castps512_ps256(v);
@@ -314,22 +315,45 @@ __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(kept, y);
 }
 
-template <int NQ, int NK>
+// [s_0 s_1 s_2 s_3] where s_j sums the 16 lanes of a_j, every s_j in the same order: ((b0 + b1) + (b2 + b3)) +
+// ((b4 + b5) + (b6 + b7)) of b_i = a_j[i] + a_j[i + 8] (one reduction for four dot products, where hsum16
+// takes one each).
+__attribute__((target("avx512f"))) inline __m256 half(__m512 a) {  // a[i] + a[i + 8]
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+__attribute__((target("avx512f"))) inline __m128 hsum16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(half(a0), half(a1)), _mm256_hadd_ps(half(a2), half(a3)));
+  return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+}
+
+// scores[n][p + j] = q_n . k_{p + j} for NQ query vectors and the `valid` (1-4) key rows from row p (k: row p's
+// start); the rows past `valid` count as zeros and are not written, so a key's score is the same bits in a
+// full group of four or in a chunk's last, shorter one.
+template <int NQ>
 __attribute__((target("avx512f"))) inline void score_tile16(const float* const* q, const float* k, int64_t ks,
-                                                            int64_t d, float* const* scores, int64_t p) {
-  __m512 acc[NQ][NK];
+                                                            int64_t d, float* const* scores, int64_t p, int valid) {
+  __m512 acc[NQ][4];
   for (int n = 0; n < NQ; ++n)
-    for (int j = 0; j < NK; ++j) acc[n][j] = _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j) acc[n][j] = _mm512_setzero_ps();
   for (int64_t c = 0; c < d; c += 16) {
-    __m512 kv[NK];
-    for (int j = 0; j < NK; ++j) kv[j] = _mm512_loadu_ps(k + j * ks + c);
+    __m512 kv[4];
+    for (int j = 0; j < 4; ++j) kv[j] = j < valid ? _mm512_loadu_ps(k + j * ks + c) : _mm512_setzero_ps();
     for (int n = 0; n < NQ; ++n) {
       const __m512 qv = _mm512_loadu_ps(q[n] + c);
-      for (int j = 0; j < NK; ++j) acc[n][j] = _mm512_fmadd_ps(qv, kv[j], acc[n][j]);
+      for (int j = 0; j < 4; ++j) acc[n][j] = _mm512_fmadd_ps(qv, kv[j], acc[n][j]);
     }
   }
-  for (int n = 0; n < NQ; ++n)
-    for (int j = 0; j < NK; ++j) scores[n][p + j] = hsum16(acc[n][j]);
+  for (int n = 0; n < NQ; ++n) {
+    const __m128 four = hsum16x4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+    if (valid == 4) {
+      _mm_storeu_ps(scores[n] + p, four);
+    } else {
+      float out[4];
+      _mm_storeu_ps(out, four);
+      for (int j = 0; j < valid; ++j) scores[n][p + j] = out[j];
+    }
+  }
 }
 
 // out[n][c .. c + 16 W) += sum over the keys of e[n][p] * v[p][c ..] (W vectors of 16 per output at a time)
@@ -362,8 +386,7 @@ __attribute__((target("avx512f"))) void attend_block16(const float* const* q, co
   k += c0 * ks;
   v += c0 * vs;
   int64_t p = 0;
-  for (; p + 4 <= keys; p += 4) score_tile16<NQ, 4>(q, k + p * ks, ks, d, scores, p);
-  for (; p < keys; ++p) score_tile16<NQ, 1>(q, k + p * ks, ks, d, scores, p);
+  for (; p < keys; p += 4) score_tile16<NQ>(q, k + p * ks, ks, d, scores, p, static_cast<int>(std::min<int64_t>(4, keys - p)));
   const int64_t padded = (keys + 15) & ~int64_t{15};
   const float none = -std::numeric_limits<float>::infinity();
   bool empty[NQ];
