@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -145,11 +146,13 @@ std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& keys, const at::Te
 // 111 at eight, where this op takes 20 and 57; results/RESULTS.md run 127).
 //
 // Up to QB query vectors of one key/value head are attended together, so each key and value row is read
-// from cache once for all of them. A row's keys are cut into chunks at multiples of KEY_CHUNK, each chunk a
-// work item of its own (flash-decoding's split): a one-row step has as few as Hk blocks of vectors, and
-// with its keys split both cores attend and read the keys and values from memory side by side (SmolLM2,
-// one row over 1024 keys read from memory, 2-core AMD EPYC: 109 -> 65 us; four rows over 256 keys: 50 ->
-// 29; results/RESULTS.md run 133). Every number a query row gets is computed the same way whatever the
+// from cache once for all of them. A row's keys are cut into chunks at multiples of KEY_CHUNK (flash-
+// decoding's split). Where a step has few blocks of vectors (a one-row step has Hk), each chunk is a work
+// item of its own, so both cores attend and read the keys and values from memory side by side (SmolLM2,
+// one row over 1024 keys read from memory, 2-core AMD EPYC: 109 -> 65 us in 8 lanes); with blocks enough to
+// share (SPLIT_UNITS a thread), a block's chunks run one after the other on one thread and are combined
+// there, with no parts kept for the whole call (four rows over 300 keys: 44 -> 35 us against every chunk
+// apart; results/RESULTS.md run 133). Every number a query row gets is computed the same way whatever the
 // step's other rows, its batch, its blocking or the threads: per chunk, a score is the dot product in
 // chunks of 8 in order of the dimension (fused multiply-adds into one vector), then hsum8, times scale,
 // plus the mask; the chunk's largest score is subtracted and exp8 taken lane-wise; the chunk's sum adds
@@ -169,6 +172,7 @@ constexpr int64_t KEY_CHUNK = 256;  // keys a work item attends to: a row's keys
 // and 512 measured no better over 1-16 rows and 256-1024 keys)
 constexpr int64_t ATTEND_PAIRS = 2048;  // query-key pairs a thread takes at least (16384 before the keys were
 // split: a four-row step over 256 keys then ran on one core)
+constexpr int64_t SPLIT_UNITS = 4;  // blocks of vectors per thread from which a block's chunks stay on one thread
 
 __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {  // ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))
   const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -285,7 +289,7 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
 // p mod 16; an output's part over up to 64 elements at a time, every key and value row read once for it
 // (in 8 lanes, four passes of 16). Its numbers differ from the 8 lanes' in the last bits; a process runs one
 // width, and every row's numbers are as independent of the rest of the step as in 8. SmolLM2's shapes, keys
-// and values read from memory, 2-core AMD EPYC: 0.65-0.73x the 8 lanes' time at one row, 0.74-0.78x at 4-16
+// and values read from memory, 2-core AMD EPYC: 0.62-0.66x the 8 lanes' time at one row, 0.73-0.77x at 4-16
 // rows (with one hsum16 a key instead of hsum16x4: 0.82-0.92x; results/RESULTS.md run 133).
 
 __attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum8(v0..7 + v8..15)
@@ -492,66 +496,93 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t blocks = (vectors + QB - 1) / QB;
   const int64_t chunks = (keys + KEY_CHUNK - 1) / KEY_CHUNK;
   const int64_t units = batch * kv_heads * blocks;  // (sequence, key/value head, block of QB vectors)
-  // Each unit's keys in chunks of KEY_CHUNK, every chunk a work item of its own, so that both cores share a
-  // one-row step's few units (and read the keys and values from memory side by side); the chunks' parts are
-  // combined below. A thread takes at least about ATTEND_PAIRS query-key pairs: fewer are done before a
-  // second thread would start.
-  std::vector<float> parts(units * chunks * QB * width), largest(units * chunks * QB), sums(units * chunks * QB);
+  const int64_t ks = k.stride(2), vs = v.stride(2);
+  // One block's vectors against one chunk's keys: parts at part + n * width, largest and sums at top[n], sum[n].
+  const auto attend_chunk = [&](int64_t b, int64_t head, int64_t block, int64_t chunk, float* part, float* top,
+                                float* sum, float* buffer) {
+    const int64_t first = block * QB;
+    const int count = static_cast<int>(std::min<int64_t>(QB, vectors - first));
+    const float* qrow[QB];
+    const float* mrow[QB];
+    float* srow[QB];
+    float* prow[QB];
+    for (int n = 0; n < count; ++n) {
+      const int64_t m = first + n, t = m % rows, h = head * group + m / rows;
+      qrow[n] = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
+      mrow[n] = mp + b * mask_batch + t * mask.stride(2);
+      srow[n] = buffer + n * (KEY_CHUNK + 16);
+      prow[n] = part + n * width;
+    }
+    const float* kb = kp + b * k.stride(0) + head * k.stride(1);
+    const float* vb = vp + b * v.stride(0) + head * v.stride(1);
+    const int64_t c0 = chunk * KEY_CHUNK, c1 = std::min(keys, c0 + KEY_CHUNK);
+    if (lanes == 16) {
+      switch (count) {
+        case 4: attend_block16<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+        case 3: attend_block16<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+        case 2: attend_block16<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+        default: attend_block16<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+      }
+      return;
+    }
+    switch (count) {
+      case 4: attend_block<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+      case 3: attend_block<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+      case 2: attend_block<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+      default: attend_block<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+    }
+  };
+  // Vector m of key/value head `pair`'s block: its chunks' parts combined in order (`combine`) into the output.
+  const float none = -std::numeric_limits<float>::infinity();
+  const auto finish = [&](int64_t pair, int64_t m, const float* parts, const float* largest, const float* sums,
+                          const auto& at) {
+    const int64_t head = pair % kv_heads, b = pair / kv_heads, t = m % rows, h = head * group + m / rows;
+    float top = none;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) top = std::max(top, largest[at(chunk)]);
+    combine(parts, largest, sums, at, chunks, top, width, op + ((b * rows + t) * heads + h) * width);
+  };
+  // A thread takes at least about ATTEND_PAIRS query-key pairs: fewer are done before a second thread would start.
+  if (units >= SPLIT_UNITS * at::get_num_threads()) {
+    // Units enough to share: a unit's chunks one after the other on one thread, combined there (no parts kept
+    // for the whole call). The same chunks and the same combine as below: the same numbers.
+    const int64_t grain = std::max<int64_t>(1, ATTEND_PAIRS / (QB * keys));
+    at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> buffer(QB * (KEY_CHUNK + 16)), parts(chunks * QB * width), largest(chunks * QB),
+          sums(chunks * QB);
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t block = unit % blocks, pair = unit / blocks;
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+          attend_chunk(pair / kv_heads, pair % kv_heads, block, chunk, parts.data() + chunk * QB * width,
+                       largest.data() + chunk * QB, sums.data() + chunk * QB, buffer.data());
+        }
+        for (int64_t m = block * QB; m < std::min(vectors, block * QB + QB); ++m) {
+          const int64_t n = m % QB;
+          finish(pair, m, parts.data(), largest.data(), sums.data(), [&](int64_t chunk) { return chunk * QB + n; });
+        }
+      }
+    });
+    return out;
+  }
+  // Few units (a one-row step has Hk): every chunk a work item of its own, so that both cores share them and
+  // read the keys and values from memory side by side; their parts combined after, on this thread (a few
+  // microseconds, less than waking a second one costs).
+  std::unique_ptr<float[]> parts(new float[units * chunks * QB * width]), largest(new float[units * chunks * QB]),
+      sums(new float[units * chunks * QB]);  // (every entry a vector reads is written first)
   const int64_t grain = std::max<int64_t>(1, ATTEND_PAIRS / (QB * std::min(keys, KEY_CHUNK)));
   at::parallel_for(0, units * chunks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(QB * (KEY_CHUNK + 16));
     for (int64_t item = begin; item < end; ++item) {  // item = ((b, head) chunk) block: a chunk's blocks in a row,
       // so a thread reads the chunk's keys and values from memory once and the next blocks find them in cache
       const int64_t block = item % blocks, chunk = (item / blocks) % chunks, pair = item / (blocks * chunks);
-      const int64_t head = pair % kv_heads, b = pair / kv_heads;
-      const int64_t first = block * QB;
-      const int count = static_cast<int>(std::min<int64_t>(QB, vectors - first));
-      const float* qrow[QB];
-      const float* mrow[QB];
-      float* srow[QB];
-      float* prow[QB];
-      for (int n = 0; n < count; ++n) {
-        const int64_t m = first + n, t = m % rows, h = head * group + m / rows;
-        qrow[n] = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
-        mrow[n] = mp + b * mask_batch + t * mask.stride(2);
-        srow[n] = buffer.data() + n * (KEY_CHUNK + 16);
-        prow[n] = parts.data() + (item * QB + n) * width;
-      }
-      const float* kb = kp + b * k.stride(0) + head * k.stride(1);
-      const float* vb = vp + b * v.stride(0) + head * v.stride(1);
-      const int64_t ks = k.stride(2), vs = v.stride(2);
-      const int64_t c0 = chunk * KEY_CHUNK, c1 = std::min(keys, c0 + KEY_CHUNK);
-      float* top = largest.data() + item * QB;
-      float* sum = sums.data() + item * QB;
-      if (lanes == 16) {
-        switch (count) {
-          case 4: attend_block16<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-          case 3: attend_block16<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-          case 2: attend_block16<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-          default: attend_block16<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-        }
-        continue;
-      }
-      switch (count) {
-        case 4: attend_block<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-        case 3: attend_block<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-        case 2: attend_block<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-        default: attend_block<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-      }
+      attend_chunk(pair / kv_heads, pair % kv_heads, block, chunk, parts.get() + item * QB * width,
+                   largest.get() + item * QB, sums.get() + item * QB, buffer.data());
     }
   });
-  // Combine each vector's chunks in order (``combine``), on this thread: a few microseconds, less than waking
-  // a second one costs.
-  const float none = -std::numeric_limits<float>::infinity();
   for (int64_t pair = 0; pair < batch * kv_heads; ++pair) {
-    const int64_t head = pair % kv_heads, b = pair / kv_heads;
     for (int64_t m = 0; m < vectors; ++m) {
-      const int64_t block = m / QB, n = m % QB, t = m % rows, h = head * group + m / rows;
-      float* orow = op + ((b * rows + t) * heads + h) * width;
-      const auto at = [&](int64_t chunk) { return ((pair * chunks + chunk) * blocks + block) * QB + n; };
-      float top = none;
-      for (int64_t chunk = 0; chunk < chunks; ++chunk) top = std::max(top, largest[at(chunk)]);
-      combine(parts.data(), largest.data(), sums.data(), at, chunks, top, width, orow);
+      const int64_t block = m / QB, n = m % QB;
+      finish(pair, m, parts.get(), largest.get(), sums.get(),
+             [&](int64_t chunk) { return ((pair * chunks + chunk) * blocks + block) * QB + n; });
     }
   }
   return out;
