@@ -52,7 +52,8 @@ def ridge_rows(roofline_s: float, macs: int, flops: float) -> float:
     return roofline_s * flops / (2.0 * macs)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU); roofline.py's probes use it too."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -80,11 +81,11 @@ def compute_throughput(model: torch.nn.Module, linears: object, routes: dict[str
         with torch.inference_mode(), route_mode(route, rows, linears):  # type: ignore[arg-type]
             times = []
             for index in range(repeats + 1):
-                _sync(weight.device)
+                sync(weight.device)
                 began = time.perf_counter()
                 for layer in layers:
                     F.linear(inputs[layer.weight.shape[1]], layer.weight)  # (the route's weight while routed)
-                _sync(weight.device)
+                sync(weight.device)
                 if index:
                     times.append(time.perf_counter() - began)
         rates[label] = 2.0 * rows * macs / statistics.median(times)

@@ -44,7 +44,7 @@ import torch
 
 from lookahead.model.hugepages import huge_bytes, move_to_huge_pages, on_huge_pages
 
-from .compute_roof import PEAK_ROWS, compute_throughput, linear_macs, ridge_rows, roof_seconds
+from .compute_roof import PEAK_ROWS, compute_throughput, linear_macs, ridge_rows, roof_seconds, sync
 
 STREAM_MIN_BYTES = 256 * 2 ** 20  # the bandwidth probe sums at least this much (past every cache level)
 STREAM_WARMUPS = 2  # untimed sums before the timed ones (first touch, frequency ramp-up)
@@ -89,12 +89,6 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _sync(device: torch.device) -> None:
-    """Wait for the device's queued work (nothing to wait for on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def streaming_bandwidth(nbytes: int, device: torch.device | str = "cpu", warmups: int = STREAM_WARMUPS,
                         repeats: int = STREAM_REPEATS, huge: bool = False) -> tuple[float, list[float]]:
     """(bytes per second, the timed seconds [repeats]) of torch summing a float32 tensor of ``nbytes``
@@ -113,7 +107,7 @@ def streaming_bandwidth(nbytes: int, device: torch.device | str = "cpu", warmups
         data = torch.ones(count, dtype=torch.float32, device=device)  # [count], every page touched
     times = []
     for index in range(warmups + repeats):
-        _sync(device)
+        sync(device)
         began = time.perf_counter()
         data.sum().item()  # .item(): the result back on the host, so the sum is done
         took = time.perf_counter() - began

@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 int64_t lookahead_tiled_lanes();  // linear.cpp: the lanes this process's tiled kernel runs in (8 or 16)
@@ -221,6 +222,21 @@ __attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q
     for (int j = 0; j < NK; ++j) scores[n][p + j] = hsum8(acc[n][j]);
 }
 
+// s[p] = s[p] * scale + m[p] for the `keys` scores (each a product then a sum, one rounding each), -inf from
+// there to `padded`; their largest (-inf: every key hidden). Both widths' blocks start their softmax here.
+inline float masked_scores(float* s, const float* m, int64_t keys, int64_t padded, float scale) {
+  const float none = -std::numeric_limits<float>::infinity();
+  float top = none;
+  int64_t p = 0;
+  for (; p < keys; ++p) {
+    const float x = s[p] * scale + m[p];
+    s[p] = x;
+    top = x > top ? x : top;
+  }
+  for (; p < padded; ++p) s[p] = none;
+  return top;
+}
+
 // NQ query vectors against the key and value rows [c0, c1) of one key/value head (row strides ks, vs; k, v
 // and mask[n] at key 0): each vector's largest masked score over them, the sum of exp(score - largest) and
 // out[n] [d] = sum of exp(score - largest) * v, unnormalized (the parts `combine` adds up); a vector
@@ -239,19 +255,11 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
   for (; p + 3 <= keys; p += 3) score_tile<NQ, 3>(q, k + p * ks, ks, d, scores, p);
   for (; p < keys; ++p) score_tile<NQ, 1>(q, k + p * ks, ks, d, scores, p);
   const int64_t padded = (keys + 7) & ~int64_t{7};
-  const float none = -std::numeric_limits<float>::infinity();
   bool empty[NQ];
   for (int n = 0; n < NQ; ++n) {
     float* s = scores[n];
-    const float* m = mask[n] + c0;
-    float top = none;
-    for (p = 0; p < keys; ++p) {
-      const float x = s[p] * scale + m[p];
-      s[p] = x;
-      top = x > top ? x : top;
-    }
-    for (; p < padded; ++p) s[p] = none;
-    empty[n] = top == none;
+    const float top = masked_scores(s, mask[n] + c0, keys, padded, scale);
+    empty[n] = top == -std::numeric_limits<float>::infinity();
     largest[n] = top;
     const __m256 shift = _mm256_set1_ps(empty[n] ? 0.0f : top);
     __m256 total = _mm256_setzero_ps();
@@ -392,19 +400,11 @@ __attribute__((target("avx512f"))) void attend_block16(const float* const* q, co
   int64_t p = 0;
   for (; p < keys; p += 4) score_tile16<NQ>(q, k + p * ks, ks, d, scores, p, static_cast<int>(std::min<int64_t>(4, keys - p)));
   const int64_t padded = (keys + 15) & ~int64_t{15};
-  const float none = -std::numeric_limits<float>::infinity();
   bool empty[NQ];
   for (int n = 0; n < NQ; ++n) {
     float* s = scores[n];
-    const float* m = mask[n] + c0;
-    float top = none;
-    for (p = 0; p < keys; ++p) {
-      const float x = s[p] * scale + m[p];
-      s[p] = x;
-      top = x > top ? x : top;
-    }
-    for (; p < padded; ++p) s[p] = none;
-    empty[n] = top == none;
+    const float top = masked_scores(s, mask[n] + c0, keys, padded, scale);
+    empty[n] = top == -std::numeric_limits<float>::infinity();
     largest[n] = top;
     const __m512 shift = _mm512_set1_ps(empty[n] ? 0.0f : top);
     __m512 total = _mm512_setzero_ps();
@@ -516,20 +516,19 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const float* kb = kp + b * k.stride(0) + head * k.stride(1);
     const float* vb = vp + b * v.stride(0) + head * v.stride(1);
     const int64_t c0 = chunk * KEY_CHUNK, c1 = std::min(keys, c0 + KEY_CHUNK);
-    if (lanes == 16) {
-      switch (count) {
-        case 4: attend_block16<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-        case 3: attend_block16<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-        case 2: attend_block16<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-        default: attend_block16<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+    const auto run = [&](auto nq) {  // nq: the block's vector count as a type (std::integral_constant)
+      constexpr int NQ = decltype(nq)::value;
+      if (lanes == 16) {
+        attend_block16<NQ>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum);
+      } else {
+        attend_block<NQ>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum);
       }
-      return;
-    }
+    };
     switch (count) {
-      case 4: attend_block<4>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-      case 3: attend_block<3>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-      case 2: attend_block<2>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
-      default: attend_block<1>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum); break;
+      case 4: run(std::integral_constant<int, 4>{}); break;
+      case 3: run(std::integral_constant<int, 3>{}); break;
+      case 2: run(std::integral_constant<int, 2>{}); break;
+      default: run(std::integral_constant<int, 1>{}); break;
     }
   };
   // Vector m of key/value head `pair`'s block: its chunks' parts combined in order (`combine`) into the output.
