@@ -138,6 +138,39 @@ def test_same_casts_are_dropped_and_others_kept():
     assert torch.equal(torch._C._create_function_from_graph("cast", graph)(x), cast(x))
 
 
+def test_shared_values_are_computed_once_and_the_function_is_the_same():
+    """A trace repeats shape arithmetic per use (here: each view reads the size anew); ``shared`` leaves
+    one of each, and the graph computes the same values."""
+    def repeated(x):
+        return x.view(x.size(0), -1) * 2 + x.view(x.size(0), -1) * 2
+
+    x = torch.randn(3, 4)
+    graph = torch.jit.trace(repeated, x).graph.copy()
+    before = [node.kind() for node in graph.nodes()]
+    fusion.shared(graph)
+    after = [node.kind() for node in graph.nodes()]
+    assert before.count("aten::size") == 2 and after.count("aten::size") == 1
+    assert before.count("aten::view") == 2 and after.count("aten::view") == 1
+    assert before.count("aten::mul") == 2 and after.count("aten::mul") == 1
+    assert torch.equal(torch._C._create_function_from_graph("repeated", graph)(x), repeated(x))
+
+
+def test_shared_keeps_every_write():
+    """Two equal in-place writes are two writes (a cache written twice is not written once)."""
+    def written(x, out):
+        out.add_(x)
+        out.add_(x)
+        return out * 1
+
+    x, out = torch.randn(3), torch.zeros(3)
+    graph = torch.jit.trace(written, (x, out.clone())).graph.copy()
+    fusion.shared(graph)
+    assert [node.kind() for node in graph.nodes()].count("aten::add_") == 2
+    mine = out.clone()
+    assert torch.equal(torch._C._create_function_from_graph("written", graph)(x, mine), 2 * x)
+    assert torch.equal(mine, 2 * x)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_a_fused_trace_decodes_as_generate(ops, arch):
     gen = traced_generator(arch)
