@@ -228,6 +228,25 @@ def test_kv_write_writes_the_steps_slots_and_returns_the_views_attention_reads(o
     assert read_k.data_ptr() == buffer[0, 1].data_ptr() and read_v.data_ptr() == buffer[1, 1].data_ptr()
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "float64", "strided last"])
+def test_kv_write_copies_every_layout_a_step_brings(ops, layout):
+    """Rows of D contiguous elements are copied directly (the trace's values come transposed, [A, Q, H, D]
+    in memory); anything else (here a last dimension with stride 2) goes through copy_: the same slots."""
+    dtype = torch.float64 if layout == "float64" else torch.float32
+    buffer = torch.zeros(2, 2, 3, 9, 4, dtype=dtype)  # [2, A, H, C, D]
+    k = torch.randn(2, 3, 2, 4, dtype=dtype)  # [A, H, Q, D]
+    v = torch.randn(2, 3, 2, 4, dtype=dtype)
+    if layout == "transposed":
+        v = torch.randn(2, 2, 3, 4).transpose(1, 2)  # [A, H, Q, D] over [A, Q, H, D]
+    if layout == "strided last":
+        k = torch.randn(2, 3, 2, 8)[..., ::2]
+    keys, values = buffer.unbind(0)
+    read_k, read_v = ops.kv_write(keys, values, k, v, torch.zeros(1).expand(6))
+    assert torch.equal(buffer[0, :, :, 6:8], k) and torch.equal(buffer[1, :, :, 6:8], v)
+    assert not buffer[:, :, :, :6].any() and not buffer[:, :, :, 8:].any()
+    assert torch.equal(read_k[:, :, 6:], k) and read_k.shape == (2, 3, 8, 4)
+
+
 def test_a_trace_of_kv_write_follows_the_past(ops):
     """The past comes as a tensor's size, which a trace keeps a size (an int argument would be a constant)."""
     def step(buffer, k, v, past):

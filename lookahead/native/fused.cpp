@@ -7,7 +7,7 @@
 // and the rotary embedding's half rotation of the queries and keys (mul, size, floor_divide, slice, slice,
 // neg, cat, mul, add). lookahead/model/fusion.py rewrites a trace's graph to call these ops in their place.
 //
-// Each op gives the chain's result to the bit: the mean is torch's own (at::mean, its summation order),
+// Each op gives the chain's result to the bit: the mean's sum is torch's own (at::sum, its summation order),
 // and every other element is computed by the same IEEE operations in the same order, one rounding each
 // (this file is compiled with -ffp-contract=off, so no multiply and add are fused). An op checks the
 // arguments the chain was recorded with (exponent 2, the last dimension, halves, alpha 1, float32) and,
@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -43,29 +44,35 @@ bool last_dim(int64_t dim, int64_t rank) { return dim == -1 || dim == rank - 1; 
 at::Tensor rms_norm(const at::Tensor& h, const at::Tensor& weight, double eps, const at::Scalar& exponent,
                     at::IntArrayRef dims, bool keepdim, std::optional<at::ScalarType> mean_dtype,
                     const at::Scalar& alpha, at::ScalarType out_dtype) {
-  const at::Tensor variance = at::mean(at::pow(h, exponent), dims, keepdim, mean_dtype);  // torch's own sums
   const bool fast = h.scalar_type() == at::kFloat && h.dim() >= 1 && weight.scalar_type() == at::kFloat &&
                     weight.dim() == 1 && weight.size(0) == h.size(-1) && exponent.toDouble() == 2.0 &&
                     dims.size() == 1 && last_dim(dims[0], h.dim()) && keepdim && !mean_dtype.has_value() &&
                     alpha.toDouble() == 1.0 && out_dtype == at::kFloat &&
-                    h.device().is_cpu() && weight.device().is_cpu() && variance.scalar_type() == at::kFloat;
+                    h.device().is_cpu() && weight.device().is_cpu();
   if (!fast) {  // the recorded chain, op by op
+    const at::Tensor variance = at::mean(at::pow(h, exponent), dims, keepdim, mean_dtype);
     const at::Tensor scaled = at::mul(h, at::rsqrt(at::add(variance, eps, alpha)));
     return at::mul(weight, scaled.to(out_dtype));
   }
   const int64_t d = h.size(-1);
   const int64_t rows = d > 0 ? h.numel() / d : 0;
   const at::Tensor x = h.contiguous();
-  const at::Tensor v = variance.contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
   const float* xp = x.const_data_ptr<float>();
-  const float* vp = v.const_data_ptr<float>();
   const float* wp = w.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
+  // The mean of the squares as torch's CPU mean takes it: its sum (at::sum, torch's summation order) over
+  // the squares (pow(h, 2) is h * h there), then divided by d in float32 (mean is sum, then div_ by the
+  // count); the squares are written into `out`, which the last loop overwrites. (Two dispatched ops where
+  // pow and mean took four, with mean's division and its scalar: about 4 us less a norm.)
+  for (int64_t i = 0; i < rows * d; ++i) op[i] = xp[i] * xp[i];
+  const at::Tensor sums = at::sum(out, dims, /*keepdim=*/true).contiguous();  // [..., 1]
+  const float* sp = sums.const_data_ptr<float>();
+  const float count = static_cast<float>(d);
   const float e = static_cast<float>(eps);  // (torch casts a double operand to the float32 tensor's type)
   for (int64_t r = 0; r < rows; ++r) {
-    const float s = 1.0f / std::sqrt(vp[r] + e);  // torch's rsqrt: one over the rounded square root
+    const float s = 1.0f / std::sqrt(sp[r] / count + e);  // torch's rsqrt: one over the rounded square root
     const float* xr = xp + r * d;
     float* outr = op + r * d;
     for (int64_t j = 0; j < d; ++j) outr[j] = wp[j] * (xr[j] * s);
@@ -130,11 +137,40 @@ at::Tensor rotate_half(const at::Tensor& q, const at::Tensor& cos, const at::Ten
 // as the views of slots 0 .. past + Q - 1 the attention reads; past is the size of past_ [P] (a size, which a
 // trace follows; an int argument would be recorded as a constant). (In Python: two narrows and copies, two
 // narrows, and the tensor arithmetic of their bounds, which a trace records as a dozen nodes a layer.)
+// Where all four are CPU tensors of one dtype with rows of D contiguous elements (a trace's values come
+// transposed, [A, Q, H, D] in memory), each row is copied as it is (the same bytes copy_ writes, without
+// its two dispatched calls and their iterators).
+bool rows_copyable(const at::Tensor& buffer, const at::Tensor& step, int64_t past) {
+  return buffer.dim() == 4 && step.dim() == 4 && buffer.scalar_type() == step.scalar_type() &&
+         buffer.device().is_cpu() && step.device().is_cpu() && buffer.stride(3) == 1 && step.stride(3) == 1 &&
+         buffer.size(0) == step.size(0) && buffer.size(1) == step.size(1) && buffer.size(3) == step.size(3) &&
+         past >= 0 && past + step.size(2) <= buffer.size(2);
+}
+
+void copy_rows(const at::Tensor& buffer, const at::Tensor& step, int64_t past) {
+  const int64_t size = step.element_size(), width = step.size(3) * size;
+  char* to = static_cast<char*>(buffer.data_ptr());
+  const char* from = static_cast<const char*>(step.const_data_ptr());
+  for (int64_t a = 0; a < step.size(0); ++a) {
+    for (int64_t h = 0; h < step.size(1); ++h) {
+      for (int64_t q = 0; q < step.size(2); ++q) {
+        std::memcpy(to + (a * buffer.stride(0) + h * buffer.stride(1) + (past + q) * buffer.stride(2)) * size,
+                    from + (a * step.stride(0) + h * step.stride(1) + q * step.stride(2)) * size, width);
+      }
+    }
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& k,
                                             const at::Tensor& v, const at::Tensor& past_) {
   const int64_t past = past_.size(0), rows = k.size(2);
-  keys.narrow(2, past, rows).copy_(k);
-  values.narrow(2, past, rows).copy_(v);
+  if (rows_copyable(keys, k, past) && rows_copyable(values, v, past)) {
+    copy_rows(keys, k, past);
+    copy_rows(values, v, past);
+  } else {
+    keys.narrow(2, past, rows).copy_(k);
+    values.narrow(2, past, rows).copy_(v);
+  }
   return {keys.narrow(2, 0, past + rows), values.narrow(2, 0, past + rows)};
 }
 
