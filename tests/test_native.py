@@ -38,6 +38,19 @@ def native_op():
     return op
 
 
+def test_sources_digest_names_the_build(tmp_path, monkeypatch):
+    """Curves are cached per build (cost/store.py): the digest follows the sources' bytes."""
+    first, second = tmp_path / "a.cpp", tmp_path / "b.cpp"
+    first.write_text("int a;")
+    second.write_text("int b;")
+    monkeypatch.setattr(build, "SOURCES", [first, second])
+    digest = build.sources_digest()
+    assert len(digest) == 12 and int(digest, 16) >= 0
+    assert build.sources_digest() == digest
+    second.write_text("int c;")
+    assert build.sources_digest() != digest
+
+
 def test_entry_point_worked_example():
     start_numba_threads()
     float32, float64 = entry_points()

@@ -33,7 +33,7 @@ from ..model.hugepages import on_huge_pages
 from ..model.routing import Routing
 from ..model.support import AttentionLayout
 from ..model.target import input_device
-from ..native.build import load_linear, tiled_width
+from ..native.build import load_linear, sources_digest, tiled_width
 from .curve import TRUST_MEASURED, TRUST_REPAIRED, CostModel, row_grid
 from .disk import CurveStore
 from .measure import (
@@ -112,6 +112,7 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     if native and input_device(model).type == "cpu":
         load_linear()  # (where not loaded yet: the forwards measured load it next)
         fingerprint["tiled_lanes"] = tiled_width()[0]  # (products summed in another width: another curve)
+        fingerprint["native_sources"] = sources_digest()  # (another build's kernels: another curve)
     if on_huge_pages(model):
         fingerprint["huge_pages"] = True  # (weights streamed from 2 MB pages: a faster curve)
     if batch > 1:

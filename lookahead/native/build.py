@@ -17,6 +17,7 @@ half-way never leaves the others waiting on torch's own lock file.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,16 @@ NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.c
 SOURCES = [Path(__file__).with_name(name) for name in ("linear.cpp", "fused.cpp")]
 # -ffp-contract=off: no multiply and add fused unless written so (fused.cpp's ops round as torch's ops do)
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
+
+
+def sources_digest() -> str:
+    """The first 12 hex digits of the sources' SHA-256: a build's identity, so a cost curve measured on one
+    build's kernels is not taken for another's (cost/store.py). Worked example: the same files -> the same
+    digest, one character changed -> another."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def loaded() -> bool:
