@@ -114,8 +114,8 @@ struct Tile8 {
 // In 16 lanes each input vector is loaded once and held in a register for the tile's OT products (an empty
 // asm makes it a register value): left to itself the compiler folds the load into every fused
 // multiply-add, so two weight rows read each input vector twice and the loads, not the arithmetic, bound
-// the loop (7 to 9 input rows: 12-20% slower streaming SmolLM2's weights, 2-core AMD EPYC, run 134). The
-// same hold in 8 lanes measured level there, so Tile8 is left as it was.
+// the loop (held, 7 to 9 input rows took 7-20% less time streaming SmolLM2's weights, 2-core AMD EPYC, run
+// 134). The same hold in 8 lanes measured level there, so Tile8 is left as it was.
 template <int OT, int RT>
 struct Tile16 {
   __attribute__((target("avx512f"))) static void run(const float* w, const float* x, float* out, int64_t inputs,
@@ -201,7 +201,7 @@ void tiled_columns(const float* w, const float* x, float* out, int64_t rows, int
 // 22.3, 16 lanes so 11.8 / 12.5 / 15.3 / 16.7; run 128. At 7 / 8 / 9 rows two weight rows in one pass took
 // 13.6 / 13.2-13.5 / 13.5 ms against 14.2-14.6 / 14.9 / 14.5 for 6 by 4 in passes; run 130. With each input
 // vector held in a register for the tile's weight rows, run 134, paired passes over the same weights: 6 to 9
-// rows 9-20% faster, 6 rows 8.5% faster on two weight rows than on one, 5 rows 1% slower so.)
+// rows 8-20% less time than before, 6 rows 4-7% less on two weight rows than on one, 5 rows 1-2% more so.)
 void tiled_product(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs,
                    int64_t lanes) {
   if (lanes == 16) {
