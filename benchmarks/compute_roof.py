@@ -29,12 +29,16 @@ PEAK_ROWS = 256  # rows of the compute probe's products: on a CPU far past the r
 PEAK_REPEATS = 5  # timed passes over the layers per route (the median counts), after one untimed
 
 
+def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The model's ``nn.Linear`` layers with a 2-D weight, in module order."""
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]
+
+
 def linear_macs(model: torch.nn.Module) -> int:
     """Multiply-adds one row costs in the model's ``nn.Linear`` layers (their weights' elements; the
     output head counts: a step computes the logits of the rows it keeps). A weight shared by two
     layers counts twice: each multiplies the row."""
-    return sum(m.weight.shape[0] * m.weight.shape[1] for m in model.modules()
-               if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2)
+    return sum(m.weight.shape[0] * m.weight.shape[1] for m in linear_layers(model))
 
 
 def compute_seconds(macs: int, rows: int, flops: float) -> float:
@@ -68,7 +72,7 @@ def compute_throughput(model: torch.nn.Module, linears: object, routes: dict[str
     median's rate."""
     from lookahead.model.routing import route_mode
 
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]
+    layers = linear_layers(model)
     if not layers:
         return {}
     macs = linear_macs(model)

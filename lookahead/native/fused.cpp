@@ -218,21 +218,24 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {  // ((v0 + v4
 }
 
 // exp(x) lane by lane for x <= 0 (the softmax's shifted scores; -inf gives 0): Cephes' single-precision
-// polynomial after x = n ln 2 + r, scaled by 2^n through the exponent bits; 0 below -87 (2^-125).
+// polynomial after x = n ln 2 + r, scaled by 2^n through the exponent bits; 0 below EXP_LOW (2^-125). Its
+// constants, which exp8 and exp16 share:
+constexpr float EXP_LOW = -87.0f;
+constexpr float LOG2E = 1.44269504088896341f;
+constexpr float LN2_HIGH = 0.693359375f, LN2_LOW = -2.12194440e-4f;  // ln 2 in two parts: r = x - n ln 2 exactly
+constexpr float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};  // Horner, highest first
+
 __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
-  const __m256 low = _mm256_set1_ps(-87.0f);
+  const __m256 low = _mm256_set1_ps(EXP_LOW);
   const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
   x = _mm256_max_ps(x, low);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
+  __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_POLY[i]));
   __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   y = _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
@@ -344,19 +347,15 @@ __attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum8(v0.
 
 // exp8's polynomial in 16 lanes.
 __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
-  const __m512 low = _mm512_set1_ps(-87.0f);
+  const __m512 low = _mm512_set1_ps(EXP_LOW);
   const __mmask16 kept = _mm512_cmp_ps_mask(x, low, _CMP_GE_OQ);
   x = _mm512_max_ps(x, low);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LOW), r);
+  __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
   __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
   const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   y = _mm512_mul_ps(y, _mm512_castsi512_ps(scale));
