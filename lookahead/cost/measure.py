@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
@@ -36,6 +36,7 @@ from numpy.typing import ArrayLike
 
 from ..model.fewrows import routable_linears
 from ..model.mask import PastSlots
+from ..model.quantized import embedding_facts
 from ..model.routing import Route, Routing, candidate_routes, kernel_applies, onednn_applies, route_mode
 from ..model.support import AttentionLayout
 from ..model.target import Target, input_device
@@ -416,7 +417,7 @@ def measured_routes(model: PreTrainedModel, few_row_matmul: bool, onednn: bool =
     through torch's linear, (``onednn``) oneDNN's over packed weights (float32, where a packed copy of
     the linears fits in a third of the free memory) and (``few_row_matmul``) lookahead's; elsewhere [None]
     (as set)."""
-    device, dtype = input_device(model), cast(torch.Tensor, model.get_input_embeddings().weight).dtype
+    device, dtype = input_device(model), embedding_facts(model)[1]
     if device.type != "cpu":
         return [None]
     if onednn:  # (its packed copy must fit)

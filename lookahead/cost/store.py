@@ -30,6 +30,7 @@ from numpy.typing import ArrayLike
 from ..config import LookaheadConfig
 from ..loading.models import ALIASES
 from ..model.hugepages import on_huge_pages
+from ..model.quantized import embedding_facts, weights_summary
 from ..model.routing import Routing
 from ..model.support import AttentionLayout
 from ..model.target import input_device
@@ -194,7 +195,7 @@ def model_fingerprint(model: PreTrainedModel, rows: tuple[int, ...], context: in
     fingerprint = {"name_or_path": str(getattr(model.config, "_name_or_path", "")),
                    "model_type": str(getattr(model.config, "model_type", type(model).__name__)),
                    "parameters": int(sum(p.numel() for p in model.parameters())),
-                   "dtype": str(model.get_input_embeddings().weight.dtype), "device": name,
+                   "dtype": str(embedding_facts(model)[1]), "weights": weights_summary(model), "device": name,
                    "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": list(rows),
                    "context": context, "repeats": repeats,
                    "cpu": cpu_name(), "routes": [r.label if r is not None else "as set" for r in routes],

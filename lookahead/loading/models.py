@@ -373,10 +373,60 @@ def _offline_message(name: str, tried: list[str]) -> str:
             f"download a hub id")
 
 
+def gguf_source(name_or_path: str, cache_dir: Path) -> tuple[Path, str] | None:
+    """(the GGUF file, its cache key) behind an alias or a ``.gguf`` path (the alias's fetched and assembled
+    on first use); None for anything else."""
+    if name_or_path in ALIASES:
+        alias = ALIASES[name_or_path]
+        with one_builder(cache_dir, alias.name):
+            return assemble_gguf(alias, cache_dir), alias.name
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path, _gguf_key(path)
+    return None
+
+
+def _quantized_reason(weights: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Why a GGUF cannot load with its blocks kept (device, dtype, no native kernel); "" where it can."""
+    if device.type != "cpu":
+        return f"the block-format kernel runs on the CPU only, not on {device}"
+    if dtype != torch.float32:
+        return f"the block-format kernel computes in float32, not {dtype}"
+    from ..native.build import load_linear
+
+    native, failure = load_linear()
+    return "" if native is not None else f"lookahead's C++ kernels could not be built ({failure})"
+
+
+def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | None
+                 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The GGUF's model with its weights kept in their block formats, and its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from .gguf import build_header_dir, header_ready, load_quantized
+
+    header = cache / "headers" / key
+    if not header_ready(header):
+        with one_builder(cache, f"{key}-header"):
+            if not header_ready(header):
+                try:
+                    gguf_metadata(gguf)
+                    build_header_dir(gguf, header)
+                except Exception as exc:  # noqa: BLE001 (a damaged file fails anywhere in the parser)
+                    raise ModelLoadError(f"cannot read the GGUF file {gguf} ({one_line(exc)}): it is damaged (cut "
+                                         f"short?) or no GGUF model") from exc
+    model = load_quantized(gguf, header, attn_implementation)
+    return model, AutoTokenizer.from_pretrained(str(header))
+
+
+WEIGHTS = ("auto", "quantized", "dequantized")  # load_model(weights=...): see there
+
+
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None,
                attn_implementation: str | None = None,
-               trust_remote_code: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+               trust_remote_code: bool = False,
+               weights: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) from an alias, a ``.gguf`` file, a local dir or a hub id.
 
     The model is put in eval mode on ``device`` with ``dtype``, with
@@ -389,8 +439,15 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
     HUB_PROBE_SECONDS (``hub_reachable``): a name that is no alias, file,
     directory or cached hub id then fails at once.
 
-    Example: ``model, tokenizer = load_model("smollm2-135m")`` (the GGUF fetched and de-quantized
-    on first use); ``load_model("./my-model", device="cuda", dtype=torch.bfloat16)``.
+    ``weights`` (a GGUF: an alias or a ``.gguf`` file; ignored for other sources): "quantized" keeps the
+    linear layers and embeddings in the file's block formats (model/quantized.py: about the file's size in
+    memory, the same de-quantized values in every product), "dequantized" widens them to float32 (cached as
+    safetensors after the first load), "auto" (the default) keeps the blocks on the CPU in float32 and
+    widens elsewhere, saying why on stderr.
+
+    Example: ``model, tokenizer = load_model("smollm2-135m")`` (the GGUF fetched on first use, its
+    blocks kept); ``load_model("smollm2-135m", weights="dequantized")``;
+    ``load_model("./my-model", device="cuda", dtype=torch.bfloat16)``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -398,8 +455,23 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         raise ModelLoadError("model name is empty: pass an alias, a .gguf file, a directory or a hub id")
     if not isinstance(trust_remote_code, bool):
         raise ModelLoadError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
+    if weights not in WEIGHTS:
+        raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     device = check_load_arguments(device, dtype, attn_implementation)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if weights != "dequantized":
+        try:
+            source_gguf = gguf_source(name_or_path, cache)
+        except RegistryError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        if source_gguf is not None:
+            reason = _quantized_reason(weights, device, dtype)
+            if not reason:
+                return _load_blocks(*source_gguf, cache, attn_implementation)
+            if weights == "quantized":
+                raise ModelLoadError(f"cannot keep {source_gguf[0].name} in its block formats: {reason}; load it "
+                                     f"with weights='dequantized' (--weights dequantized)")
+            print(f"lookahead: {source_gguf[0].name} widened to float32 ({reason})", file=sys.stderr)
     try:
         local, tried = resolve_local_dir(name_or_path, cache)
     except RegistryError as exc:

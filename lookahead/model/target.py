@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from .fewrows import FEW_ROWS_MAX, FewRowLinear
 from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .prefill import PrefillChoice
+from .quantized import embedding_facts
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
 from .traced import TracedForward, TraceKey, row_class, trace_linear, traceable
@@ -62,7 +63,7 @@ def input_device(model: PreTrainedModel) -> torch.device:
         device = hook_execution_device(module)
         if device is not None:
             return device
-    return cast(torch.Tensor, embedding.weight).device
+    return embedding_facts(model)[0]
 
 
 def device_key(where: int | str | torch.device) -> tuple[str, int]:
@@ -116,10 +117,8 @@ class Target:
         self.one_off = 0.0  # seconds of the latest step spent on one-off work (making a trace, capturing a graph),
         # not its forward
         self.trying = False  # the latest step ran a route its routing was trying (routing.py), not the chosen one
-        embedding = cast(torch.Tensor, model.get_input_embeddings().weight)  # [V, hidden]
         self.device = input_device(model)
-        self.dtype = embedding.dtype
-        self.vocab = int(embedding.shape[0])
+        _, self.dtype, self.vocab = embedding_facts(model)  # the embedding's output dtype and rows [V]
         # The last layer's hidden states can sit on another device than the kept-row
         # indices: then the model returns every row's logits and the rows are picked here.
         self.select_after = spans_devices(model, self.device)

@@ -28,7 +28,7 @@ from ..kernels.threads import start_numba_threads
 from .entry import entry_points
 
 NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.cpp's TORCH_LIBRARY)
-SOURCES = [Path(__file__).with_name(name) for name in ("linear.cpp", "fused.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("linear.cpp", "fused.cpp", "quant.cpp")]
 # -ffp-contract=off: no multiply and add fused unless written so (fused.cpp's ops round as torch's ops do)
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 

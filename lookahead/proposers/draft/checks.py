@@ -3,11 +3,12 @@ vocabulary, on the target's device (unless the caller says otherwise)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...errors import DraftModelError
+from ...model.quantized import embedding_facts
 from ...model.support import AttentionLayout, UnsupportedModelError, check_model
 from ...model.target import input_device
 
@@ -65,7 +66,7 @@ def check_draft_source(target: PreTrainedModel, draft_name: str, cache_dir: str 
 
 def _vocabulary(model: PreTrainedModel) -> int:
     """Rows of the model's input embedding: the ids it can read."""
-    return int(cast(torch.Tensor, model.get_input_embeddings().weight).shape[0])
+    return embedding_facts(model)[2]
 
 
 def _check_tokenizers(tokenizer: PreTrainedTokenizerBase | None,

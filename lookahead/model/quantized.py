@@ -1,0 +1,152 @@
+"""Linear layers and embeddings whose weights stay in a GGUF block format (native/quant.cpp computes with them).
+
+``QuantizedLinear`` stands in for an ``nn.Linear`` and ``QuantizedEmbedding``
+for an ``nn.Embedding`` of a transformers model: each holds its weight as the
+GGUF file's blocks (``blocks`` [O, row bytes], uint8, one row of the weight
+per row) and de-quantizes inside ``lookahead_native::qlinear`` /
+``::qrows``. The de-quantized values are the float32 values the ``gguf``
+package's ``dequantize`` gives, and every output is summed in one fixed order
+(native/quant.cpp), so a row's result has the same bits at any row count, in
+any batch, on any thread count and on every instruction set the kernel runs
+(AVX-512F, AVX2 with FMA, plain C++). The model stays a transformers model:
+``model.generate`` runs through the same modules and is the reference that
+lookahead's output equals.
+
+Inputs in another float dtype are computed in float32 and cast back. The
+modules run on the CPU only; ``load_model(weights="dequantized")`` gives the
+float weights for other devices.
+
+Worked example: a Q8_0 row with d = 0.5 and q = [2, -4, 0, ...] holds the weights [1, -2, 0, ...];
+``QuantizedLinear`` over it maps x = [1, 1, 0, ...] to [-1].
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+
+from ..errors import ModelLoadError
+
+# GGML type codes (gguf.GGMLQuantizationType) the kernel reads, by name; block (weights, bytes) each
+FORMATS: dict[str, int] = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+                                      12: (256, 144), 13: (256, 176), 14: (256, 210)}
+FORMAT_NAMES = {code: name for name, code in FORMATS.items()}
+
+
+def row_bytes(format_code: int, inputs: int) -> int:
+    """Bytes a row of ``inputs`` weights takes in the format (inputs a multiple of its block)."""
+    weights, size = BLOCKS[format_code]
+    return inputs // weights * size
+
+
+def takes(format_code: int, inputs: int) -> bool:
+    """Whether the kernel computes with a row of ``inputs`` weights in this format."""
+    return format_code in BLOCKS and inputs > 0 and inputs % BLOCKS[format_code][0] == 0
+
+
+def _cpu_only(module: torch.nn.Module, x: torch.Tensor) -> None:
+    if x.device.type != "cpu":
+        raise ModelLoadError(f"{type(module).__name__} holds GGUF blocks that lookahead's kernel reads on the CPU "
+                             f"only, got an input on {x.device}: load the model with weights='dequantized' "
+                             f"(--weights dequantized) to run it on another device")
+
+
+class QuantizedLinear(torch.nn.Module):
+    """An ``nn.Linear`` whose weight [O, I] is kept as GGUF blocks [O, row bytes]: y [..., O] = x [..., I] W^T + b."""
+
+    blocks: torch.Tensor  # [O, row bytes] uint8
+
+    def __init__(self, blocks: torch.Tensor, format_code: int, in_features: int, out_features: int,
+                 bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not takes(format_code, in_features) or tuple(blocks.shape) != (out_features,
+                                                                          row_bytes(format_code, in_features)):
+            raise ValueError(f"blocks {tuple(blocks.shape)} do not hold a [{out_features}, {in_features}] weight "
+                             f"in {FORMAT_NAMES.get(format_code, format_code)}")
+        self.in_features, self.out_features, self.format_code = in_features, out_features, format_code
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    @property
+    def format_name(self) -> str:
+        return FORMAT_NAMES[self.format_code]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _cpu_only(self, x)
+        dtype = x.dtype
+        bias = self.bias.float() if self.bias is not None else None
+        out = torch.ops.lookahead_native.qlinear(x.float(), self.blocks, self.format_code, self.in_features, bias)
+        return out if dtype == torch.float32 else out.to(dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight [O, I] as float32 (a new tensor)."""
+        return torch.ops.lookahead_native.qdequantize(self.blocks, self.format_code, self.in_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}, " \
+               f"bias={self.bias is not None}"
+
+
+class QuantizedEmbedding(torch.nn.Module):
+    """An ``nn.Embedding`` whose table [V, D] is kept as GGUF blocks: ids [...] -> float32 rows [..., D]
+    (times ``embed_scale`` where the module it stands in for scaled its rows, as Gemma's does)."""
+
+    blocks: torch.Tensor  # [V, row bytes] uint8
+
+    def __init__(self, blocks: torch.Tensor, format_code: int, num_embeddings: int, embedding_dim: int,
+                 padding_idx: int | None = None, embed_scale: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not takes(format_code, embedding_dim) or tuple(blocks.shape) != (num_embeddings,
+                                                                            row_bytes(format_code, embedding_dim)):
+            raise ValueError(f"blocks {tuple(blocks.shape)} do not hold a [{num_embeddings}, {embedding_dim}] table "
+                             f"in {FORMAT_NAMES.get(format_code, format_code)}")
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        self.format_code = format_code
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.embed_scale: torch.Tensor | None
+        self.register_buffer("embed_scale", embed_scale, persistent=False)
+
+    @property
+    def format_name(self) -> str:
+        return FORMAT_NAMES[self.format_code]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        _cpu_only(self, ids)
+        rows = torch.ops.lookahead_native.qrows(self.blocks, ids, self.format_code, self.embedding_dim)
+        return rows if self.embed_scale is None else rows * self.embed_scale.to(torch.float32)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={self.format_name}"
+
+
+def quantized_modules(model: torch.nn.Module) -> list[QuantizedLinear | QuantizedEmbedding]:
+    """The model's modules that hold GGUF blocks."""
+    return [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)]
+
+
+def weights_summary(model: torch.nn.Module) -> str:
+    """One line on how the model holds its weights: the block formats and their bytes, or 'float'."""
+    modules = quantized_modules(model)
+    if not modules:
+        return "float weights"
+    counts: dict[str, int] = {}
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        counts[module.format_name] = counts.get(module.format_name, 0) + 1
+        if module.blocks.data_ptr() not in seen:  # (a tied output head shares its embedding's blocks)
+            seen.add(module.blocks.data_ptr())
+            total += module.blocks.numel()
+    formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
+    return f"GGUF blocks as shipped ({formats}; {total / 1e6:.0f} MB)"
+
+
+def embedding_facts(model: torch.nn.Module) -> tuple[torch.device, torch.dtype, int]:
+    """(device, dtype of what it returns, rows) of the model's input embedding, float or quantized."""
+    embedding = model.get_input_embeddings()  # type: ignore[operator]
+    if isinstance(embedding, QuantizedEmbedding):
+        return embedding.blocks.device, torch.float32, embedding.num_embeddings
+    weight = cast(torch.Tensor, embedding.weight)  # [V, D]
+    return weight.device, weight.dtype, int(weight.shape[0])

@@ -1,0 +1,199 @@
+"""GGUF block formats kept as shipped (native/quant.cpp, model/quantized.py): the de-quantized values are the
+`gguf` package's to the bit, a row's product has the same bits at any row count, thread count and instruction
+set, and lookahead over a model holding such weights equals model.generate and its own plain loop."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from conftest import VOCAB, reference, tiny_model
+from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.errors import ModelLoadError
+from lookahead.model.quantized import FORMATS, QuantizedEmbedding, QuantizedLinear, quantized_modules, weights_summary
+from lookahead.native.build import load_linear
+
+ops = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native():
+    global ops
+    op, why = load_linear()
+    if op is None:
+        pytest.skip(f"lookahead's C++ op cannot be built here: {why}")
+    ops = torch.ops.lookahead_native
+
+
+ALL = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+HALVES = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
+          Q.Q6_K: (208,)}
+
+
+def random_blocks(kind: Q, rows: int, inputs: int, seed: int = 0, scale: float = 0.05) -> np.ndarray:
+    """Random rows of blocks in format ``kind`` [rows, row bytes]: random quantized bits, finite half scales."""
+    rng = np.random.default_rng(seed)
+    weights, size = gguf.GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, size=(rows, inputs // weights, size), dtype=np.uint8)
+    for offset in HALVES[kind]:
+        halves = (rng.standard_normal((rows, inputs // weights)) * scale).astype(np.float16)
+        raw[:, :, offset:offset + 2] = halves.view(np.uint8).reshape(rows, inputs // weights, 2)
+    return raw.reshape(rows, -1)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def isas() -> list[int]:
+    return list(range(int(ops.qisa()) + 1))  # 0 plain C++, 1 AVX2 + FMA, 2 AVX-512F: all this CPU runs
+
+
+@pytest.mark.parametrize("kind", ALL, ids=lambda k: k.name)
+def test_dequantized_values_are_gguf_bits(kind):
+    inputs = 512
+    blocks = random_blocks(kind, 19, inputs, seed=int(kind))
+    ours = ops.qdequantize(torch.from_numpy(blocks), int(kind), inputs).numpy()
+    theirs = gguf.quants.dequantize(blocks, kind)
+    assert ours.dtype == np.float32 and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ALL, ids=lambda k: k.name)
+def test_a_rows_bits_do_not_depend_on_rows_threads_or_instruction_set(kind):
+    inputs, outputs = 512, 45
+    blocks = torch.from_numpy(random_blocks(kind, outputs, inputs, seed=7))
+    x = torch.randn(70, inputs, generator=torch.Generator().manual_seed(3))  # past a tile (8) and a block (64)
+    alone = torch.cat([ops.qlinear(x[r:r + 1], blocks, int(kind), inputs, None) for r in range(70)])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for isa in isas():
+                for rows in (1, 3, 8, 9, 33, 70):
+                    got = ops.qlinear(x[:rows], blocks, int(kind), inputs, None, isa)
+                    assert torch.equal(bits(got), bits(alone[:rows])), (count, isa, rows)
+    finally:
+        torch.set_num_threads(threads)
+    dense = torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), kind))
+    torch.testing.assert_close(alone, x @ dense.T, rtol=1e-4, atol=1e-3)  # the same product, another order
+
+
+def test_worked_example_q8_0():
+    block = np.zeros(34, dtype=np.uint8)
+    block[0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)
+    block[2:4] = np.array([2, -4], dtype=np.int8).view(np.uint8)
+    x = torch.zeros(1, 32)
+    x[0, :2] = 1.0
+    out = ops.qlinear(x, torch.from_numpy(block[None]), int(Q.Q8_0), 32, None)
+    assert out.tolist() == [[-1.0]]
+    layer = QuantizedLinear(torch.from_numpy(block[None]), int(Q.Q8_0), 32, 1, bias=torch.tensor([0.25]))
+    assert layer(x).tolist() == [[-0.75]]
+
+
+def test_a_constructed_near_tie_is_decided_the_same_at_every_row_count():
+    """Two outputs whose weights are the same values in another block order: equal sums in exact arithmetic,
+    a last-bit tie in float32. Their argmax, and every bit, is the same whether the row is alone or among others."""
+    inputs = 1024
+    one = random_blocks(Q.Q8_0, 1, inputs, seed=11).reshape(inputs // 32, 34)
+    swapped = np.concatenate([one[16:], one[:16]]).reshape(1, -1)  # the same weights, blocks rotated
+    blocks = torch.from_numpy(np.concatenate([one.reshape(1, -1), swapped]))
+    half = torch.randn(40, inputs // 2, generator=torch.Generator().manual_seed(5))
+    rows = torch.cat([half, half], dim=1)  # halves alike: both outputs sum the same terms, in another order
+    together = ops.qlinear(rows, blocks, int(Q.Q8_0), inputs, None)
+    ties = 0
+    for r in range(rows.shape[0]):
+        alone = ops.qlinear(rows[r:r + 1], blocks, int(Q.Q8_0), inputs, None)
+        assert torch.equal(bits(alone[0]), bits(together[r]))
+        assert int(alone.argmax()) == int(together[r].argmax())
+        ties += int((together[r, 0] - together[r, 1]).abs() <= together[r].abs().max() * 2e-7)
+    assert ties >= 10  # the construction made near-ties (else the test would be vacuous)
+
+
+def test_bad_blocks_are_named():
+    with pytest.raises(RuntimeError, match="not one of the block formats"):
+        ops.qlinear(torch.randn(1, 32), torch.zeros(1, 18, dtype=torch.uint8), 99, 32, None)
+    with pytest.raises(RuntimeError, match="takes 18 bytes"):
+        ops.qlinear(torch.randn(1, 32), torch.zeros(1, 17, dtype=torch.uint8), int(Q.Q4_0), 32, None)
+    with pytest.raises(ValueError, match=r"do not hold a \[2, 32\] weight in Q4_0"):
+        QuantizedLinear(torch.zeros(3, 18, dtype=torch.uint8), int(Q.Q4_0), 32, 2)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.qrows(torch.zeros(2, 18, dtype=torch.uint8), torch.tensor([2]), int(Q.Q4_0), 32)
+
+
+# ---- tiny models holding quantized weights: lookahead equals model.generate and its plain loop ----
+
+def quantize_tiny(model: torch.nn.Module, kind: Q, seed: int = 0) -> torch.nn.Module:
+    """Every nn.Linear and the embedding of a tiny model replaced by block-format stand-ins: quantized from the
+    model's own weights where gguf-py quantizes the format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), random blocks else."""
+    rng_seed = seed
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:
+                weight = child.weight.detach().numpy()
+                if kind in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+                    rng_seed += 1
+                    blocks = random_blocks(kind, weight.shape[0], weight.shape[1], seed=rng_seed, scale=0.003)
+                else:
+                    blocks = gguf.quants.quantize(weight, kind)
+                bias = child.bias.detach() if child.bias is not None else None
+                setattr(module, child_name, QuantizedLinear(torch.from_numpy(blocks), int(kind), child.in_features,
+                                                            child.out_features, bias))
+            elif type(child) is torch.nn.Embedding:
+                blocks = gguf.quants.quantize(child.weight.detach().numpy(), Q.Q8_0)
+                setattr(module, child_name, QuantizedEmbedding(torch.from_numpy(blocks), int(Q.Q8_0),
+                                                               child.num_embeddings, child.embedding_dim))
+    return model
+
+
+def quantized_model(arch: str, kind: Q) -> torch.nn.Module:
+    if kind in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # K formats: rows of 256 weights
+        import transformers
+
+        torch.manual_seed(0)
+        config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[arch](
+            vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        model.generation_config.pad_token_id = 0
+    else:
+        model = tiny_model(arch)
+    return quantize_tiny(model, kind)
+
+
+PROMPT = torch.tensor([[5, 9, 14, 23, 5, 9, 14, 23, 5, 9, 14, 23, 5, 9]])
+CONFIGS = {"default": LookaheadConfig(), "lade": LookaheadConfig(window=8, ngram=5, candidates=12, match_length=10,
+                                                                    max_tree_nodes=64),
+           "plain": LookaheadConfig(window=1, ngram=2, candidates=0)}
+
+
+@pytest.mark.parametrize("arch, kind", [("llama", Q.Q4_0), ("qwen2", Q.Q8_0), ("llama", Q.Q4_1), ("qwen2", Q.Q5_1),
+                                        ("llama", Q.Q4_K), ("qwen2", Q.Q6_K), ("llama", Q.Q5_K)],
+                         ids=lambda v: getattr(v, "name", v))
+def test_quantized_model_greedy_equals_generate_and_the_plain_loop(arch, kind):
+    model = quantized_model(arch, kind)
+    assert len(quantized_modules(model)) > 0 and "GGUF blocks" in weights_summary(model)
+    never = [VOCAB + 1000]
+    ref = reference(model, PROMPT, 40, eos_token_id=never)
+    outs, speculated = {}, 0
+    for name, config in CONFIGS.items():
+        gen = LookaheadGenerator(model, config=config)
+        outs[name] = gen.generate(PROMPT, max_new_tokens=40, eos_token_id=never)
+        if name != "plain":
+            speculated += sum(gen.last_stats.accepted) - gen.last_stats.steps
+    for name, out in outs.items():
+        assert torch.equal(out, ref), f"{arch}/{kind.name}/{name} diverges from model.generate"
+    assert speculated > 0  # some step accepted more than one token: the comparison is not vacuous
+
+
+def test_quantized_modules_refuse_other_devices_with_the_fix():
+    layer = QuantizedLinear(torch.zeros(1, 34, dtype=torch.uint8), int(Q.Q8_0), 32, 1)
+    with pytest.raises(ModelLoadError, match="weights='dequantized'"):
+        layer(torch.zeros(1, 32, device="meta"))
+
+
+def test_formats_table_matches_gguf():
+    for name, code in FORMATS.items():
+        assert int(getattr(Q, name)) == code
