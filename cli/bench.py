@@ -28,6 +28,7 @@ from .options import (
     threads_option,
     trust_remote_code_option,
     warnings_as_lines,
+    weights_option,
 )
 
 if TYPE_CHECKING:
@@ -100,12 +101,13 @@ def require_bench_extra() -> None:
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @trust_remote_code_option
+@weights_option
 @threads_option
 @config_options
 def bench(model_name: str, datasets: tuple[str, ...], prompt_files: tuple[str, ...], limit: int, max_new_tokens: int,
           out_dir: str, extra_configs: tuple[str, ...], presets: tuple[str, ...], draft: str | None, cost_curve: bool,
           turn2: bool, sample: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: str,
-          ignore_eos: bool, busy_cores: int, device: str, dtype: str, trust_remote_code: bool,
+          ignore_eos: bool, busy_cores: int, device: str, dtype: str, trust_remote_code: bool, weights: str,
           **config_values: Any) -> None:
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
@@ -145,7 +147,8 @@ def bench(model_name: str, datasets: tuple[str, ...], prompt_files: tuple[str, .
     try:
         with warnings_as_lines(), busy(busy_cores):
             table, paths, mismatch = _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir,
-                                            extra_configs, draft, cost_curve, turn2, (device, dtype, trust_remote_code),
+                                            extra_configs, draft, cost_curve, turn2,
+                                            (device, dtype, trust_remote_code, weights),
                                             config, sampling, first_seed, busy_cores)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
@@ -216,9 +219,9 @@ def checked_sampling(sample: bool, temperature: float | None, top_k: int | None,
 
 def _bench(model_name: str, datasets: Iterable[str], prompt_sets: list[list[Prompt]], limit: int, max_new_tokens: int,
            out_dir: str, extra_configs: tuple[str, ...], draft: str | None, cost_curve: bool, turn2: bool,
-           loading: tuple[str, str, bool], config: LookaheadConfig, sampling: Sampling | None, seed: int | None,
+           loading: tuple[str, str, bool, str], config: LookaheadConfig, sampling: Sampling | None, seed: int | None,
            busy_cores: int = 0) -> tuple[str, dict[str, Any], str | None]:
-    """Load (device, dtype, trust_remote_code = loading), run every method on every prompt, write the
+    """Load (device, dtype, trust_remote_code, weights = loading), run every method on every prompt, write the
     report; (table, paths, mismatch or None). ``busy_cores``: spinning processes beside it (recorded)."""
     import torch
     from tqdm import tqdm
@@ -236,17 +239,19 @@ def _bench(model_name: str, datasets: Iterable[str], prompt_sets: list[list[Prom
     )
 
     started = time.perf_counter()
-    device, dtype, trust_remote_code = loading
+    device, dtype, trust_remote_code, weights = loading
     datasets = [canonical_name(d) for d in datasets]
     torch_dtype = getattr(torch, dtype)
-    model, tokenizer = load_model(model_name, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    model, tokenizer = load_model(model_name, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                  weights=weights)
     if model.generation_config.pad_token_id is None and tokenizer.eos_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     if draft:
         from lookahead.proposers.draft.checks import check_draft_source
 
         check_draft_source(model, draft)  # a draft of another vocabulary is refused before its weights load
-    draft_model = (load_model(draft, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code)[0]
+    draft_model = (load_model(draft, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                              weights=weights)[0]
                    if draft else None)
     methods = default_methods(model, tokenizer, config, extra_configs, draft_model, sampling)
 

@@ -35,6 +35,7 @@ from lookahead.cli.options import (
     trust_remote_code_option,
     warn_line,
     warnings_as_lines,
+    weights_option,
 )
 from lookahead.cli.roofline import roofline
 from lookahead.cli.serve import serve
@@ -96,12 +97,13 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool) -
               help="Remember requests across runs in this file: read before generating (when it exists), "
                    "written back after (it holds your prompts' outputs).")
 @trust_remote_code_option
+@weights_option
 @threads_option
 @sampling_options
 @config_options
 def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool, draft_model: str | None,
-             device: str, dtype: str, memory_path: str | None, trust_remote_code: bool, seed: int | None,
-             **values: Any) -> None:
+             device: str, dtype: str, memory_path: str | None, trust_remote_code: bool, weights: str,
+             seed: int | None, **values: Any) -> None:
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     checked_prompt(prompt)
     seed = checked_seed(seed)
@@ -115,7 +117,8 @@ def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_j
     try:
         with warnings_as_lines():
             result = _generate(model_name, prompt, max_new_tokens, chat, as_json,
-                               (device, dtype, trust_remote_code, draft_model), config, sampling, seed, memory_path)
+                               (device, dtype, trust_remote_code, draft_model, weights), config, sampling, seed,
+                               memory_path)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     if as_json:
@@ -135,9 +138,9 @@ def warn_about_dtype(dtype: str, device: str) -> None:
 
 
 def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool,
-              loading: tuple[str, str, bool, str | None], config: LookaheadConfig, sampling: dict[str, Any],
+              loading: tuple[str, str, bool, str | None, str], config: LookaheadConfig, sampling: dict[str, Any],
               seed: int | None, memory_path: str | None = None) -> dict:
-    """Load (device, dtype, trust_remote_code, draft model name = loading), generate (streaming unless
+    """Load (device, dtype, trust_remote_code, draft model name, weights = loading), generate (streaming unless
     as_json), report stats; the JSON result. With ``memory_path``, the generator's memory across
     requests is read from that file first (when it exists: checked right after the model and its
     tokenizer load, before the generator measures costs) and written back after, each said on stderr."""
@@ -145,12 +148,15 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     from transformers import TextStreamer
 
     from lookahead import LookaheadGenerator, load_model
+    from lookahead.model.quantized import weights_summary
     from lookahead.model.support import context_length
     from lookahead.proposers.draft.checks import check_draft_source
 
-    device, dtype, trust_remote_code, draft_name = loading
+    device, dtype, trust_remote_code, draft_name, weights = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
-                                  trust_remote_code=trust_remote_code)
+                                  trust_remote_code=trust_remote_code, weights=weights)
+    held = weights_summary(model)
+    click.echo(f"lookahead: {model_name}: {held}", err=True)
     memory_file = Path(memory_path).expanduser() if memory_path is not None else None
     if memory_file is not None and memory_file.exists():
         check_memory_file(memory_file, model, tokenizer)  # a foreign or damaged file fails before the cost curve
@@ -158,7 +164,7 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     if draft_name is not None:
         check_draft_source(model, draft_name)  # its vocabulary, from its config, before its weights load
         draft, draft_tokenizer = load_model(draft_name, device=device, dtype=getattr(torch, dtype),
-                                            trust_remote_code=trust_remote_code)
+                                            trust_remote_code=trust_remote_code, weights=weights)
     ids = encode_prompt(tokenizer, prompt, chat).to(device)
     context = context_length(model.config)
     warn_about_context(ids.shape[1], max_new_tokens, context)
@@ -188,7 +194,7 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     if reason == "length" and max_new_tokens > 0 and not as_json:
         click.echo(f"lookahead: the answer was cut at --max-new-tokens {max_new_tokens} before it ended: pass a "
                    f"larger --max-new-tokens for the rest", err=True)
-    return {"text": text, "model": model_name, "prompt_tokens": stats.prompt_tokens,
+    return {"text": text, "model": model_name, "weights": held, "prompt_tokens": stats.prompt_tokens,
             "new_tokens": stats.new_tokens, "stop_reason": reason, "steps": stats.steps,
             "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
             "wall_time_s": stats.wall_time_s, "memory_s": stats.memory_s, "sampling": {**used, "seed": seed},

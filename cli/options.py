@@ -93,6 +93,17 @@ def threads_option(func: F) -> F:
                              "work runs, fewer can be much faster.")(func)
 
 
+def weights_option(func: F) -> F:
+    """--weights auto|quantized|dequantized: load_model(weights=...), how a GGUF's weights are held."""
+    from lookahead.loading.models import WEIGHTS
+
+    return click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
+                        help="How a GGUF model (an alias or a .gguf file) holds its weights: 'quantized' keeps the "
+                             "file's block formats (about the file's size in memory; the products run on the "
+                             "same de-quantized values), 'dequantized' widens them to float32, 'auto' keeps the "
+                             "blocks on the CPU in float32 and widens elsewhere.")(func)
+
+
 def trust_remote_code_option(func: F) -> F:
     """--trust-remote-code: load_model(trust_remote_code=True)."""
     return click.option("--trust-remote-code", is_flag=True,

@@ -10,7 +10,16 @@ from pathlib import Path
 import click
 
 from .bench import checked_out_dir
-from .options import CLI_ERRORS, DTYPES, cli_message, fail, threads_option, trust_remote_code_option, warnings_as_lines
+from .options import (
+    CLI_ERRORS,
+    DTYPES,
+    cli_message,
+    fail,
+    threads_option,
+    trust_remote_code_option,
+    warnings_as_lines,
+    weights_option,
+)
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
 
@@ -34,9 +43,11 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
               help="On the CPU, time the best route's step replayed from a TorchScript trace too.")
 @click.option("--allow-untested-models", is_flag=True, help="Measure an architecture outside the tested list.")
 @trust_remote_code_option
+@weights_option
 @threads_option
 def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple[int, ...], repeats: int, out_dir: str,
-             peak_rows: int | None, traced: bool, allow_untested_models: bool, trust_remote_code: bool) -> None:
+             peak_rows: int | None, traced: bool, allow_untested_models: bool, trust_remote_code: bool,
+             weights: str) -> None:
     """The model's memory roofline on this machine beside its measured steps (markdown on stdout)."""
     if any(q < 1 for q in rows):
         fail(f"--rows must be >= 1, got {min(rows)}")
@@ -49,7 +60,7 @@ def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple
     checked_out_dir(out_dir)
     try:
         with warnings_as_lines():
-            result = _measure(model_name, (device, dtype, trust_remote_code), tuple(rows), context, repeats,
+            result = _measure(model_name, (device, dtype, trust_remote_code, weights), tuple(rows), context, repeats,
                               allow_untested_models, traced, peak_rows)
             text = write_roofline(out_dir, result)
     except CLI_ERRORS as exc:
@@ -57,9 +68,9 @@ def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple
     click.echo(text)
 
 
-def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, ...], context: int, repeats: int,
+def _measure(model_name: str, loading: tuple[str, str, bool, str], rows: tuple[int, ...], context: int, repeats: int,
              allow_untested: bool, traced: bool = True, peak_rows: int | None = None) -> dict:
-    """Load (device, dtype, trust_remote_code = loading) and measure; the result with the machine's
+    """Load (device, dtype, trust_remote_code, weights = loading) and measure; the result with the machine's
     and the model's names added."""
     import torch
     import transformers
@@ -70,9 +81,9 @@ def _measure(model_name: str, loading: tuple[str, str, bool], rows: tuple[int, .
     from lookahead.cost.measure import cpu_name
     from lookahead.native.build import tiled_width
 
-    device, dtype, trust_remote_code = loading
+    device, dtype, trust_remote_code, weights = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
-                                  trust_remote_code=trust_remote_code)
+                                  trust_remote_code=trust_remote_code, weights=weights)
     config = LookaheadConfig(allow_untested_models=allow_untested)
     peak = {} if peak_rows is None else {"peak_rows": peak_rows}
     result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config, traced=traced, **peak)

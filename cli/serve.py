@@ -26,6 +26,7 @@ from .options import (
     threads_option,
     trust_remote_code_option,
     warnings_as_lines,
+    weights_option,
 )
 
 DISTRIBUTION = "lookahead-lm"  # pyproject.toml [project] name
@@ -76,11 +77,12 @@ def is_loopback(host: str) -> bool:
 @click.option("--api-key-file", default=None, metavar="PATH", type=click.Path(dir_okay=False),
               help="Read the --api-key from this file (its first line).")
 @trust_remote_code_option
+@weights_option
 @threads_option
 @config_options_with(SERVE_DEFAULTS)
 def serve(model_name: str, served_model_name: str | None, device: str, dtype: str, host: str, port: int,
           max_batch: int, max_queue: int, memory_path: str | None, save_every: float, api_key: str | None,
-          api_key_file: str | None, trust_remote_code: bool, **values: Any) -> None:
+          api_key_file: str | None, trust_remote_code: bool, weights: str, **values: Any) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics), decoding requests together with lookahead decoding."""
     require_serve_extra()
@@ -98,7 +100,7 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
                    f"model (and, through timing, tell what text went through it before)", err=True)
     try:
         with warnings_as_lines():
-            engine = _engine(model_name, device, dtype, trust_remote_code, config, max_batch, max_queue,
+            engine = _engine(model_name, device, dtype, (trust_remote_code, weights), config, max_batch, max_queue,
                              memory_path, save_every)
             engine.start(thread=False)  # reads --memory: a damaged file stops here, before the port opens
     except CLI_ERRORS as exc:
@@ -124,7 +126,7 @@ def _warm_up(engine: Any) -> None:
                f"of several)", err=True)
 
 
-def _engine(model_name: str, device: str, dtype: str, trust_remote_code: bool, config: Any, max_batch: int,
+def _engine(model_name: str, device: str, dtype: str, loading: tuple[bool, str], config: Any, max_batch: int,
             max_queue: int, memory_path: str | None, save_every: float) -> Any:
     """The model loaded, its generator and the engine over it (not started)."""
     import torch
@@ -132,8 +134,9 @@ def _engine(model_name: str, device: str, dtype: str, trust_remote_code: bool, c
     from lookahead import LookaheadGenerator, load_model
     from lookahead.serve.engine import Engine
 
+    trust_remote_code, weights = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
-                                  trust_remote_code=trust_remote_code)
+                                  trust_remote_code=trust_remote_code, weights=weights)
     generator = LookaheadGenerator(model, tokenizer, config)
     memory = str(Path(memory_path).expanduser()) if memory_path is not None else None
     return Engine(generator, max_batch=max_batch, max_queue=max_queue, memory_path=memory, save_every_s=save_every)

@@ -319,6 +319,75 @@ __attribute__((target("avx512f"))) inline Decoded decode512(int64_t format, cons
       }
       return {_mm512_permutexvar_ps(b0, values), _mm512_permutexvar_ps(b1, values)};
     }
+    case Q5_0:
+    case Q5_1: {
+      const uint8_t* block = row + u * (format == Q5_0 ? 22 : 24);
+      const uint8_t* high = block + (format == Q5_0 ? 2 : 4);
+      Unit unit{half_to_float(block), 0.f, format == Q5_1 ? half_to_float(block + 2) : 0.f, format == Q5_0 ? -16 : 0};
+      const __m512 low_values = table(format, unit, 0), high_values = table(format, unit, 16);
+      uint32_t bits;
+      std::memcpy(&bits, high, 4);
+      const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const __m512i one = _mm512_set1_epi32(1), all = _mm512_set1_epi32(static_cast<int>(bits));
+      const __m512i h0 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(all, lanes), one), 4);
+      const __m512i h1 = _mm512_slli_epi32(
+          _mm512_and_si512(_mm512_srlv_epi32(all, _mm512_add_epi32(lanes, _mm512_set1_epi32(16))), one), 4);
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(high + 4)));
+      const __m512i i0 = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(15)), h0);
+      const __m512i i1 = _mm512_or_si512(_mm512_srli_epi32(bytes, 4), h1);
+      return {_mm512_permutex2var_ps(low_values, i0, high_values), _mm512_permutex2var_ps(low_values, i1, high_values)};
+    }
+    case Q8_0: {
+      const uint8_t* block = row + u * 34;
+      const __m512 d = _mm512_set1_ps(half_to_float(block));
+      const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
+      const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
+      return {_mm512_mul_ps(v0, d), _mm512_mul_ps(v1, d)};  // q * d, as gguf multiplies
+    }
+    case Q5_K: {
+      const uint8_t* block = row + (u / 8) * 176;
+      const int j = static_cast<int>(u % 8);
+      int sc, mn;
+      scale_min_k4(block + 4, j, &sc, &mn);
+      Unit unit{half_to_float(block) * static_cast<float>(sc), 0.f, half_to_float(block + 2) * static_cast<float>(mn), 0};
+      const __m512 low_values = table(format, unit, 0), high_values = table(format, unit, 16);
+      const uint8_t* qs = block + 48 + 32 * (j / 2);
+      const uint8_t* qh = block + 16;
+      const __m512i fifteen = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+      Decoded out{};
+      for (int half = 0; half < 2; ++half) {
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * half)));
+        if (j % 2) b = _mm512_srli_epi32(b, 4);
+        const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half)));
+        const __m512i bit = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, j), one), 4);
+        const __m512 w = _mm512_permutex2var_ps(low_values, _mm512_or_si512(_mm512_and_si512(b, fifteen), bit),
+                                                high_values);
+        if (half == 0) out.w0 = w; else out.w1 = w;
+      }
+      return out;
+    }
+    case Q6_K: {
+      const uint8_t* block = row + (u / 8) * 210;
+      const int j = static_cast<int>(u % 8), h = j / 4, k = j % 4;
+      const uint8_t* ql = block + 64 * h + 32 * (k % 2);
+      const uint8_t* qh = block + 128 + 32 * h;
+      const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+      const float d = half_to_float(block + 208);
+      const __m512i fifteen = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3), offset = _mm512_set1_epi32(32);
+      Decoded out{};
+      for (int half = 0; half < 2; ++half) {
+        const __m512i low = _mm512_and_si512(
+            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * half))),
+                              4 * (k / 2)), fifteen);
+        const __m512i top = _mm512_and_si512(
+            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half))),
+                              2 * k), three);
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(top, 4)), offset));
+        const __m512 w = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(scales[2 * j + half])), v);
+        if (half == 0) out.w0 = w; else out.w1 = w;
+      }
+      return out;
+    }
     default: {
       alignas(64) float w[32];
       decode_unit(format, row, u, w);
