@@ -61,7 +61,7 @@ bool layout_of(int64_t format, Layout* layout) {
 }
 
 // IEEE half -> float, exact (as numpy's astype(np.float32) of a float16)
-inline float half_to_float(const uint8_t* p) {
+inline float half_of(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -105,8 +105,25 @@ struct Unit {
   int offset;    // Q4_0: -8, Q5_0: -16, Q6_K: -32, else 0
 };
 
-// unit u's 32 integer values q (before any offset) and its factors
-inline Unit decode_ints(int64_t format, const uint8_t* row, int64_t u, int32_t* q) {
+// IEEE half -> float in one instruction (F16C): the same values as half_to_float
+__attribute__((target("f16c"))) inline float half_fast(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// unit u's 32 integer values q (before any offset) and its factors; F: the format, a template constant (its
+// switch resolved when made) or -1 (read from `runtime`); HW: halves through F16C
+template <int64_t F, bool HW>
+inline Unit decode_ints(int64_t runtime, const uint8_t* row, int64_t u, int32_t* q) {
+  const int64_t format = F < 0 ? runtime : F;
+  auto half_to_float = [](const uint8_t* p) {
+    if constexpr (HW) {
+      return half_fast(p);
+    } else {
+      return half_of(p);
+    }
+  };
   Unit unit{0.f, 0.f, 0.f, 0};
   switch (format) {
     case Q4_0:
@@ -201,11 +218,14 @@ inline float weight_of(int64_t format, const Unit& unit, float a, int32_t q) {
   }
 }
 
-// unit u's 32 weights as float32
-inline void decode_unit(int64_t format, const uint8_t* row, int64_t u, float* w) {
+// unit u's 32 weights as float32 (F, HW: as decode_ints)
+template <int64_t F = -1, bool HW = false>
+inline void decode_unit(int64_t runtime, const uint8_t* row, int64_t u, float* w) {
+  const int64_t format = F < 0 ? runtime : F;
   int32_t q[32];
-  const Unit unit = decode_ints(format, row, u, q);
-  for (int i = 0; i < 32; ++i) w[i] = weight_of(format, unit, i < 16 ? unit.a0 : unit.a1, q[i]);
+  const Unit unit = decode_ints<F, HW>(runtime, row, u, q);
+  for (int i = 0; i < 16; ++i) w[i] = weight_of(format, unit, unit.a0, q[i]);
+  for (int i = 16; i < 32; ++i) w[i] = weight_of(format, unit, unit.a1, q[i]);
 }
 
 // ---- the product in plain C++: lanes as arrays, std::fma (the reference every path equals) ----
@@ -234,238 +254,361 @@ void rows_plain(int64_t format, const uint8_t* row, const float* x, float* out, 
 
 // ---- AVX2 with FMA: the 16 lanes as two 8-lane halves, weights decoded in C++ ----
 
-__attribute__((target("avx2,fma"))) inline float reduce16(__m256 low, __m256 high) {
+__attribute__((target("avx2,fma,f16c"))) inline float reduce16(__m256 low, __m256 high) {
   const __m256 eight = _mm256_add_ps(low, high);  // (j, j + 8)
   const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));  // (j, j + 4)
   const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));  // (j, j + 2)
   return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));  // (0, 1)
 }
 
-template <int RT>
+template <int64_t F>
 struct Avx2 {
-  __attribute__((target("avx2,fma"))) static void run(int64_t format, const uint8_t* row, const float* x, float* out,
-                                                      int64_t stride, int64_t units, int64_t r0, int64_t o,
-                                                      int64_t outputs) {
-    __m256 lo[RT], hi[RT];
-    for (int r = 0; r < RT; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
-    alignas(32) float w[32];
+  template <int OT, int RT>
+  struct Rows {
+  __attribute__((target("avx2,fma,f16c"))) static void run(int64_t format, const uint8_t* w, int64_t row_bytes,
+                                                           const float* x, float* out, int64_t stride, int64_t units,
+                                                           int64_t r0, int64_t o0, int64_t outputs) {
+    __m256 lo[OT][RT], hi[OT][RT];
+    for (int o = 0; o < OT; ++o)
+      for (int r = 0; r < RT; ++r) lo[o][r] = hi[o][r] = _mm256_setzero_ps();
+    alignas(32) float wv[OT][32];
     for (int64_t u = 0; u < units; ++u) {
-      decode_unit(format, row, u, w);
+      for (int o = 0; o < OT; ++o) decode_unit<F, true>(format, w + (o0 + o) * row_bytes, u, wv[o]);
       for (int half = 0; half < 2; ++half) {
-        const __m256 w0 = _mm256_load_ps(w + 16 * half), w1 = _mm256_load_ps(w + 16 * half + 8);
         for (int r = 0; r < RT; ++r) {
           const float* xr = x + (r0 + r) * stride + 32 * u + 16 * half;
-          lo[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), lo[r]);
-          hi[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), hi[r]);
+          const __m256 x0 = _mm256_loadu_ps(xr), x1 = _mm256_loadu_ps(xr + 8);
+          for (int o = 0; o < OT; ++o) {
+            lo[o][r] = _mm256_fmadd_ps(_mm256_load_ps(wv[o] + 16 * half), x0, lo[o][r]);
+            hi[o][r] = _mm256_fmadd_ps(_mm256_load_ps(wv[o] + 16 * half + 8), x1, hi[o][r]);
+          }
         }
       }
     }
-    for (int r = 0; r < RT; ++r) out[(r0 + r) * outputs + o] = reduce16(lo[r], hi[r]);
+    for (int o = 0; o < OT; ++o)
+      for (int r = 0; r < RT; ++r) out[(r0 + r) * outputs + o0 + o] = reduce16(lo[o][r], hi[o][r]);
   }
+  };
 };
 
 // ---- AVX-512F: a unit's distinct weights as a table, the values picked from it by permutes ----
 
-__attribute__((target("avx512f"))) inline float reduce16(__m512 v) {
+__attribute__((target("avx512f,f16c"))) inline float reduce16(__m512 v) {
   const __m256 low = _mm512_castps512_ps256(v);
   const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   return reduce16(low, high);
 }
 
-// The table of a unit's weights by value: entry k is weight_of(q = k) (k + 16 for the upper table), the same
-// operations on the same floats as decode_unit's, in 16 lanes.
-__attribute__((target("avx512f"))) inline __m512 table(int64_t format, const Unit& unit, int first) {
+// The offset a format's values carry (w = a * (q + offset) ...), a constant of the format
+constexpr int offset_of(int64_t format) { return format == Q4_0 ? -8 : format == Q5_0 ? -16 : format == Q6_K ? -32 : 0; }
+
+// The table of a unit's weights by value: entry k is weight_of(q = first + k), the same operations on the same
+// floats as decode_unit's, in 16 lanes
+template <int64_t F>
+__attribute__((target("avx512f,f16c"))) inline __m512 table(const Unit& unit, int first) {
   const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(first + unit.offset)));
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(first + offset_of(F))));
   const __m512 product = _mm512_mul_ps(_mm512_set1_ps(unit.a0), v);
-  switch (format) {
-    case Q4_1:
-    case Q5_1: return _mm512_add_ps(product, _mm512_set1_ps(unit.b));
-    case Q4_K:
-    case Q5_K: return _mm512_sub_ps(product, _mm512_set1_ps(unit.b));
-    default: return product;
-  }
+  if constexpr (F == Q4_1 || F == Q5_1) return _mm512_add_ps(product, _mm512_set1_ps(unit.b));
+  if constexpr (F == Q4_K || F == Q5_K) return _mm512_sub_ps(product, _mm512_set1_ps(unit.b));
+  return product;
 }
 
-// A unit's two weight vectors (weights 0-15, 16-31), decoded in registers for the nibble formats, in C++
-// for the others.
+// A unit's factors alone (decode_ints without its values), halves through F16C
+template <int64_t F>
+__attribute__((target("avx512f,f16c"))) inline Unit factors(const uint8_t* row, int64_t u) {
+  Unit unit{0.f, 0.f, 0.f, offset_of(F)};
+  if constexpr (F == Q4_0 || F == Q4_1 || F == Q5_0 || F == Q5_1 || F == Q8_0) {
+    constexpr int64_t bytes = F == Q4_0 ? 18 : F == Q4_1 ? 20 : F == Q5_0 ? 22 : F == Q5_1 ? 24 : 34;
+    const uint8_t* block = row + u * bytes;
+    unit.a0 = unit.a1 = half_fast(block);
+    if constexpr (F == Q4_1 || F == Q5_1) unit.b = half_fast(block + 2);
+  } else if constexpr (F == Q4_K || F == Q5_K) {
+    const uint8_t* block = row + (u / 8) * (F == Q4_K ? 144 : 176);
+    int sc, mn;
+    scale_min_k4(block + 4, static_cast<int>(u % 8), &sc, &mn);
+    unit.a0 = unit.a1 = half_fast(block) * static_cast<float>(sc);
+    unit.b = half_fast(block + 2) * static_cast<float>(mn);
+  } else if constexpr (F == Q6_K) {
+    const uint8_t* block = row + (u / 8) * 210;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+    const float d = half_fast(block + 208);
+    const int j = static_cast<int>(u % 8);
+    unit.a0 = d * static_cast<float>(scales[2 * j]);
+    unit.a1 = d * static_cast<float>(scales[2 * j + 1]);
+  }
+  return unit;
+}
+
+// A unit's two weight vectors (weights 0-15, 16-31) from its factors, decoded in registers
 struct Decoded {
   __m512 w0, w1;
 };
 
-__attribute__((target("avx512f"))) inline Decoded decode512(int64_t format, const uint8_t* row, int64_t u) {
-  switch (format) {
-    case Q4_0:
-    case Q4_1: {
-      const uint8_t* block = row + u * (format == Q4_0 ? 18 : 20);
-      Unit unit{half_to_float(block), 0.f, format == Q4_1 ? half_to_float(block + 2) : 0.f, format == Q4_0 ? -8 : 0};
-      const __m512 values = table(format, unit, 0);
-      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (format == Q4_0 ? 2 : 4))));
-      return {_mm512_permutexvar_ps(bytes, values), _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values)};
+__attribute__((target("avx512f,f16c"))) inline __m512i bytes16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <int64_t F>
+__attribute__((target("avx512f,f16c"))) inline Decoded decode512(const uint8_t* row, int64_t u, const Unit& unit) {
+  const __m512i fifteen = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+  if constexpr (F == Q4_0 || F == Q4_1) {
+    const __m512 values = table<F>(unit, 0);
+    const __m512i bytes = bytes16(row + u * (F == Q4_0 ? 18 : 20) + (F == Q4_0 ? 2 : 4));
+    return {_mm512_permutexvar_ps(bytes, values), _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values)};
+  } else if constexpr (F == Q4_K) {
+    const __m512 values = table<F>(unit, 0);
+    const int j = static_cast<int>(u % 8);
+    const uint8_t* qs = row + (u / 8) * 144 + 16 + 32 * (j / 2);
+    __m512i b0 = bytes16(qs), b1 = bytes16(qs + 16);
+    if (j % 2) {
+      b0 = _mm512_srli_epi32(b0, 4);
+      b1 = _mm512_srli_epi32(b1, 4);
     }
-    case Q4_K: {
-      const uint8_t* block = row + (u / 8) * 144;
-      const int j = static_cast<int>(u % 8);
+    return {_mm512_permutexvar_ps(b0, values), _mm512_permutexvar_ps(b1, values)};
+  } else if constexpr (F == Q5_0 || F == Q5_1) {
+    const uint8_t* high = row + u * (F == Q5_0 ? 22 : 24) + (F == Q5_0 ? 2 : 4);
+    const __m512 low_values = table<F>(unit, 0), high_values = table<F>(unit, 16);
+    uint32_t bits;
+    std::memcpy(&bits, high, 4);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i all = _mm512_set1_epi32(static_cast<int>(bits));
+    const __m512i h0 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(all, lanes), one), 4);
+    const __m512i h1 = _mm512_slli_epi32(
+        _mm512_and_si512(_mm512_srlv_epi32(all, _mm512_add_epi32(lanes, _mm512_set1_epi32(16))), one), 4);
+    const __m512i bytes = bytes16(high + 4);
+    const __m512i i0 = _mm512_or_si512(_mm512_and_si512(bytes, fifteen), h0);
+    const __m512i i1 = _mm512_or_si512(_mm512_srli_epi32(bytes, 4), h1);
+    return {_mm512_permutex2var_ps(low_values, i0, high_values), _mm512_permutex2var_ps(low_values, i1, high_values)};
+  } else if constexpr (F == Q8_0) {
+    const uint8_t* block = row + u * 34;
+    const __m512 d = _mm512_set1_ps(unit.a0);
+    const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
+    const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
+    return {_mm512_mul_ps(v0, d), _mm512_mul_ps(v1, d)};  // q * d, as gguf multiplies
+  } else if constexpr (F == Q5_K) {
+    const int j = static_cast<int>(u % 8);
+    const uint8_t* block = row + (u / 8) * 176;
+    const __m512 low_values = table<F>(unit, 0), high_values = table<F>(unit, 16);
+    const uint8_t* qs = block + 48 + 32 * (j / 2);
+    const uint8_t* qh = block + 16;
+    Decoded out{};
+    for (int half = 0; half < 2; ++half) {
+      __m512i b = bytes16(qs + 16 * half);
+      if (j % 2) b = _mm512_srli_epi32(b, 4);
+      const __m512i bit = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes16(qh + 16 * half), j), one), 4);
+      const __m512 w = _mm512_permutex2var_ps(low_values, _mm512_or_si512(_mm512_and_si512(b, fifteen), bit),
+                                              high_values);
+      if (half == 0) out.w0 = w; else out.w1 = w;
+    }
+    return out;
+  } else {  // Q6_K
+    const int j = static_cast<int>(u % 8), h = j / 4, k = j % 4;
+    const uint8_t* block = row + (u / 8) * 210;
+    const uint8_t* ql = block + 64 * h + 32 * (k % 2);
+    const uint8_t* qh = block + 128 + 32 * h;
+    const __m512i three = _mm512_set1_epi32(3), offset = _mm512_set1_epi32(32);
+    Decoded out{};
+    for (int half = 0; half < 2; ++half) {
+      const __m512i low = _mm512_and_si512(_mm512_srli_epi32(bytes16(ql + 16 * half), 4 * (k / 2)), fifteen);
+      const __m512i top = _mm512_and_si512(_mm512_srli_epi32(bytes16(qh + 16 * half), 2 * k), three);
+      const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(top, 4)), offset));
+      const __m512 w = _mm512_mul_ps(_mm512_set1_ps(half == 0 ? unit.a0 : unit.a1), v);
+      if (half == 0) out.w0 = w; else out.w1 = w;
+    }
+    return out;
+  }
+}
+
+constexpr int64_t AHEAD = 64;  // units whose factors are decoded together, ahead of their values
+
+// The factors of a row's units u0 .. u0 + count (count <= AHEAD): the halves' bits and the scales gathered with
+// integer work, then converted and multiplied 16 units at a time (the same float operations as factors<F>)
+struct Factors {
+  alignas(64) float a0[AHEAD];
+  alignas(64) float a1[AHEAD];
+  alignas(64) float b[AHEAD];
+};
+
+template <int64_t F>
+__attribute__((target("avx512f,f16c"))) inline void factors_ahead(const uint8_t* row, int64_t u0, int64_t count,
+                                                                   Factors* f) {
+  alignas(64) uint16_t hd[AHEAD] = {}, hb[AHEAD] = {};
+  alignas(64) int32_t s0[AHEAD] = {}, s1[AHEAD] = {};
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t u = u0 + k;
+    if constexpr (F == Q4_0 || F == Q4_1 || F == Q5_0 || F == Q5_1 || F == Q8_0) {
+      constexpr int64_t bytes = F == Q4_0 ? 18 : F == Q4_1 ? 20 : F == Q5_0 ? 22 : F == Q5_1 ? 24 : 34;
+      std::memcpy(&hd[k], row + u * bytes, 2);
+      if constexpr (F == Q4_1 || F == Q5_1) std::memcpy(&hb[k], row + u * bytes + 2, 2);
+    } else if constexpr (F == Q4_K || F == Q5_K) {
+      const uint8_t* block = row + (u / 8) * (F == Q4_K ? 144 : 176);
+      std::memcpy(&hd[k], block, 2);
+      std::memcpy(&hb[k], block + 2, 2);
       int sc, mn;
-      scale_min_k4(block + 4, j, &sc, &mn);
-      Unit unit{half_to_float(block) * static_cast<float>(sc), 0.f, half_to_float(block + 2) * static_cast<float>(mn), 0};
-      const __m512 values = table(format, unit, 0);
-      const uint8_t* qs = block + 16 + 32 * (j / 2);
-      __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-      __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
-      if (j % 2) {
-        b0 = _mm512_srli_epi32(b0, 4);
-        b1 = _mm512_srli_epi32(b1, 4);
-      }
-      return {_mm512_permutexvar_ps(b0, values), _mm512_permutexvar_ps(b1, values)};
-    }
-    case Q5_0:
-    case Q5_1: {
-      const uint8_t* block = row + u * (format == Q5_0 ? 22 : 24);
-      const uint8_t* high = block + (format == Q5_0 ? 2 : 4);
-      Unit unit{half_to_float(block), 0.f, format == Q5_1 ? half_to_float(block + 2) : 0.f, format == Q5_0 ? -16 : 0};
-      const __m512 low_values = table(format, unit, 0), high_values = table(format, unit, 16);
-      uint32_t bits;
-      std::memcpy(&bits, high, 4);
-      const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-      const __m512i one = _mm512_set1_epi32(1), all = _mm512_set1_epi32(static_cast<int>(bits));
-      const __m512i h0 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(all, lanes), one), 4);
-      const __m512i h1 = _mm512_slli_epi32(
-          _mm512_and_si512(_mm512_srlv_epi32(all, _mm512_add_epi32(lanes, _mm512_set1_epi32(16))), one), 4);
-      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(high + 4)));
-      const __m512i i0 = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(15)), h0);
-      const __m512i i1 = _mm512_or_si512(_mm512_srli_epi32(bytes, 4), h1);
-      return {_mm512_permutex2var_ps(low_values, i0, high_values), _mm512_permutex2var_ps(low_values, i1, high_values)};
-    }
-    case Q8_0: {
-      const uint8_t* block = row + u * 34;
-      const __m512 d = _mm512_set1_ps(half_to_float(block));
-      const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
-      const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
-      return {_mm512_mul_ps(v0, d), _mm512_mul_ps(v1, d)};  // q * d, as gguf multiplies
-    }
-    case Q5_K: {
-      const uint8_t* block = row + (u / 8) * 176;
-      const int j = static_cast<int>(u % 8);
-      int sc, mn;
-      scale_min_k4(block + 4, j, &sc, &mn);
-      Unit unit{half_to_float(block) * static_cast<float>(sc), 0.f, half_to_float(block + 2) * static_cast<float>(mn), 0};
-      const __m512 low_values = table(format, unit, 0), high_values = table(format, unit, 16);
-      const uint8_t* qs = block + 48 + 32 * (j / 2);
-      const uint8_t* qh = block + 16;
-      const __m512i fifteen = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
-      Decoded out{};
-      for (int half = 0; half < 2; ++half) {
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * half)));
-        if (j % 2) b = _mm512_srli_epi32(b, 4);
-        const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half)));
-        const __m512i bit = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, j), one), 4);
-        const __m512 w = _mm512_permutex2var_ps(low_values, _mm512_or_si512(_mm512_and_si512(b, fifteen), bit),
-                                                high_values);
-        if (half == 0) out.w0 = w; else out.w1 = w;
-      }
-      return out;
-    }
-    case Q6_K: {
+      scale_min_k4(block + 4, static_cast<int>(u % 8), &sc, &mn);
+      s0[k] = sc;
+      s1[k] = mn;
+    } else {  // Q6_K
       const uint8_t* block = row + (u / 8) * 210;
-      const int j = static_cast<int>(u % 8), h = j / 4, k = j % 4;
-      const uint8_t* ql = block + 64 * h + 32 * (k % 2);
-      const uint8_t* qh = block + 128 + 32 * h;
       const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
-      const float d = half_to_float(block + 208);
-      const __m512i fifteen = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3), offset = _mm512_set1_epi32(32);
-      Decoded out{};
-      for (int half = 0; half < 2; ++half) {
-        const __m512i low = _mm512_and_si512(
-            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * half))),
-                              4 * (k / 2)), fifteen);
-        const __m512i top = _mm512_and_si512(
-            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half))),
-                              2 * k), three);
-        const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(top, 4)), offset));
-        const __m512 w = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(scales[2 * j + half])), v);
-        if (half == 0) out.w0 = w; else out.w1 = w;
-      }
-      return out;
+      std::memcpy(&hd[k], block + 208, 2);
+      s0[k] = scales[2 * (u % 8)];
+      s1[k] = scales[2 * (u % 8) + 1];
     }
-    default: {
-      alignas(64) float w[32];
-      decode_unit(format, row, u, w);
-      return {_mm512_load_ps(w), _mm512_load_ps(w + 16)};
+  }
+  for (int64_t k = 0; k < count; k += 16) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hd + k)));
+    if constexpr (F == Q4_K || F == Q5_K) {
+      const __m512 m = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hb + k)));
+      _mm512_store_ps(f->a0 + k, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(s0 + k))));
+      _mm512_store_ps(f->b + k, _mm512_mul_ps(m, _mm512_cvtepi32_ps(_mm512_load_si512(s1 + k))));
+    } else if constexpr (F == Q6_K) {
+      _mm512_store_ps(f->a0 + k, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(s0 + k))));
+      _mm512_store_ps(f->a1 + k, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(s1 + k))));
+    } else {
+      _mm512_store_ps(f->a0 + k, d);
+      if constexpr (F == Q4_1 || F == Q5_1) {
+        _mm512_store_ps(f->b + k, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hb + k))));
+      }
     }
   }
 }
 
-template <int RT>
+template <int64_t F>
 struct Avx512 {
-  __attribute__((target("avx512f"))) static void run(int64_t format, const uint8_t* row, const float* x, float* out,
-                                                     int64_t stride, int64_t units, int64_t r0, int64_t o,
-                                                     int64_t outputs) {
-    __m512 acc[RT];
-    for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t u = 0; u < units; ++u) {
-      const Decoded w = decode512(format, row, u);
-      for (int r = 0; r < RT; ++r) {
-        const float* xr = x + (r0 + r) * stride + 32 * u;
-        acc[r] = _mm512_fmadd_ps(w.w0, _mm512_loadu_ps(xr), acc[r]);
-        acc[r] = _mm512_fmadd_ps(w.w1, _mm512_loadu_ps(xr + 16), acc[r]);
+  template <int OT, int RT>
+  struct Rows {
+  __attribute__((target("avx512f,f16c"))) static void run(int64_t, const uint8_t* w, int64_t row_bytes, const float* x,
+                                                          float* out, int64_t stride, int64_t units, int64_t r0,
+                                                          int64_t o0, int64_t outputs) {
+    __m512 acc[OT][RT];
+    for (int o = 0; o < OT; ++o)
+      for (int r = 0; r < RT; ++r) acc[o][r] = _mm512_setzero_ps();
+    Factors f[OT];
+    for (int64_t u0 = 0; u0 < units; u0 += AHEAD) {
+      const int64_t count = std::min<int64_t>(AHEAD, units - u0);
+      for (int o = 0; o < OT; ++o) factors_ahead<F>(w + (o0 + o) * row_bytes, u0, count, &f[o]);
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t u = u0 + k;
+        for (int o = 0; o < OT; ++o) {
+          const Unit unit{f[o].a0[k], F == Q6_K ? f[o].a1[k] : f[o].a0[k], f[o].b[k], offset_of(F)};
+          const Decoded d = decode512<F>(w + (o0 + o) * row_bytes, u, unit);
+          for (int r = 0; r < RT; ++r) {
+            const float* xr = x + (r0 + r) * stride + 32 * u;
+            acc[o][r] = _mm512_fmadd_ps(d.w0, _mm512_loadu_ps(xr), acc[o][r]);
+            acc[o][r] = _mm512_fmadd_ps(d.w1, _mm512_loadu_ps(xr + 16), acc[o][r]);
+          }
+        }
       }
     }
-    for (int r = 0; r < RT; ++r) out[(r0 + r) * outputs + o] = reduce16(acc[r]);
+    for (int o = 0; o < OT; ++o)
+      for (int r = 0; r < RT; ++r) out[(r0 + r) * outputs + o0 + o] = reduce16(acc[o][r]);
   }
+  };
 };
 
-template <int RT>
+template <int64_t F>
 struct Plain {
-  static void run(int64_t format, const uint8_t* row, const float* x, float* out, int64_t stride, int64_t units,
-                  int64_t r0, int64_t o, int64_t outputs) {
-    rows_plain<RT>(format, row, x, out, stride, units, r0, o, outputs);
-  }
+  template <int OT, int RT>
+  struct Rows {
+    static void run(int64_t format, const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t stride,
+                    int64_t units, int64_t r0, int64_t o0, int64_t outputs) {
+      for (int o = 0; o < OT; ++o) rows_plain<RT>(format, w + (o0 + o) * row_bytes, x, out, stride, units, r0, o0 + o, outputs);
+    }
+  };
 };
 
-constexpr int TILE = 8;            // input rows a pass over one weight row serves
+constexpr int TILE = 8;            // input rows a pass over weight rows serves
 constexpr int64_t ROW_BLOCK = 64;  // input rows kept in cache while every weight row of a thread passes over them
 
-// out[r0 .. r0 + count, o] for count <= TILE rows
-template <template <int> class Path>
-void tile(int64_t format, const uint8_t* row, const float* x, float* out, int64_t stride, int64_t units, int64_t r0,
-          int64_t count, int64_t o, int64_t outputs) {
+// Weight rows a pass takes at once for a tile of `count` input rows: each (weight row, input row) pair is a chain
+// of fused multiply-adds in its own registers, and a few chains at once keep the multipliers busy while each
+// waits for its last sum (one chain alone waits the add's latency at every step). The same chains, the same
+// order: the bits do not depend on this choice.
+constexpr int weight_rows_for(int64_t count) { return count <= 2 ? 4 : 2; }
+
+// out[r0 .. r0 + count, o0 .. o0 + ot] for count <= TILE rows, ot = weight_rows_for(count) or 1
+template <template <int, int> class Rows>
+void tile(int64_t format, const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t stride,
+          int64_t units, int64_t r0, int64_t count, int64_t o0, int64_t ot, int64_t outputs) {
+#define LOOKAHEAD_TILE(OT, RT) Rows<OT, RT>::run(format, w, row_bytes, x, out, stride, units, r0, o0, outputs)
+  if (ot == 4) {
+    if (count == 1) LOOKAHEAD_TILE(4, 1); else LOOKAHEAD_TILE(4, 2);
+    return;
+  }
+  if (ot == 2) {
+    switch (count) {
+      case 8: LOOKAHEAD_TILE(2, 8); break;
+      case 7: LOOKAHEAD_TILE(2, 7); break;
+      case 6: LOOKAHEAD_TILE(2, 6); break;
+      case 5: LOOKAHEAD_TILE(2, 5); break;
+      case 4: LOOKAHEAD_TILE(2, 4); break;
+      default: LOOKAHEAD_TILE(2, 3); break;
+    }
+    return;
+  }
   switch (count) {
-    case 8: Path<8>::run(format, row, x, out, stride, units, r0, o, outputs); break;
-    case 7: Path<7>::run(format, row, x, out, stride, units, r0, o, outputs); break;
-    case 6: Path<6>::run(format, row, x, out, stride, units, r0, o, outputs); break;
-    case 5: Path<5>::run(format, row, x, out, stride, units, r0, o, outputs); break;
-    case 4: Path<4>::run(format, row, x, out, stride, units, r0, o, outputs); break;
-    case 3: Path<3>::run(format, row, x, out, stride, units, r0, o, outputs); break;
-    case 2: Path<2>::run(format, row, x, out, stride, units, r0, o, outputs); break;
-    case 1: Path<1>::run(format, row, x, out, stride, units, r0, o, outputs); break;
+    case 8: LOOKAHEAD_TILE(1, 8); break;
+    case 7: LOOKAHEAD_TILE(1, 7); break;
+    case 6: LOOKAHEAD_TILE(1, 6); break;
+    case 5: LOOKAHEAD_TILE(1, 5); break;
+    case 4: LOOKAHEAD_TILE(1, 4); break;
+    case 3: LOOKAHEAD_TILE(1, 3); break;
+    case 2: LOOKAHEAD_TILE(1, 2); break;
+    case 1: LOOKAHEAD_TILE(1, 1); break;
     default: break;
   }
+#undef LOOKAHEAD_TILE
 }
 
 // out [R, O] = x [R, I] @ W^T, W's O rows of `row_bytes` bytes each; output rows split between torch's threads
-template <template <int> class Path>
+template <template <int, int> class Rows>
 void product(int64_t format, const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t rows,
              int64_t inputs, int64_t outputs) {
   const int64_t units = inputs / 32;
-  const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(16, outputs / (4 * at::get_num_threads() + 1)));
+  const int64_t grain = std::max<int64_t>(4, std::min<int64_t>(16, outputs / (4 * at::get_num_threads() + 1)));
   at::parallel_for(0, outputs, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b0 = 0; b0 < rows; b0 += ROW_BLOCK) {
       const int64_t b1 = std::min(rows, b0 + ROW_BLOCK);
-      for (int64_t o = begin; o < end; ++o) {
-        const uint8_t* row = w + o * row_bytes;
+      const int64_t wide = weight_rows_for(std::min<int64_t>(TILE, b1 - b0));
+      for (int64_t o0 = begin; o0 < end;) {
+        const int64_t ot = o0 + wide <= end ? wide : 1;
         for (int64_t r0 = b0; r0 < b1; r0 += TILE) {
-          tile<Path>(format, row, x, out, inputs, units, r0, std::min<int64_t>(TILE, b1 - r0), o, outputs);
+          const int64_t count = std::min<int64_t>(TILE, b1 - r0);
+          const int64_t fits = weight_rows_for(count);  // (a short last tile: its own width, where it divides ot)
+          const int64_t take = fits <= ot && ot % fits == 0 ? fits : 1;
+          for (int64_t o = o0; o < o0 + ot; o += take)
+            tile<Rows>(format, w, row_bytes, x, out, inputs, units, r0, count, o, take, outputs);
         }
+        o0 += ot;
       }
     }
   });
 }
 
+// The product of an instruction set's path (Avx512, Avx2), its format made a template constant
+template <template <int64_t> class Path>
+void product_for(int64_t format, const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t rows,
+                 int64_t inputs, int64_t outputs) {
+  switch (format) {
+    case Q4_0: product<Path<Q4_0>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    case Q4_1: product<Path<Q4_1>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    case Q5_0: product<Path<Q5_0>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    case Q5_1: product<Path<Q5_1>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    case Q8_0: product<Path<Q8_0>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    case Q4_K: product<Path<Q4_K>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    case Q5_K: product<Path<Q5_K>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    case Q6_K: product<Path<Q6_K>::template Rows>(format, w, row_bytes, x, out, rows, inputs, outputs); break;
+    default: break;
+  }
+}
+
 // The instruction sets this CPU runs the product in, best first: 2 AVX-512F, 1 AVX2 with FMA, 0 plain C++
 int64_t best_isa() {
-  static const int64_t isa = __builtin_cpu_supports("avx512f")                                    ? 2
-                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1
+  static const bool f16c = __builtin_cpu_supports("f16c");
+  static const int64_t isa = __builtin_cpu_supports("avx512f") && f16c                                ? 2
+                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c ? 1
                                                                                                 : 0;
   return isa;
 }
@@ -498,11 +641,11 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& blocks, int64_t format
     const float* xp = flat.data_ptr<float>();
     float* op = out.data_ptr<float>();
     if (chosen == 2) {
-      product<Avx512>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
+      product_for<Avx512>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
     } else if (chosen == 1) {
-      product<Avx2>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
+      product_for<Avx2>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
     } else {
-      product<Plain>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
+      product_for<Plain>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
     }
   }
   if (bias.has_value() && bias->defined()) out.add_(*bias);
