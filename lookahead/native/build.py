@@ -28,7 +28,8 @@ from ..kernels.threads import start_numba_threads
 from .entry import entry_points
 
 NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.cpp's TORCH_LIBRARY)
-SOURCES = [Path(__file__).with_name(name) for name in ("linear.cpp", "fused.cpp", "quant.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("linear.cpp", "fused.cpp", "quant.cpp", "quant8.cpp")]
+HEADERS = [Path(__file__).with_name("quant_formats.h")]  # included by the sources: part of a build's identity
 # -ffp-contract=off: no multiply and add fused unless written so (fused.cpp's ops round as torch's ops do)
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 
@@ -38,7 +39,7 @@ def sources_digest() -> str:
     build's kernels is not taken for another's (cost/store.py). Worked example: the same files -> the same
     digest, one character changed -> another."""
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 
