@@ -24,21 +24,32 @@ import time
 import torch
 import torch.nn.functional as F
 
+from lookahead.model.quantized import QuantizedLinear
+
 PEAK_ROWS = 256  # rows of the compute probe's products: on a CPU far past the ridge, and the most rows a step's
 # linears are routed for (model/fewrows.py FEW_ROWS_MAX), so every route runs its own kernel there
 PEAK_REPEATS = 5  # timed passes over the layers per route (the median counts), after one untimed
 
 
-def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The model's ``nn.Linear`` layers with a 2-D weight, in module order."""
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]
+def linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's linear layers in module order: ``nn.Linear`` with a 2-D weight, and ``QuantizedLinear``
+    (a GGUF's block formats, model/quantized.py)."""
+    return [m for m in model.modules() if (isinstance(m, torch.nn.Linear) and m.weight.dim() == 2)
+            or isinstance(m, QuantizedLinear)]
+
+
+def layer_shape(layer: torch.nn.Module) -> tuple[int, int]:
+    """(outputs, inputs) of a layer of ``linear_layers``."""
+    if isinstance(layer, QuantizedLinear):
+        return layer.out_features, layer.in_features
+    return int(layer.weight.shape[0]), int(layer.weight.shape[1])
 
 
 def linear_macs(model: torch.nn.Module) -> int:
-    """Multiply-adds one row costs in the model's ``nn.Linear`` layers (their weights' elements; the
+    """Multiply-adds one row costs in the model's linear layers (their weights' elements; the
     output head counts: a step computes the logits of the rows it keeps). A weight shared by two
     layers counts twice: each multiplies the row."""
-    return sum(m.weight.shape[0] * m.weight.shape[1] for m in linear_layers(model))
+    return sum(outputs * inputs for outputs, inputs in map(layer_shape, linear_layers(model)))
 
 
 def compute_seconds(macs: int, rows: int, flops: float) -> float:
@@ -76,20 +87,23 @@ def compute_throughput(model: torch.nn.Module, linears: object, routes: dict[str
     if not layers:
         return {}
     macs = linear_macs(model)
-    weight = layers[0].weight
+    quantized = isinstance(layers[0], QuantizedLinear)  # (blocks: their own kernel, whatever the route)
+    device, dtype = (layers[0].blocks.device, torch.float32) if quantized else (layers[0].weight.device,
+                                                                                 layers[0].weight.dtype)
     generator = torch.Generator().manual_seed(seed)
-    inputs = {size: torch.randn(rows, size, generator=generator).to(weight.device, weight.dtype)  # [q, I]
-              for size in sorted({m.weight.shape[1] for m in layers})}
+    inputs = {size: torch.randn(rows, size, generator=generator).to(device, dtype)  # [q, I]
+              for size in sorted({layer_shape(m)[1] for m in layers})}
     rates = {}
     for label, route in routes.items():
         with torch.inference_mode(), route_mode(route, rows, linears):  # type: ignore[arg-type]
             times = []
             for index in range(repeats + 1):
-                sync(weight.device)
+                sync(device)
                 began = time.perf_counter()
                 for layer in layers:
-                    F.linear(inputs[layer.weight.shape[1]], layer.weight)  # (the route's weight while routed)
-                sync(weight.device)
+                    x = inputs[layer_shape(layer)[1]]
+                    layer(x) if isinstance(layer, QuantizedLinear) else F.linear(x, layer.weight)  # (routed)
+                sync(device)
                 if index:
                     times.append(time.perf_counter() - began)
         rates[label] = 2.0 * rows * macs / statistics.median(times)

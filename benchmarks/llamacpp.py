@@ -14,8 +14,10 @@ Per prompt, one after another in this process: the server completes the prompt's
 llama.cpp per prompt, lookahead's exactness against greedy and how far llama.cpp's text follows greedy
 (another summation order: it may take the other side of a near-tie).
 
-Run: ``python -m lookahead.benchmarks.llamacpp --server BUILD/bin/llama-server --gguf smollm2-f32.gguf``
-(``--spec-type ngram-mod`` passes a speculation type to the server).
+Run: ``python -m lookahead.benchmarks.llamacpp --server BUILD/bin/llama-server --model smollm2-135m``:
+lookahead (its defaults, on ``--weights``) once per prompt beside its plain loop and transformers greedy,
+then the server on the same GGUF file once per ``--spec-type`` (none and each n-gram type); the ratio to
+each and to the best of them. ``--gguf`` serves another file (an F32 requantization, say).
 """
 
 from __future__ import annotations
@@ -121,68 +123,125 @@ class Server:
         return [int(t) for t in out["tokens"]], seconds, float(out["timings"]["predicted_per_second"])
 
 
+SPEC_TYPES = ("none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")  # llama.cpp's model-free types
+
+
+@dataclass
+class Ours:
+    """One prompt's lookahead run, its plain loop and transformers greedy, made once for every server run."""
+
+    dataset: str
+    ids: np.ndarray
+    tokens: list[int]
+    seconds: float
+    plain_equal: bool  # lookahead's tokens are its plain loop's
+    greedy: list[int]
+    greedy_s: float
+    dequantized_equal: int  # how many first tokens equal transformers greedy on the de-quantized float32 model
+
+
 @click.command()
 @click.option("--server", "binary", required=True, help="llama.cpp's llama-server binary.")
-@click.option("--gguf", required=True, help="The model's weights as a GGUF file (F32 for a like-for-like run).")
+@click.option("--gguf", default=None, help="The GGUF file llama.cpp serves [default: the file lookahead loads, for an "
+                                           "alias or a .gguf --model].")
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True)
+@click.option("--weights", default="auto", show_default=True, help="load_model(weights=...) for lookahead.")
 @click.option("--dataset", "datasets", multiple=True, default=DEFAULT_DATASETS, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=3, show_default=True, help="Prompts per data set.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True, help="Both engines' threads.")
-@click.option("--spec-type", default=None, help="llama.cpp's --spec-type (e.g. ngram-mod); default none.")
+@click.option("--spec-type", "spec_types", multiple=True, default=SPEC_TYPES, show_default=True,
+              help="llama.cpp's --spec-type values to run, one server each ('none': no speculation).")
 @click.option("--port", type=click.IntRange(1024, 65535), default=18181, show_default=True)
-@click.option("--out", default="llamacpp-out", show_default=True, help="Directory for llamacpp.json and the log.")
-def main(binary: str, gguf: str, model_name: str, datasets: tuple[str, ...], limit: int, max_new_tokens: int,
-         threads: int, spec_type: str | None, port: int, out: str) -> None:
-    """llama.cpp's server against lookahead and greedy, prompt by prompt; see the module."""
+@click.option("--out", default="llamacpp-out", show_default=True, help="Directory for llamacpp.json and the logs.")
+def main(binary: str, gguf: str | None, model_name: str, weights: str, datasets: tuple[str, ...], limit: int,
+         max_new_tokens: int, threads: int, spec_types: tuple[str, ...], port: int, out: str) -> None:
+    """llama.cpp's server on the same GGUF file against lookahead, prompt by prompt; see the module."""
     import torch
 
-    from lookahead import LookaheadGenerator, load_model
+    from lookahead import LookaheadConfig, LookaheadGenerator, load_model
     from lookahead.cost.measure import cpu_name
+    from lookahead.loading.models import gguf_source
+    from lookahead.loading.registry import default_cache_dir
+    from lookahead.model.quantized import weights_summary
 
     from .datasets import canonical_name, load_dataset
     from .parsers import render_prompt
 
     torch.set_num_threads(threads)
     Path(out).mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(model_name, dtype=torch.float32)
+    source = gguf_source(model_name, default_cache_dir())
+    gguf = gguf or (str(source[0]) if source is not None else None)
+    if gguf is None:
+        raise click.UsageError(f"--model {model_name} is no GGUF: pass --gguf with the file llama.cpp should serve")
+    model, tokenizer = load_model(model_name, dtype=torch.float32, weights=weights)
+    held = weights_summary(model)
     generator = LookaheadGenerator(model, tokenizer)
+    plain = LookaheadGenerator(model, tokenizer, LookaheadConfig(window=1, ngram=2, candidates=0, auto_window=False))
     prompts = [(name, np.asarray(render_prompt(p, tokenizer, p.messages is not None), dtype=np.int64))
                for name in datasets for p in load_dataset(canonical_name(name), limit)]
-    extra = ("--spec-type", spec_type) if spec_type else ()
-    rows: list[Row] = []
-    with Server(binary, gguf, threads, port, extra, Path(out) / "llama-server.log") as server:
-        first = torch.from_numpy(prompts[0][1])[None]
-        server.complete(prompts[0][1].tolist(), 16)  # warm-ups
-        generator.generate(first, max_new_tokens=16)
-        for name, ids in prompts:
-            llama, llama_s, decode = server.complete(ids.tolist(), max_new_tokens)
-            batch = torch.from_numpy(ids)[None]
-            start = time.perf_counter()
-            ours = generator.generate(batch, max_new_tokens=max_new_tokens)[0, ids.shape[0]:].tolist()
-            ours_s = time.perf_counter() - start
-            start = time.perf_counter()
-            greedy = model.generate(batch, max_new_tokens=max_new_tokens, do_sample=False)[0, ids.shape[0]:].tolist()
-            greedy_s = time.perf_counter() - start
-            rows.append(Row(name, int(ids.shape[0]), len(llama), llama_s, decode,
-                            common_prefix(np.asarray(llama), np.asarray(greedy)),
-                            len(ours), ours_s, ours == greedy, len(greedy), greedy_s))
-            r = rows[-1]
-            click.echo(f"{name:12s} llama.cpp {r.llama_tokens / llama_s:6.1f} tokens/s (decode {decode:6.1f}; "
-                       f"{r.llama_equal}/{r.greedy_tokens} as greedy)  lookahead {r.lookahead_tokens / ours_s:6.1f} "
-                       f"({'exact' if r.lookahead_exact else 'NOT EXACT'})  greedy {r.greedy_tokens / greedy_s:5.1f}")
-    result = summary(rows)
-    click.echo(f"CPU {cpu_name()}, {threads} threads; llama.cpp {spec_type or 'no speculation'}\n"
-               f"whole requests, tokens/s: llama.cpp {result['llama_tokens_per_s']:.1f}, lookahead "
-               f"{result['lookahead_tokens_per_s']:.1f}, transformers greedy {result['greedy_tokens_per_s']:.1f}\n"
-               f"lookahead / llama.cpp per prompt: {result['ratio_geomean']:.2f}x (geomean; {result['ratio_min']:.2f}x "
-               f"to {result['ratio_max']:.2f}x); llama.cpp's decode alone {result['llama_decode_median_tps']:.1f} "
-               f"tokens/s (median)\nlookahead exact {result['lookahead_exact']}/{len(rows)}; llama.cpp's whole text "
-               f"equal to greedy on {result['llama_all_equal']}/{len(rows)}")
-    meta = {"cpu": cpu_name(), "threads": threads, "model": model_name, "gguf": gguf, "spec_type": spec_type,
-            "max_new_tokens": max_new_tokens, "torch": torch.__version__}
+    ours = _lookahead_runs(prompts, model, generator, plain, max_new_tokens)
+    reference = load_model(model_name, dtype=torch.float32, weights="dequantized")[0] if source is not None else model
+    for run in ours:
+        with torch.inference_mode():
+            dense = reference.generate(torch.from_numpy(run.ids)[None], max_new_tokens=max_new_tokens, do_sample=False)
+        run.dequantized_equal = common_prefix(np.asarray(run.tokens), dense[0, run.ids.shape[0]:].numpy())
+    del reference
+    results: dict[str, Any] = {}
+    for spec in spec_types:
+        extra = ("--spec-type", spec) if spec != "none" else ()
+        rows: list[Row] = []
+        with Server(binary, gguf, threads, port, extra, Path(out) / f"llama-server-{spec}.log") as server:
+            server.complete(prompts[0][1].tolist(), 16)  # warm-up
+            for run in ours:
+                llama, llama_s, decode = server.complete(run.ids.tolist(), max_new_tokens)
+                rows.append(Row(run.dataset, int(run.ids.shape[0]), len(llama), llama_s, decode,
+                                common_prefix(np.asarray(llama), np.asarray(run.greedy)), len(run.tokens),
+                                run.seconds, run.plain_equal, len(run.greedy), run.greedy_s))
+        results[spec] = {"summary": summary(rows), "rows": [asdict(r) for r in rows]}
+        r = results[spec]["summary"]
+        click.echo(f"llama.cpp {spec:12s} {r['llama_tokens_per_s']:6.1f} tokens/s (decode alone "
+                   f"{r['llama_decode_median_tps']:.1f}); lookahead / it {r['ratio_geomean']:.2f}x geomean "
+                   f"({r['ratio_min']:.2f}x to {r['ratio_max']:.2f}x); its text as lookahead's plain loop on "
+                   f"{r['llama_all_equal']}/{len(rows)}")
+    best = max(results, key=lambda k: results[k]["summary"]["llama_tokens_per_s"])
+    ours_tps = sum(len(r.tokens) for r in ours) / sum(r.seconds for r in ours)
+    click.echo(f"CPU {cpu_name()}, {threads} threads; {model_name} ({held}); llama.cpp on {gguf}\n"
+               f"lookahead {ours_tps:.1f} tokens/s (whole requests), equal to its plain loop on "
+               f"{sum(r.plain_equal for r in ours)}/{len(ours)}, to transformers greedy on the de-quantized model "
+               f"for all tokens on {sum(r.dequantized_equal == len(r.tokens) for r in ours)}/{len(ours)}; "
+               f"llama.cpp's best: {best}, lookahead / it {results[best]['summary']['ratio_geomean']:.2f}x (geomean)")
+    meta = {"cpu": cpu_name(), "threads": threads, "model": model_name, "weights": held, "gguf": gguf,
+            "max_new_tokens": max_new_tokens, "torch": torch.__version__, "best": best,
+            "dequantized_equal": [r.dequantized_equal for r in ours]}
     with open(Path(out) / "llamacpp.json", "w") as f:
-        json.dump({"meta": meta, "summary": result, "rows": [asdict(r) for r in rows]}, f, indent=1)
+        json.dump({"meta": meta, "runs": results}, f, indent=1)
+
+
+def _lookahead_runs(prompts: list[tuple[str, np.ndarray]], model: Any, generator: Any, plain: Any,
+                    max_new_tokens: int) -> list[Ours]:
+    """Each prompt through lookahead (timed), its plain loop and ``model.generate`` (greedy, timed)."""
+    import torch
+
+    first = torch.from_numpy(prompts[0][1])[None]
+    generator.generate(first, max_new_tokens=16)  # warm-ups
+    plain.generate(first, max_new_tokens=16)
+    runs = []
+    for name, ids in prompts:
+        batch = torch.from_numpy(ids)[None]
+        start = time.perf_counter()
+        tokens = generator.generate(batch, max_new_tokens=max_new_tokens)[0, ids.shape[0]:].tolist()
+        seconds = time.perf_counter() - start
+        looped = plain.generate(batch, max_new_tokens=max_new_tokens)[0, ids.shape[0]:].tolist()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            greedy = model.generate(batch, max_new_tokens=max_new_tokens, do_sample=False)[0, ids.shape[0]:].tolist()
+        greedy_s = time.perf_counter() - start
+        runs.append(Ours(name, ids, tokens, seconds, tokens == looped and tokens == greedy, greedy, greedy_s, 0))
+        click.echo(f"{name:12s} lookahead {len(tokens) / seconds:6.1f} tokens/s "
+                   f"({'= plain loop and greedy' if runs[-1].plain_equal else 'NOT EQUAL to its plain loop'})  "
+                   f"greedy {len(greedy) / greedy_s:5.1f}")
+    return runs
 
 
 if __name__ == "__main__":

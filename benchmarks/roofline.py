@@ -35,14 +35,15 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from lookahead.model.hugepages import huge_bytes, move_to_huge_pages, on_huge_pages
+from lookahead.model.quantized import QuantizedLinear, quantized_modules
 
 from .compute_roof import PEAK_ROWS, compute_throughput, linear_macs, ridge_rows, roof_seconds, sync
 
@@ -75,9 +76,17 @@ def weight_bytes(model: torch.nn.Module) -> int:
     embedding = model.get_input_embeddings()
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     output_weight = getattr(output, "weight", None)
-    skipped = None if embedding is None or embedding.weight is output_weight else embedding.weight
+    table = getattr(embedding, "weight", None)
+    skipped = None if embedding is None or table is None or table is output_weight else table
     seen: set[tuple] = set()
     total = 0
+    for module in quantized_modules(model):  # a GGUF's blocks (model/quantized.py): their bytes as held
+        shared = any(m.blocks is module.blocks for m in quantized_modules(model) if isinstance(m, QuantizedLinear))
+        if isinstance(module, QuantizedLinear) or shared:
+            key = ("blocks", module.blocks.data_ptr())
+            if key not in seen:
+                seen.add(key)
+                total += module.blocks.numel()
     for param in model.parameters():
         if skipped is not None and param is skipped:
             continue

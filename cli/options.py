@@ -99,9 +99,11 @@ def weights_option(func: F) -> F:
 
     return click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
                         help="How a GGUF model (an alias or a .gguf file) holds its weights: 'quantized' keeps the "
-                             "file's block formats (about the file's size in memory; the products run on the "
-                             "same de-quantized values), 'dequantized' widens them to float32, 'auto' keeps the "
-                             "blocks on the CPU in float32 and widens elsewhere.")(func)
+                             "file's block formats (about the file's size in memory; float32 products over the "
+                             "same de-quantized values), 'quantized-int8' keeps them and multiplies in integers "
+                             "over inputs rounded to int8 (llama.cpp's arithmetic, other numbers), 'dequantized' "
+                             "widens them to float32, 'auto' is 'quantized' on the CPU in float32, else "
+                             "'dequantized'.")(func)
 
 
 def trust_remote_code_option(func: F) -> F:

@@ -197,3 +197,80 @@ def test_quantized_modules_refuse_other_devices_with_the_fix():
 def test_formats_table_matches_gguf():
     for name, code in FORMATS.items():
         assert int(getattr(Q, name)) == code
+
+
+# ---- integer products (native/quant8.cpp): llama.cpp's arithmetic, still one order for every row count ----
+
+@pytest.mark.parametrize("kind", ALL, ids=lambda k: k.name)
+def test_int8_products_have_one_order_at_every_row_count_and_instruction_set(kind):
+    inputs = 768 if kind in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 352  # (352: eleven units, the last pair half empty)
+    blocks = torch.from_numpy(random_blocks(kind, 23, inputs, seed=9))
+    x = torch.randn(70, inputs, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([ops.qlinear_int8(x[r:r + 1], blocks, int(kind), inputs, None, 0) for r in range(70)])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for isa in (0, 1) if ops.qint8_vnni() else (0,):
+                for rows in (1, 2, 5, 8, 13, 70):
+                    got = ops.qlinear_int8(x[:rows], blocks, int(kind), inputs, None, isa)
+                    assert torch.equal(bits(got), bits(alone[:rows])), (count, isa, rows)
+    finally:
+        torch.set_num_threads(threads)
+    exact = ops.qlinear(x, blocks, int(kind), inputs, None)
+    assert ((alone - exact).norm() / exact.norm()).item() < 0.02  # inputs rounded to 8 bits: near, not equal
+
+
+def test_int8_worked_example():
+    block = np.zeros(34, dtype=np.uint8)
+    block[0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)
+    block[2:4] = np.array([2, -4], dtype=np.int8).view(np.uint8)
+    x = torch.zeros(1, 32)
+    x[0, :2] = 1.0
+    out = ops.qlinear_int8(x, torch.from_numpy(block[None]), int(Q.Q8_0), 32, None)
+    assert abs(out.item() + 1.0) < 1e-6
+
+
+@pytest.mark.parametrize("arch, kind", [("llama", Q.Q4_1), ("qwen2", Q.Q4_K), ("llama", Q.Q6_K)],
+                         ids=lambda v: getattr(v, "name", v))
+def test_int8_model_greedy_equals_generate_and_the_plain_loop(arch, kind):
+    model = quantized_model(arch, kind)
+    for module in quantized_modules(model):
+        if isinstance(module, QuantizedLinear):
+            module.products = "int8"
+    assert "int8 products" in weights_summary(model)
+    never = [VOCAB + 1000]
+    ref = reference(model, PROMPT, 40, eos_token_id=never)
+    speculated = 0
+    for config in CONFIGS.values():
+        gen = LookaheadGenerator(model, config=config)
+        assert torch.equal(gen.generate(PROMPT, max_new_tokens=40, eos_token_id=never), ref)
+        speculated += sum(gen.last_stats.accepted) - gen.last_stats.steps
+    assert speculated > 0
+
+
+def test_prefill_tiles_compute_the_same_product_in_another_order():
+    from lookahead.model.quantized import TILES_ROWS_MIN, prefill_tiles
+
+    blocks = torch.from_numpy(random_blocks(Q.Q4_K, 300, 512, seed=2))  # (300 outputs: a last short tile)
+    layer = QuantizedLinear(blocks, int(Q.Q4_K), 512, 300, bias=torch.randn(300))
+    x = torch.randn(TILES_ROWS_MIN + 5, 512)
+    kernel = layer(x)
+    model = torch.nn.Sequential(layer)
+    with prefill_tiles(model):
+        assert layer.tiles
+        tiled = layer(x)
+        few = layer(x[:3])  # (fewer rows than TILES_ROWS_MIN: the kernel still)
+    assert not layer.tiles
+    torch.testing.assert_close(tiled, kernel, rtol=1e-3, atol=1e-3)
+    assert torch.equal(bits(few), bits(kernel[:3]))
+
+
+def test_a_long_prompt_prefilled_through_tiles_decodes_as_the_plain_loop():
+    model = quantized_model("llama", Q.Q4_0)
+    prompt = torch.cat([PROMPT] * 6, dim=1)  # 84 rows: the prefill goes through tiles
+    never = [VOCAB + 1000]
+    plain = LookaheadGenerator(model, config=CONFIGS["plain"]).generate(prompt, max_new_tokens=30, eos_token_id=never)
+    gen = LookaheadGenerator(model)
+    assert torch.equal(gen.generate(prompt, max_new_tokens=30, eos_token_id=never), plain)
+    assert sum(gen.last_stats.accepted) > gen.last_stats.steps

@@ -398,7 +398,7 @@ def _quantized_reason(weights: str, device: torch.device, dtype: torch.dtype) ->
     return "" if native is not None else f"lookahead's C++ kernels could not be built ({failure})"
 
 
-def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | None
+def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | None, products: str
                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The GGUF's model with its weights kept in their block formats, and its tokenizer."""
     from transformers import AutoTokenizer
@@ -415,11 +415,11 @@ def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | N
                 except Exception as exc:  # noqa: BLE001 (a damaged file fails anywhere in the parser)
                     raise ModelLoadError(f"cannot read the GGUF file {gguf} ({one_line(exc)}): it is damaged (cut "
                                          f"short?) or no GGUF model") from exc
-    model = load_quantized(gguf, header, attn_implementation)
+    model = load_quantized(gguf, header, attn_implementation, products)
     return model, AutoTokenizer.from_pretrained(str(header))
 
 
-WEIGHTS = ("auto", "quantized", "dequantized")  # load_model(weights=...): see there
+WEIGHTS = ("auto", "quantized", "quantized-int8", "dequantized")  # load_model(weights=...): see there
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "cpu",
@@ -441,9 +441,11 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
 
     ``weights`` (a GGUF: an alias or a ``.gguf`` file; ignored for other sources): "quantized" keeps the
     linear layers and embeddings in the file's block formats (model/quantized.py: about the file's size in
-    memory, the same de-quantized values in every product), "dequantized" widens them to float32 (cached as
-    safetensors after the first load), "auto" (the default) keeps the blocks on the CPU in float32 and
-    widens elsewhere, saying why on stderr.
+    memory, the same de-quantized values in every product, in float32), "quantized-int8" keeps them so and
+    multiplies in integers with the inputs quantized to int8 per 32 (llama.cpp's arithmetic: other numbers
+    than the float32 model's, a row's bits still the same at every row count), "dequantized" widens them
+    to float32 (cached as safetensors after the first load), "auto" (the default) is "quantized" on the CPU in
+    float32 and "dequantized" elsewhere, saying why on stderr.
 
     Example: ``model, tokenizer = load_model("smollm2-135m")`` (the GGUF fetched on first use, its
     blocks kept); ``load_model("smollm2-135m", weights="dequantized")``;
@@ -467,8 +469,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         if source_gguf is not None:
             reason = _quantized_reason(weights, device, dtype)
             if not reason:
-                return _load_blocks(*source_gguf, cache, attn_implementation)
-            if weights == "quantized":
+                products = "int8" if weights == "quantized-int8" else "float32"
+                return _load_blocks(*source_gguf, cache, attn_implementation, products)
+            if weights != "auto":
                 raise ModelLoadError(f"cannot keep {source_gguf[0].name} in its block formats: {reason}; load it "
                                      f"with weights='dequantized' (--weights dequantized)")
             print(f"lookahead: {source_gguf[0].name} widened to float32 ({reason})", file=sys.stderr)

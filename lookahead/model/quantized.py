@@ -22,6 +22,8 @@ Worked example: a Q8_0 row with d = 0.5 and q = [2, -4, 0, ...] holds the weight
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import torch
@@ -33,6 +35,13 @@ FORMATS: dict[str, int] = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8
 BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
                                       12: (256, 144), 13: (256, 176), 14: (256, 210)}
 FORMAT_NAMES = {code: name for name, code in FORMATS.items()}
+# How QuantizedLinear multiplies: "float32", the de-quantized weights (gguf's values) by the inputs in float32
+# fused multiply-adds (native/quant.cpp); "int8", the weights' integers by the inputs quantized to int8 per
+# 32, as llama.cpp computes (native/quant8.cpp). Either in one fixed order: a row's bits do not depend on the
+# step's other rows.
+PRODUCTS = ("float32", "int8")
+TILES_ROWS_MIN = 64  # rows from which a prefill's products go through de-quantized tiles (prefill_tiles)
+TILE_OUTPUTS = 256  # weight rows de-quantized at a time there (1.5 MB at 1536 inputs)
 
 
 def row_bytes(format_code: int, inputs: int) -> int:
@@ -59,13 +68,17 @@ class QuantizedLinear(torch.nn.Module):
     blocks: torch.Tensor  # [O, row bytes] uint8
 
     def __init__(self, blocks: torch.Tensor, format_code: int, in_features: int, out_features: int,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, products: str = "float32") -> None:
         super().__init__()
+        if products not in PRODUCTS:
+            raise ValueError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
+        self.products = products
         if not takes(format_code, in_features) or tuple(blocks.shape) != (out_features,
                                                                           row_bytes(format_code, in_features)):
             raise ValueError(f"blocks {tuple(blocks.shape)} do not hold a [{out_features}, {in_features}] weight "
                              f"in {FORMAT_NAMES.get(format_code, format_code)}")
         self.in_features, self.out_features, self.format_code = in_features, out_features, format_code
+        self.tiles = False  # set while a prompt prefills (``prefill_tiles``): many rows through torch's product
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
@@ -77,8 +90,26 @@ class QuantizedLinear(torch.nn.Module):
         _cpu_only(self, x)
         dtype = x.dtype
         bias = self.bias.float() if self.bias is not None else None
-        out = torch.ops.lookahead_native.qlinear(x.float(), self.blocks, self.format_code, self.in_features, bias)
+        if self.tiles and x.numel() >= TILES_ROWS_MIN * self.in_features:
+            out = self._through_tiles(x.float(), bias)
+            return out if dtype == torch.float32 else out.to(dtype)
+        product = torch.ops.lookahead_native.qlinear_int8 if self.products == "int8" else \
+            torch.ops.lookahead_native.qlinear
+        out = product(x.float(), self.blocks, self.format_code, self.in_features, bias)
         return out if dtype == torch.float32 else out.to(dtype)
+
+    def _through_tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., I] W^T (+ bias) with W de-quantized TILE_OUTPUTS rows at a time and multiplied by torch's
+        matrix product: a prompt's many rows share each tile's de-quantizing (``prefill_tiles``)."""
+        flat = x.reshape(-1, self.in_features)  # [R, I]
+        out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)  # [R, O]
+        for start in range(0, self.out_features, TILE_OUTPUTS):
+            tile = torch.ops.lookahead_native.qdequantize(self.blocks[start:start + TILE_OUTPUTS], self.format_code,
+                                                          self.in_features)  # [t, I]
+            out[:, start:start + tile.shape[0]] = flat @ tile.t()  # [R, t]
+        if bias is not None:
+            out += bias
+        return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The weight [O, I] as float32 (a new tensor)."""
@@ -86,7 +117,7 @@ class QuantizedLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}, " \
-               f"bias={self.bias is not None}"
+               f"bias={self.bias is not None}, products={self.products}"
 
 
 class QuantizedEmbedding(torch.nn.Module):
@@ -121,6 +152,23 @@ class QuantizedEmbedding(torch.nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.format_name}"
 
 
+@contextmanager
+def prefill_tiles(model: torch.nn.Module) -> Iterator[None]:
+    """The body's forwards (a prompt's prefill) run each ``QuantizedLinear`` over TILES_ROWS_MIN rows or more
+    through de-quantized tiles and torch's matrix product: compute-bound work, where the few-row kernel
+    would de-quantize every weight again for every TILE rows. Another summation order than the kernel's: a
+    prompt row's cache entries are then not the bits a decode step would compute for it, the same in
+    lookahead and its plain loop (both prefill here)."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    for layer in layers:
+        layer.tiles = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.tiles = False
+
+
 def quantized_modules(model: torch.nn.Module) -> list[QuantizedLinear | QuantizedEmbedding]:
     """The model's modules that hold GGUF blocks."""
     return [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)]
@@ -140,7 +188,8 @@ def weights_summary(model: torch.nn.Module) -> str:
             seen.add(module.blocks.data_ptr())
             total += module.blocks.numel()
     formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
-    return f"GGUF blocks as shipped ({formats}; {total / 1e6:.0f} MB)"
+    products = sorted({m.products for m in modules if isinstance(m, QuantizedLinear)})
+    return f"GGUF blocks as shipped ({formats}; {total / 1e6:.0f} MB; {'/'.join(products)} products)"
 
 
 def embedding_facts(model: torch.nn.Module) -> tuple[torch.device, torch.dtype, int]:

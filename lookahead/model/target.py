@@ -27,7 +27,7 @@ from .fewrows import FEW_ROWS_MAX, FewRowLinear
 from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .prefill import PrefillChoice
-from .quantized import embedding_facts
+from .quantized import embedding_facts, prefill_tiles
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
 from .traced import TracedForward, TraceKey, row_class, trace_linear, traceable
@@ -199,7 +199,7 @@ class Target:
         if mask is not None:
             assert positions is not None, "a padded prompt comes with its positions"
             padded = dict(attention_mask=to_device(mask, dev), position_ids=to_device(positions, dev))
-        with self.prefills.running(ids.shape[0] * ids.shape[1]):
+        with self.prefills.running(ids.shape[0] * ids.shape[1]), prefill_tiles(self.model):
             self.model(input_ids=to_device(ids, dev), use_cache=True, logits_to_keep=1,
                        **{self.cache_keyword: cache}, **padded)
 

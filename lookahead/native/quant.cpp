@@ -384,6 +384,36 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& blocks, int64_t format
   return out.view(shape);
 }
 
+// A row's `units` units as float32 [32 * units] through the AVX-512 decoder (the same values as decode_unit)
+template <int64_t F>
+__attribute__((target("avx512f,f16c"))) void decode_row512_for(const uint8_t* row, int64_t units, float* out) {
+  Factors f;
+  for (int64_t u0 = 0; u0 < units; u0 += AHEAD) {
+    const int64_t count = std::min<int64_t>(AHEAD, units - u0);
+    factors_ahead<F>(row, u0, count, &f);
+    for (int64_t k = 0; k < count; ++k) {
+      const Unit unit{f.a0[k], F == Q6_K ? f.a1[k] : f.a0[k], f.b[k], offset_of(F)};
+      const Decoded d = decode512<F>(row, u0 + k, unit);
+      _mm512_storeu_ps(out + 32 * (u0 + k), d.w0);
+      _mm512_storeu_ps(out + 32 * (u0 + k) + 16, d.w1);
+    }
+  }
+}
+
+void decode_row512(int64_t format, const uint8_t* row, int64_t units, float* out) {
+  switch (format) {
+    case Q4_0: decode_row512_for<Q4_0>(row, units, out); break;
+    case Q4_1: decode_row512_for<Q4_1>(row, units, out); break;
+    case Q5_0: decode_row512_for<Q5_0>(row, units, out); break;
+    case Q5_1: decode_row512_for<Q5_1>(row, units, out); break;
+    case Q8_0: decode_row512_for<Q8_0>(row, units, out); break;
+    case Q4_K: decode_row512_for<Q4_K>(row, units, out); break;
+    case Q5_K: decode_row512_for<Q5_K>(row, units, out); break;
+    case Q6_K: decode_row512_for<Q6_K>(row, units, out); break;
+    default: break;
+  }
+}
+
 // The rows `ids` [...] of W as float32 [..., I] (an embedding's lookup); ids out of range are an error
 at::Tensor qrows(const at::Tensor& blocks, const at::Tensor& ids, int64_t format, int64_t inputs) {
   Layout layout{};
@@ -398,9 +428,15 @@ at::Tensor qrows(const at::Tensor& blocks, const at::Tensor& ids, int64_t format
   }
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
+  const bool fast = best_isa() == 2;
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
-      for (int64_t u = 0; u < units; ++u) decode_unit(format, w + index[k] * blocks.size(1), u, op + k * inputs + 32 * u);
+      const uint8_t* row = w + index[k] * blocks.size(1);
+      if (fast) {
+        decode_row512(format, row, units, op + k * inputs);
+      } else {
+        for (int64_t u = 0; u < units; ++u) decode_unit(format, row, u, op + k * inputs + 32 * u);
+      }
     }
   });
   std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
