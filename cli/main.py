@@ -148,7 +148,7 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     from transformers import TextStreamer
 
     from lookahead import LookaheadGenerator, load_model
-    from lookahead.model.quantized import weights_summary
+    from lookahead.model.quantized import quantized_modules, weights_summary
     from lookahead.model.support import context_length
     from lookahead.proposers.draft.checks import check_draft_source
 
@@ -156,7 +156,8 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
                                   trust_remote_code=trust_remote_code, weights=weights)
     held = weights_summary(model)
-    click.echo(f"lookahead: {model_name}: {held}", err=True)
+    if quantized_modules(model):  # (said where a GGUF's blocks are kept: which formats the step reads)
+        click.echo(f"lookahead: {model_name}: {held}", err=True)
     memory_file = Path(memory_path).expanduser() if memory_path is not None else None
     if memory_file is not None and memory_file.exists():
         check_memory_file(memory_file, model, tokenizer)  # a foreign or damaged file fails before the cost curve

@@ -95,7 +95,7 @@ def threads_option(func: F) -> F:
 
 def weights_option(func: F) -> F:
     """--weights auto|quantized|dequantized: load_model(weights=...), how a GGUF's weights are held."""
-    from lookahead.loading.models import WEIGHTS
+    from lookahead.loading.weights import WEIGHTS
 
     return click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
                         help="How a GGUF model (an alias or a .gguf file) holds its weights: 'quantized' keeps the "

@@ -245,7 +245,7 @@ def test_truncated_cached_weights_get_one_line_naming_the_directory(tmp_path, mo
     cached = tmp_path / ".cache" / "lookahead" / "models" / "smollm2-135m"
     save_model_dir(cached, tiny_model("llama"))
     truncate_weights(cached)
-    one_clear_line(invoke("--prompt", "hi"), f"delete the directory {cached} to rebuild it")
+    one_clear_line(invoke("--prompt", "hi", "--weights", "dequantized"), f"delete the directory {cached} to rebuild it")
 
 
 def test_a_draft_of_another_vocabulary_is_refused_before_it_loads(model_dir, tmp_path):

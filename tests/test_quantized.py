@@ -271,6 +271,55 @@ def test_a_long_prompt_prefilled_through_tiles_decodes_as_the_plain_loop():
     prompt = torch.cat([PROMPT] * 6, dim=1)  # 84 rows: the prefill goes through tiles
     never = [VOCAB + 1000]
     plain = LookaheadGenerator(model, config=CONFIGS["plain"]).generate(prompt, max_new_tokens=30, eos_token_id=never)
-    gen = LookaheadGenerator(model)
-    assert torch.equal(gen.generate(prompt, max_new_tokens=30, eos_token_id=never), plain)
-    assert sum(gen.last_stats.accepted) > gen.last_stats.steps
+    speculated = 0
+    for config in (CONFIGS["default"], CONFIGS["lade"]):
+        gen = LookaheadGenerator(model, config=config)
+        assert torch.equal(gen.generate(prompt, max_new_tokens=30, eos_token_id=never), plain)
+        speculated += sum(gen.last_stats.accepted) - gen.last_stats.steps
+    assert speculated > 0
+
+
+# ---- the real default model, loaded with its blocks kept (slow: the registry's GGUF) ----
+
+@pytest.fixture(scope="module")
+def smollm2_both():
+    from lookahead import load_model
+
+    return load_model("smollm2-135m"), load_model("smollm2-135m", weights="dequantized")[0]
+
+
+@pytest.mark.slow
+def test_the_default_model_keeps_its_blocks_and_their_values_are_the_float_models(smollm2_both):
+    (model, tokenizer), dense = smollm2_both
+    held = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert {m.format_name for m in held.values()} == {"Q4_1", "Q8_0"}  # its layers, and the tied head
+    assert isinstance(model.get_input_embeddings(), QuantizedEmbedding)
+    assert model.lm_head.blocks is model.get_input_embeddings().blocks  # tied: one copy of the table
+    modules = dict(dense.named_modules())
+    for name, layer in held.items():
+        assert torch.equal(bits(layer.dequantized()), bits(modules[name].weight.detach())), name
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, dense(ids).logits, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_the_default_model_decodes_as_its_plain_loop_and_generate(smollm2_both):
+    (model, tokenizer), _ = smollm2_both
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a list."}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    plain = LookaheadGenerator(model, tokenizer, CONFIGS["plain"]).generate(ids, max_new_tokens=48)
+    gen = LookaheadGenerator(model, tokenizer)
+    assert torch.equal(gen.generate(ids, max_new_tokens=48), plain)
+    assert gen.last_stats.steps < gen.last_stats.new_tokens
+
+
+def test_bad_weights_choices_are_named(tmp_path):
+    from lookahead import load_model
+
+    with pytest.raises(ModelLoadError, match="weights must be one of auto, quantized, quantized-int8, dequantized"):
+        load_model("smollm2-135m", weights="q4")
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match="computes in float32, not torch.bfloat16.*weights='dequantized'"):
+        load_model(str(gguf), dtype=torch.bfloat16, weights="quantized")

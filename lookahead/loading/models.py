@@ -23,6 +23,7 @@ from ..model.support import MASKED_ATTENTION
 from .checkpoint import check_checkpoint, read_config_dict
 from .device import resolve_device
 from .registry import CHUNK_BYTES, PackagedFile, RegistryError, default_cache_dir, fetch_file, local_file, sha256_of
+from .weights import WEIGHTS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -398,8 +399,8 @@ def _quantized_reason(weights: str, device: torch.device, dtype: torch.dtype) ->
     return "" if native is not None else f"lookahead's C++ kernels could not be built ({failure})"
 
 
-def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | None, products: str
-                 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | None, products: str,
+                 refetch: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The GGUF's model with its weights kept in their block formats, and its tokenizer."""
     from transformers import AutoTokenizer
 
@@ -414,12 +415,11 @@ def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | N
                     build_header_dir(gguf, header)
                 except Exception as exc:  # noqa: BLE001 (a damaged file fails anywhere in the parser)
                     raise ModelLoadError(f"cannot read the GGUF file {gguf} ({one_line(exc)}): it is damaged (cut "
-                                         f"short?) or no GGUF model") from exc
+                                         f"short?) or no GGUF model; {refetch}") from exc
     model = load_quantized(gguf, header, attn_implementation, products)
     return model, AutoTokenizer.from_pretrained(str(header))
 
 
-WEIGHTS = ("auto", "quantized", "quantized-int8", "dequantized")  # load_model(weights=...): see there
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "cpu",
@@ -470,7 +470,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
             reason = _quantized_reason(weights, device, dtype)
             if not reason:
                 products = "int8" if weights == "quantized-int8" else "float32"
-                return _load_blocks(*source_gguf, cache, attn_implementation, products)
+                refetch = f"delete {source_gguf[0]} to fetch it again" if name_or_path in ALIASES else \
+                    "download it again"
+                return _load_blocks(*source_gguf, cache, attn_implementation, products, refetch)
             if weights != "auto":
                 raise ModelLoadError(f"cannot keep {source_gguf[0].name} in its block formats: {reason}; load it "
                                      f"with weights='dequantized' (--weights dequantized)")
