@@ -97,6 +97,7 @@ def _quantized_module(module: torch.nn.Module, blocks: torch.Tensor, code: int, 
 
 
 def _set_float(model: torch.nn.Module, hf_name: str, value: np.ndarray) -> None:
+    """Give the model's parameter (or buffer) ``hf_name`` the float32 values ``value`` (reshaped to its shape)."""
     parent, attribute, parameter = _module_of(model, hf_name)
     module = getattr(parent, attribute)
     tensor = torch.from_numpy(np.array(value, dtype=np.float32))  # (a copy: the map is read-only)
@@ -106,8 +107,10 @@ def _set_float(model: torch.nn.Module, hf_name: str, value: np.ndarray) -> None:
     if isinstance(module, QuantizedLinear) and parameter == "bias":
         module.bias = torch.nn.Parameter(tensor, requires_grad=False)
         return
-    setattr(module, parameter, torch.nn.Parameter(tensor, requires_grad=False)) if isinstance(old, torch.nn.Parameter) \
-        else module.register_buffer(parameter, tensor)
+    if isinstance(old, torch.nn.Parameter):
+        setattr(module, parameter, torch.nn.Parameter(tensor, requires_grad=False))
+    else:
+        module.register_buffer(parameter, tensor)
 
 
 def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None = None,

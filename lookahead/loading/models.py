@@ -472,7 +472,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
                 products = "int8" if weights == "quantized-int8" else "float32"
                 refetch = f"delete {source_gguf[0]} to fetch it again" if name_or_path in ALIASES else \
                     "download it again"
-                return _load_blocks(*source_gguf, cache, attn_implementation, products, refetch)
+                model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, products, refetch)
+                model.config._name_or_path = name_or_path  # (what messages and the cost store call it)
+                return model, tokenizer
             if weights != "auto":
                 raise ModelLoadError(f"cannot keep {source_gguf[0].name} in its block formats: {reason}; load it "
                                      f"with weights='dequantized' (--weights dequantized)")

@@ -67,31 +67,45 @@ void rows_plain(int64_t format, const uint8_t* row, const float* x, float* out, 
 
 template <int64_t F>
 struct Avx2 {
-  template <int OT, int RT>
-  struct Rows {
-  __attribute__((target("avx2,fma,f16c"))) static void run(int64_t format, const uint8_t* w, int64_t row_bytes,
-                                                           const float* x, float* out, int64_t stride, int64_t units,
-                                                           int64_t r0, int64_t o0, int64_t outputs) {
-    __m256 lo[OT][RT], hi[OT][RT];
-    for (int o = 0; o < OT; ++o)
-      for (int r = 0; r < RT; ++r) lo[o][r] = hi[o][r] = _mm256_setzero_ps();
-    alignas(32) float wv[OT][32];
+  // out[r0 .. r0 + RT, o] for one weight row: 2 * RT sums in the 16 ymm registers (RT <= 4)
+  template <int RT>
+  __attribute__((target("avx2,fma,f16c"))) static void row(int64_t format, const uint8_t* wrow, const float* x,
+                                                           float* out, int64_t stride, int64_t units, int64_t r0,
+                                                           int64_t o, int64_t outputs) {
+    __m256 lo[RT], hi[RT];
+    for (int r = 0; r < RT; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    alignas(32) float wv[32];
     for (int64_t u = 0; u < units; ++u) {
-      for (int o = 0; o < OT; ++o) decode_unit<F, true>(format, w + (o0 + o) * row_bytes, u, wv[o]);
+      decode_unit<F, true>(format, wrow, u, wv);
       for (int half = 0; half < 2; ++half) {
+        const __m256 w0 = _mm256_load_ps(wv + 16 * half), w1 = _mm256_load_ps(wv + 16 * half + 8);
         for (int r = 0; r < RT; ++r) {
           const float* xr = x + (r0 + r) * stride + 32 * u + 16 * half;
-          const __m256 x0 = _mm256_loadu_ps(xr), x1 = _mm256_loadu_ps(xr + 8);
-          for (int o = 0; o < OT; ++o) {
-            lo[o][r] = _mm256_fmadd_ps(_mm256_load_ps(wv[o] + 16 * half), x0, lo[o][r]);
-            hi[o][r] = _mm256_fmadd_ps(_mm256_load_ps(wv[o] + 16 * half + 8), x1, hi[o][r]);
-          }
+          lo[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), lo[r]);
+          hi[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), hi[r]);
         }
       }
     }
-    for (int o = 0; o < OT; ++o)
-      for (int r = 0; r < RT; ++r) out[(r0 + r) * outputs + o0 + o] = reduce16(lo[o][r], hi[o][r]);
+    for (int r = 0; r < RT; ++r) out[(r0 + r) * outputs + o] = reduce16(lo[r], hi[r]);
   }
+
+  // out[r0 .. r0 + RT, o0 .. o0 + OT], one weight row and up to four input rows at a time (16 registers)
+  template <int OT, int RT>
+  struct Rows {
+    static void run(int64_t format, const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t stride,
+                    int64_t units, int64_t r0, int64_t o0, int64_t outputs) {
+      for (int o = 0; o < OT; ++o) {
+        const uint8_t* wrow = w + (o0 + o) * row_bytes;
+        int64_t r = 0;
+        for (; r + 4 <= RT; r += 4) row<4>(format, wrow, x, out, stride, units, r0 + r, o0 + o, outputs);
+        switch (RT - r) {
+          case 3: row<3>(format, wrow, x, out, stride, units, r0 + r, o0 + o, outputs); break;
+          case 2: row<2>(format, wrow, x, out, stride, units, r0 + r, o0 + o, outputs); break;
+          case 1: row<1>(format, wrow, x, out, stride, units, r0 + r, o0 + o, outputs); break;
+          default: break;
+        }
+      }
+    }
   };
 };
 
