@@ -20,6 +20,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from lookahead import LookaheadGenerator, load_model
+from lookahead.model.quantized import embedding_facts
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -35,7 +36,8 @@ def kv_bytes_per_token(model) -> int:
     cfg = model.config.get_text_config(decoder=True)
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return cfg.num_hidden_layers * 2 * heads * head_dim * model.get_input_embeddings().weight.element_size()
+    dtype = embedding_facts(model)[1]  # (the cache's dtype: what the embedding returns, float32 for GGUF blocks)
+    return cfg.num_hidden_layers * 2 * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
 class RssProbe(BaseStreamer):

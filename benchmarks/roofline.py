@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from lookahead.model.hugepages import huge_bytes, move_to_huge_pages, on_huge_pages
-from lookahead.model.quantized import QuantizedLinear, quantized_modules
+from lookahead.model.quantized import QuantizedLinear, embedding_facts, quantized_modules
 
 from .compute_roof import PEAK_ROWS, compute_throughput, linear_macs, ridge_rows, roof_seconds, sync
 
@@ -56,7 +56,8 @@ LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul
                         "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot",
                         "mkldnn::_linear_pointwise",  # matrix products, by name (this one: the onednn route) ...
                         "lookahead_native::linear",  # ... and lookahead's C++ op (a traced step's kernel route)
-                        "lookahead_native::tiled"})  # ... and its tiled kernel (an eager step's, in float32)
+                        "lookahead_native::tiled",  # ... and its tiled kernel (an eager step's, in float32)
+                        "lookahead_native::qlinear", "lookahead_native::qlinear_int8"})  # ... and GGUF blocks
 KV_RANGE = "lookahead::kv_cache_update"  # the profiler range put around the KV cache's update (``attributed``)
 ATTENTION_OPS = frozenset({"lookahead_native::attend"})  # lookahead's attention op (native/fused.cpp)
 PARTS = ("linears", "attention", "kv cache", "other ops", "python and dispatch")  # a step's breakdown, in order
@@ -498,7 +499,7 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
                       "x_roof": best_s / roof, "breakdown_s": parts, "profiled_s": profiled,
                       "linear_flops_per_s": linear_rate(macs, q, parts), "traced": trace})
     host = host_phases(model, tokenizer, config,
-                       prompt_ids(tokenizer, int(model.get_input_embeddings().weight.shape[0])), host_tokens)
+                       prompt_ids(tokenizer, embedding_facts(model)[2]), host_tokens)
     return {"device": str(device), "threads": threads, "context": context, "repeats": repeats, "huge_pages": huge,
             "weight_bytes": weights, "stream_bytes": max(1, stream_bytes // 4) * 4,
             "stream_s": stream_times, "bandwidth_bytes_per_s": bandwidth, "roofline_s": roofline,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -208,12 +208,11 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
 def check_memory_file(path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Read the --memory file through every check load_memory makes (format version, the tokenizer's
     vocabulary, size and checksum, ids in range): MemoryFileError before the generator is built."""
-    import torch
 
+    from lookahead.model.quantized import embedding_facts
     from lookahead.proposers.memory import file
 
-    embedding = cast(torch.Tensor, model.get_input_embeddings().weight)  # [V, hidden]
-    vocab = int(embedding.shape[0])  # what the generator bounds ids by (lookahead/model/target.py)
+    vocab = embedding_facts(model)[2]  # what the generator bounds ids by (lookahead/model/target.py)
     file.read(path, file.vocabulary_key(tokenizer, vocab), vocab)
 
 

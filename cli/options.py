@@ -100,10 +100,8 @@ def weights_option(func: F) -> F:
     return click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
                         help="How a GGUF model (an alias or a .gguf file) holds its weights: 'quantized' keeps the "
                              "file's block formats (about the file's size in memory; float32 products over the "
-                             "same de-quantized values), 'quantized-int8' keeps them and multiplies in integers "
-                             "over inputs rounded to int8 (llama.cpp's arithmetic, other numbers), 'dequantized' "
-                             "widens them to float32, 'auto' is 'quantized' on the CPU in float32, else "
-                             "'dequantized'.")(func)
+                             "same de-quantized values), 'dequantized' widens them to float32, 'auto' is "
+                             "'quantized' on the CPU in float32, else 'dequantized'.")(func)
 
 
 def trust_remote_code_option(func: F) -> F:

@@ -317,7 +317,7 @@ def test_the_default_model_decodes_as_its_plain_loop_and_generate(smollm2_both):
 def test_bad_weights_choices_are_named(tmp_path):
     from lookahead import load_model
 
-    with pytest.raises(ModelLoadError, match="weights must be one of auto, quantized, quantized-int8, dequantized"):
+    with pytest.raises(ModelLoadError, match="weights must be one of auto, quantized, dequantized"):
         load_model("smollm2-135m", weights="q4")
     gguf = tmp_path / "x.gguf"
     gguf.write_bytes(b"GGUF")

@@ -441,9 +441,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
 
     ``weights`` (a GGUF: an alias or a ``.gguf`` file; ignored for other sources): "quantized" keeps the
     linear layers and embeddings in the file's block formats (model/quantized.py: about the file's size in
-    memory, the same de-quantized values in every product, in float32), "quantized-int8" keeps them so and
-    multiplies in integers with the inputs quantized to int8 per 32 (llama.cpp's arithmetic: other numbers
-    than the float32 model's, a row's bits still the same at every row count), "dequantized" widens them
+    memory, the same de-quantized values in every product, in float32), "dequantized" widens them
     to float32 (cached as safetensors after the first load), "auto" (the default) is "quantized" on the CPU in
     float32 and "dequantized" elsewhere, saying why on stderr.
 
@@ -469,10 +467,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         if source_gguf is not None:
             reason = _quantized_reason(weights, device, dtype)
             if not reason:
-                products = "int8" if weights == "quantized-int8" else "float32"
                 refetch = f"delete {source_gguf[0]} to fetch it again" if name_or_path in ALIASES else \
                     "download it again"
-                model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, products, refetch)
+                model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, "float32", refetch)
                 model.config._name_or_path = name_or_path  # (what messages and the cost store call it)
                 return model, tokenizer
             if weights != "auto":
