@@ -273,71 +273,16 @@ struct Plain {
   };
 };
 
-constexpr int TILE = 8;            // input rows a pass over weight rows serves
-constexpr int64_t ROW_BLOCK = 64;  // input rows kept in cache while every weight row of a thread passes over them
-
-// Weight rows a pass takes at once for a tile of `count` input rows: each (weight row, input row) pair is a chain
-// of fused multiply-adds in its own registers, and a few chains at once keep the multipliers busy while each
-// waits for its last sum (one chain alone waits the add's latency at every step). The same chains, the same
-// order: the bits do not depend on this choice.
-constexpr int weight_rows_for(int64_t count) { return count <= 2 ? 4 : 2; }
-
-// out[r0 .. r0 + count, o0 .. o0 + ot] for count <= TILE rows, ot = weight_rows_for(count) or 1
-template <template <int, int> class Rows>
-void tile(int64_t format, const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t stride,
-          int64_t units, int64_t r0, int64_t count, int64_t o0, int64_t ot, int64_t outputs) {
-#define LOOKAHEAD_TILE(OT, RT) Rows<OT, RT>::run(format, w, row_bytes, x, out, stride, units, r0, o0, outputs)
-  if (ot == 4) {
-    if (count == 1) LOOKAHEAD_TILE(4, 1); else LOOKAHEAD_TILE(4, 2);
-    return;
-  }
-  if (ot == 2) {
-    switch (count) {
-      case 8: LOOKAHEAD_TILE(2, 8); break;
-      case 7: LOOKAHEAD_TILE(2, 7); break;
-      case 6: LOOKAHEAD_TILE(2, 6); break;
-      case 5: LOOKAHEAD_TILE(2, 5); break;
-      case 4: LOOKAHEAD_TILE(2, 4); break;
-      default: LOOKAHEAD_TILE(2, 3); break;
-    }
-    return;
-  }
-  switch (count) {
-    case 8: LOOKAHEAD_TILE(1, 8); break;
-    case 7: LOOKAHEAD_TILE(1, 7); break;
-    case 6: LOOKAHEAD_TILE(1, 6); break;
-    case 5: LOOKAHEAD_TILE(1, 5); break;
-    case 4: LOOKAHEAD_TILE(1, 4); break;
-    case 3: LOOKAHEAD_TILE(1, 3); break;
-    case 2: LOOKAHEAD_TILE(1, 2); break;
-    case 1: LOOKAHEAD_TILE(1, 1); break;
-    default: break;
-  }
-#undef LOOKAHEAD_TILE
-}
-
-// out [R, O] = x [R, I] @ W^T, W's O rows of `row_bytes` bytes each; output rows split between torch's threads
+// out [R, O] = x [R, I] @ W^T, W's O rows of `row_bytes` bytes each (for_each_tile's split)
 template <template <int, int> class Rows>
 void product(int64_t format, const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t rows,
              int64_t inputs, int64_t outputs) {
   const int64_t units = inputs / 32;
-  const int64_t grain = std::max<int64_t>(4, std::min<int64_t>(16, outputs / (4 * at::get_num_threads() + 1)));
-  at::parallel_for(0, outputs, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b0 = 0; b0 < rows; b0 += ROW_BLOCK) {
-      const int64_t b1 = std::min(rows, b0 + ROW_BLOCK);
-      const int64_t wide = weight_rows_for(std::min<int64_t>(TILE, b1 - b0));
-      for (int64_t o0 = begin; o0 < end;) {
-        const int64_t ot = o0 + wide <= end ? wide : 1;
-        for (int64_t r0 = b0; r0 < b1; r0 += TILE) {
-          const int64_t count = std::min<int64_t>(TILE, b1 - r0);
-          const int64_t fits = weight_rows_for(count);  // (a short last tile: its own width, where it divides ot)
-          const int64_t take = fits <= ot && ot % fits == 0 ? fits : 1;
-          for (int64_t o = o0; o < o0 + ot; o += take)
-            tile<Rows>(format, w, row_bytes, x, out, inputs, units, r0, count, o, take, outputs);
-        }
-        o0 += ot;
-      }
-    }
+  for_each_tile(rows, outputs, [&](int64_t r0, int64_t count, int64_t o0, int64_t ot) {
+    dispatch_tile(ot, count, [&](auto weight_rows, auto input_rows) {
+      Rows<decltype(weight_rows)::value, decltype(input_rows)::value>::run(format, w, row_bytes, x, out, inputs,
+                                                                           units, r0, o0, outputs);
+    });
   });
 }
 
@@ -371,31 +316,19 @@ int64_t best_isa() {
 // x [..., I] float32 @ W [O, I]^T (+ bias [O]) -> [..., O]; isa -1: the best this CPU runs
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& blocks, int64_t format, int64_t inputs,
                    const std::optional<at::Tensor>& bias, int64_t isa) {
-  Layout layout{};
-  check_blocks(blocks, format, inputs, &layout);
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_cpu() && x.size(-1) == inputs,
-              "lookahead_native::qlinear: x must be a float32 CPU tensor [..., ", inputs, "]");
   const int64_t chosen = isa < 0 ? best_isa() : isa;
   TORCH_CHECK(chosen <= best_isa(), "lookahead_native::qlinear: this CPU does not run instruction set ", isa);
-  const at::Tensor flat = x.reshape({-1, inputs}).contiguous();  // [R, I]
-  const int64_t rows = flat.size(0), outputs = blocks.size(0);
-  at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
-  if (rows > 0) {
-    const uint8_t* w = blocks.data_ptr<uint8_t>();
-    const float* xp = flat.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    if (chosen == 2) {
-      product_for<Avx512>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
-    } else if (chosen == 1) {
-      product_for<Avx2>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
-    } else {
-      product_for<Plain>(format, w, blocks.size(1), xp, op, rows, inputs, outputs);
-    }
-  }
-  if (bias.has_value() && bias->defined()) out.add_(*bias);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = outputs;
-  return out.view(shape);
+  return blocks_linear("qlinear", x, blocks, format, inputs, bias,
+                       [&](const uint8_t* w, int64_t row_bytes, const float* xp, float* op, int64_t rows,
+                           int64_t outputs) {
+                         if (chosen == 2) {
+                           product_for<Avx512>(format, w, row_bytes, xp, op, rows, inputs, outputs);
+                         } else if (chosen == 1) {
+                           product_for<Avx2>(format, w, row_bytes, xp, op, rows, inputs, outputs);
+                         } else {
+                           product_for<Plain>(format, w, row_bytes, xp, op, rows, inputs, outputs);
+                         }
+                       });
 }
 
 // A row's `units` units as float32 [32 * units] through the AVX-512 decoder (the same values as decode_unit)

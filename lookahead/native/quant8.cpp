@@ -346,37 +346,6 @@ struct Vnni {
   };
 };
 
-// out[r0 .. r0 + count, o0 .. o0 + ot]: ot 4 (count 1-2), 2 (count 3-8) or 1
-template <int64_t F>
-void tile8(const uint8_t* w, int64_t row_bytes, const Inputs& in, float* out, int64_t r0, int64_t count, int64_t o0,
-           int64_t ot, int64_t outputs) {
-#define LOOKAHEAD_TILE8(OT, RT) Vnni<F>::template Rows<OT, RT>::run(w, row_bytes, in, out, r0, o0, outputs)
-  if (ot == 4) {
-    if (count == 1) LOOKAHEAD_TILE8(4, 1); else LOOKAHEAD_TILE8(4, 2);
-    return;
-  }
-  switch (count * 4 + (ot == 2 ? 1 : 0)) {
-    case 33: LOOKAHEAD_TILE8(2, 8); break;
-    case 29: LOOKAHEAD_TILE8(2, 7); break;
-    case 25: LOOKAHEAD_TILE8(2, 6); break;
-    case 21: LOOKAHEAD_TILE8(2, 5); break;
-    case 17: LOOKAHEAD_TILE8(2, 4); break;
-    case 13: LOOKAHEAD_TILE8(2, 3); break;
-    case 32: LOOKAHEAD_TILE8(1, 8); break;
-    case 28: LOOKAHEAD_TILE8(1, 7); break;
-    case 24: LOOKAHEAD_TILE8(1, 6); break;
-    case 20: LOOKAHEAD_TILE8(1, 5); break;
-    case 16: LOOKAHEAD_TILE8(1, 4); break;
-    case 12: LOOKAHEAD_TILE8(1, 3); break;
-    case 8: LOOKAHEAD_TILE8(1, 2); break;
-    case 4: LOOKAHEAD_TILE8(1, 1); break;
-    default: break;
-  }
-#undef LOOKAHEAD_TILE8
-}
-
-constexpr int64_t TILE8 = 8, ROWS8 = 64;  // input rows a pass serves; rows kept in cache while weights pass
-
 template <int64_t F>
 void product8(const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t rows, int64_t inputs,
               int64_t outputs, bool vnni) {
@@ -391,23 +360,11 @@ void product8(const uint8_t* w, int64_t row_bytes, const float* x, float* out, i
     });
     return;
   }
-  const int64_t grain = std::max<int64_t>(4, std::min<int64_t>(16, outputs / (4 * at::get_num_threads() + 1)));
-  at::parallel_for(0, outputs, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b0 = 0; b0 < rows; b0 += ROWS8) {
-      const int64_t b1 = std::min(rows, b0 + ROWS8);
-      const int64_t first = std::min<int64_t>(TILE8, b1 - b0);
-      const int64_t wide = first <= 2 ? 4 : 2;
-      for (int64_t o0 = begin; o0 < end;) {
-        const int64_t ot = o0 + wide <= end ? wide : 1;
-        for (int64_t r0 = b0; r0 < b1; r0 += TILE8) {
-          const int64_t count = std::min<int64_t>(TILE8, b1 - r0);
-          const int64_t fits = count <= 2 ? 4 : 2;
-          const int64_t take = fits <= ot && ot % fits == 0 ? fits : 1;
-          for (int64_t o = o0; o < o0 + ot; o += take) tile8<F>(w, row_bytes, in, out, r0, count, o, take, outputs);
-        }
-        o0 += ot;
-      }
-    }
+  for_each_tile(rows, outputs, [&](int64_t r0, int64_t count, int64_t o0, int64_t ot) {
+    dispatch_tile(ot, count, [&](auto weight_rows, auto input_rows) {
+      Vnni<F>::template Rows<decltype(weight_rows)::value, decltype(input_rows)::value>::run(w, row_bytes, in, out,
+                                                                                             r0, o0, outputs);
+    });
   });
 }
 
@@ -415,36 +372,23 @@ void product8(const uint8_t* w, int64_t row_bytes, const float* x, float* out, i
 // 0: plain C++)
 at::Tensor qlinear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t format, int64_t inputs,
                         const std::optional<at::Tensor>& bias, int64_t isa) {
-  Layout layout{};
-  check_blocks(blocks, format, inputs, &layout);
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_cpu() && x.size(-1) == inputs,
-              "lookahead_native::qlinear_int8: x must be a float32 CPU tensor [..., ", inputs, "]");
   const bool vnni = isa < 0 ? vnni_available() : isa == 1;
   TORCH_CHECK(!vnni || vnni_available(), "lookahead_native::qlinear_int8: this CPU has no AVX-512 VNNI");
-  const at::Tensor flat = x.reshape({-1, inputs}).contiguous();  // [R, I]
-  const int64_t rows = flat.size(0), outputs = blocks.size(0);
-  at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
-  if (rows > 0) {
-    const uint8_t* w = blocks.data_ptr<uint8_t>();
-    const float* xp = flat.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    const int64_t rb = blocks.size(1);
-    switch (format) {
-      case Q4_0: product8<Q4_0>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      case Q4_1: product8<Q4_1>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      case Q5_0: product8<Q5_0>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      case Q5_1: product8<Q5_1>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      case Q8_0: product8<Q8_0>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      case Q4_K: product8<Q4_K>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      case Q5_K: product8<Q5_K>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      case Q6_K: product8<Q6_K>(w, rb, xp, op, rows, inputs, outputs, vnni); break;
-      default: break;
-    }
-  }
-  if (bias.has_value() && bias->defined()) out.add_(*bias);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = outputs;
-  return out.view(shape);
+  return blocks_linear("qlinear_int8", x, blocks, format, inputs, bias,
+                       [&](const uint8_t* w, int64_t row_bytes, const float* xp, float* op, int64_t rows,
+                           int64_t outputs) {
+                         switch (format) {
+                           case Q4_0: product8<Q4_0>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           case Q4_1: product8<Q4_1>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           case Q5_0: product8<Q5_0>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           case Q5_1: product8<Q5_1>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           case Q8_0: product8<Q8_0>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           case Q4_K: product8<Q4_K>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           case Q5_K: product8<Q5_K>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           case Q6_K: product8<Q6_K>(w, row_bytes, xp, op, rows, inputs, outputs, vnni); break;
+                           default: break;
+                         }
+                       });
 }
 
 bool qint8_vnni() { return vnni_available(); }

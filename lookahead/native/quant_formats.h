@@ -3,11 +3,16 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -291,6 +296,88 @@ __attribute__((target("avx512f,f16c"))) inline void factors_ahead(const uint8_t*
       _mm512_store_ps(f->b + k, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hb + k))));
     }
   }
+}
+
+// ---- how a product's (input row, weight row) pairs are split: shared by the float and the integer products ----
+
+constexpr int TILE = 8;            // input rows a pass over weight rows serves
+constexpr int64_t ROW_BLOCK = 64;  // input rows kept in cache while every weight row of a thread passes over them
+
+// Weight rows a pass takes at once for a tile of `count` input rows: each (weight row, input row) pair is a chain
+// of multiply-adds in its own registers, and a few chains at once keep the multipliers busy while each waits
+// for its last sum. The same chains, the same order: the bits do not depend on this choice.
+constexpr int weight_rows_for(int64_t count) { return count <= 2 ? 4 : 2; }
+
+// Calls tile(r0, count, o0, ot) for tiles of `count` <= TILE input rows by `ot` weight rows (weight_rows_for's,
+// or 1) covering rows x outputs: the output rows split between torch's threads, input rows in blocks of
+// ROW_BLOCK. Worked example: 3 rows, 5 outputs, one thread -> tile(0, 3, 0, 2), (0, 3, 2, 2), (0, 3, 4, 1).
+template <class Tile>
+void for_each_tile(int64_t rows, int64_t outputs, const Tile& tile) {
+  const int64_t grain = std::max<int64_t>(4, std::min<int64_t>(16, outputs / (4 * at::get_num_threads() + 1)));
+  at::parallel_for(0, outputs, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b0 = 0; b0 < rows; b0 += ROW_BLOCK) {
+      const int64_t b1 = std::min(rows, b0 + ROW_BLOCK);
+      const int64_t wide = weight_rows_for(std::min<int64_t>(TILE, b1 - b0));
+      for (int64_t o0 = begin; o0 < end;) {
+        const int64_t ot = o0 + wide <= end ? wide : 1;
+        for (int64_t r0 = b0; r0 < b1; r0 += TILE) {
+          const int64_t count = std::min<int64_t>(TILE, b1 - r0);
+          const int64_t fits = weight_rows_for(count);  // (a short last tile: its own width, where it divides ot)
+          const int64_t take = fits <= ot && ot % fits == 0 ? fits : 1;
+          for (int64_t o = o0; o < o0 + ot; o += take) tile(r0, count, o, take);
+        }
+        o0 += ot;
+      }
+    }
+  });
+}
+
+// Calls run(OT, RT) with OT and RT as std::integral_constant values for a tile of `count` input rows by `ot`
+// weight rows (ot 4: count 1-2; ot 2: count 3-8; ot 1: count 1-8), so that each path's Rows<OT, RT> is made
+// for exactly the shapes for_each_tile hands out
+template <class Run>
+void dispatch_tile(int64_t ot, int64_t count, const Run& run) {
+  using std::integral_constant;
+  if (ot == 4) {
+    if (count == 1) run(integral_constant<int, 4>{}, integral_constant<int, 1>{});
+    else run(integral_constant<int, 4>{}, integral_constant<int, 2>{});
+    return;
+  }
+  auto rows = [&](auto weight_rows) {
+    switch (count) {
+      case 8: run(weight_rows, integral_constant<int, 8>{}); break;
+      case 7: run(weight_rows, integral_constant<int, 7>{}); break;
+      case 6: run(weight_rows, integral_constant<int, 6>{}); break;
+      case 5: run(weight_rows, integral_constant<int, 5>{}); break;
+      case 4: run(weight_rows, integral_constant<int, 4>{}); break;
+      case 3: run(weight_rows, integral_constant<int, 3>{}); break;
+      case 2: if constexpr (decltype(weight_rows)::value == 1) run(weight_rows, integral_constant<int, 2>{}); break;
+      case 1: if constexpr (decltype(weight_rows)::value == 1) run(weight_rows, integral_constant<int, 1>{}); break;
+      default: break;
+    }
+  };
+  if (ot == 2) rows(integral_constant<int, 2>{}); else rows(integral_constant<int, 1>{});
+}
+
+// A linear op over blocks: x [..., I] float32 @ W [O, I]^T (+ bias [O]) -> [..., O], W's blocks checked, x made
+// [R, I] contiguous, compute(w, row bytes, x, out, R, O) filling out [R, O]; `name` for the errors
+template <class Compute>
+at::Tensor blocks_linear(const char* name, const at::Tensor& x, const at::Tensor& blocks, int64_t format,
+                         int64_t inputs, const std::optional<at::Tensor>& bias, const Compute& compute) {
+  Layout layout{};
+  check_blocks(blocks, format, inputs, &layout);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_cpu() && x.size(-1) == inputs, "lookahead_native::", name,
+              ": x must be a float32 CPU tensor [..., ", inputs, "]");
+  const at::Tensor flat = x.reshape({-1, inputs}).contiguous();  // [R, I]
+  const int64_t rows = flat.size(0), outputs = blocks.size(0);
+  at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
+  if (rows > 0) {
+    compute(blocks.data_ptr<uint8_t>(), blocks.size(1), flat.data_ptr<float>(), out.data_ptr<float>(), rows, outputs);
+  }
+  if (bias.has_value() && bias->defined()) out.add_(*bias);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = outputs;
+  return out.view(shape);
 }
 
 }  // namespace
