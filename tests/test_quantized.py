@@ -323,3 +323,38 @@ def test_bad_weights_choices_are_named(tmp_path):
     gguf.write_bytes(b"GGUF")
     with pytest.raises(ModelLoadError, match="computes in float32, not torch.bfloat16.*weights='dequantized'"):
         load_model(str(gguf), dtype=torch.bfloat16, weights="quantized")
+
+
+@pytest.mark.slow
+def test_a_one_row_step_attends_as_a_multi_row_step_does(smollm2_both):
+    """Untraced, a one-row step goes through lookahead's attention op as multi-row steps do, so the first
+    step's row (the last prompt token) reaches every layer with the same bits alone or in a tree (through
+    transformers' SDPA without a mask, the attention output differed in its last bits)."""
+    (model, tokenizer), _ = smollm2_both
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a "
+                                                                     "string."}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+
+    def first_step_inputs(config: LookaheadConfig) -> tuple[list[torch.Tensor], int]:
+        seen: dict[int, tuple[torch.Tensor, int]] = {}
+
+        def hook(module, args, out):
+            x = args[0].reshape(-1, args[0].shape[-1])
+            if x.shape[0] < ids.shape[1] - 1:  # (not the prefill: the prompt but its last token)
+                seen.setdefault(id(module), (x[0].clone(), x.shape[0]))
+        generator = LookaheadGenerator(model, tokenizer, config)
+        hooks = [layer.register_forward_hook(hook) for layer in layers]
+        try:
+            generator.generate(ids, max_new_tokens=2)
+        finally:
+            for h in hooks:
+                h.remove()
+        return [seen[id(layer)][0] for layer in layers], seen[id(layers[0])][1]
+
+    alone, one = first_step_inputs(LookaheadConfig(window=1, ngram=2, candidates=0, auto_window=False,
+                                                   traced_forward=False))
+    in_tree, rows = first_step_inputs(LookaheadConfig(window=3, ngram=3, candidates=4, auto_window=False,
+                                                      budget="fixed", traced_forward=False))
+    assert one == 1 and rows > 1  # (else the comparison would be vacuous)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(alone, in_tree))

@@ -225,8 +225,11 @@ class Target:
         q_pos = to_device(positions, dev)  # [A, Q]
         keep_t = to_device(keep, dev)  # [K]
         mask = None  # x alone under full attention sees every cached row: a plain decode step, no mask to build
-        if rows > 1 or slots is not None or not self.plain_single_row or self.traced is not None:
-            # (a traced model's one-row steps too: one trace then serves every step, traced.py)
+        if rows > 1 or slots is not None or not self.plain_single_row or self.traced is not None \
+                or self.attention.native:
+            # (a traced model's one-row steps too: one trace then serves every step, traced.py; and with
+            # lookahead's attention op, so that a one-row step attends as a multi-row one does: a row's bits
+            # then do not depend on the step's row count)
             mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(local, dev), q_pos, past,
                              slots, self.dtype)
         route = self.route(count, rows)
