@@ -61,32 +61,48 @@ def test_dequantized_values_are_gguf_bits(kind):
     assert ours.dtype == np.float32 and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
+def rows_alone_and_together(product, paths: list[int], blocks: torch.Tensor, kind: Q, x: torch.Tensor,
+                            row_counts: tuple[int, ...]) -> torch.Tensor:
+    """Each row of x [R, I] through ``product`` alone, asserted bit-equal to the same row among the first
+    ``rows`` rows of every count, on one and two threads and every instruction-set path; the alone rows."""
+    inputs = x.shape[1]
+    alone = torch.cat([product(x[r:r + 1], blocks, int(kind), inputs, None, paths[0]) for r in range(x.shape[0])])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for isa in paths:
+                for rows in row_counts:
+                    got = product(x[:rows], blocks, int(kind), inputs, None, isa)
+                    assert torch.equal(bits(got), bits(alone[:rows])), (count, isa, rows)
+    finally:
+        torch.set_num_threads(threads)
+    return alone
+
+
 @pytest.mark.parametrize("kind", ALL, ids=lambda k: k.name)
 def test_a_rows_bits_do_not_depend_on_rows_threads_or_instruction_set(kind):
     inputs, outputs = 512, 45
     blocks = torch.from_numpy(random_blocks(kind, outputs, inputs, seed=7))
     x = torch.randn(70, inputs, generator=torch.Generator().manual_seed(3))  # past a tile (8) and a block (64)
-    alone = torch.cat([ops.qlinear(x[r:r + 1], blocks, int(kind), inputs, None) for r in range(70)])
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            for isa in isas():
-                for rows in (1, 3, 8, 9, 33, 70):
-                    got = ops.qlinear(x[:rows], blocks, int(kind), inputs, None, isa)
-                    assert torch.equal(bits(got), bits(alone[:rows])), (count, isa, rows)
-    finally:
-        torch.set_num_threads(threads)
+    alone = rows_alone_and_together(ops.qlinear, isas(), blocks, kind, x, (1, 3, 8, 9, 33, 70))
     dense = torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), kind))
     torch.testing.assert_close(alone, x @ dense.T, rtol=1e-4, atol=1e-3)  # the same product, another order
 
 
-def test_worked_example_q8_0():
+def worked_example() -> tuple[np.ndarray, torch.Tensor]:
+    """The worked example of native/quant.cpp and quant8.cpp: a Q8_0 block with d = 0.5, q = [2, -4, 0 ...]
+    (weights [1, -2, 0 ...]) and x = [1, 1, 0 ...]."""
     block = np.zeros(34, dtype=np.uint8)
     block[0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)
     block[2:4] = np.array([2, -4], dtype=np.int8).view(np.uint8)
     x = torch.zeros(1, 32)
     x[0, :2] = 1.0
+    return block, x
+
+
+def test_worked_example_q8_0():
+    block, x = worked_example()
     out = ops.qlinear(x, torch.from_numpy(block[None]), int(Q.Q8_0), 32, None)
     assert out.tolist() == [[-1.0]]
     layer = QuantizedLinear(torch.from_numpy(block[None]), int(Q.Q8_0), 32, 1, bias=torch.tensor([0.25]))
@@ -206,27 +222,14 @@ def test_int8_products_have_one_order_at_every_row_count_and_instruction_set(kin
     inputs = 768 if kind in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 352  # (352: eleven units, the last pair half empty)
     blocks = torch.from_numpy(random_blocks(kind, 23, inputs, seed=9))
     x = torch.randn(70, inputs, generator=torch.Generator().manual_seed(4))
-    alone = torch.cat([ops.qlinear_int8(x[r:r + 1], blocks, int(kind), inputs, None, 0) for r in range(70)])
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            for isa in (0, 1) if ops.qint8_vnni() else (0,):
-                for rows in (1, 2, 5, 8, 13, 70):
-                    got = ops.qlinear_int8(x[:rows], blocks, int(kind), inputs, None, isa)
-                    assert torch.equal(bits(got), bits(alone[:rows])), (count, isa, rows)
-    finally:
-        torch.set_num_threads(threads)
+    paths = [0, 1] if ops.qint8_vnni() else [0]
+    alone = rows_alone_and_together(ops.qlinear_int8, paths, blocks, kind, x, (1, 2, 5, 8, 13, 70))
     exact = ops.qlinear(x, blocks, int(kind), inputs, None)
     assert ((alone - exact).norm() / exact.norm()).item() < 0.02  # inputs rounded to 8 bits: near, not equal
 
 
 def test_int8_worked_example():
-    block = np.zeros(34, dtype=np.uint8)
-    block[0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)
-    block[2:4] = np.array([2, -4], dtype=np.int8).view(np.uint8)
-    x = torch.zeros(1, 32)
-    x[0, :2] = 1.0
+    block, x = worked_example()
     out = ops.qlinear_int8(x, torch.from_numpy(block[None]), int(Q.Q8_0), 32, None)
     assert abs(out.item() + 1.0) < 1e-6
 

@@ -80,13 +80,12 @@ def _module_of(model: torch.nn.Module, hf_name: str) -> tuple[torch.nn.Module, s
     return parent, attribute, parameter
 
 
-def _quantized_module(module: torch.nn.Module, blocks: torch.Tensor, code: int, products: str
-                      ) -> torch.nn.Module | None:
+def _quantized_module(module: torch.nn.Module, blocks: torch.Tensor, code: int) -> torch.nn.Module | None:
     """The stand-in for ``module`` over ``blocks`` in format ``code``, or None where it cannot stand in."""
     if type(module) is torch.nn.Linear and takes(code, module.in_features) \
             and blocks.shape[0] == module.out_features:
         bias = module.bias.detach() if module.bias is not None else None
-        return QuantizedLinear(blocks, code, module.in_features, module.out_features, bias, products)
+        return QuantizedLinear(blocks, code, module.in_features, module.out_features, bias)
     if isinstance(module, torch.nn.Embedding) and takes(code, module.embedding_dim) \
             and blocks.shape[0] == module.num_embeddings:
         scale = getattr(module, "embed_scale", None)
@@ -113,11 +112,9 @@ def _set_float(model: torch.nn.Module, hf_name: str, value: np.ndarray) -> None:
         module.register_buffer(parameter, tensor)
 
 
-def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None = None,
-                   products: str = "float32") -> PreTrainedModel:
+def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None = None) -> PreTrainedModel:
     """The model of ``gguf`` with its linear layers and embeddings kept in their block formats (float32 elsewhere),
-    in eval mode on the CPU, its linear layers multiplying as ``products`` says (model/quantized.py PRODUCTS).
-    Raises ModelLoadError naming the file for an architecture transformers cannot map."""
+    in eval mode on the CPU. Raises ModelLoadError naming the file for an architecture transformers cannot map."""
     from gguf import GGUFReader, dequantize
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
     from transformers.initialization import no_init_weights
@@ -149,7 +146,7 @@ def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None
             if hf_name is not None and order is not None and hf_name.endswith(".weight"):
                 parent, attribute, _ = _module_of(model, hf_name)
                 blocks = torch.from_numpy(np.ascontiguousarray(np.asarray(tensor.data)[order]))
-                stand_in = _quantized_module(getattr(parent, attribute), blocks, code, products)
+                stand_in = _quantized_module(getattr(parent, attribute), blocks, code)
                 if stand_in is not None:
                     setattr(parent, attribute, stand_in)
                     loaded.add(hf_name)
@@ -163,7 +160,7 @@ def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None
             widened.setdefault(tensor.tensor_type.name, []).append(tensor.name)
         _set_float(model, hf_name, result.weights)
         loaded.add(hf_name)
-    _tie_output(model, config, loaded, gguf, products)
+    _tie_output(model, config, loaded, gguf)
     for kind, names in widened.items():
         print(f"lookahead: {gguf.name}: {len(names)} {kind} tensor(s) (first {names[0]}) widened to float32 "
               f"({_why_widened(kind)})", file=sys.stderr)
@@ -171,7 +168,7 @@ def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None
     return model.eval()
 
 
-def _tie_output(model: Any, config: Any, loaded: set[str], gguf: Path, products: str) -> None:
+def _tie_output(model: Any, config: Any, loaded: set[str], gguf: Path) -> None:
     """Give an output head the GGUF has no tensor for the embedding's weights (tied), and check that every
     parameter was read from the file."""
     missing = [name for name, _ in model.named_parameters() if name not in loaded]
@@ -183,7 +180,7 @@ def _tie_output(model: Any, config: Any, loaded: set[str], gguf: Path, products:
         parent, attribute, _ = _module_of(model, head_names[0])
         if isinstance(embedding, QuantizedEmbedding) and isinstance(head, torch.nn.Linear):
             setattr(parent, attribute, QuantizedLinear(embedding.blocks, embedding.format_code, embedding.embedding_dim,
-                                                       embedding.num_embeddings, products=products))
+                                                       embedding.num_embeddings))
         else:
             head.weight = embedding.weight
         missing = [name for name in missing if name not in head_names]

@@ -387,7 +387,7 @@ def gguf_source(name_or_path: str, cache_dir: Path) -> tuple[Path, str] | None:
     return None
 
 
-def _quantized_reason(weights: str, device: torch.device, dtype: torch.dtype) -> str:
+def _quantized_reason(device: torch.device, dtype: torch.dtype) -> str:
     """Why a GGUF cannot load with its blocks kept (device, dtype, no native kernel); "" where it can."""
     if device.type != "cpu":
         return f"the block-format kernel runs on the CPU only, not on {device}"
@@ -399,7 +399,7 @@ def _quantized_reason(weights: str, device: torch.device, dtype: torch.dtype) ->
     return "" if native is not None else f"lookahead's C++ kernels could not be built ({failure})"
 
 
-def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | None, products: str,
+def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | None,
                  refetch: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The GGUF's model with its weights kept in their block formats, and its tokenizer."""
     from transformers import AutoTokenizer
@@ -416,10 +416,8 @@ def _load_blocks(gguf: Path, key: str, cache: Path, attn_implementation: str | N
                 except Exception as exc:  # noqa: BLE001 (a damaged file fails anywhere in the parser)
                     raise ModelLoadError(f"cannot read the GGUF file {gguf} ({one_line(exc)}): it is damaged (cut "
                                          f"short?) or no GGUF model; {refetch}") from exc
-    model = load_quantized(gguf, header, attn_implementation, products)
+    model = load_quantized(gguf, header, attn_implementation)
     return model, AutoTokenizer.from_pretrained(str(header))
-
-
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "cpu",
@@ -465,11 +463,11 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         except RegistryError as exc:
             raise ModelLoadError(str(exc)) from exc
         if source_gguf is not None:
-            reason = _quantized_reason(weights, device, dtype)
+            reason = _quantized_reason(device, dtype)
             if not reason:
                 refetch = f"delete {source_gguf[0]} to fetch it again" if name_or_path in ALIASES else \
                     "download it again"
-                model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, "float32", refetch)
+                model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, refetch)
                 model.config._name_or_path = name_or_path  # (what messages and the cost store call it)
                 return model, tokenizer
             if weights != "auto":

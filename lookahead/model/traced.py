@@ -2,11 +2,11 @@
 
 On the CPU a forward of a small model over a few rows spends as much time in
 Python as in its ops: transformers' modules, their keyword handling and
-torch's per-op dispatch from Python run some 5,000 times a step (SmolLM2-135M:
-about 10 ms of a 35 ms one-row step on a 2-core AMD EPYC; results/RESULTS.md,
-run 108). ``torch.jit.trace`` records the ops of one forward once; replaying
-the record runs the same ops in the same order from C++, so its logits and
-its cache writes are the eager forward's to the bit.
+torch's per-op dispatch from Python run some 5,000 times a step (``lookahead
+roofline`` times a step's ops and the time they leave to Python).
+``torch.jit.trace`` records the ops of one forward once; replaying the record
+runs the same ops in the same order from C++, so its logits and its cache
+writes are the eager forward's to the bit.
 
 A trace records sizes read from tensors as sizes, not as constants, so one
 trace serves every step length and every past: the forward's inputs are
