@@ -303,7 +303,7 @@ def warm_up(methods: list[Method], model: PreTrainedModel, prompt: BenchPrompt, 
             seed: int = 0) -> None:
     """Run every method once, untimed (kernels, allocator, Numba), a lookahead method's generator making its
     step's trace on its first step (a one-time cost of 1-3 s per process, as the kernels' compiling is:
-    left to the heuristic, the first timed prompt would pay it; README's ``traced_forward``)."""
+    left to the heuristic, the first timed prompt would pay it; docs/configuration.md, ``traced_forward``)."""
     ids = torch.tensor([prompt.input_ids])
     for method in methods:
         torch.manual_seed(seed)

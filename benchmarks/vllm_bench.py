@@ -22,7 +22,7 @@ accepted / drafts: tokens per verification step).
 Whether every method's greedy text equals vLLM's without speculation is counted too (vLLM verifies;
 float noise between a verify step and a plain step may flip a rare token).
 
-Needs vLLM (the ``[vllm]`` extra, in an environment of its own: README, "vLLM"); ``suffix`` needs the
+Needs vLLM (the ``[vllm]`` extra, in an environment of its own: docs/vllm.md); ``suffix`` needs the
 ``arctic-inference`` package and is left out, saying so, where it is missing.
 """
 

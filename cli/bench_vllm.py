@@ -1,6 +1,6 @@
 """``lookahead bench-vllm``: vLLM without speculation, with its ngram and suffix proposers and with
 lookahead's, on chat data sets in order (lookahead/benchmarks/vllm_bench.py). Runs where vLLM is
-installed (README, "vLLM")."""
+installed (docs/vllm.md)."""
 
 from __future__ import annotations
 
@@ -48,13 +48,13 @@ def bench_vllm(model_name: str, datasets: tuple[str, ...], limit: int, concurren
     """Measure vLLM on this machine without speculation, with ngram, suffix and lookahead's proposer:
     tokens/s (all, and the second half of each data set), mean accepted length, same text as without.
 
-    Needs vLLM (pip install -e ".[vllm]" in an environment of its own; README, "vLLM") and the [bench]
+    Needs vLLM (pip install -e ".[vllm]" in an environment of its own; docs/vllm.md) and the [bench]
     extra. Run it on an otherwise idle machine.
     """
     require_bench_extra()
     if importlib.util.find_spec("vllm") is None:
         fail('lookahead bench-vllm needs vLLM in this environment: pip install -e ".[vllm]" in an environment '
-             'of its own (README, "vLLM")')
+             'of its own (docs/vllm.md)')
     from lookahead.benchmarks.serving import parse_concurrency
     from lookahead.benchmarks.vllm_bench import Settings, run_bench, write_report
     from lookahead.vllm.settings import settings_from

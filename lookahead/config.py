@@ -41,7 +41,7 @@ class LookaheadConfig:
     # machine: it measures the forward-cost curve once (cached on disk), tracks acceptance per source,
     # class and depth, and feeds 0 to W of the window's columns. W=1 (x alone) leaves the window to
     # auto_window. Each field's help (metadata["help"], documented()) is its documentation: the CLI's
-    # --help shows it (cli/options.py), the README's table says the same.
+    # --help shows it (cli/options.py), docs/configuration.md's table says the same.
     window: int = documented(1, "W: columns of the Jacobi lookahead window (1-64); the budget feeds 0 to W of "
                                 "them each step; 1: no window (see auto_window)")
     ngram: int = documented(2, "N: n-gram size of the window's columns; the window has N-1 levels (2-16)")
