@@ -140,7 +140,9 @@ class LookaheadConfig:
                                            "the linear kernel through it, with no Python between the layers, "
                                            "and float32 products over 2-64 rows run through its tiled AVX2 "
                                            "kernel, eager or traced; where it cannot be built, or off, a "
-                                           "Python op and numba's kernel, some 60 us more a layer")
+                                           "Python op and numba's kernel, which pays the interpreter's call on "
+                                           "every layer (`lookahead bench` with and without --native-linear "
+                                           "measures the difference)")
     native_attention: bool = documented(True, "on the CPU, with native_linear's C++ op loaded: a float32 step's "
                                                "grouped-query attention (query heads sharing key/value heads, "
                                                "as Llama-style models have) over its 1-32 rows through the "
@@ -148,8 +150,8 @@ class LookaheadConfig:
                                                "long queries; no effect otherwise")
     huge_pages: bool = documented(True, "on a Linux CPU that offers transparent huge pages: the model's "
                                         "weights copied once, values unchanged, into memory backed by 2 MB "
-                                        "pages, so a step streams them with fewer TLB misses (1.03-1.11x "
-                                        "faster decoding measured on a 2-core AMD EPYC); the copy is shared "
+                                        "pages, so a step streams them with fewer TLB misses (`lookahead bench` "
+                                        "with and without --huge-pages measures the gain); the copy is shared "
                                         "by every generator of the model")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
                                      "random generator)")

@@ -24,8 +24,8 @@ def first_stop(new: np.ndarray, eos: np.ndarray, remaining: int) -> tuple[np.nda
 
     first_stop([5 2 7], eos [2], 10) -> ([5 2], True); first_stop([5 6 7], eos [2], 2) -> ([5 6], True).
     """
-    # (a step's few tokens as Python ints: each numpy call of a step's host work costs some 10 us on a CPU
-    # whose caches the forward just flushed, more than this loop)
+    # (a step's few tokens as Python ints: a numpy call's fixed cost, on a CPU whose caches the forward
+    # just flushed, exceeds this loop over a few tokens)
     end = min(new.shape[0], remaining)
     if eos.size:
         stops = eos.tolist()

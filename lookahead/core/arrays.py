@@ -1,8 +1,8 @@
 """One helper for the decode loop's host work: an array as a kernel takes it, copied only where it must be.
 
 After a forward has streamed the weights through the CPU's caches, every numpy call of a step's host
-work costs some 10-20 us (results/RESULTS.md, run 125), so arrays that already have the dtype and
-layout a numba kernel takes are passed as they are.
+work pays for memory the forward evicted from the caches (results/RESULTS.md keeps what it measured), so
+arrays that already have the dtype and layout a numba kernel takes are passed as they are.
 """
 
 from __future__ import annotations

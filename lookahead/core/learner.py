@@ -48,7 +48,7 @@ class DecayedRatio:
 
     def step_slots(self, num: float, den: float, slots: list[tuple[int, float]]) -> None:
         """``step`` with weights that are 0 but at a few slots: [(slot, weight), ...] (fewer numpy calls:
-        a step's host work pays some 10 us for each after a forward flushed the CPU's caches).
+        a step's host work pays a fixed cost for each after a forward flushed the CPU's caches).
 
         decay 0.5, slots 3: step_slots(4, 2, [(0, 0.25), (1, 0.75)]) -> num [1, 3, 0], den [0.5, 1.5, 0].
         """
@@ -103,7 +103,7 @@ class DecayedSlots:
     """``DecayedRatio.step_slots`` and ``values`` in plain floats for a few slots, the decay kept as one
     running factor (``scale``: the sums as stored, times it, are the decayed sums), so a step touches only
     the slots it adds to: for a learner stepped once a step after a forward has pushed the host's data out
-    of the CPU's caches, where every numpy call costs some 10 us. The stored sums are folded back (scale
+    of the CPU's caches, where every numpy call pays a fixed cost. The stored sums are folded back (scale
     1) before the factor underflows. The same values as a ``DecayedRatio`` stepped alike.
 
     decay 0.5, priors 0, slots 3: step(4, 2, [(0, 0.25), (1, 0.75)]) -> num [1, 3, 0], den [0.5, 1.5, 0].

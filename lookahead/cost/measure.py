@@ -486,7 +486,7 @@ LOAD_SPAN_S = 0.25  # others_busy counts over at least this long (a shorter meas
 
 def cpu_name() -> str:
     """The CPU's model name, with its family and model numbers and its widest vector extension where
-    /proc/cpuinfo gives them ('AMD EPYC (family 26, model 2, AVX-512)': the name alone is the same for
+    /proc/cpuinfo gives them ('<model name> (family 26, model 2, AVX-512)': the name alone is the same for
     CPUs generations apart), or the machine type where it cannot be read."""
     fields: dict[str, str] = {}
     try:

@@ -102,8 +102,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     ``attention``: their grouped-query attention through that op's kernel, as with ``native_attention``.
     ``traced``: on the CPU, the steps are replayed from a trace (model/traced.py) as a generator with
     ``traced_forward`` replays them, so the curve has their shape (an eager step's fixed Python costs made
-    more rows look cheaper relative to one: 16 rows 1.8x one row eager against 2.5x traced, SmolLM2 on
-    a 2-core AMD EPYC); making the trace (about a second) is part of the measurement's time.
+    more rows look cheaper relative to one than they are traced: `lookahead roofline` times both);
+    making the trace is part of the measurement's time.
     """
     rows = row_grid(max_rows)
     routes = measured_routes(model, few_row_matmul, onednn)

@@ -80,7 +80,7 @@ def step_rows(plans: list[StepPlan], x_pos: np.ndarray) -> StepRows:
         local[a, np.arange(q, width), np.arange(q, width)] = True
     # One window width for all: every plan keeps the same window rows, then the tree's from the same start
     # (StepPlan.keep), so each plan's kept rows are a prefix of the longest's, which are the step's [K] (the
-    # loop slices the logits by it). (No check here: a step's numpy calls cost 10-20 us each after a forward.)
+    # loop slices the logits by it). (No check here: every numpy call is host work on every step.)
     keep = max((p.keep for p in plans), key=len)  # [K]
     return StepRows(tokens, x_pos[:, None] + offsets, local, keep)
 

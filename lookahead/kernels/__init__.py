@@ -116,8 +116,9 @@ def _warm_linear() -> None:
         rows_linear(np.ones((2, 2), dtype=np.float32), np.ones((rows, 2), dtype=np.float32))
 
 
-# Each group a share of the compile, the longest first (cold, one at a time, on a 2-core AMD EPYC: trees and
-# top-k 20 s, sources 17, planning 10, recycle 8, linear 7; all in one process 57 s).
+# Each group a share of the compile, the longest first, so that workers taking the next group as one ends
+# finish together (a group's cold compile, one at a time: `NUMBA_CACHE_DIR=$(mktemp -d) python -c
+# "from lookahead.kernels import warm_group; warm_group(I)"` under `time`).
 WARM_GROUPS: tuple[Callable[[], None], ...] = (_warm_trees, _warm_sources, _warm_planning, _warm_recycle,
                                                _warm_linear, _warm_topk)
 ENTRY_KERNELS = (backoff_estimates, count_tree, forecast_options, refine_curve, match_continuations,

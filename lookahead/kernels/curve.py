@@ -10,8 +10,8 @@ agree on, believed in proportion 1 - exp(-steps / trust)): seconds = start * exp
 shrink * (mean - level)). A point that steps have not shown yet (seen < trust) is priced at most
 what a larger point they have shown costs: a step over fewer rows costs no more, and a point
 priced above that (its start measured in a slow spell, or one stalled step its only evidence)
-would never be chosen, so never corrected (a batch of four on two cores once priced one row at
-54 ms and two at 40: it took trees of one node on every step, against a plain step of 33 ms).
+would never be chosen, so never corrected (a one-row point priced above the two-row one makes every
+step take a tree of one node, and the plain step, never taken, keeps its wrong price).
 
 Done in numpy that is some twenty small calls a step, each costing microseconds on a host whose
 caches a forward has just flushed; here it is one call.

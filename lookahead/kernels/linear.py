@@ -8,7 +8,7 @@ weight row once while the few input rows stay in cache (several sums
 kept in registers), the product runs at the memory's speed on every core,
 where a general BLAS kernel may not over so few rows. Whether it beats
 torch's own on a given CPU is measured there (lookahead/model/fewrows.py,
-lookahead/model/routing.py; measurements in benchmarks/RESULTS.md).
+lookahead/model/routing.py; `lookahead roofline` times every route).
 
 Worked example: w = [[1 2] [0 1] [1 0]] (O = 3 outputs, I = 2 inputs),
 x = [[1 1] [2 0]] (R = 2 rows) -> [[3 1 1] [2 0 2]].
@@ -38,7 +38,9 @@ def rows_linear(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     BLOCK input rows at a time (16 running sums; the rows padded with zeros to a multiple of
     BLOCK), which halves the input loads but keeps BLOCK weight streams per core. The wide kernel
     pays from WIDE_ROWS rows, and from 3 rows (with the padding) on long weight rows
-    (WIDE_INPUTS); the measurements behind these thresholds are in benchmarks/RESULTS.md.
+    (WIDE_INPUTS): the thresholds stand where the faster of the two changed, as `lookahead bench
+    --no-native-linear` (this kernel on every kernel-route product) and `lookahead roofline --rows 3
+    --rows 8 --rows 9` where the C++ op is not built measure it; results/RESULTS.md keeps the timings.
     """
     out = np.empty((x.shape[0], w.shape[0]), dtype=x.dtype)
     linear_into(w, x, out)

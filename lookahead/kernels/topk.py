@@ -1,8 +1,8 @@
 """The top-R entries of every row of a score matrix, and how sure each is: token recycling's read of the logits.
 
-torch's ``topk`` over a vocabulary row costs 35-60 us on a CPU core whatever
-R is (49152 floats, SmolLM2's vocabulary), and a step reads it for every kept
-row: up to a third of a step's host time. Here a row is read in blocks of
+torch's ``topk`` over a vocabulary row costs about the same whatever R is
+(a full pass over, e.g., SmolLM2's 49152 floats), and a step reads it for every
+kept row: a large share of a step's host time. Here a row is read in blocks of
 ``BLOCK`` entries: one pass takes each block's maximum (a loop the compiler
 vectorizes), the R-th largest block maximum bounds the R-th largest entry
 from below, and only the blocks whose maximum reaches that bound (about R of

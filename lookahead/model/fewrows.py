@@ -6,8 +6,8 @@ product over 2 or more rows to a general matrix-matrix kernel; on some CPUs
 neither streams the weights at the memory's speed, on others they do. So
 this is one route among others (model/routing.py): the cost measurement times a
 forward through it and through torch's own on this machine, and each row
-count runs through whichever was faster (benchmarks/RESULTS.md has what
-machines measured).
+count runs through whichever was faster (`lookahead roofline` times every
+route per row count; results/RESULTS.md has what machines measured).
 
 Inside ``FewRowLinear`` a forward over TILED_ROWS_MIN rows or more
 in float32 runs its linear layers through the tiled kernel of lookahead's
@@ -25,10 +25,11 @@ A third route is torch's own oneDNN (``onednn``): every weight packed once
 into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
 a copy as large as the linear layers' weights, made on the route's first
 use) and multiplied by its register-blocked kernel
-(``torch.ops.mkldnn._linear_pointwise``). On an AMD EPYC it runs SmolLM2's
-linears over 6 to 48 rows 1.2-1.6x faster than lookahead's kernel, and
-loses to it over 1 to 3 (results/RESULTS.md, run 96); float32 only, and
-only where ``LookaheadConfig.onednn_linear`` offers it to the measurement.
+(``torch.ops.mkldnn._linear_pointwise``). Where it wins over lookahead's
+kernel depends on the CPU and the row count, as for every route: the cost
+measurement decides per row count (`lookahead roofline` shows each route's
+step); float32 only, and only where ``LookaheadConfig.onednn_linear``
+offers it to the measurement.
 
 The rerouting touches the linear layers alone: while ``FewRowLinear`` is
 entered, each ``nn.Linear`` of the model holds a ``RoutedWeight`` (the same
@@ -65,24 +66,21 @@ KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py compute
 ONEDNN_DTYPES = (torch.float32,)  # what the onednn route packs
 KERNEL_ROWS_MAX = 64  # own kernel: 1 .. KERNEL_ROWS_MAX rows (the cost measurement decides where it wins)
 # W @ x^T (the "mm" route, and the kernel route's for other dtypes): 1 .. MM_ROWS_MAX rows, a single row computed
-# as two (itself twice): torch sends one column to a matrix-vector kernel that on a 2-core AMD EPYC with AVX-512
-# took 33.4 ms over SmolLM2's linears where its matrix kernel took 17.1 over the row twice (run 128; F.linear:
-# 33.4 at one row, 53.6 / 50.9 / 46.8 / 57.7 at 2 / 4 / 8 / 16 against W @ x^T's 15.6 / 17.5 / 32.4 / 47.1, but
-# 51.9 against 60.3 at 12). The cost measurement decides per row count where it wins.
+# as two (itself twice): torch sends one column to a matrix-vector kernel, which on some CPUs is slower than
+# its matrix kernel over the row twice. The cost measurement decides per row count where it wins
+# (`lookahead roofline` times the mm route beside the others).
 MM_ROWS_MAX = 64
 # The most rows a step's forward is rerouted for (past it, as torch is set): the tiled kernel (float32, where
-# loaded) takes any number of rows; SmolLM2's linears on a 2-core AMD EPYC with AVX-512, ms at 32 / 64 / 96 /
-# 128 / 192 rows: 16 lanes 27.9 / 48.0 / 71.7 / 92.7 / 144, 8 lanes 41.3 / 74.7 / 112 / 148 / 230, torch's
-# F.linear 73.6 / 115 / 159 / 199 / 290 (run 128): at 64, where numba's kernel stops and where this limit stood,
-# a batch of four 33-row steps fell off a cliff to torch's. (Prompts prefill through it where it measures
-# faster: prefill.py.)
+# loaded) takes any number of rows, so a batch's step (several sequences' rows together) stays on the routed
+# kernels rather than dropping to torch's at numba's KERNEL_ROWS_MAX (`lookahead roofline --rows 32 --rows 64
+# --rows 128` times the routes there). (Prompts prefill through it where it measures faster: prefill.py.)
 FEW_ROWS_MAX = 256
 OP = "lookahead::linear"  # a linear layer as a torch op that follows a route given at run time (traced.py)
 ROUTE_CODES = {"torch": 0, "kernel": 1, "mm": 2}  # the routes OP takes, by the code it is given
 KERNEL_CODE = ROUTE_CODES["kernel"]
 TILED_CODE = 3  # the kernel route, its float32 products through the tiled kernel (a FewRowLinear with ``tiled``)
-# ... from this many rows: a one-row traced step ran 0.93-1.00x as fast through it as through numba's kernel
-# (2-core AMD EPYC, run 120), where both stream the weights at about the memory's speed
+# ... from this many rows: over one row both stream the weights at about the memory's speed and the tiled
+# kernel gains nothing (`lookahead roofline` compares a step's routes against the memory roofline)
 TILED_ROWS_MIN = 2
 
 
@@ -237,7 +235,7 @@ class FewRowLinear:
         self.tiled: Callable[..., torch.Tensor] | None = None
         if self.native_op is not None and any(layer.weight.dtype == torch.float32 for layer in layers):
             self.tiled, _ = tiled_kernel()
-            tiled_width()  # (the process's width chosen now, ~50 ms once, not inside the first timed forward)
+            tiled_width()  # (the process's width chosen now, timed once, not inside the first timed forward)
         self._wrap()
 
     def _wrap(self) -> None:

@@ -8,9 +8,8 @@ same weights take about 270 entries. Linux backs anonymous memory with 2 MB page
 so advised, so ``move_to_huge_pages`` copies every CPU parameter, values unchanged, into one anonymous
 private mapping advised so (2 MB-aligned, each parameter at a 64-byte boundary) and points the
 parameters at it (``param.data``): tied weights stay tied, and the mapping lives as long as any
-parameter views it. On a 2-core AMD EPYC (SmolLM2-135M, float32; two copies of the model in one
-process, their decodes interleaved) a one-row forward took 10.8 ms against 12.2 and 16.7 against 17.4 in
-two runs, and decoding ran 1.11x and 1.03x faster (results/RESULTS.md, run 129).
+parameter views it. Values are unchanged, so the tokens are too; what it buys in speed is the machine's:
+`lookahead bench` with and without --huge-pages measures it (results/RESULTS.md keeps the measurements).
 
 Nothing is moved off Linux, where the kernel offers no transparent huge pages ("never"), for parameters
 not on the CPU, or where the CPU parameters already lie as a move leaves them (``moved_here``: a model

@@ -1,10 +1,9 @@
 """Whose linear kernel prefills a prompt on the CPU: torch's, or lookahead's tiled kernel (fewrows.py).
 
 A prompt's prefill is a forward over hundreds of rows: compute-bound, where a step over a few rows
-is bound by reading the weights. Which kernel computes it faster depends on the machine: over
-SmolLM2's linears on a 2-core AMD EPYC with AVX-512, the tiled kernel in 16 lanes took 93 / 144 ms at
-128 / 192 rows where torch's F.linear took 199 / 290 (results/RESULTS.md, run 128); a CPU whose torch
-build runs a faster GEMM (oneDNN with AMX, say) may say otherwise. So nothing is assumed:
+is bound by reading the weights. Which kernel computes it faster depends on the machine (the tiled
+kernel may beat torch's F.linear there; a CPU whose torch build runs a faster GEMM, oneDNN with AMX,
+say, may say otherwise; `lookahead roofline --rows 128 --rows 192` times both). So nothing is assumed:
 ``PrefillChoice`` runs the first prefills of at least MEASURED_ROWS rows through each in turn, and
 from then on every prefill through the one that took less time per prompt row (the medians of
 TRIES each). Until then, and where the tiled kernel cannot run (not loaded, not float32, another

@@ -4,7 +4,7 @@ Which is fastest depends on the machine and on what else runs on it: lookahead's
 kernel (kernels/linear.py) beats torch's own on some CPUs and loses on others, and with
 another process busy on one of the cores a forward on every thread waits at each parallel
 region for the thread that shares a core with it, many times slower than on one thread
-(benchmarks/RESULTS.md has the measurements). So nothing
+(`lookahead bench --busy-cores 1` measures it; results/RESULTS.md keeps what it measured). So nothing
 here is a default: the cost measurement (cost/measure.py) times a decode-shaped
 forward over every row count through every ``Route`` (``candidate_routes``),
 ``Routing`` keeps, per row count, the route that was fastest, and the decode
@@ -15,17 +15,18 @@ loop re-checks that choice while it runs:
   the choice (the machine got busy or quiet), the fastest other route of
   each thread count (as estimated now) runs TRY_STEPS real steps and the
   choice is made again: a load moves routes apart by their threads, so the
-  others of a count would only repeat what its fastest shows (trying all five
-  after a 1.5x drift cost four sequences' steps on two cores 15 steps at
-  1.6-3.5x the chosen route's, again at each row count and batch size);
+  others of a count would only repeat what its fastest shows (trying every
+  route after a drift would run each slower one's TRY_STEPS steps too, again
+  at each row count and batch size: `lookahead bench --busy-cores 1` decodes
+  beside such a load);
 - a runner-up also runs TRY_STEPS steps on a schedule (``EXPLORE_FIRST``
   steps, doubling while it loses), so a load that ended, or one unlucky step,
   does not keep a fast route off for good.
 
 A try is judged by the median of its steps, and takes a row count over only
 when it beats the route there by SWITCH_MARGIN: two routes within noise of
-each other (a step of four sequences on two cores moves 10-20% from one step
-to the next) would otherwise trade places on every lucky step, the loser
+each other (on a shared machine one step's time moves from the next's by more
+than the margin) would otherwise trade places on every lucky step, the loser
 running until the next try.
 
 Threads are the user's: a route never runs on more threads than
@@ -77,7 +78,8 @@ class Route:
 
 
 def median(values: list[float]) -> float:
-    """The median of a few values, in plain Python (numpy's costs 20-40 us a call, every step):
+    """The median of a few values, in plain Python (called every step; a numpy call's fixed cost would
+    exceed the work on so few values):
     [3, 1, 2] -> 2; [1, 4] -> 2.5."""
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -152,10 +154,10 @@ class Routing:
     (the median of its try's steps, less the machine's level). Levels are
     relative so that a spell when the whole machine ran slow, met by whichever
     route ran then, does not sink that route against routes last seen in a
-    quiet spell (on a shared 2-core machine the same route moved 52-90 ms a
-    step within a minute). Per row count, because a route can fall behind at
-    one row count and not at another (four sequences on two cores:
-    ``kernel x2`` 20-40% over its measurement at one row each, on it at four).
+    quiet spell (on a shared machine the same route's step time moves with the
+    others' load within a minute). Per row count, because a route can fall behind
+    at one row count and not at another (other work contends for the memory and
+    the cores differently at different row counts).
 
     The steps re-check the choice: when the machine's level at a row count
     moves RECHECK away from where it stood when the choice was made (the

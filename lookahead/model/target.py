@@ -240,7 +240,7 @@ class Target:
         if key is not None and arena is not None and self.traced is not None \
                 and self.traced.ready(key, (count, row_class(rows))):
             # A trace made and checked at this shape: replayed with the route's threads alone (the layers'
-            # weights and the attention are the trace's own; swapping them in took some 0.2 ms a step)
+            # weights and the attention are the trace's own; swapping them in would be host work for nothing)
             with route_mode(route, count * rows, self.linears, weights=False):
                 logits = self._traced(key, linear, arena, tokens, q_pos, traced_mask, keep_t, past, True)
             if logits is not None:

@@ -44,8 +44,8 @@ told the route at run time, so the trace calls the kernel too: the C++ op
 ``lookahead_native::linear`` (native/, built once per machine), which calls
 the kernel without the interpreter, or where that cannot be built (or
 ``native`` is off) fewrows.py's ``lookahead::linear``, whose kernel runs in
-Python (some 60 us more a call: 13 ms of a one-row SmolLM2 step on a 2-core
-AMD EPYC, results/RESULTS.md run 118). Where the C++ op serves, a new
+Python (the interpreter's call on every linear of every step: `lookahead
+bench` with and without --native-linear measures it). Where the C++ op serves, a new
 trace's graph is also rewritten (fusion.py): each RMS norm and each rotary
 half-turn of the queries and keys becomes one op that computes the chain's
 result to the bit, and each layer's cache update is one op too (``kv_write``),
@@ -78,12 +78,12 @@ from .fusion import Fused, fused
 # When a kind is traced: once its eager steps have taken as long as making and checking a trace takes (as
 # renting skis until the rent paid reaches the price: a bounded multiple of the better choice's cost, and
 # kinds a process seldom runs are never traced). A trace's cost is the last one measured; before any,
-# this many of the kind's mean eager step (SmolLM2-135M, 2-core AMD EPYC: 1.1 s against 70-76 ms steps,
-# run 118; 0.96-1.18 s against 35-45 ms on a fast day).
+# this many of the kind's mean eager step (a guess at the ratio of making and checking a trace to one
+# eager step; the first trace made replaces it with the measured ``trace_seconds``).
 TRACE_STEPS_GUESS = 25
 # ... waiting for twice that: a one-off call of some 100 tokens then seldom pays for a trace it would not
-# use long; a server or a session of calls traces within its first calls. (Once that, with a guess of 15
-# steps, made the test suite's many short decodes trace, 17% more CPU time, for no measured gain; run 118.)
+# use long; a server or a session of calls traces within its first calls. (A smaller guess or patience
+# makes short decodes, such as the test suite's, pay for traces they do not use long.)
 TRACE_PATIENCE = 2.0
 # Why the onednn route's steps run eagerly: a trace would hold its packed weights as constants, and torch's
 # tracer refuses oneDNN's opaque tensors there ("Unsupported value kind: Tensor", torch 2.13).
@@ -203,8 +203,8 @@ class TracedForward:
     def _weights(self) -> tuple:
         """Where the model's first weight lives: moving or casting the model (which a trace, holding its
         tensors as constants, would not follow) changes this. (Linear layers swapped for the kernel's routed
-        weights, fewrows.py, share storage with theirs.) Read where it is held, found once (walking the
-        modules for it took some 40 us a call): ``Module.to`` and the casts give it new data in place,
+        weights, fewrows.py, share storage with theirs.) Read where it is held, found once (finding it on
+        every call would walk the modules every step): ``Module.to`` and the casts give it new data in place,
         ``load_state_dict(assign=True)`` a new parameter there."""
         if self.first is None:
             return ()
@@ -298,8 +298,8 @@ class TracedForward:
         trace would skip it (a hook may change what a layer computes), so such steps run eagerly."""
         if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
             return True
-        return any(self.hook_dicts)  # (a dict's truth in C: some 10 us a step where a generator over the
-        # modules' attributes took 95 us for SmolLM2's 400 modules)
+        return any(self.hook_dicts)  # (a dict's truth is read in C: one pass over prebuilt dicts a step, not
+        # a generator over every module's attributes)
 
     def due(self, key: TraceKey) -> bool:
         """Whether to trace ``key`` now: some kind was traced already (this process steps long enough), or
@@ -493,7 +493,7 @@ def agreed(eager: Any, trace: Any, inputs: tuple, in_place: bool = False) -> tup
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal to the bit: floats compared as integers of their width, so a NaN equals a NaN of the same bits
     (a buffer's slots past those written are uninitialised memory, which may hold NaNs, copied alike into
-    both copies). One pass, no temporaries: 19 ms over a 188 MB buffer where ``isclose`` took 126."""
+    both copies). One pass, no temporaries (``isclose`` would allocate and compare a float buffer)."""
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 

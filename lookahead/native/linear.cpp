@@ -30,9 +30,9 @@ namespace {
 // by RT input rows keeps OT * RT sums in registers, so a weight vector loaded once serves RT input rows;
 // the tile's weight rows are read from memory once (for more than RT input rows, again from cache), and
 // the next tile's are prefetched into L2 meanwhile, spread over all of the tile's passes: prefetched in its
-// first pass alone, the next tile's lines were all asked for while the memory then idled through the
-// passes that read from cache (8-13% slower at 8-24 rows, SmolLM2's linears on a 2-core AMD EPYC). The
-// tiles of weight rows are split between torch's threads (at::parallel_for).
+// first pass alone, the next tile's lines would all be asked for while the memory then idled through the
+// passes that read from cache (slower over rows that take several passes: `lookahead roofline --rows 8
+// --rows 16 --rows 24` times the tiled route there). The tiles of weight rows are split between torch's threads (at::parallel_for).
 //
 // Worked example: w = [[1 2] [0 1] [1 0]], x = [[1 1] [2 0]] -> [[3 1 1] [2 0 2]] (I = 2: all tail).
 
@@ -57,7 +57,8 @@ __attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum(v0..
 }
 
 // A pass's prefetch of the next tile: line `pass` of every `passes` lines of each of its OT weight rows
-// (into L1 where the tile has one pass, as 2-3 rows ran 5% faster so; else into L2).
+// (into L1 where the tile has one pass, which `lookahead roofline --rows 2 --rows 3` measured faster;
+// else into L2).
 template <int OT>
 inline void prefetch_next(const float* const* wrow, int64_t ahead, int64_t start, int64_t pass, int64_t passes) {
   for (int o = 0; o < OT; ++o) {
@@ -114,8 +115,9 @@ struct Tile8 {
 // In 16 lanes each input vector is loaded once and held in a register for the tile's OT products (an empty
 // asm makes it a register value): left to itself the compiler folds the load into every fused
 // multiply-add, so two weight rows read each input vector twice and the loads, not the arithmetic, bound
-// the loop (held, 7 to 9 input rows took 7-20% less time streaming SmolLM2's weights, 2-core AMD EPYC, run
-// 134). The same hold in 8 lanes measured level there, so Tile8 is left as it was.
+// the loop; held, each input vector is loaded once a tile (`lookahead roofline --rows 8` times the 16-lane
+// tiled route; results/RESULTS.md keeps what it measured). The same hold in 8 lanes measured level, so
+// Tile8 is left as it was.
 template <int OT, int RT>
 struct Tile16 {
   __attribute__((target("avx512f"))) static void run(const float* w, const float* x, float* out, int64_t inputs,
@@ -196,12 +198,10 @@ void tiled_columns(const float* w, const float* x, float* out, int64_t rows, int
 // 8 lanes: tiles of 6 weight rows for one or two input rows, 4 for three, 3 for four or more (at most 12
 // of the 16 registers hold sums). 16 lanes (32 registers): one weight row (a single stream a thread, as
 // numba's kernel) by all of up to five input rows in one pass, two weight rows by all of six to nine
-// (up to 18 sums, one pass), 6 weight rows by 4 input rows from ten rows (24 sums). (SmolLM2's linears on
-// a 2-core AMD EPYC with AVX-512, ms a forward's worth at 1 / 4 / 8 / 16 rows: 8 lanes 14.9 / 15.8 / 18.6 /
-// 22.3, 16 lanes so 11.8 / 12.5 / 15.3 / 16.7; run 128. At 7 / 8 / 9 rows two weight rows in one pass took
-// 13.6 / 13.2-13.5 / 13.5 ms against 14.2-14.6 / 14.9 / 14.5 for 6 by 4 in passes; run 130. With each input
-// vector held in a register for the tile's weight rows, run 134, paired passes over the same weights: 6 to 9
-// rows 8-20% less time than before, 6 rows 4-7% less on two weight rows than on one, 5 rows 1-2% more so.)
+// (up to 18 sums, one pass), 6 weight rows by 4 input rows from ten rows (24 sums). Every shape computes
+// the same sums in the same order (above), so the boundaries between shapes are a matter of speed alone:
+// each stands where the faster shape changed over the row counts `lookahead roofline --rows 1 --rows 4
+// --rows 5 --rows 6 --rows 8 --rows 9 --rows 10 --rows 16` times (results/RESULTS.md keeps the timings).
 void tiled_product(const float* w, const float* x, float* out, int64_t rows, int64_t inputs, int64_t outputs,
                    int64_t lanes) {
   if (lanes == 16) {
@@ -265,7 +265,7 @@ std::vector<double>& width_timings() {
 // The width this process runs the tiled kernel in (0: none), chosen once, on first use: the only one this
 // CPU runs, or, where it runs both, the faster on this machine: products of 4 and 12 input rows with 64 MB
 // of weights (more than the caches hold: streamed from memory, as a forward's are), the widths interleaved,
-// 5 times each (about 50 ms). What the choice saw: tiled_width_timings.
+// 5 times each (a one-time cost, paid once a process). What the choice saw: tiled_width_timings.
 int64_t tiled_lanes() {
   static const int64_t lanes = [] {
     const std::vector<int64_t> widths = tiled_widths();

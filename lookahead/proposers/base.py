@@ -59,7 +59,7 @@ class Candidates:
 @lru_cache(maxsize=8)
 def no_candidates(length: int = 1) -> Candidates:
     """No rows (one read-only instance per length: a step asks for it several times, and every numpy
-    call of a step's host work costs some 10 us on a CPU whose caches the forward just flushed)."""
+    call of a step's host work pays a fixed cost on a CPU whose caches the forward just flushed)."""
     empty = np.zeros((0, length), dtype=np.int64)
     empty.flags.writeable = False
     lens = np.zeros(0, dtype=np.int64)

@@ -16,7 +16,7 @@ noise), one request at a time in order:
 
 Counted per request: steps, draft tokens, accepted tokens. Time is modelled from vLLM's own cost,
 ``step_ms`` a verification step and ``draft_ms`` a draft token (what ``bench-vllm``'s totals give by
-least squares: results/RESULTS.md, run 129), and lookahead's proposer reads that modelled clock, so
+least squares: ``lookahead bench-vllm`` measures them), and lookahead's proposer reads that modelled clock, so
 its "auto" cut learns the row cost it would learn inside vLLM. The report gives each proposer's counts,
 its modelled tokens/s over all requests and over the second half, and the **oracle** of the two:
 at every step, with hindsight, the draft accepted furthest (how far choosing between them could go).
@@ -278,7 +278,8 @@ def markdown(report: dict[str, Any]) -> str:
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--k", type=click.IntRange(1, 32), default=6, show_default=True, help="num_speculative_tokens.")
 @click.option("--step-ms", type=click.FloatRange(min=0.0, min_open=True), default=26.3, show_default=True,
-              help="vLLM's cost of a verification step (run 129's, one request, this project's CPU).")
+              help="vLLM's cost of a verification step, one request (`lookahead bench-vllm` measures it on "
+                   "this machine; the default is one such measurement's).")
 @click.option("--draft-ms", type=click.FloatRange(min=0.0), default=3.84, show_default=True,
               help="vLLM's cost of a draft token's row.")
 @click.option("--lookahead-settings", default="{}", show_default=True,
