@@ -145,7 +145,7 @@ class LookaheadConfig:
                                            "measures the difference)")
     native_attention: bool = documented(True, "on the CPU, with native_linear's C++ op loaded: a float32 step's "
                                                "grouped-query attention (query heads sharing key/value heads, "
-                                               "as Llama-style models have) over its 1-32 rows through the "
+                                               "as Llama-style models have) over its 1-128 rows through the "
                                                "op's kernel instead of torch's SDPA, whose blocking is sized for "
                                                "long queries; no effect otherwise")
     huge_pages: bool = documented(True, "on a Linux CPU that offers transparent huge pages: the model's "

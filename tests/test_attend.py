@@ -85,6 +85,36 @@ def test_worked_example(attend):
     assert torch.equal(both, torch.full((1, 1, 1, 16), 2.0)) and torch.equal(first, torch.full((1, 1, 1, 16), 1.0))
 
 
+def test_worked_example_hidden_key_between(attend):
+    q, k = torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 3, 16)
+    v = torch.stack([torch.full((16,), x) for x in (1.0, 5.0, 3.0)])[None, None]
+    got = attend(q, k, v, torch.tensor([[[[0.0, float("-inf"), 0.0]]]]), 0.25)
+    assert torch.equal(got, torch.full((1, 1, 1, 16), 2.0))
+
+
+@pytest.mark.parametrize("keys", [40, 300, 700])
+def test_hidden_keys_between_visible_ones_take_no_place(attend, keys):
+    """A row over keys with hidden ones among them (a tree row's siblings, a batch's padding) gives the bits
+    of the same row over its visible keys alone, packed together: the plain loop's row at that position.
+    Random patterns, the visible ones crossing chunk ends (KEY_CHUNK 256), both widths, one thread or two."""
+    threads = torch.get_num_threads()
+    try:
+        for seed in range(6):
+            q, k, v, mask = case(1, 6, 2, 3, keys, 64, seed=seed, hidden=0.1 + 0.15 * (seed % 3))
+            mask[0, 0, 2, :keys // 3] = float("-inf")  # row 2: a padded sequence's hidden start
+            for lanes in widths():
+                for count in (1, 2):
+                    torch.set_num_threads(count)
+                    full = attend(q, k, v, mask, 0.125, lanes)
+                    for t in range(3):
+                        seen = (mask[0, 0, t] > LOWEST).nonzero().flatten()
+                        packed = attend(q[:, :, t:t + 1], k[:, :, seen], v[:, :, seen],
+                                        torch.zeros(1, 1, 1, len(seen)), 0.125, lanes)
+                        assert torch.equal(full[:, t], packed[:, 0]), (seed, lanes, count, t)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_row_that_sees_nothing_gives_zeros_as_sdpa_does(attend):
     q, k, v, mask = case(1, 4, 2, 3, 10, 16)
     mask[0, 0, 1] = float("-inf")
@@ -146,7 +176,7 @@ def test_a_chunk_whose_keys_are_all_hidden_adds_nothing(attend):
 
 @pytest.mark.parametrize("shape", ["rows", "width", "dtype"])
 def test_what_the_kernel_does_not_take_runs_sdpa(attend, shape):
-    rows, width = (33, 16) if shape == "rows" else (2, 8) if shape == "width" else (2, 16)
+    rows, width = (129, 16) if shape == "rows" else (2, 8) if shape == "width" else (2, 16)
     q, k, v, mask = case(1, 4, 2, rows, 20, width)
     if shape == "dtype":
         q, k, v, mask = q.double(), k.double(), v.double(), mask.double()

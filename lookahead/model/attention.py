@@ -23,7 +23,7 @@ the same numbers: both run torch's SDPA kernel over the same heads.
 
 With ``native`` (lookahead's C++ library loaded, native/build.py), float32
 steps on the CPU attend through ``lookahead_native::attend`` instead
-(``grouped_native``): the same attention for a step's 1-32 rows without
+(``grouped_native``): the same attention for a step's 1-128 rows without
 SDPA's blocking for long queries, each row's keys split into chunks that
 both cores share, in the vector width the process's tiled kernel measured
 faster (8 lanes, or 16 with AVX-512F), each row's numbers computed the same way

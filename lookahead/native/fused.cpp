@@ -179,32 +179,35 @@ std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& keys, const at::Te
 // q [B, Hq, Q, D], k and v [B, Hk, S, D] (query head h reads key/value head h / (Hq / Hk), as torch's
 // enable_gqa), mask [B or 1, 1, Q, S] added to the scaled scores -> [B, Q, Hq, D] (the layout transformers
 // reshapes the heads from). torch's SDPA over a few rows spends most of its time on blocking and buffers
-// sized for long queries (SmolLM2's 9 over 3 heads, D 64, 300 keys, 2-core AMD EPYC: 44 us at one row and
-// 111 at eight, where this op takes 20 and 57; results/RESULTS.md run 127).
+// sized for long queries; `lookahead roofline` and tests/test_attend.py's comparisons time the two.
 //
-// Up to QB query vectors of one key/value head are attended together, so each key and value row is read
-// from cache once for all of them. A row's keys are cut into chunks at multiples of KEY_CHUNK (flash-
-// decoding's split). Where a step has few blocks of vectors (a one-row step has Hk), each chunk is a work
-// item of its own, so both cores attend and read the keys and values from memory side by side (SmolLM2,
-// one row over 1024 keys read from memory, 2-core AMD EPYC: 109 -> 65 us in 8 lanes); with blocks enough to
-// share (SPLIT_UNITS a thread), a block's chunks run one after the other on one thread and are combined
-// there, with no parts kept for the whole call (four rows over 300 keys: 44 -> 35 us against every chunk
-// apart; results/RESULTS.md run 133). Every number a query row gets is computed the same way whatever the
-// step's other rows, its batch, its blocking or the threads: per chunk, a score is the dot product in
-// chunks of 8 in order of the dimension (fused multiply-adds into one vector), then hsum8, times scale,
-// plus the mask; the chunk's largest score is subtracted and exp8 taken lane-wise; the chunk's sum adds
-// score p into lane p mod 8, in order of p, then hsum8; its part of an output element sums exp(score) * v
-// over its keys in order (one fused multiply-add each). Then, in chunk order, each part and sum is scaled
-// by exp(its largest - the row's largest) and added up, and the output is the parts' total over the sums'
-// (one chunk: a factor of exactly 1). A masked key (exp 0) adds exactly nothing, and a chunk that sees no
-// key adds nothing at all, so neither do the mask's hidden columns. A row whose every score is -inf gives
-// 0, as torch's SDPA on the CPU does.
+// The contract: a query row's output is a function of its own visible keys, in slot order, and nothing
+// else: not the step's other rows, the batch, hidden keys between visible ones (a tree row's siblings, a
+// batch's padding), the blocking or the threads. A key is hidden where its mask is -inf or the float's
+// lowest value (the masks transformers and lookahead build); a hidden key takes no place in the row's
+// order. So a row attending over keys [0, P] alone, or as the last node of a tree path whose siblings sit
+// between its ancestors, gets the same bits.
+//
+// The computation, per row: its visible keys, numbered 0, 1, ... (their rank) in slot order, are cut into
+// chunks of KEY_CHUNK ranks (flash-decoding's split: where a step has few blocks, a one-row step's Hk, each
+// chunk is a work item of its own, so both cores read keys and values side by side). Per chunk, a score is
+// the dot product in pieces of the vector width in order of the dimension (fused multiply-adds into one
+// vector), then the width's fixed horizontal sum, times scale, plus the mask; the chunk's largest score is
+// subtracted and exp taken lane-wise; the chunk's sum adds the key of rank r into lane r mod width, in
+// rank order, then the horizontal sum; its part of an output element sums exp(score) * v over its keys in
+// rank order (one fused multiply-add each). Then, in chunk order, each part and sum is scaled by exp(its
+// largest - the row's largest) and added up, and the output is the parts' total over the sums' (one chunk:
+// a factor of exactly 1). A row with no visible key gives 0. The query vectors of one row that read the
+// same key/value head (grouped heads) are attended together, up to QB at a time, so each of the row's key
+// and value rows is read from cache once for them.
 //
 // Worked example: one head, D = 16 (every q and k element 0), v rows [1 ... 1] and [3 ... 3], mask [0 0]:
-// equal scores, weights 1/2 each -> [2 ... 2]; mask [0 -inf] -> [1 ... 1].
+// equal scores, weights 1/2 each -> [2 ... 2]; mask [0 -inf] -> [1 ... 1]; three keys with v rows
+// [1 ...], [5 ...], [3 ...] and mask [0 -inf 0] -> [2 ... 2], the same bits as the first case.
 
 constexpr int QB = 4;  // query vectors attended together
-constexpr int64_t ATTEND_ROWS_MAX = 32;  // more query rows: torch's SDPA (its blocking pays from about there)
+constexpr int64_t ATTEND_ROWS_MAX = 128;  // more query rows (a long prompt's prefill): torch's SDPA. Every decode step of up
+// to this many rows attends here, so its rows get the plain loop's bits (a step of more would not).
 constexpr int64_t KEY_CHUNK = 256;  // keys a work item attends to: a row's keys are cut at multiples of this (128
 // and 512 measured no better over 1-16 rows and 256-1024 keys)
 constexpr int64_t ATTEND_PAIRS = 2048;  // query-key pairs a thread takes at least (16384 before the keys were
@@ -242,16 +245,16 @@ __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(under, y);
 }
 
-// scores[n][p + j] = q_n . k_{p + j} for NQ query vectors and NK key rows (k: row p's start)
+// scores[n][p + j] = q_n . k_j for NQ query vectors and NK key rows (k[j]: key j's row)
 template <int NQ, int NK>
-__attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q, const float* k, int64_t ks,
-                                                           int64_t d, float* const* scores, int64_t p) {
+__attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q, const float* const* k, int64_t d,
+                                                           float* const* scores, int64_t p) {
   __m256 acc[NQ][NK];
   for (int n = 0; n < NQ; ++n)
     for (int j = 0; j < NK; ++j) acc[n][j] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; c += 8) {
     __m256 kv[NK];
-    for (int j = 0; j < NK; ++j) kv[j] = _mm256_loadu_ps(k + j * ks + c);
+    for (int j = 0; j < NK; ++j) kv[j] = _mm256_loadu_ps(k[j] + c);
     for (int n = 0; n < NQ; ++n) {
       const __m256 qv = _mm256_loadu_ps(q[n] + c);
       for (int j = 0; j < NK; ++j) acc[n][j] = _mm256_fmadd_ps(qv, kv[j], acc[n][j]);
@@ -261,14 +264,15 @@ __attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q
     for (int j = 0; j < NK; ++j) scores[n][p + j] = hsum8(acc[n][j]);
 }
 
-// s[p] = s[p] * scale + m[p] for the `keys` scores (each a product then a sum, one rounding each), -inf from
-// there to `padded`; their largest (-inf: every key hidden). Both widths' blocks start their softmax here.
-inline float masked_scores(float* s, const float* m, int64_t keys, int64_t padded, float scale) {
+// s[p] = s[p] * scale + m[slots[p]] for the `keys` scores (each a product then a sum, one rounding each), -inf
+// from there to `padded`; their largest. Both widths' blocks start their softmax here.
+inline float masked_scores(float* s, const float* m, const int32_t* slots, int64_t keys, int64_t padded,
+                           float scale) {
   const float none = -std::numeric_limits<float>::infinity();
   float top = none;
   int64_t p = 0;
   for (; p < keys; ++p) {
-    const float x = s[p] * scale + m[p];
+    const float x = s[p] * scale + m[slots[p]];
     s[p] = x;
     top = x > top ? x : top;
   }
@@ -276,28 +280,31 @@ inline float masked_scores(float* s, const float* m, int64_t keys, int64_t padde
   return top;
 }
 
-// NQ query vectors against the key and value rows [c0, c1) of one key/value head (row strides ks, vs; k, v
-// and mask[n] at key 0): each vector's largest masked score over them, the sum of exp(score - largest) and
-// out[n] [d] = sum of exp(score - largest) * v, unnormalized (the parts `combine` adds up); a vector
-// whose every score there is -inf gets largest -inf, sum 0 and zeros. scores[n]: room for c1 - c0 rounded
-// up to 8.
+// NQ query vectors of one row against `keys` (>= 1) of its visible key and value rows of one key/value head,
+// slots[p] the slot of the p-th (row strides ks, vs; k, v and mask at slot 0): each vector's largest masked
+// score over them, the sum of exp(score - largest) and out[n] [d] = sum of exp(score - largest) * v,
+// unnormalized (the parts `combine` adds up); a vector whose every score there is -inf gets largest -inf,
+// sum 0 and zeros. scores[n]: room for `keys` rounded up to 8.
 template <int NQ>
 __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, const float* k, int64_t ks,
-                                                      const float* v, int64_t vs, const float* const* mask,
-                                                      int64_t c0, int64_t c1, int64_t d, float scale,
+                                                      const float* v, int64_t vs, const float* mask,
+                                                      const int32_t* slots, int64_t keys, int64_t d, float scale,
                                                       float* const* scores, float* const* out, float* largest,
                                                       float* sums) {
-  const int64_t keys = c1 - c0;
-  k += c0 * ks;
-  v += c0 * vs;
   int64_t p = 0;
-  for (; p + 3 <= keys; p += 3) score_tile<NQ, 3>(q, k + p * ks, ks, d, scores, p);
-  for (; p < keys; ++p) score_tile<NQ, 1>(q, k + p * ks, ks, d, scores, p);
+  for (; p + 3 <= keys; p += 3) {
+    const float* rows[3] = {k + slots[p] * ks, k + slots[p + 1] * ks, k + slots[p + 2] * ks};
+    score_tile<NQ, 3>(q, rows, d, scores, p);
+  }
+  for (; p < keys; ++p) {
+    const float* rows[1] = {k + slots[p] * ks};
+    score_tile<NQ, 1>(q, rows, d, scores, p);
+  }
   const int64_t padded = (keys + 7) & ~int64_t{7};
   bool empty[NQ];
   for (int n = 0; n < NQ; ++n) {
     float* s = scores[n];
-    const float top = masked_scores(s, mask[n] + c0, keys, padded, scale);
+    const float top = masked_scores(s, mask, slots, keys, padded, scale);
     empty[n] = top == -std::numeric_limits<float>::infinity();
     largest[n] = top;
     const __m256 shift = _mm256_set1_ps(empty[n] ? 0.0f : top);
@@ -313,7 +320,7 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
     __m256 acc[NQ][2];
     for (int n = 0; n < NQ; ++n) acc[n][0] = acc[n][1] = _mm256_setzero_ps();
     for (p = 0; p < keys; ++p) {
-      const float* vp = v + p * vs + c;
+      const float* vp = v + slots[p] * vs + c;
       const __m256 v0 = _mm256_loadu_ps(vp), v1 = _mm256_loadu_ps(vp + 8);
       for (int n = 0; n < NQ; ++n) {
         const __m256 e = _mm256_broadcast_ss(scores[n] + p);
@@ -331,13 +338,11 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
 
 // ---- the same in 16 lanes (AVX-512F), where the process's tiled kernel runs in 16 (linear.cpp tiled_lanes:
 // the width measured faster for the linears on this machine, so a CPU whose wide vectors cost more than they
-// give keeps 8 here too): scores in chunks of 16 of the dimension, four keys' sums reduced together
-// (hsum16x4); exp16; the softmax sum in lane
-// p mod 16; an output's part over up to 64 elements at a time, every key and value row read once for it
-// (in 8 lanes, four passes of 16). Its numbers differ from the 8 lanes' in the last bits; a process runs one
-// width, and every row's numbers are as independent of the rest of the step as in 8. SmolLM2's shapes, keys
-// and values read from memory, 2-core AMD EPYC: 0.62-0.66x the 8 lanes' time at one row, 0.73-0.77x at 4-16
-// rows (with one hsum16 a key instead of hsum16x4: 0.82-0.92x; results/RESULTS.md run 133).
+// give keeps 8 here too): scores in pieces of 16 of the dimension, four keys' sums reduced together
+// (hsum16x4); exp16; the softmax sum in lane r mod 16; an output's part over up to 64 elements at a time,
+// every key and value row read once for it (in 8 lanes, four passes of 16). Its numbers differ from the 8
+// lanes' in the last bits; a process runs one width, and every row's numbers are as independent of the rest
+// of the step as in 8.
 
 __attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum8(v0..7 + v8..15)
   const __m256 low = _mm512_castps512_ps256(v);
@@ -374,18 +379,18 @@ __attribute__((target("avx512f"))) inline __m128 hsum16x4(__m512 a0, __m512 a1, 
   return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
 }
 
-// scores[n][p + j] = q_n . k_{p + j} for NQ query vectors and the `valid` (1-4) key rows from row p (k: row p's
-// start); the rows past `valid` count as zeros and are not written, so a key's score is the same bits in a
-// full group of four or in a chunk's last, shorter one.
+// scores[n][p + j] = q_n . k_j for NQ query vectors and the `valid` (1-4) key rows k[j]; the rows past `valid`
+// count as zeros and are not written, so a key's score is the same bits in a full group of four or in a
+// chunk's last, shorter one.
 template <int NQ>
-__attribute__((target("avx512f"))) inline void score_tile16(const float* const* q, const float* k, int64_t ks,
-                                                            int64_t d, float* const* scores, int64_t p, int valid) {
+__attribute__((target("avx512f"))) inline void score_tile16(const float* const* q, const float* const* k, int64_t d,
+                                                            float* const* scores, int64_t p, int valid) {
   __m512 acc[NQ][4];
   for (int n = 0; n < NQ; ++n)
     for (int j = 0; j < 4; ++j) acc[n][j] = _mm512_setzero_ps();
   for (int64_t c = 0; c < d; c += 16) {
     __m512 kv[4];
-    for (int j = 0; j < 4; ++j) kv[j] = j < valid ? _mm512_loadu_ps(k + j * ks + c) : _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j) kv[j] = j < valid ? _mm512_loadu_ps(k[j] + c) : _mm512_setzero_ps();
     for (int n = 0; n < NQ; ++n) {
       const __m512 qv = _mm512_loadu_ps(q[n] + c);
       for (int j = 0; j < 4; ++j) acc[n][j] = _mm512_fmadd_ps(qv, kv[j], acc[n][j]);
@@ -403,16 +408,18 @@ __attribute__((target("avx512f"))) inline void score_tile16(const float* const* 
   }
 }
 
-// out[n][c .. c + 16 W) += sum over the keys of e[n][p] * v[p][c ..] (W vectors of 16 per output at a time)
+// out[n][c .. c + 16 W) = sum over the keys p of e[n][p] * v[slots[p]][c ..] (W vectors of 16 per output at
+// a time)
 template <int NQ, int W>
-__attribute__((target("avx512f"))) inline void weigh16(const float* v, int64_t vs, int64_t keys, int64_t c,
-                                                       const float* const* e, float* const* out) {
+__attribute__((target("avx512f"))) inline void weigh16(const float* v, int64_t vs, const int32_t* slots,
+                                                       int64_t keys, int64_t c, const float* const* e,
+                                                       float* const* out) {
   __m512 acc[NQ][W];
   for (int n = 0; n < NQ; ++n)
     for (int w = 0; w < W; ++w) acc[n][w] = _mm512_setzero_ps();
   for (int64_t p = 0; p < keys; ++p) {
     __m512 vv[W];
-    for (int w = 0; w < W; ++w) vv[w] = _mm512_loadu_ps(v + p * vs + c + 16 * w);
+    for (int w = 0; w < W; ++w) vv[w] = _mm512_loadu_ps(v + slots[p] * vs + c + 16 * w);
     for (int n = 0; n < NQ; ++n) {
       const __m512 en = _mm512_set1_ps(e[n][p]);
       for (int w = 0; w < W; ++w) acc[n][w] = _mm512_fmadd_ps(en, vv[w], acc[n][w]);
@@ -422,23 +429,25 @@ __attribute__((target("avx512f"))) inline void weigh16(const float* v, int64_t v
     for (int w = 0; w < W; ++w) _mm512_storeu_ps(out[n] + c + 16 * w, acc[n][w]);
 }
 
-// attend_block in 16 lanes; scores[n]: room for c1 - c0 rounded up to 16.
+// attend_block in 16 lanes; scores[n]: room for `keys` rounded up to 16.
 template <int NQ>
 __attribute__((target("avx512f"))) void attend_block16(const float* const* q, const float* k, int64_t ks,
-                                                       const float* v, int64_t vs, const float* const* mask,
-                                                       int64_t c0, int64_t c1, int64_t d, float scale,
+                                                       const float* v, int64_t vs, const float* mask,
+                                                       const int32_t* slots, int64_t keys, int64_t d, float scale,
                                                        float* const* scores, float* const* out, float* largest,
                                                        float* sums) {
-  const int64_t keys = c1 - c0;
-  k += c0 * ks;
-  v += c0 * vs;
   int64_t p = 0;
-  for (; p < keys; p += 4) score_tile16<NQ>(q, k + p * ks, ks, d, scores, p, static_cast<int>(std::min<int64_t>(4, keys - p)));
+  for (; p < keys; p += 4) {
+    const int valid = static_cast<int>(std::min<int64_t>(4, keys - p));
+    const float* rows[4];
+    for (int j = 0; j < 4; ++j) rows[j] = k + slots[p + std::min(j, valid - 1)] * ks;
+    score_tile16<NQ>(q, rows, d, scores, p, valid);
+  }
   const int64_t padded = (keys + 15) & ~int64_t{15};
   bool empty[NQ];
   for (int n = 0; n < NQ; ++n) {
     float* s = scores[n];
-    const float top = masked_scores(s, mask[n] + c0, keys, padded, scale);
+    const float top = masked_scores(s, mask, slots, keys, padded, scale);
     empty[n] = top == -std::numeric_limits<float>::infinity();
     largest[n] = top;
     const __m512 shift = _mm512_set1_ps(empty[n] ? 0.0f : top);
@@ -452,10 +461,10 @@ __attribute__((target("avx512f"))) void attend_block16(const float* const* q, co
   }
   for (int64_t c = 0; c < d; c += 64) {
     switch (std::min<int64_t>(4, (d - c) / 16)) {
-      case 4: weigh16<NQ, 4>(v, vs, keys, c, scores, out); break;
-      case 3: weigh16<NQ, 3>(v, vs, keys, c, scores, out); break;
-      case 2: weigh16<NQ, 2>(v, vs, keys, c, scores, out); break;
-      default: weigh16<NQ, 1>(v, vs, keys, c, scores, out); break;
+      case 4: weigh16<NQ, 4>(v, vs, slots, keys, c, scores, out); break;
+      case 3: weigh16<NQ, 3>(v, vs, slots, keys, c, scores, out); break;
+      case 2: weigh16<NQ, 2>(v, vs, slots, keys, c, scores, out); break;
+      default: weigh16<NQ, 1>(v, vs, slots, keys, c, scores, out); break;
     }
   }
   for (int n = 0; n < NQ; ++n)
@@ -508,6 +517,23 @@ bool attend_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          mask.size(3) == keys;
 }
 
+// The visible keys of every (mask batch, row): slots [mask rows, S] holds each row's visible slots in order
+// (rank r at slots[row * S + r]), counts [mask rows] how many. Hidden: a mask value of -inf or the lowest float.
+void visible_keys(const float* mask, int64_t mask_rows, int64_t rows, int64_t batch_stride, int64_t row_stride,
+                  int64_t keys, int32_t* slots, int64_t* counts) {
+  const float lowest = std::numeric_limits<float>::lowest();
+  for (int64_t r = 0; r < mask_rows; ++r) {
+    const float* m = mask + (r / rows) * batch_stride + (r % rows) * row_stride;
+    int32_t* out = slots + r * keys;
+    int64_t count = 0;
+    for (int64_t p = 0; p < keys; ++p) {
+      out[count] = static_cast<int32_t>(p);
+      count += m[p] > lowest;  // -inf and the lowest float are hidden; NaN counts as visible (and spreads)
+    }
+    counts[r] = count;
+  }
+}
+
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                   double scale, int64_t lanes) {
   if (!attend_takes(q, k, v, mask)) {  // torch's SDPA, in the same layout
@@ -526,37 +552,47 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const float* mp = mask.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
   const int64_t mask_batch = mask.size(0) == 1 ? 0 : mask.stride(0);
+  const int64_t mask_rows = mask.size(0) * rows;
+  std::unique_ptr<int32_t[]> slots(new int32_t[mask_rows * keys]);
+  std::unique_ptr<int64_t[]> counts(new int64_t[mask_rows]);
+  visible_keys(mp, mask_rows, rows, mask.stride(0), mask.stride(2), keys, slots.get(), counts.get());
   const float factor = static_cast<float>(scale);
-  const int64_t vectors = group * rows;  // query vectors per key/value head, head by head
-  const int64_t blocks = (vectors + QB - 1) / QB;
-  const int64_t chunks = (keys + KEY_CHUNK - 1) / KEY_CHUNK;
-  const int64_t units = batch * kv_heads * blocks;  // (sequence, key/value head, block of QB vectors)
+  const int64_t per_row = (group + QB - 1) / QB;  // blocks of one row's query vectors per key/value head
+  const int64_t blocks = rows * per_row;  // vector m of a key/value head: row m / group, head m % group of it
+  const int64_t chunks = (keys + KEY_CHUNK - 1) / KEY_CHUNK;  // the most a row has
+  const int64_t units = batch * kv_heads * blocks;  // (sequence, key/value head, block of up to QB vectors)
   const int64_t ks = k.stride(2), vs = v.stride(2);
-  // One block's vectors against one chunk's keys: parts at part + n * width, largest and sums at top[n], sum[n].
+  // One block's vectors against one chunk of their row's visible keys: parts at part + n * width, largest and
+  // sums at top[n], sum[n] (largest -inf where the row has no keys in that chunk).
   const auto attend_chunk = [&](int64_t b, int64_t head, int64_t block, int64_t chunk, float* part, float* top,
                                 float* sum, float* buffer) {
-    const int64_t first = block * QB;
-    const int count = static_cast<int>(std::min<int64_t>(QB, vectors - first));
+    const int64_t t = block / per_row, first = (block % per_row) * QB;
+    const int count = static_cast<int>(std::min<int64_t>(QB, group - first));
+    const int64_t mask_row = (mask.size(0) == 1 ? 0 : b * rows) + t;
+    const int64_t c0 = chunk * KEY_CHUNK, c1 = std::min(counts[mask_row], c0 + KEY_CHUNK);
+    if (c1 <= c0) {
+      for (int n = 0; n < count; ++n) top[n] = -std::numeric_limits<float>::infinity(), sum[n] = 0.0f;
+      return;
+    }
     const float* qrow[QB];
-    const float* mrow[QB];
     float* srow[QB];
     float* prow[QB];
     for (int n = 0; n < count; ++n) {
-      const int64_t m = first + n, t = m % rows, h = head * group + m / rows;
+      const int64_t h = head * group + first + n;
       qrow[n] = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
-      mrow[n] = mp + b * mask_batch + t * mask.stride(2);
       srow[n] = buffer + n * (KEY_CHUNK + 16);
       prow[n] = part + n * width;
     }
+    const float* mrow = mp + b * mask_batch + t * mask.stride(2);
+    const int32_t* srank = slots.get() + mask_row * keys + c0;
     const float* kb = kp + b * k.stride(0) + head * k.stride(1);
     const float* vb = vp + b * v.stride(0) + head * v.stride(1);
-    const int64_t c0 = chunk * KEY_CHUNK, c1 = std::min(keys, c0 + KEY_CHUNK);
     const auto run = [&](auto nq) {  // nq: the block's vector count as a type (std::integral_constant)
       constexpr int NQ = decltype(nq)::value;
       if (lanes == 16) {
-        attend_block16<NQ>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum);
+        attend_block16<NQ>(qrow, kb, ks, vb, vs, mrow, srank, c1 - c0, width, factor, srow, prow, top, sum);
       } else {
-        attend_block<NQ>(qrow, kb, ks, vb, vs, mrow, c0, c1, width, factor, srow, prow, top, sum);
+        attend_block<NQ>(qrow, kb, ks, vb, vs, mrow, srank, c1 - c0, width, factor, srow, prow, top, sum);
       }
     };
     switch (count) {
@@ -570,11 +606,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const float none = -std::numeric_limits<float>::infinity();
   const auto finish = [&](int64_t pair, int64_t m, const float* parts, const float* largest, const float* sums,
                           const auto& at) {
-    const int64_t head = pair % kv_heads, b = pair / kv_heads, t = m % rows, h = head * group + m / rows;
+    const int64_t head = pair % kv_heads, b = pair / kv_heads, t = m / group, h = head * group + m % group;
     float top = none;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) top = std::max(top, largest[at(chunk)]);
     combine(parts, largest, sums, at, chunks, top, width, op + ((b * rows + t) * heads + h) * width);
   };
+  // The vectors of a block: m from block_first(block) (a row's heads), block_count(block) of them.
+  const auto block_first = [&](int64_t block) { return (block / per_row) * group + (block % per_row) * QB; };
+  const auto block_count = [&](int64_t block) { return std::min<int64_t>(QB, group - (block % per_row) * QB); };
   // A thread takes at least about ATTEND_PAIRS query-key pairs: fewer are done before a second thread would start.
   if (units >= SPLIT_UNITS * at::get_num_threads()) {
     // Units enough to share: a unit's chunks one after the other on one thread, combined there (no parts kept
@@ -589,9 +628,10 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           attend_chunk(pair / kv_heads, pair % kv_heads, block, chunk, parts.data() + chunk * QB * width,
                        largest.data() + chunk * QB, sums.data() + chunk * QB, buffer.data());
         }
-        for (int64_t m = block * QB; m < std::min(vectors, block * QB + QB); ++m) {
-          const int64_t n = m % QB;
-          finish(pair, m, parts.data(), largest.data(), sums.data(), [&](int64_t chunk) { return chunk * QB + n; });
+        const int64_t first = block_first(block);
+        for (int64_t n = 0; n < block_count(block); ++n) {
+          finish(pair, first + n, parts.data(), largest.data(), sums.data(),
+                 [&](int64_t chunk) { return chunk * QB + n; });
         }
       }
     });
@@ -613,10 +653,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     }
   });
   for (int64_t pair = 0; pair < batch * kv_heads; ++pair) {
-    for (int64_t m = 0; m < vectors; ++m) {
-      const int64_t block = m / QB, n = m % QB;
-      finish(pair, m, parts.get(), largest.get(), sums.get(),
-             [&](int64_t chunk) { return ((pair * chunks + chunk) * blocks + block) * QB + n; });
+    for (int64_t block = 0; block < blocks; ++block) {
+      const int64_t first = block_first(block);
+      for (int64_t n = 0; n < block_count(block); ++n) {
+        finish(pair, first + n, parts.get(), largest.get(), sums.get(),
+               [&](int64_t chunk) { return ((pair * chunks + chunk) * blocks + block) * QB + n; });
+      }
     }
   }
   return out;
