@@ -23,6 +23,7 @@ from .call.inputs import (
     prompt_rows,
 )
 from .call.keywords import refuse_kwargs
+from .call.logprobs import with_logprobs
 from .call.result import LookaheadOutput, generate_output
 from .call.stats import GenerationStats
 from .config import LookaheadConfig
@@ -45,6 +46,7 @@ from .proposers.draft.checks import check_draft
 from .proposers.memory import RequestMemory
 from .proposers.memory.file import vocabulary_key
 from .proposers.recycle import AdjacencyTable
+from .verify.penalties import Penalties, merged_processors
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -185,7 +187,9 @@ class LookaheadGenerator:
                  stopping_criteria: StoppingCriteriaList | None = None,
                  stop_strings: str | list[str] | None = None, max_time: float | None = None,
                  tokenizer: PreTrainedTokenizerBase | None = None,
-                 return_dict_in_generate: bool | None = None, **kwargs: Any) -> torch.LongTensor | LookaheadOutput:
+                 return_dict_in_generate: bool | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None, logit_bias: dict[int, float] | None = None,
+                 logprobs: bool | int | None = None, **kwargs: Any) -> torch.LongTensor | LookaheadOutput:
         """Decode up to max_new_tokens; returns [B, prompt + new] like model.generate.
 
         Every argument left as None takes the model's ``generation_config``
@@ -202,10 +206,17 @@ class LookaheadGenerator:
         by name with what lookahead takes instead (GenerateInputError; beam search gets the refusal
         custom_generate gives it), save those that change nothing here (``use_cache``, ``num_beams=1``).
         Ids that look padded without an attention_mask get a PaddingWarning, as transformers warns.
+        OpenAI's ``presence_penalty`` / ``frequency_penalty`` (in [-2, 2], over the output's tokens) and
+        ``logit_bias`` ({token id: bias in [-100, 100]}) apply at every verified row (verify/penalties.py);
+        ``logprobs`` (True, or k in [0, 20] alternatives) returns a LookaheadOutput whose ``.logprobs``
+        holds each sequence's new tokens' logprobs (call/logprobs.py says from which distribution).
         """
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab,
                                          self.model.generation_config)  # [B, T], [B, T], B prompts
         refuse_kwargs(kwargs, "LookaheadGenerator.generate", ids.shape[1], self.generate)
+        penalties = Penalties(presence_penalty or 0.0, frequency_penalty or 0.0,
+                              logit_bias if logit_bias is not None else {}, self.vocab)
+        logits_processor = cast(Any, merged_processors(logits_processor, penalties, ids.shape[1]))
         decoding = resolve_decoding(
             self.model, ids.shape[1], self.target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
             eos_token_id=eos_token_id, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
@@ -214,6 +225,7 @@ class LookaheadGenerator:
             return_dict_in_generate=return_dict_in_generate, generator=generator,
             generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty)
+        decoding = with_logprobs(decoding, logprobs, return_dict_in_generate)
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
 
     def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -248,7 +260,10 @@ class LookaheadGenerator:
             out = run.decode()
         self.last_stats = run.stats
         self._warn_context_cut(run.seqs)
-        return generate_output(cast(torch.LongTensor, out.clone().to(device)), run.stats, decoding.return_dict)
+        logprobs = [seq.out.log.result() for seq in run.seqs if seq.out.log is not None] \
+            if decoding.logprobs is not None else None
+        return generate_output(cast(torch.LongTensor, out.clone().to(device)), run.stats, decoding.return_dict,
+                               logprobs)
 
     def _warn_context_cut(self, seqs: list[Sequence]) -> None:
         """A ContextLimitWarning for every sequence that stopped at the model's context short of

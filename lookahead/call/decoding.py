@@ -51,13 +51,14 @@ class Decoding:
     criteria: tuple = ()  # stopping criteria asked after every new token (call/stopping.py), EOS / length aside
     return_dict: bool = False  # return a LookaheadOutput (sequences + stats) instead of the ids
     pad_token_id: int | None = None  # fills finished rows of a batch (the EOS id when the model has none)
+    logprobs: int | None = None  # None: none; k >= 0: each new token's logprob and the k likeliest (call/logprobs.py)
 
     @property
     def segments(self) -> list[tuple[bool, list]]:
         """The processors in runs of (row-wise?, [processors]), in order."""
         runs: list[tuple[bool, list]] = []
         for proc in self.processors:
-            wise = isinstance(proc, ROW_WISE)
+            wise = isinstance(proc, ROW_WISE) or getattr(proc, "row_wise", False) is True  # (a processor may say so)
             if runs and runs[-1][0] == wise:
                 runs[-1][1].append(proc)
             else:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .logprobs import LogprobLog, StepLogprobs
 from .stopping import first_hit
 
 if TYPE_CHECKING:
@@ -45,10 +46,12 @@ class OutputBuffer:
     GROWTH = 256  # tokens of headroom added when the buffer fills
 
     def __init__(self, prompt: np.ndarray, limit: int, eos: np.ndarray, streamer: BaseStreamer | None = None,
-                 criteria: tuple = (), device: torch.device | str = "cpu"):
+                 criteria: tuple = (), device: torch.device | str = "cpu", logprobs: int | None = None):
         self.prompt_len = int(prompt.shape[0])
         self.limit, self.eos, self.streamer = limit, eos, streamer
         self.criteria, self.device = criteria, device  # stopping criteria, and where they get input_ids
+        # the kept tokens' logprobs (k alternatives each), or None when the call asks for none
+        self.log = LogprobLog(logprobs) if logprobs is not None else None
         self.seq = np.zeros(self.prompt_len + min(limit, self.GROWTH) + 1, dtype=np.int64)  # [T + room]
         self.seq[:self.prompt_len] = prompt
         self.stop = self.prompt_len
@@ -65,8 +68,11 @@ class OutputBuffer:
         """The last token of the sequence (x of the next step)."""
         return int(self.seq[self.stop - 1])
 
-    def append(self, new: np.ndarray) -> bool:
-        """Write new tokens (cut at EOS / budget / a stopping criterion), stream them; whether decoding ends."""
+    def append(self, new: np.ndarray, logprobs: StepLogprobs | None = None) -> bool:
+        """Write new tokens (cut at EOS / budget / a stopping criterion), stream them; whether decoding ends.
+
+        ``logprobs``: the new tokens' (as many rows), kept for those kept; a streamer with a
+        ``put_logprobs`` method receives them just before the tokens' ``put``."""
         new, done = first_stop(new, self.eos, self.limit - self.new_tokens)
         start, end = self.stop, self.stop + new.shape[0]
         if end >= self.seq.shape[0]:
@@ -78,6 +84,11 @@ class OutputBuffer:
         if hit is not None:
             end, done = start + hit + 1, True
         self.stop = end
+        if self.log is not None and logprobs is not None and end > start:
+            kept = logprobs.head(end - start)
+            self.log.add(self.seq[start:end], kept)
+            if self.streamer is not None and hasattr(self.streamer, "put_logprobs"):
+                self.streamer.put_logprobs(kept)
         if self.streamer is not None and end > start:
             self.streamer.put(torch.from_numpy(self.seq[start:end].copy()))
         return done

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .logprobs import SequenceLogprobs
 from .stats import GenerationStats
 
 
@@ -16,11 +17,12 @@ class LookaheadOutput(GenerateDecoderOnlyOutput):
     scores, logits, attentions and hidden states are not recorded), plus lookahead's ``stats``."""
 
     stats: GenerationStats | None = None
+    logprobs: list[SequenceLogprobs] | None = None  # per sequence, with generate(logprobs=...) (call/logprobs.py)
 
 
-def generate_output(sequences: torch.LongTensor, stats: GenerationStats,
-                    return_dict: bool) -> torch.LongTensor | LookaheadOutput:
-    """The ids [1, prompt + new], or a LookaheadOutput holding them and the stats."""
+def generate_output(sequences: torch.LongTensor, stats: GenerationStats, return_dict: bool,
+                    logprobs: list[SequenceLogprobs] | None = None) -> torch.LongTensor | LookaheadOutput:
+    """The ids [1, prompt + new], or a LookaheadOutput holding them, the stats (and the logprobs)."""
     if return_dict:
-        return LookaheadOutput(sequences=sequences, stats=stats)
+        return LookaheadOutput(sequences=sequences, stats=stats, logprobs=logprobs)
     return sequences

@@ -66,7 +66,8 @@ def sequence_parts(context: DecodeContext, prompt: np.ndarray, decoding: Decodin
     model's context holds after this prompt (None: no limit)."""
     cfg, vocab = context.config, context.target.vocab
     limit = decoding.max_new_tokens if room is None else min(decoding.max_new_tokens, room)  # never past the context
-    out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, context.target.device)
+    out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, context.target.device,
+                       decoding.logprobs)
     window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
     pool = NgramPool(vocab, cfg.pool_ngram, cfg.pool_capacity, cfg.pool_max_keys)
     # A real window (more than x alone) feeds a pool of its own, proposed as its own source,
@@ -164,7 +165,7 @@ class Sequence:
         if self.recycled is not None and choice.top is not None:  # top: every kept row's top 2R, with recycling
             self.recycled.learn_staged(plan.tokens[plan.keep], choice.top, self._previous(plan))
         start = self.out.stop
-        done = self.out.append(choice.new)
+        done = self.out.append(choice.new, choice.logprobs)
         self.stats.accepted.append(self.out.stop - start)
         rows = np.concatenate([[0], plan.layout.tree_start + choice.path])  # [k + 1] step rows to keep
         if done:

@@ -54,6 +54,7 @@ import torch
 from transformers.generation import logits_process as lp
 
 from ..call.decoding import Decoding
+from ..call.logprobs import StepLogprobs
 from ..call.processing import process_rows
 from ..core.rows import DrawnRows, RowMap
 from ..core.tree import TokenTree
@@ -62,6 +63,8 @@ from ..kernels.trie import path_tokens
 from ..kernels.walk import chosen_walk
 from ..model.target import to_device
 from ..proposers.recycle import top_successors
+from .logprobs import emitting_rows, read_logprobs, split_warpers, stage_logprobs, staged_logprobs_size
+from .penalties import bind_decoding
 from .sampling import NO_TOKEN, PositionUniforms, fast_top_k, sample_rows, sample_top_k, speculative_rows
 
 NUMPY_ARGMAX = (torch.float32, torch.float64)  # dtypes whose CPU argmax numpy takes
@@ -88,13 +91,16 @@ class Choice:
     window_next: np.ndarray  # [W] argmax at the window's last level
     top: np.ndarray | None  # [K, 2R] top-R next tokens at every kept row, then their confidence
     # buckets (token recycling, proposers/recycle.py), or None
+    logprobs: StepLogprobs | None = None  # the new tokens' logprobs [k + 1] (when the call asks for them)
 
 
 class Verifier:
     """Chooses tokens from a step's logits under one Decoding (greedy or sampling)."""
 
     def __init__(self, decoding: Decoding, recycle_width: int | None, prompt_len: int):
+        decoding = bind_decoding(decoding, prompt_len)  # output penalties count from this sequence's prompt end
         self.decoding = decoding
+        self.logprobs = decoding.logprobs  # k alternatives per token, or None: no logprobs staged
         self.recycle_width = recycle_width  # R, or None without token recycling
         self.prompt_len = prompt_len
         self.uniforms = PositionUniforms(decoding.generator) if decoding.do_sample else None
@@ -115,7 +121,13 @@ class Verifier:
         decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
         top_k = self.top_k if decide.device.type == "cpu" else None  # drawn from the top k directly
         fast = top_k is not None
-        scores = self._processed(decide, tree, seq, stop, self.row_processing if fast else self.decoding)
+        processing = self.row_processing if fast else self.decoding
+        if self.logprobs is None:
+            scores = self._processed(decide, tree, seq, stop, processing)
+        else:  # the distribution logprobs are read from: before the warpers (verify/logprobs.py)
+            head, tail = split_warpers(processing)
+            before = self._processed(decide, tree, seq, stop, head)
+            scores = self._processed(before, tree, seq, stop, tail)
         if self.uniforms is None:
             parts.append(row_argmax(scores))  # [1 + M]: exactly what greedy decoding picks
         else:
@@ -130,13 +142,15 @@ class Verifier:
                                           test, u[drawn.rows])  # [R]
                 chosen = chosen.index_put((to_device(drawn.rows, scores.device),), picked)
             parts.append(chosen)
+        if self.logprobs is not None:
+            parts.append(stage_logprobs(before, parts[-1], self.logprobs))  # [(1 + M) * (1 + 2k)]
         return torch.cat(parts)
 
     @property
     def plain_greedy(self) -> bool:
         """Whether this sequence's chosen tokens are the argmax of its raw logits (greedy, no logits
         processor): then a batch's sequences can be staged together (``stage_batch``)."""
-        return self.uniforms is None and not self.decoding.processors
+        return self.uniforms is None and not self.decoding.processors and self.logprobs is None
 
     def restaged(self, argmax: np.ndarray, top: np.ndarray | None, rows: RowMap, tree: TokenTree,
                  kept: int) -> np.ndarray:
@@ -152,7 +166,9 @@ class Verifier:
 
     def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:
         """Length of ``stage``'s tensor for a tree with ``kept`` logit rows."""
-        return rows.window + (kept * 2 * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size
+        extra = staged_logprobs_size(1 + tree.size, self.logprobs) if self.logprobs is not None else 0
+        return rows.window + (kept * 2 * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size \
+            + extra
 
     def _processed(self, scores: torch.Tensor, tree: TokenTree, seq: np.ndarray, stop: int,
                    decoding: Decoding) -> torch.Tensor:
@@ -175,10 +191,13 @@ class Verifier:
         if self.recycle_width is not None:
             top = host[at:at + kept * 2 * self.recycle_width].reshape(kept, 2 * self.recycle_width)
             at += kept * 2 * self.recycle_width
-        chosen = host[at:]  # [1 + M] the target's token after x and after every node
+        chosen = host[at:at + 1 + tree.size]  # [1 + M] the target's token after x and after every node
         path, new = walk(tree, chosen)
         check_drawn(int(new[-1]), self.decoding)
-        return Choice(path, new, window_next, top)
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = read_logprobs(host[at + 1 + tree.size:], 1 + tree.size, self.logprobs, emitting_rows(path))
+        return Choice(path, new, window_next, top, logprobs)
 
 
 def stage_batch(logits: torch.Tensor, recycle_width: int | None) -> tuple[np.ndarray, np.ndarray | None]:
