@@ -51,6 +51,8 @@ from .schemas import (
     validated,
 )
 from .text import ReplyText
+from .toolreply import ToolReply, tool_message
+from .tools import ToolError, ToolSettings, tool_parser, tool_settings
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request body past this is refused (413) before it is parsed
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's default
@@ -192,19 +194,34 @@ class Server:
                            None, "no_tokenizer")
         return tokenizer
 
-    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The messages' token ids through the tokenizer's chat template, with the assistant's turn opened."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: ToolSettings | None = None) -> list[int]:
+        """The messages' token ids through the tokenizer's chat template, with the assistant's turn opened (and
+        the tools, where ``tools`` asks for them: tool_choice "auto")."""
         tokenizer = self.tokenizer()
         if not getattr(tokenizer, "chat_template", None):
             raise bad_request(f"the model '{self.model_name}' has no chat template: send the text to "
                               f"POST /v1/completions as a prompt", "messages", "no_chat_template")
+        rendered = list(tools.tools) if tools is not None and tools.active else None
         try:
-            encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True)
+            encoded = tokenizer.apply_chat_template(messages, tools=rendered, add_generation_prompt=True,
+                                                    tokenize=True, return_dict=True)
         except Exception as exc:  # the template refused the conversation (roles, order): the client can fix it
             raise bad_request(f"the model's chat template refused these messages: {_one_line(exc)}", "messages",
                               "invalid_messages") from None
         return _ids(encoded["input_ids"])
+
+    def tool_reply(self, body: ChatRequest, messages: list[dict[str, Any]]) -> tuple[ToolSettings | None,
+                                                                                      ToolReply | None]:
+        """The request's tool settings and the reader of the model's calls (None, None: no tools); APIError 400
+        naming the tool field or message the server cannot take (tools.py)."""
+        try:
+            settings = tool_settings(body.tools, body.tool_choice, body.parallel_tool_calls)
+            factory = tool_parser(self.tokenizer(), settings, messages, self.model_name)
+        except ToolError as exc:
+            raise bad_request(exc.message, exc.param, exc.code) from None
+        if factory is None or settings is None:
+            return settings, None
+        return settings, ToolReply(factory(settings.names, None if settings.parallel else 1))
 
     def encode(self, prompt: str) -> list[int]:
         """A completion prompt's token ids (with the special tokens the tokenizer adds, as a pipeline does)."""
@@ -229,8 +246,9 @@ class Server:
         return requested
 
     # ------------------------------------------------------------------ answering
-    async def answer(self, request: Request, body: Common, prompt: list[int], kind: str) -> Response:
-        """Submit the request and answer it, streamed or in one body."""
+    async def answer(self, request: Request, body: Common, prompt: list[int], kind: str,
+                     tools: ToolReply | None = None) -> Response:
+        """Submit the request and answer it, streamed or in one body (``tools``: the model's calls read back)."""
         requested, name = max_tokens(body)
         stops = stop_strings(body.stop)
         check_sampling(body)
@@ -247,10 +265,10 @@ class Server:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self.stream(request, ticket, reply, chat, usage, rid),
+            return StreamingResponse(self.stream(request, ticket, reply, chat, usage, rid, tools),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self.whole(request, ticket, reply, chat, rid)
+        return await self.whole(request, ticket, reply, chat, rid, tools)
 
     def submit(self, completion: Completion) -> Ticket:
         """The engine's ticket; APIError 429 (queue full, with Retry-After), 400 (refused), 503 (not running)."""
@@ -274,7 +292,8 @@ class Server:
                 guard.client_left()
                 return
 
-    async def whole(self, request: Request, ticket: Ticket, reply: ReplyText, chat: bool, rid: str) -> Response:
+    async def whole(self, request: Request, ticket: Ticket, reply: ReplyText, chat: bool, rid: str,
+                    tools: ToolReply | None = None) -> Response:
         """The answer in one JSON body (or the error the engine gave)."""
         guard = Guard(self, ticket)
         watcher = asyncio.create_task(self.watch(request, guard))
@@ -288,7 +307,10 @@ class Server:
                 if step.final:
                     text = "".join(texts)
                     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": step.finish_reason}
-                    if chat:
+                    if chat and tools is not None:
+                        choice["message"] = tool_message(tools, text)
+                        choice["finish_reason"] = tools.finish_reason(step.finish_reason or "stop")
+                    elif chat:
                         choice["message"] = {"role": "assistant", "content": text}
                     else:
                         choice["text"] = text
@@ -301,7 +323,7 @@ class Server:
             guard.client_left()  # (nothing once the reply is complete; a cancelled handler leaves no request behind)
 
     async def stream(self, request: Request, ticket: Ticket, reply: ReplyText, chat: bool, include_usage: bool,
-                     rid: str) -> AsyncIterator[bytes]:
+                     rid: str, tools: ToolReply | None = None) -> AsyncIterator[bytes]:
         """The answer as server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``."""
         guard = Guard(self, ticket)
         watcher = asyncio.create_task(self.watch(request, guard))
@@ -322,18 +344,27 @@ class Server:
                 choice["text"] = text or ""
             return sse({**base, "choices": [choice]})
 
+        def delta_chunk(delta: dict[str, Any]) -> bytes:  # (a tool reply's content or call)
+            return sse({**base, "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "delta": delta}]})
+
         try:
             if chat:
                 yield chunk("", role=True)
             async for step in reply_steps(ticket, reply):
-                if step.text:
+                if step.text and tools is not None:
+                    for delta in tools.feed(step.text):
+                        yield delta_chunk(delta)
+                elif step.text:
                     yield chunk(step.text)
                 guard.finished = step.final
                 if step.error is not None:
                     yield sse(step.error.body())
                     break
                 if step.final:
-                    yield chunk(None, step.finish_reason)
+                    for delta in tools.finish() if tools is not None else []:
+                        yield delta_chunk(delta)
+                    reason = step.finish_reason or "stop"
+                    yield chunk(None, tools.finish_reason(reason) if tools is not None else step.finish_reason)
                     if include_usage:
                         yield sse({**base, "choices": [], "usage": step.usage})
                     break
@@ -483,8 +514,10 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, stop
         body = validated(ChatRequest, parse_body(await read_body(request)))
         server.check_model(body.model)
         check_fields(body, UNSUPPORTED_CHAT)
-        prompt = server.render_chat(chat_messages(body.messages))
-        return await server.answer(request, body, prompt, "chat")
+        messages = chat_messages(body.messages)
+        settings, tools = server.tool_reply(body, messages)
+        prompt = server.render_chat(messages, settings)
+        return await server.answer(request, body, prompt, "chat", tools)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

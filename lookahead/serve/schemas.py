@@ -17,9 +17,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .tools import ToolError, assistant_tool_calls, check_tool_turns, tool_result
+
 MAX_STOPS = 16  # stop strings per request (OpenAI takes 4)
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
-ROLES = ("system", "developer", "user", "assistant")  # "developer" is rendered as "system"
+ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer" is rendered as "system"
 
 
 @dataclass
@@ -82,6 +84,9 @@ class ChatRequest(Common):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    tools: Any = None  # tools, tool_choice, parallel_tool_calls: checked by tools.tool_settings (naming the field)
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
 
 
 class CompletionRequest(Common):
@@ -105,11 +110,8 @@ ANY: Callable[[Any], bool] = lambda value: True  # noqa: E731 - accepted and ign
 UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
     "logprobs": _none_or(False),
     "top_logprobs": _none_or(0),
-    "tools": _empty,
-    "tool_choice": _none_or("none", "auto"),
-    "functions": _empty,
+    "functions": _empty,  # (the deprecated form of tools: send tools)
     "function_call": _none_or("none", "auto"),
-    "parallel_tool_calls": ANY,
     "response_format": lambda v: v is None or v == {"type": "text"},
     "presence_penalty": _none_or(0, 0.0),
     "frequency_penalty": _none_or(0, 0.0),
@@ -259,24 +261,44 @@ def max_tokens(request: Common) -> tuple[int | None, str]:
     return value, name
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """``messages`` as the chat template reads them ({"role", "content"} with text content); APIError 400
-    naming the message for a role or content this server cannot render (tools, images, audio)."""
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """``messages`` as the chat template reads them ({"role", "content"} with text content; a tool message's
+    ``tool_call_id``, an assistant message's ``tool_calls``, tools.py); APIError 400 naming the message for a
+    role or content this server cannot render (images, audio, function messages) or a tool turn out of place."""
     if not messages:
         raise bad_request("'messages' is empty: send at least one message", "messages", "invalid_value")
     out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if message.role not in ROLES:
-            raise bad_request(f"'{where}.role' is {message.role!r}: this server takes {', '.join(ROLES)} messages "
-                              f"(no tool or function messages)", f"{where}.role", "invalid_value")
-        for name in ("tool_calls", "function_call", "audio"):
-            if (message.model_extra or {}).get(name):
-                raise bad_request(f"'{where}.{name}' is not supported by this server: leave it out",
-                                  f"{where}.{name}", "unsupported_parameter")
-        role = "system" if message.role == "developer" else message.role
-        out.append({"role": role, "content": _message_text(message.content, where)})
+    try:
+        for i, message in enumerate(messages):
+            out.append(_chat_message(message, f"messages[{i}]"))
+        check_tool_turns(out)
+    except ToolError as exc:
+        raise bad_request(exc.message, exc.param, exc.code) from None
     return out
+
+
+def _chat_message(message: ChatMessage, where: str) -> dict[str, Any]:
+    if message.role not in ROLES:
+        raise bad_request(f"'{where}.role' is {message.role!r}: this server takes {', '.join(ROLES)} messages "
+                          f"(no function messages: send tool messages)", f"{where}.role", "invalid_value")
+    extra = message.model_extra or {}
+    for name in ("function_call", "audio"):
+        if extra.get(name):
+            raise bad_request(f"'{where}.{name}' is not supported by this server: leave it out",
+                              f"{where}.{name}", "unsupported_parameter")
+    calls = extra.get("tool_calls")
+    calls = None if calls == [] else calls  # (an empty list, as some clients send: no calls)
+    if calls is not None and message.role != "assistant":
+        raise bad_request(f"'{where}.tool_calls' is only taken on an assistant message", f"{where}.tool_calls",
+                          "invalid_value")
+    if message.role == "tool":
+        return {"role": "tool", "content": _message_text(message.content, where),
+                "tool_call_id": tool_result(extra, where)}
+    if calls is not None:
+        text = "" if message.content is None else _message_text(message.content, where)
+        return {"role": "assistant", "content": text, "tool_calls": assistant_tool_calls(calls, where)}
+    role = "system" if message.role == "developer" else message.role
+    return {"role": role, "content": _message_text(message.content, where)}
 
 
 def _message_text(content: Any, where: str) -> str:
