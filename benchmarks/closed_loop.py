@@ -103,8 +103,8 @@ class ForecastLog:
     def __enter__(self) -> ForecastLog:
         original, kinds = self.original, self.kinds
 
-        def decide(chooser: StepChooser, probs: list, worth: float, spent: float = 0.0) -> tuple[int, int]:
-            shape = original(chooser, probs, worth, spent)
+        def decide(chooser: StepChooser, probs: list, column_gain: float, spent: float = 0.0) -> tuple[int, int]:
+            shape = original(chooser, probs, column_gain, spent)
             f = chooser.forecast
             kinds.append((f[0], f[1], f[2], f[3]) if f is not None else ("fixed", len(probs), 0.0, 0.0))
             return shape

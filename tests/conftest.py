@@ -345,21 +345,21 @@ def reference(model, ids, max_new_tokens, eos_token_id=None):
         return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs).cpu()
 
 
-def record_one_offs(monkeypatch, gen) -> tuple[list[float], list[float]]:
-    """Two lists the generator's steps fill as they run: each step's one-off seconds (Target.one_off: making a
+def record_compile_seconds(monkeypatch, gen) -> tuple[list[float], list[float]]:
+    """Two lists the generator's steps fill as they run: each step's compile seconds (Target.compile_seconds: making a
     trace, capturing a graph) and the seconds the route's re-check observed for it."""
-    one_offs: list[float] = []
+    compiles: list[float] = []
     observed: list[float] = []
     step = gen.target.step
 
     def stepping(*args, **kwargs):
         logits = step(*args, **kwargs)
-        one_offs.append(gen.target.one_off)
+        compiles.append(gen.target.compile_seconds)
         return logits
 
     monkeypatch.setattr(gen.target, "step", stepping)
     monkeypatch.setattr(gen.target, "observe", lambda count, width, seconds: observed.append(seconds))
-    return one_offs, observed
+    return compiles, observed
 
 
 def make_planner(config, proposers, acceptance, cost):

@@ -401,14 +401,14 @@ class _CostlySource(DraftProposer):
                           catch_up=0.1)
 
 
-def test_the_draft_worth_is_measured_past_the_free_trie():
+def test_the_draft_efficiency_is_measured_past_the_free_trie():
     """The context matcher proposes 7 8 (a copy), the draft 7 8 9; with 7 8 9 accepted the draft
     alone added one token (9), for 0.5 s of forwards beside the catch-up (2.5 plain steps of
     0.2 s) plus what the target's step cost beyond the free sources' plan."""
     from lookahead.cost import CostModel
     from lookahead.proposers.context import ContextMatcher
     from lookahead.plan.acceptance import AcceptanceStats
-    from lookahead.proposers.draft.worth import DRAFT_PRIORS, DraftWorth
+    from lookahead.proposers.draft.efficiency import DRAFT_PRIORS, DraftEfficiency
     config = LookaheadConfig(match_min=1)
     matcher, draft = ContextMatcher(1, 4, 2), _CostlySource()
     stats = AcceptanceStats([draft.priors, matcher.priors])
@@ -417,41 +417,41 @@ def test_the_draft_worth_is_measured_past_the_free_trie():
     planner.begin(seq, 5)
     tree, _ = plan_step(planner, seq, 5, room=16)
     covered, plain = draft.asked.covered, draft.asked.plain
-    worth = stats.state("draft", DraftWorth)  # the draft's own learner, kept in the regime's table
-    assert draft.rates == [pytest.approx(DRAFT_PRIORS[worth.band(covered)] / 0.2)]  # the prior: one forward
+    efficiency = stats.state("draft", DraftEfficiency)  # the draft's own learner, kept in the regime's table
+    assert draft.rates == [pytest.approx(DRAFT_PRIORS[efficiency.band(covered)] / 0.2)]  # the prior: one forward
     assert draft.rooms == [16]  # the tokens still to come, over which a catch-up must pay
     path = np.array([tree.tokens.tolist().index(t) for t in (7, 8, 9)])  # parents come first: 7 -> 8 -> 9
     assert tree.parents[path].tolist() == [-1, path[0], path[1]]
     planner.learn(tree, path)
-    band = worth.band(covered)
+    band = efficiency.band(covered)
     extra = max(0.0, float(planner.chooser.cost.step(1 + tree.size) / planner.chooser.cost.step(1)) - plain)
     assert extra > 0  # the merged tree is wider than the free plan
-    assert worth.tokens[band] == pytest.approx(1.0) and worth.cost[band] == pytest.approx(2.5 + extra)
+    assert efficiency.tokens[band] == pytest.approx(1.0) and efficiency.cost[band] == pytest.approx(2.5 + extra)
     assert draft.asked is None
 
 
-def test_draft_worth_docstring_example_and_bands():
-    from lookahead.proposers.draft.worth import DRAFT_PRIORS, DraftWorth
-    worth = DraftWorth()
-    assert worth.rate(0.3, 0.4) == pytest.approx(1.5)
-    worth.observe(0.3, 10.0, 1)  # draft steps costing ten plain steps at low coverage added one token
-    assert worth.rate(0.3, 0.4) == pytest.approx((1 + 0.6) / 10.4)
-    assert worth.rate(0.9, 0.4) == pytest.approx(DRAFT_PRIORS[2] / 0.4)  # another band: untouched
-    assert [DraftWorth.band(c) for c in (0.3, 0.6, 0.9)] == [0, 1, 2]
-    worth.observe(0.3, 0.0, 5)  # a silent step only decays
-    assert worth.tokens[0] == pytest.approx(0.95)
+def test_draft_efficiency_docstring_example_and_bands():
+    from lookahead.proposers.draft.efficiency import DRAFT_PRIORS, DraftEfficiency
+    efficiency = DraftEfficiency()
+    assert efficiency.rate(0.3, 0.4) == pytest.approx(1.5)
+    efficiency.observe(0.3, 10.0, 1)  # draft steps costing ten plain steps at low coverage added one token
+    assert efficiency.rate(0.3, 0.4) == pytest.approx((1 + 0.6) / 10.4)
+    assert efficiency.rate(0.9, 0.4) == pytest.approx(DRAFT_PRIORS[2] / 0.4)  # another band: untouched
+    assert [DraftEfficiency.band(c) for c in (0.3, 0.6, 0.9)] == [0, 1, 2]
+    efficiency.observe(0.3, 0.0, 5)  # a silent step only decays
+    assert efficiency.tokens[0] == pytest.approx(0.95)
 
 
-def test_draft_worth_drifts_back_to_its_prior_while_silent():
+def test_draft_efficiency_drifts_back_to_its_prior_while_silent():
     """A band where drafting stopped paying is tried again: half its prior back after about 60 silent steps."""
-    from lookahead.proposers.draft.worth import DraftWorth
-    worth = DraftWorth()
-    worth.observe(0.3, 8.0, 0)
-    low = worth.rate(0.3, 0.4)
+    from lookahead.proposers.draft.efficiency import DraftEfficiency
+    efficiency = DraftEfficiency()
+    efficiency.observe(0.3, 8.0, 0)
+    low = efficiency.rate(0.3, 0.4)
     assert low < 0.1
     for _ in range(100):
-        worth.observe(0.3, 0.0, 0)  # silent steps
-    assert worth.rate(0.3, 0.4) > 0.75 > low
+        efficiency.observe(0.3, 0.0, 0)  # silent steps
+    assert efficiency.rate(0.3, 0.4) > 0.75 > low
 
 
 def test_recoups_docstring_example():
@@ -496,7 +496,7 @@ def test_pays_docstring_example():
 def test_the_target_curve_learns_without_the_draft_seconds(monkeypatch):
     """A step's seconds include the draft's forwards (a catch-up over the whole prompt among them);
     the target's cost curve must learn from the rest alone, or the draft's presence makes every
-    row count look dearer and shrinks the trees."""
+    row count look costlier and shrinks the trees."""
     import itertools
     from lookahead.plan.choice import StepChooser
     from lookahead.plan.planner import Planner

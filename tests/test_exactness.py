@@ -245,8 +245,8 @@ def test_window_width_changing_every_step_stays_exact(monkeypatch):
     widths = itertools.cycle([3, 0, 1, 2, 3, 1, 0, 2])
     seen = []
 
-    def cycling(self, probs, worth, spent=0.0):
-        _, size = original(self, probs, worth, spent)
+    def cycling(self, probs, column_gain, spent=0.0):
+        _, size = original(self, probs, column_gain, spent)
         seen.append(next(widths))
         return seen[-1], size
 

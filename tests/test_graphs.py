@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import RUN_ON, VOCAB, record_one_offs, reference, tiny_model
+from conftest import RUN_ON, VOCAB, record_compile_seconds, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.errors import ConfigError
 from lookahead.model.cache import arena_of
@@ -185,22 +185,22 @@ def test_cuda_graphs_is_checked_and_off_on_the_cpu():
 
 def test_capturing_a_graph_is_not_taken_for_the_steps_cost(monkeypatch):
     """The seconds a step spends making its bucket's graph (on CUDA a capture and its warm-up forwards) are
-    told apart (Target.one_off), and the cost curve learns from the rest: a slow capture never makes a row
+    told apart (Target.compile_seconds), and the cost curve learns from the rest: a slow capture never makes a row
     count look dear (on an H100 it had priced a one-row step at 6x a 24-row one, which then ran every
     step). (Making a graph here sleeps a second more than a tiny model's step takes.)"""
     gen = graphed("llama", LookaheadConfig(window=4, ngram=3, candidates=8, max_tree_nodes=20, budget="fixed"))
     graphs = gen.target.graphs
     assert graphs is not None
     slow_captures(monkeypatch)
-    one_offs, observed = record_one_offs(monkeypatch, gen)
+    compiles, observed = record_compile_seconds(monkeypatch, gen)
     ids = prompt(3).to(RUN_ON["device"])
     assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=[VOCAB + 1000]).cpu(),
                        reference(gen.model, ids, 20, eos_token_id=[VOCAB + 1000]).cpu())
-    assert len(observed) == len(one_offs) and gen.last_stats.routes.count("graph") == len(one_offs)
-    making = [i for i, s in enumerate(one_offs) if s >= 1.0]
-    assert making and len(making) == len(graphs.graphs), (one_offs, sorted(graphs.graphs))
-    assert all(observed[i] < 1.0 for i in making), (observed, one_offs)
-    assert all(s < 1.0 for i, s in enumerate(one_offs) if i not in making)  # replays: nothing one-off
+    assert len(observed) == len(compiles) and gen.last_stats.routes.count("graph") == len(compiles)
+    making = [i for i, s in enumerate(compiles) if s >= 1.0]
+    assert making and len(making) == len(graphs.graphs), (compiles, sorted(graphs.graphs))
+    assert all(observed[i] < 1.0 for i in making), (observed, compiles)
+    assert all(s < 1.0 for i, s in enumerate(compiles) if i not in making)  # replays: nothing compiled
 
 
 def test_the_cost_measurement_times_a_step_again_after_capturing_its_graph(monkeypatch):
@@ -220,4 +220,4 @@ def test_the_cost_measurement_times_a_step_again_after_capturing_its_graph(monke
         took = timer(q)
         assert bucket(q) in set(graphs.graphs) - before, "the step made no graph: the test would be vacuous"
         assert took < 1.0, f"{q} rows timed with the capture: {took:.2f} s"
-        assert timer.target.last_route == "graph" and timer.target.one_off == 0.0
+        assert timer.target.last_route == "graph" and timer.target.compile_seconds == 0.0

@@ -1,4 +1,4 @@
-"""DecayedRatio, the learner under the gain calibration, the window's worth and the draft's worth,
+"""DecayedRatio, the learner under the gain calibration, the window column's gain and the draft's efficiency,
 on tiny hand-computed numbers."""
 
 from __future__ import annotations

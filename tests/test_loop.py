@@ -117,7 +117,7 @@ def test_the_loop_the_sequences_and_the_sources_never_receive_the_generator(monk
 
 
 def test_a_greedy_batch_staged_at_once_gives_each_sequence_what_its_own_stage_gives():
-    """stage_batch + restaged against Verifier.stage, for sequences of different windows and trees
+    """stage_batch + stage_from_batch against Verifier.stage, for sequences of different windows and trees
     (their kept rows are prefixes of the batch's K), with and without token recycling."""
     from lookahead.call.decoding import resolve_decoding
     from lookahead.core.tree import TokenTree
@@ -139,7 +139,7 @@ def test_a_greedy_batch_staged_at_once_gives_each_sequence_what_its_own_stage_gi
         for a, (v, m, t, k) in enumerate(zip(verifiers, maps, trees, kept)):
             own = v.stage(logits[a, :k], m, t, seq, 4).numpy()
             assert own.shape[0] == v.staged_size(m, t, k)
-            shared = v.restaged(argmax[a], top[a] if top is not None else None, m, t, k)
+            shared = v.stage_from_batch(argmax[a], top[a] if top is not None else None, m, t, k)
             assert np.array_equal(own, shared)
 
 
@@ -159,19 +159,19 @@ def test_a_step_through_a_route_being_tried_refines_neither_the_curve_nor_the_ch
     from lookahead.plan.choice import StepChooser
 
     gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=False))
-    observed, settled = [], []
+    observed, outcomes = [], []
     real_route = type(gen.target).route
 
     def route(self, batch, rows):
         picked = real_route(self, batch, rows)
-        self.trying = len(settled) % 2 == 1  # every other step "tries" a route
+        self.trying = len(outcomes) % 2 == 1  # every other step "tries" a route
         return picked
 
-    real_observe, real_settle = CostModel.observe, StepChooser.settle
+    real_observe, real_record_outcome = CostModel.observe, StepChooser.record_outcome
     monkeypatch.setattr(type(gen.target), "route", route)
-    monkeypatch.setattr(CostModel, "observe", lambda self, q, s: (observed.append(len(settled)), real_observe(self, q, s)))
-    monkeypatch.setattr(StepChooser, "settle", lambda self, t, s: (settled.append(s), real_settle(self, t, s)))
+    monkeypatch.setattr(CostModel, "observe", lambda self, q, s: (observed.append(len(outcomes)), real_observe(self, q, s)))
+    monkeypatch.setattr(StepChooser, "record_outcome", lambda self, t, s: (outcomes.append(s), real_record_outcome(self, t, s)))
     gen.generate(torch.tensor([[5, 9, 13, 17] * 3]), max_new_tokens=12)
-    assert gen.cost is not None and len(settled) == gen.last_stats.steps >= 6
-    assert [s is None for s in settled] == [i % 2 == 1 for i in range(len(settled))]
-    assert observed == [i for i in range(len(settled)) if i % 2 == 0]
+    assert gen.cost is not None and len(outcomes) == gen.last_stats.steps >= 6
+    assert [s is None for s in outcomes] == [i % 2 == 1 for i in range(len(outcomes))]
+    assert observed == [i for i in range(len(outcomes)) if i % 2 == 0]

@@ -437,9 +437,9 @@ def test_choose_step_docstring_example():
     cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.1]), smoothing=0.0)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8) == (1, 1)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), None, 8) == (1, 2)  # fixed
-    # Speculative steps lately 2x dearer than forecast: the plain step wins (docstring); trees that gave
+    # Speculative steps lately costing 2x their forecast: the plain step wins (docstring); trees that gave
     # half their promise alone leave the window's column worth taking.
-    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, dearer=2.0) == (0, 0)
+    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, cost_correction=2.0) == (0, 0)
     assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, extra=0.5) == (1, 1)
     assert choose_step([np.array([.9, .1])], np.array([1]), np.array([0.0]), cost, 8, extra=0.1) == (0, 0)
 
@@ -456,14 +456,14 @@ def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
 
 def test_window_value_follows_what_its_ngrams_added_per_column():
     from lookahead.proposers.ngram import COLUMN_PRIOR, column_learner
-    worth = column_learner()
-    assert np.isclose(worth.value(), COLUMN_PRIOR[0] / COLUMN_PRIOR[1])
+    learner = column_learner()
+    assert np.isclose(learner.value(), COLUMN_PRIOR[0] / COLUMN_PRIOR[1])
     for _ in range(200):
-        worth.step(2, 4)  # half a token per column fed
-    assert 0.4 < worth.value() < 0.5
+        learner.step(2, 4)  # half a token per column fed
+    assert 0.4 < learner.value() < 0.5
     for _ in range(200):
-        worth.step(0, 4)  # its n-grams stopped paying
-    assert worth.value() < 0.02
+        learner.step(0, 4)  # its n-grams stopped paying
+    assert learner.value() < 0.02
 
 
 def test_planner_credits_accepted_nodes_of_the_window_source_only():
@@ -478,8 +478,8 @@ def test_planner_credits_accepted_nodes_of_the_window_source_only():
     off = int(stats.offsets[1])
     tree = TokenTree(a(5, 6, 7), a(-1, 0, 1), a(1, 2, 3), a(0, off, off + 1))  # a matcher node, then two window nodes
     planner.learn(tree, a(0, 1), width=3)  # the matcher's node and one window node accepted
-    worth = stats.state("window", column_learner)  # the window source's own learner, kept in the table
-    assert np.isclose(worth.num, 1.0) and np.isclose(worth.den, 3.0)
+    learner = stats.state("window", column_learner)  # the window source's own learner, kept in the table
+    assert np.isclose(learner.num, 1.0) and np.isclose(learner.den, 3.0)
     assert np.isclose(planner.column_worth(), (1.0 + 1.0) / (3.0 + 20.0))  # what the planner asks the sources
 
 
@@ -573,7 +573,7 @@ def test_row_argmax_is_torch_argmax_with_ties_nan_and_infinity(rows, vocab, seed
         assert got.dtype == torch.int64 and torch.equal(got, t.argmax(-1))
 
 
-def _forecast_in_numpy(probs, window_rows, window_gain, cost, cap, calibrate, extra, dearer):
+def _forecast_in_numpy(probs, window_rows, window_gain, cost, cap, calibrate, extra, cost_correction):
     """The budget's choice written out in numpy (as before its kernel): the reference for the kernel."""
     from lookahead.plan.budget import expected_gains
 
@@ -585,7 +585,7 @@ def _forecast_in_numpy(probs, window_rows, window_gain, cost, cap, calibrate, ex
     seconds = cost.step(window_rows[:, None] + np.arange(limit + 1)[None, :])
     base = float(len(probs))
     tokens = base + extra * (gains[None, :] - base) + base * window_gain[:, None]
-    priced = seconds * dearer
+    priced = seconds * cost_correction
     priced[0, 0] = seconds[0, 0]
     best = int(np.argmax(tokens / priced))
     return best // (limit + 1), best % (limit + 1), float(gains[best % (limit + 1)])
@@ -605,10 +605,10 @@ def test_the_budget_kernel_chooses_what_numpy_chooses(seed):
     cost = CostModel(rows, np.sort(rng.uniform(0.01, 0.05, rows.shape[0])))
     window_rows = np.array([1, 3, 5]) if rng.random() < 0.5 else np.array([1])
     window_gain = np.concatenate([[0.0], rng.uniform(0, 0.3, window_rows.shape[0] - 1)])
-    extra, dearer, cap = float(rng.uniform(0.1, 1.5)), float(rng.uniform(0.67, 4.0)), int(rng.integers(0, 24))
+    extra, cost_correction, cap = float(rng.uniform(0.1, 1.5)), float(rng.uniform(0.67, 4.0)), int(rng.integers(0, 24))
     calibrated = rng.random() < 0.7
     option, size, expected = forecast_step(probs, window_rows, window_gain, cost, cap, 0.0,
-                                           stats.calibration() if calibrated else None, extra, dearer)
+                                           stats.calibration() if calibrated else None, extra, cost_correction)
     want = _forecast_in_numpy(probs, window_rows, window_gain, cost, cap, stats.calibrated if calibrated else None,
-                              extra, dearer)
+                              extra, cost_correction)
     assert (option, size) == want[:2] and np.isclose(expected[0], want[2])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import VOCAB, record_one_offs, reference, tiny_model
+from conftest import VOCAB, record_compile_seconds, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.model import traced
 from lookahead.model.traced import ONEDNN_UNTRACED, TraceKey, row_class, trace_linear, varied
@@ -312,7 +312,7 @@ def test_a_trace_serves_another_batch_size_once_checked_there(monkeypatch):
 
 
 def test_making_a_trace_is_not_taken_for_the_steps_cost(monkeypatch):
-    """The seconds a step spends making a trace are told apart (Target.one_off), and the route's
+    """The seconds a step spends making a trace are told apart (Target.compile_seconds), and the route's
     re-check (and the cost curve, from the same figure) learn from the rest: a slow trace never makes
     a row count look dear. (Making a trace here sleeps a second more than a tiny model's step takes.)"""
     import time as clock
@@ -325,16 +325,16 @@ def test_making_a_trace_is_not_taken_for_the_steps_cost(monkeypatch):
         return made(self, key, inputs)
 
     monkeypatch.setattr(traced.TracedForward, "_new_trace", slow)
-    one_offs, observed = record_one_offs(monkeypatch, gen)
+    compiles, observed = record_compile_seconds(monkeypatch, gen)
     ids = prompt(3)
     assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=NO_EOS),
                        reference(gen.model, ids, 20, eos_token_id=NO_EOS))
-    assert len(observed) == len(one_offs)
-    making = [i for i, s in enumerate(one_offs) if s >= 1.0]
-    assert making and len(making) == len(gen.target.traced.traces), (one_offs, gen.target.traced.traces)
-    assert all(observed[i] < one_offs[i] for i in making), (observed, one_offs)
-    checking = [i for i, s in enumerate(one_offs) if 0.0 < s < 1.0]  # (the other row class's first step: a check)
-    assert len(checking) <= 1, one_offs
+    assert len(observed) == len(compiles)
+    making = [i for i, s in enumerate(compiles) if s >= 1.0]
+    assert making and len(making) == len(gen.target.traced.traces), (compiles, gen.target.traced.traces)
+    assert all(observed[i] < compiles[i] for i in making), (observed, compiles)
+    checking = [i for i, s in enumerate(compiles) if 0.0 < s < 1.0]  # (the other row class's first step: a check)
+    assert len(checking) <= 1, compiles
 
 
 def test_a_server_traces_by_default_and_on_sight():
@@ -353,7 +353,7 @@ def test_a_server_traces_by_default_and_on_sight():
     assert gen.target.traced.patience == 0.0
 
 
-def test_a_ready_trace_replays_with_the_routes_threads_alone(monkeypatch):
+def test_a_serving_trace_replays_with_the_routes_threads_alone(monkeypatch):
     """Once a kind's trace is made and checked at a step's shape, the step replays it without swapping
     the layers' weights for the route's (``FewRowLinear.routed``): its linear op is told the route. A
     forward hook set after that still sends the steps to the eager forward, weights routed."""

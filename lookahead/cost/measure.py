@@ -366,7 +366,7 @@ class StepTimer:
             mode = route_mode(route, self.batch * q, self.target.linears)
         with torch.inference_mode(), mode:
             took = self._timed(q)
-            if self.target.one_off > 0.0:  # it made a trace or captured a graph: timed again, as steps run
+            if self.target.compile_seconds > 0.0:  # it made a trace or captured a graph: timed again, as steps run
                 took = self._timed(q)
         return took
 

@@ -209,8 +209,8 @@ class DecodeRun:
         ranked = [seq.rank() for seq in seqs]  # 1. propose: every sequence's scored trie
         marks.append(clock())
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
-        worth = sum(seq.planner.column_worth() for seq in seqs) / len(seqs)  # a window column, to the sources
-        width, size = self.chooser.decide([r.probs for r in ranked], worth, spent)  # 2. one shape for all
+        column_gain = sum(seq.planner.column_worth() for seq in seqs) / len(seqs)  # a window column, to the sources
+        width, size = self.chooser.decide([r.probs for r in ranked], column_gain, spent)  # 2. one shape for all
         plans = [seq.plan(r, size, width) for seq, r in zip(seqs, ranked)]
         rows = step_rows(plans, self.x_pos)
         marks.append(clock())
@@ -236,12 +236,12 @@ class DecodeRun:
         marks.append(clock())
         seconds = marks[-1] - marks[0]
         # 6. learn what the step cost: the target's share alone (a draft's forwards, a catch-up over a
-        # whole prompt among them, would make every row count look dearer), without the batch's own
+        # whole prompt among them, would make every row count look costlier), without the batch's own
         # changes (a sequence leaving, the cache compacted: the same whatever shape the step took).
-        # A step that made a trace of its forward (model/traced.py) took that one-off time too.
+        # A step that made a trace of its forward (model/traced.py) took that compile time too.
         changes = marks[-1] - changed
-        one_off = self.target.one_off
-        target_seconds = max(seconds - spent - changes - one_off, 0.0)
+        compile_seconds = self.target.compile_seconds
+        target_seconds = max(seconds - spent - changes - compile_seconds, 0.0)
         # A step through a route its routing was trying (routing.py) says what that route costs, not what the
         # steps the budget prices cost: it refines neither the curve nor the speculation check's times.
         count, width = rows.tokens.shape
@@ -249,10 +249,11 @@ class DecodeRun:
         if timed:
             self.chooser.observe(width, target_seconds)  # the batch's cost curve
         accepted = sum(seq.stats.accepted[-1] for seq in seqs)  # tokens the step gave, all sequences
-        self.chooser.settle(accepted, seconds - changes - one_off if timed else None)  # ... and its forecast
+        # ... and its outcome against its forecast (the speculation check)
+        self.chooser.record_outcome(accepted, seconds - changes - compile_seconds if timed else None)
         # The route is re-checked on the forward and its read-back alone (what its measurement timed): the
         # host's own work (joins, compaction, a draft) is the same whichever route ran, noise to it.
-        self.target.observe(count, width, marks[4] - marks[2] - one_off)
+        self.target.observe(count, width, marks[4] - marks[2] - compile_seconds)
         marks.append(clock())
         self._record(rows, accepted, marks)
         return [seqs[a] for a in finished]
@@ -264,7 +265,7 @@ class DecodeRun:
         widths = {seq.verifier.recycle_width for seq in seqs}  # (one table for the run: one width)
         if len(seqs) > 1 and len(widths) == 1 and all(seq.verifier.plain_greedy for seq in seqs):
             argmax, top = stage_batch(logits, seqs[0].verifier.recycle_width)
-            return [seq.verifier.restaged(argmax[a], top[a] if top is not None else None, p.rows, p.tree,
+            return [seq.verifier.stage_from_batch(argmax[a], top[a] if top is not None else None, p.rows, p.tree,
                                           p.keep.shape[0]) for a, (seq, p) in enumerate(zip(seqs, plans))]
         staged = [seq.stage(logits[a, :p.keep.shape[0]], p) for a, (seq, p) in enumerate(zip(seqs, plans))]
         if len(staged) == 1:  # (one sequence: its part is the whole, no bounds to count)

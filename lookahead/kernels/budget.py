@@ -38,7 +38,7 @@ def curve_seconds(rows: np.ndarray, seconds: np.ndarray, least: float, q: float)
 def forecast_options(probs: np.ndarray, lengths: np.ndarray, window_rows: np.ndarray, window_gain: np.ndarray,
                      rows: np.ndarray, seconds: np.ndarray, least: float, cap: int, spent: float,
                      logs: np.ndarray, factors: np.ndarray, least_promise: float, extra: float,
-                     dearer: float, share: float = 0.0) -> tuple[int, int, float, float]:
+                     cost_correction: float, share: float = 0.0) -> tuple[int, int, float, float]:
     """(window option o, tree nodes k, the tree's expected tokens summed over the sequences, the step's
     seconds) of the option with the most expected tokens per second.
 
@@ -48,7 +48,7 @@ def forecast_options(probs: np.ndarray, lengths: np.ndarray, window_rows: np.nda
     more nodes; plus the bonus token. A batch keeps one k for all (a sequence with fewer nodes
     keeps all). Option o puts window_rows[o] rows before each tree and is worth window_gain[o]
     tokens per sequence. Seconds: the curve (rows, seconds) at window_rows[o] + k, plus ``spent``.
-    ``extra`` scales every option's tokens beyond the bonus ones and ``dearer`` its seconds, but the
+    ``extra`` scales every option's tokens beyond the bonus ones and ``cost_correction`` its seconds, but the
     plain step's (o = 0, k = 0). Ties go to the earlier option (o first, then k).
 
     ``share`` > 0 (a batch of several sequences): an option is admitted only if every sequence's own
@@ -86,7 +86,7 @@ def forecast_options(probs: np.ndarray, lengths: np.ndarray, window_rows: np.nda
         for k in range(limit + 1):
             taken = curve_seconds(rows, seconds, least, float(window_rows[o] + k)) + spent
             tokens = base + extra * (gains[k] - base) + base * window_gain[o]
-            priced = taken if o == 0 and k == 0 else taken * dearer
+            priced = taken if o == 0 and k == 0 else taken * cost_correction
             if share > 0.0 and (o > 0 or k > 0) and (1.0 + extra * lowest[k]) / priced < share / plain:
                 continue  # some sequence would decode slower than its share of a plain step's rate
             rate = tokens / priced

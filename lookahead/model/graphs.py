@@ -163,14 +163,14 @@ class StepGraphs:
         self.graphs: dict[int, Graph] = {}  # Qb -> its graph over ``buffer``
         self.pool: Any = None  # one memory pool for every graph (they never run at once)
         self.failure = ""  # why graphs are off for this model (a capture failed), "" while they are on
-        self.one_off = 0.0  # seconds the latest step spent adopting the buffer or capturing (0.0: neither)
+        self.compile_seconds = 0.0  # seconds the latest step spent adopting the buffer or capturing (0.0: neither)
 
     def step(self, arena: Arena, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
              past: int) -> torch.Tensor | None:
         """Logits [1, K, V] of rows ``keep`` of one sequence's step (target.py's ``step`` arguments), or None
         where no graph applies (too many rows, a failed capture): then the caller runs it eagerly.
         The arena's layers hold past + Q slots afterwards, as after an eager step."""
-        self.one_off = 0.0
+        self.compile_seconds = 0.0
         rows = bucket(tokens.shape[1])
         if rows is None or self.failure:
             return None
@@ -182,7 +182,7 @@ class StepGraphs:
         if made:
             graph = self._new_graph(rows, packed, buffer)
         if adopted or made:  # a new decode's prompt copied in, a graph captured: not what the step costs
-            self.one_off = time.perf_counter() - began
+            self.compile_seconds = time.perf_counter() - began
         if graph is None:
             return None
         graph.inputs.copy_(packed, non_blocking=True)

@@ -50,7 +50,7 @@ def cpu_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def padded(params: list[torch.nn.Parameter]) -> list[int]:
-    """Each parameter's bytes, rounded up to ALIGN: its room in the mapping."""
+    """Each parameter's bytes, rounded up to ALIGN: its span in the mapping."""
     return [-(-p.numel() * p.element_size() // ALIGN) * ALIGN for p in params]
 
 
@@ -60,10 +60,10 @@ def moved_here(params: list[torch.nn.Parameter]) -> bool:
     model whose weights view one memory-mapped file, say, does not)."""
     if not params or len({p.untyped_storage().data_ptr() for p in params}) > 1:
         return False
-    rooms = padded(params)
-    if params[0].untyped_storage().nbytes() != sum(rooms) + HUGE_PAGE or params[0].data_ptr() % HUGE_PAGE:
+    spans = padded(params)
+    if params[0].untyped_storage().nbytes() != sum(spans) + HUGE_PAGE or params[0].data_ptr() % HUGE_PAGE:
         return False
-    starts = [params[0].data_ptr() + sum(rooms[:i]) for i in range(len(params))]
+    starts = [params[0].data_ptr() + sum(spans[:i]) for i in range(len(params))]
     return all(p.data_ptr() == start for p, start in zip(params, starts))
 
 
@@ -91,17 +91,17 @@ def move_to_huge_pages(model: torch.nn.Module, setting: Path = SETTING) -> bool:
     params = cpu_parameters(model)
     if not params or moved_here(params):
         return False
-    rooms = padded(params)
-    arena = huge_bytes(sum(rooms), setting)
+    spans = padded(params)
+    arena = huge_bytes(sum(spans), setting)
     if arena is None:
         return False
     at = 0
     with torch.no_grad():
-        for param, room in zip(params, rooms):
+        for param, span in zip(params, spans):
             moved = arena[at:at + param.numel() * param.element_size()].view(param.dtype).view(param.shape)
             moved.copy_(param.data)
             param.data = moved  # the old storage goes with its last reference
-            at += room
+            at += span
     return True
 
 

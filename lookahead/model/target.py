@@ -114,8 +114,9 @@ class Target:
         # grouped heads under a mask without copies (attention.py), through the C++ op's kernel where it is loaded
         self.attention = GroupedAttention(model, native and native_attention)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
-        self.one_off = 0.0  # seconds of the latest step spent on one-off work (making a trace, capturing a graph),
-        # not its forward
+        # seconds of the latest step spent compiling its forward (making or checking a trace, capturing a CUDA
+        # graph), not the forward's own cost
+        self.compile_seconds = 0.0
         self.trying = False  # the latest step ran a route its routing was trying (routing.py), not the chosen one
         self.device = input_device(model)
         _, self.dtype, self.vocab = embedding_facts(model)  # the embedding's output dtype and rows [V]
@@ -179,11 +180,11 @@ class Target:
     def _traced(self, key: TraceKey, linear: str | None, arena: Arena, tokens: np.ndarray, q_pos: torch.Tensor,
                 mask: torch.Tensor | None, keep: torch.Tensor, past: int, replay_only: bool) -> torch.Tensor | None:
         """Logits [A, K, V] of the step replayed from ``key``'s trace (traced.py's ``step``), or None: the
-        step runs eagerly. Notes what making or checking a trace took (``one_off``) and the route."""
+        step runs eagerly. Notes what making or checking a trace took (``compile_seconds``) and the route."""
         assert self.traced is not None, "a traced step needs the traced forward"
         logits = self.traced.step(key, linear, arena, to_device(tokens, self.device), self.positions(q_pos), mask,
                                   keep, past, replay_only)
-        self.one_off = self.traced.one_off
+        self.compile_seconds = self.traced.compile_seconds
         if logits is not None:
             self.last_route = f"{self.last_route} traced".strip()
         return logits
@@ -213,12 +214,13 @@ class Target:
         """
         dev = self.device
         count, rows = tokens.shape
-        self.one_off, self.trying = 0.0, False
+        self.compile_seconds, self.trying = 0.0, False
         if self.graphs is not None and slots is None:
             arena = arena_of(cache)
             if arena is not None and arena.buffer is not None and arena.buffer.shape[2] == 1:
                 logits = self.graphs.step(arena, tokens, positions, local, keep, past)
-                self.one_off = self.graphs.one_off  # (capturing a bucket's graph: once, not the step's cost)
+                # (capturing a bucket's graph: once, not the step's cost)
+                self.compile_seconds = self.graphs.compile_seconds
                 if logits is not None:
                     self.last_route = "graph"
                     return logits  # [1, K, V]
@@ -238,7 +240,7 @@ class Target:
         arena = arena_of(cache) if self.traced is not None and (mask is None or traced_mask is not None) else None
         key = TraceKey(trace_linear(linear), mask is not None) if arena is not None else None
         if key is not None and arena is not None and self.traced is not None \
-                and self.traced.ready(key, (count, row_class(rows))):
+                and self.traced.serves(key, (count, row_class(rows))):
             # A trace made and checked at this shape: replayed with the route's threads alone (the layers'
             # weights and the attention are the trace's own; swapping them in would be host work for nothing)
             with route_mode(route, count * rows, self.linears, weights=False):

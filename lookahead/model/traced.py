@@ -189,7 +189,7 @@ class TracedForward:
         self.fuse = linears.native_op is not None and fused_ops()
         self.fusions: dict[TraceKey, Fused] = {}
         self.kv_write = torch.ops.lookahead_native.kv_write if self.fuse else None  # TraceLayer's cache update
-        self.one_off = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
+        self.compile_seconds = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
         self.patience = TRACE_PATIENCE  # trace a kind once its eager steps took this many times a trace's cost
         # where the model's first parameter is held (``_weights``): its module and name there
         first = next((name for name, _ in model.named_parameters()), None)
@@ -212,14 +212,10 @@ class TracedForward:
         weight = module._parameters[name]
         return (weight.data_ptr(), weight.dtype, weight.device) if weight is not None else ()
 
-    def ready(self, key: TraceKey, shape: Shape) -> bool:
-        """Whether ``key``'s trace is made and serves ``shape`` (``serves``): a step of that shape replays it,
-        with nothing to make or check (the caller then sets only the route's threads,
-        ``step(replay_only=True)``, which finds moved weights and returns None)."""
-        return self.serves(key, shape)
-
     def serves(self, key: TraceKey, shape: Shape) -> bool:
-        """Whether ``key``'s trace serves steps of ``shape`` with no check: it agreed at that shape, or (several
+        """Whether ``key``'s trace serves steps of ``shape`` with no check (a step of that shape replays it
+        with nothing to make or check: the caller then sets only the route's threads and calls
+        ``step(replay_only=True)``, which finds moved weights and returns None): it agreed at that shape, or (several
         sequences) at two other batch sizes of several with the same row class and was refused at none. A
         batch size that transformers' Python turned into a constant of the trace (an ``int()`` of a size)
         shows at every batch size but the one it was made at, so two sizes that agree rule it out; only a
@@ -248,13 +244,13 @@ class TracedForward:
         trace serves ``key`` (then the caller runs the step eagerly, the arena untouched). A trace is made
         or checked here only inside the route's whole ``route_mode`` (the weights routed: an oneDNN trace
         records the packed weights); ``replay_only``: the caller set its threads alone, so a step that
-        is not ``ready`` returns None."""
+        ``key``'s trace does not ``serve`` returns None."""
         weights = self._weights()
         if weights != self.weights:
             for made in (self.traces, self.failures, self.checked, self.refused, self.eager, self.fusions):
                 made.clear()
             self.weights = weights
-        self.one_off = 0.0
+        self.compile_seconds = 0.0
         shape = shape_of(tokens)
         if key in self.failures or (key, shape) in self.refused or self.hooked() \
                 or any(layer.length != past for layer in arena.members):
@@ -275,7 +271,7 @@ class TracedForward:
         if trace is not None and not self.serves(key, shape):
             began = time.perf_counter()
             checked, forward = self._checked_at(key, trace, inputs)  # the step itself, checked as it runs
-            self.one_off = time.perf_counter() - began - forward
+            self.compile_seconds = time.perf_counter() - began - forward
             if checked is None:
                 return None
             logits = checked
@@ -283,7 +279,7 @@ class TracedForward:
             if trace is None:
                 began = time.perf_counter()
                 trace = self._new_trace(key, inputs)
-                self.one_off = time.perf_counter() - began
+                self.compile_seconds = time.perf_counter() - began
                 if trace is None:
                     return None
             logits = replay(trace, inputs)

@@ -36,7 +36,8 @@ def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -
 
 def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
                 cost: CostModel | None, cap: int, spent: float = 0.0,
-                calibration: Calibration | None = None, extra: float = 1.0, dearer: float = 1.0) -> tuple[int, int]:
+                calibration: Calibration | None = None, extra: float = 1.0,
+                cost_correction: float = 1.0) -> tuple[int, int]:
     """(window option o, tree nodes k) of the step with the most expected tokens per second
     (``forecast_step`` without the forecast).
 
@@ -54,22 +55,23 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
     alone with no gain: option 0 with k = 0 is a plain decode step. What speculative
     steps really gave against their forecast lately (``SpeculationCheck``; 1: as
     forecast) corrects every option but the plain step: ``extra`` scales the tree's
-    tokens beyond the bonus tokens, ``dearer`` the step's seconds. Without a cost model
+    tokens beyond the bonus tokens, ``cost_correction`` the step's seconds. Without a cost model
     (a fixed budget): the last (widest) option and min(M, cap) nodes.
 
     probs [[.9, .1]], rows [1, 3], gains [0, .5], a step costing 1 + 0.1 per row past the
     first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1. Speculative
-    steps 2x dearer than forecast -> (0, 0): 2.4 / 2.6 = 0.92 and 1.9 / 2.2 = 0.86 lose to 1.
+    steps costing 2x their forecast -> (0, 0): 2.4 / 2.6 = 0.92 and 1.9 / 2.2 = 0.86 lose to 1.
     """
-    option, size, _ = forecast_step(probs, window_rows, window_gain, cost, cap, spent, calibration, extra, dearer)
+    option, size, _ = forecast_step(probs, window_rows, window_gain, cost, cap, spent, calibration, extra,
+                                    cost_correction)
     return option, size
 
 
 def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
                   cost: CostModel | None, cap: int, spent: float = 0.0, calibration: Calibration | None = None,
-                  extra: float = 1.0, dearer: float = 1.0,
+                  extra: float = 1.0, cost_correction: float = 1.0,
                   share: float = 0.0) -> tuple[int, int, tuple[float, float] | None]:
-    """``choose_step``'s (o, k), and what was expected of that step before ``extra`` and ``dearer``
+    """``choose_step``'s (o, k), and what was expected of that step before ``extra`` and ``cost_correction``
     corrected it: (tokens its tree yields, summed over the sequences, without the window's worth;
     seconds); None without a cost model. ``share`` > 0: only options where every sequence is expected
     to decode at ``share`` of a plain step's rate or faster (``LookaheadConfig.fair_share``). One kernel
@@ -87,5 +89,5 @@ def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain:
     logs, factors = calibration if calibration is not None else (NONE, NONE)
     option, size, tokens, seconds = forecast_options(
         table, lengths, contiguous(window_rows), contiguous(window_gain, np.float64), cost.rows,
-        cost.seconds, MIN_SECONDS, limit, spent, logs, factors, LEAST_PROMISE, extra, dearer, share)
+        cost.seconds, MIN_SECONDS, limit, spent, logs, factors, LEAST_PROMISE, extra, cost_correction, share)
     return int(option), int(size), (float(tokens), float(seconds))

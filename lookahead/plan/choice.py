@@ -43,31 +43,31 @@ class StepChooser:
         self.forecast: tuple[str, int, float, float] | None = None  # the loop's step: (kind, sequences, tokens,
         # seconds) as forecast
 
-    def choose(self, probs: list[np.ndarray], worth: float, spent: float = 0.0) -> tuple[int, int]:
+    def choose(self, probs: list[np.ndarray], column_gain: float, spent: float = 0.0) -> tuple[int, int]:
         """(window width, tree nodes) for sequences whose ranked path probabilities are ``probs``
         (one array per sequence); ``worth``: tokens one window column fed is worth to the sources,
         ``spent``: seconds the sources already spent on forwards of their own this step."""
-        width, size, _ = self._forecast(probs, worth, spent)
+        width, size, _ = self._forecast(probs, column_gain, spent)
         return width, size
 
     def corrections(self) -> tuple[float, float]:
-        """(extra, dearer): what a speculative option's forecast extra tokens and seconds are multiplied by
+        """(extra, cost_correction): what a speculative option's forecast extra tokens and seconds are multiplied by
         (SpeculationCheck; (1, 1) with the check off)."""
-        return (self.check.extra(), self.check.dearer()) if self.config.check_speculation else (1.0, 1.0)
+        return (self.check.extra(), self.check.cost_correction()) if self.config.check_speculation else (1.0, 1.0)
 
-    def decide(self, probs: list[np.ndarray], worth: float, spent: float = 0.0) -> tuple[int, int]:
-        """``choose`` for the step about to run, remembering what it expects of it for ``settle``."""
-        width, size, expected = self._forecast(probs, worth, spent)
+    def decide(self, probs: list[np.ndarray], column_gain: float, spent: float = 0.0) -> tuple[int, int]:
+        """``choose`` for the step about to run, remembering what it expects of it for ``record_outcome``."""
+        width, size, expected = self._forecast(probs, column_gain, spent)
         self.forecast = None
         if expected is not None:
             kind = "window" if width > 0 else ("tree" if size > 0 else "plain")
             self.forecast = (kind, len(probs), expected[0], expected[1])
         return width, size
 
-    def _forecast(self, probs: list[np.ndarray], worth: float,
+    def _forecast(self, probs: list[np.ndarray], column_gain: float,
                   spent: float) -> tuple[int, int, tuple[float, float] | None]:
         """(window width, tree nodes, what the step is expected to give before the check's corrections)."""
-        gain = self.widths * worth  # [O] tokens the window's columns are worth
+        gain = self.widths * column_gain  # [O] tokens the window's columns are worth
         # one sequence: its best is never below plain; float: an int share (fair_share=1) would compile the
         # kernel a second time mid-decode
         share = float(self.config.fair_share) if len(probs) > 1 else 0.0
@@ -75,7 +75,7 @@ class StepChooser:
                                                spent, self.acceptance.calibration(), *self.corrections(), share)
         return int(self.widths[option]), size, expected
 
-    def settle(self, tokens: int, seconds: float | None) -> None:
+    def record_outcome(self, tokens: int, seconds: float | None) -> None:
         """The step ``decide`` shaped gave ``tokens`` in ``seconds``: learn how far off its forecast was (None:
         its time says nothing of the forecast, e.g. it ran a route being tried; nothing is learned)."""
         if self.forecast is not None and seconds is not None:

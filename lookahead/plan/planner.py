@@ -240,9 +240,9 @@ class Planner:
         if self.chooser.cost is None or tree.size == 0:
             return 1.0, 1.0
         probs = prob[best_first_order(tree.parents, prob)]  # [M]
-        worth = self.column_worth()
-        width, size = self.chooser.choose([probs], worth)
-        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + worth * width
+        column_gain = self.column_worth()
+        width, size = self.chooser.choose([probs], column_gain)
+        tokens = expected_gains(probs, size, self.acceptance.calibrated)[size] + column_gain * width
         return float(tokens), self.chooser.price(size, width)
 
     def _rows(self, groups: list[tuple[Candidates, int]]) -> list[Rows]:

@@ -13,9 +13,9 @@ steps visit least, so they are refined last.
 ``SpeculationCheck`` compares outcome to forecast. For steps that verified a
 tree: the tokens they gave beyond the bonus tokens against the tokens beyond
 them forecast (``extra``), and the seconds they took against the seconds
-forecast, over the same ratio of plain steps (``dearer``: what the curve's
+forecast, over the same ratio of plain steps (``cost_correction``: what the curve's
 overall level already absorbs cancels out). The budget scales a speculative
-option's extra tokens by ``extra`` and its seconds by ``dearer``; a plain
+option's extra tokens by ``extra`` and its seconds by ``cost_correction``; a plain
 step is priced as forecast. Correcting the two parts apart, not the rate as
 a whole, keeps a cheap tree with a small edge (a few rows where rows cost
 little) worth taking when its promise is trimmed. Steps that fed the Jacobi
@@ -31,7 +31,7 @@ changed.
 Worked example: trees
 forecast to give 3.35 tokens beyond the 4 bonus tokens in 61 ms gave 2.77 in
 77 ms, while plain steps forecast at 39 ms took 36: with enough such steps
-extra goes to 0.83 and dearer to 1.37 (less the prior's pull), and a tree then needs
+extra goes to 0.83 and cost_correction to 1.37 (less the prior's pull), and a tree then needs
 (4 + 0.83 * 3.35) / (61 * 1.37) = 81 tokens/s against the plain step's 103
 to be taken (the forecast said 120, so it was).
 """
@@ -43,7 +43,7 @@ from ..core.learner import DecayedScalar
 DECAY = 0.98  # per step: about the last 50 steps count
 PRIOR_STEPS = 4.0  # the prior (ratio 1) weighs as much as this many steps' worth of each sum
 EXTRA_RANGE = (0.1, 1.5)  # the corrections never go past these bounds
-DEARER_RANGE = (0.67, 4.0)
+COST_CORRECTION_RANGE = (0.67, 4.0)
 
 
 class SpeculationCheck:
@@ -59,9 +59,10 @@ class SpeculationCheck:
         """What a tree's forecast tokens beyond the bonus tokens are multiplied by."""
         return min(max(self.tokens.value(), EXTRA_RANGE[0]), EXTRA_RANGE[1])
 
-    def dearer(self) -> float:
+    def cost_correction(self) -> float:
         """What a speculative step's forecast seconds are multiplied by."""
-        return min(max(self.tree_seconds.value() / self.plain_seconds.value(), DEARER_RANGE[0]), DEARER_RANGE[1])
+        low, high = COST_CORRECTION_RANGE
+        return min(max(self.tree_seconds.value() / self.plain_seconds.value(), low), high)
 
     def observe(self, kind: str, sequences: int, expected: tuple[float, float], taken: tuple[float, float]) -> None:
         """A step of ``sequences`` sequences and of ``kind`` ("plain", "tree", or "window": not counted,

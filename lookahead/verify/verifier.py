@@ -152,7 +152,7 @@ class Verifier:
         processor): then a batch's sequences can be staged together (``stage_batch``)."""
         return self.uniforms is None and not self.decoding.processors and self.logprobs is None
 
-    def restaged(self, argmax: np.ndarray, top: np.ndarray | None, rows: RowMap, tree: TokenTree,
+    def stage_from_batch(self, argmax: np.ndarray, top: np.ndarray | None, rows: RowMap, tree: TokenTree,
                  kept: int) -> np.ndarray:
         """What ``stage`` would have given (on the host), from this sequence's share of ``stage_batch``:
         argmax [K'] of its step's logit rows and top [K', 2R] (K' >= kept: the batch's rows)."""
@@ -203,7 +203,7 @@ class Verifier:
 def stage_batch(logits: torch.Tensor, recycle_width: int | None) -> tuple[np.ndarray, np.ndarray | None]:
     """A batch of plain greedy sequences' logits [A, K, V] staged at once, in one host transfer: the
     argmax [A, K] of every row and (with token recycling) its top-R successors [A, K, 2R]. Each
-    sequence takes its share with ``Verifier.restaged``: the same values its own ``stage`` gives,
+    sequence takes its share with ``Verifier.stage_from_batch``: the same values its own ``stage`` gives,
     from two device calls for the batch instead of a handful per sequence."""
     count, kept, vocab = logits.shape
     flat = logits.reshape(count * kept, vocab)  # [A * K, V]

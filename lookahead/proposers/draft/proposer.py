@@ -23,7 +23,7 @@ drafts, the proposer asks what the step would be without it
 tokens their tree is expected to yield and its cost in plain target steps,
 and ``covered[d]``, their trie's best path probability at depth d + 1. Its
 own ``rate`` is the tokens draft steps added lately past such a trie, per
-plain target step their forwards took (measured: worth.DraftWorth, kept in
+plain target step their forwards took (measured: efficiency.DraftEfficiency, kept in
 the source's state and learned from every step's outcome in ``learn``).
 Drafting raises a step's tokens per second only while what it adds, per
 step it costs, beats the step's tokens per step so far: the draft runs only
@@ -60,7 +60,7 @@ from ...call.processing import process_rows
 from ...core.tree import TokenTree, matched_depth
 from ..base import Candidates, Outcome, Source, StepContext, no_candidates
 from .drafter import Drafter
-from .worth import DraftWorth
+from .efficiency import DraftEfficiency
 
 if TYPE_CHECKING:
     from ...cost import CostModel
@@ -84,7 +84,7 @@ class Drafted:
     """What a step's draft was measured against, until the step's outcome comes (``DraftProposer.learn``)."""
 
     free: TokenTree  # the other sources' trie
-    covered: float  # its depth-1 coverage (the DraftWorth band)
+    covered: float  # its depth-1 coverage (the DraftEfficiency band)
     cost: float  # plain target steps the draft's forwards took, the catch-up aside (0: it was silent)
     plain: float  # the cost of the step the other sources alone would have made, in plain target steps
 
@@ -120,10 +120,10 @@ class DraftProposer(Source):
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 step: StepContext) -> Candidates:
         """``draft``, after the other sources: what they reach, and the rate the draft's steps
-        added past such a trie lately (its DraftWorth), decide whether and how far it drafts."""
+        added past such a trie lately (its DraftEfficiency), decide whether and how far it drafts."""
         others = step.others()
         covered = float(others.covered[0])
-        rate = step.state(DraftWorth).rate(covered, float(self.cost_ratio(1)))
+        rate = step.state(DraftEfficiency).rate(covered, float(self.cost_ratio(1)))
         found = self.draft(seq, stop, limit, estimates, others.covered, others.plain, rate, step.room)
         unit = step.unit()
         spent = (found.seconds - found.catch_up) / unit if unit else 0.0  # catch-ups aside
@@ -141,7 +141,7 @@ class DraftProposer(Source):
         cost = asked.cost
         if cost > 0:
             cost += max(0.0, outcome.steps - asked.plain)
-        outcome.state(DraftWorth).observe(asked.covered, cost, beyond)
+        outcome.state(DraftEfficiency).observe(asked.covered, cost, beyond)
 
     def draft(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
               covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0),
@@ -153,7 +153,7 @@ class DraftProposer(Source):
         covered [D] the other sources' best path probability per depth (None: nothing);
         plain (tokens, cost in plain target steps) of this step without the draft;
         rate: tokens draft steps added lately past the free trie at this coverage, per plain
-        target step they cost, catch-ups aside (None: DraftWorth's prior);
+        target step they cost, catch-ups aside (None: DraftEfficiency's prior);
         room: tokens still to generate (None: no end in view), over which a catch-up must pay.
         """
         began = time.perf_counter()
@@ -162,7 +162,7 @@ class DraftProposer(Source):
         if covered is None:
             covered = np.zeros(depth_cap + 1)
         if rate is None:
-            rate = DraftWorth().rate(float(covered[0]), ratio)
+            rate = DraftEfficiency().rate(float(covered[0]), ratio)
         tokens, steps = plain
         if ratio > 0 and rate * steps < tokens:  # a free draft (ratio 0: a fixed budget) always drafts
             return no_candidates()

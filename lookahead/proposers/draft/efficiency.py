@@ -7,7 +7,7 @@ import numpy as np
 from ...core.learner import DecayedRatio
 
 DRAFT_BANDS = np.array([0.5, 0.8])  # edges of the free trie's depth-1 coverage: where the free sources already
-# reach far, a draft adds less per forward, so its worth is learned per band
+# reach far, a draft adds less per forward, so its efficiency is learned per band
 DRAFT_PRIORS = np.array([0.6, 0.4, 0.2])  # tokens one draft forward is first assumed to add, per band: less
 # where the free trie covers more
 DRAFT_DECAY = 0.95  # weight of the past per step, drafted or not: about the last 20 steps count, so a band that
@@ -15,7 +15,7 @@ DRAFT_DECAY = 0.95  # weight of the past per step, drafted or not: about the las
 LEAST_FORWARD = 1e-9  # the least a draft forward is priced at, in plain steps: a rate never divides by 0
 
 
-class DraftWorth:
+class DraftEfficiency:
     """Tokens a draft model added that the free sources' trie did not hold, per plain target
     step its forwards took, learned apart per band of that trie's depth-1 coverage (DRAFT_BANDS).
 
