@@ -96,16 +96,21 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool) -
 @click.option("--memory", "memory_path", default=None, metavar="PATH",
               help="Remember requests across runs in this file: read before generating (when it exists), "
                    "written back after (it holds your prompts' outputs).")
+@click.option("--prediction-file", default=None, metavar="PATH",
+              help="Predicted Outputs: a UTF-8 text file holding what the answer is expected to be (e.g. the file "
+                   "being edited); its tokens are proposed where the answer follows them, and the answer stays "
+                   "the same. The stats count the predicted tokens accepted and rejected.")
 @trust_remote_code_option
 @weights_option
 @threads_option
 @sampling_options
 @config_options
 def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool, draft_model: str | None,
-             device: str, dtype: str, memory_path: str | None, trust_remote_code: bool, weights: str,
-             seed: int | None, **values: Any) -> None:
+             device: str, dtype: str, memory_path: str | None, prediction_file: str | None, trust_remote_code: bool,
+             weights: str, seed: int | None, **values: Any) -> None:
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     checked_prompt(prompt)
+    prediction = read_prediction(prediction_file)
     seed = checked_seed(seed)
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
@@ -118,11 +123,28 @@ def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_j
         with warnings_as_lines():
             result = _generate(model_name, prompt, max_new_tokens, chat, as_json,
                                (device, dtype, trust_remote_code, draft_model, weights), config, sampling, seed,
-                               memory_path)
+                               memory_path, prediction)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     if as_json:
         click.echo(json.dumps(result))
+
+
+def read_prediction(path: str | None) -> str | None:
+    """The text of --prediction-file (None: not given); one line and exit status 2 when it cannot be read,
+    is not UTF-8 text or is empty."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).expanduser().read_bytes().decode("utf-8")
+    except OSError as exc:
+        fail(f"--prediction-file {path}: {exc.strerror or exc}: pass a readable text file")
+    except UnicodeDecodeError as exc:
+        fail(f"--prediction-file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+             f"{exc.start}): save it as UTF-8")
+    if not text.strip():
+        fail(f"--prediction-file {path} is empty: put the predicted answer in it, or leave the option out")
+    return text
 
 
 def warn_about_dtype(dtype: str, device: str) -> None:
@@ -139,11 +161,12 @@ def warn_about_dtype(dtype: str, device: str) -> None:
 
 def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool,
               loading: tuple[str, str, bool, str | None, str], config: LookaheadConfig, sampling: dict[str, Any],
-              seed: int | None, memory_path: str | None = None) -> dict:
+              seed: int | None, memory_path: str | None = None, prediction: str | None = None) -> dict:
     """Load (device, dtype, trust_remote_code, draft model name, weights = loading), generate (streaming unless
     as_json), report stats; the JSON result. With ``memory_path``, the generator's memory across
     requests is read from that file first (when it exists: checked right after the model and its
-    tokenizer load, before the generator measures costs) and written back after, each said on stderr."""
+    tokenizer load, before the generator measures costs) and written back after, each said on stderr.
+    ``prediction``: the predicted answer's text (Predicted Outputs), or None."""
     import torch
     from transformers import TextStreamer
 
@@ -179,7 +202,12 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     streamer = None if as_json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     if seed is not None:
         torch.manual_seed(seed)
-    out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer, **sampling)
+    try:
+        out = gen.generate(ids, max_new_tokens=max_new_tokens, streamer=streamer, prediction=prediction, **sampling)
+    except ValueError as exc:  # (a prediction's problem named by the option that gave it)
+        if prediction is not None and str(exc).startswith("prediction"):
+            raise ValueError(f"--prediction-file: {exc}") from None
+        raise
     stats = gen.last_stats
     assert stats is not None  # (set by every generate call)
     if memory_file is not None:
@@ -191,7 +219,9 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     text = tokenizer.decode(new, skip_special_tokens=True)
     click.echo(f"[lookahead] {stats.new_tokens} new tokens in {stats.steps} forward passes after the prefill, "
                f"{stats.accepted_per_step:.2f} tokens/step, {stats.tokens_per_s:.1f} tokens/s"
-               + (f", {stats.draft_forwards} draft forwards" if draft is not None else ""), err=True)
+               + (f", {stats.draft_forwards} draft forwards" if draft is not None else "")
+               + (f", prediction: {stats.accepted_prediction_tokens} tokens accepted, "
+                  f"{stats.rejected_prediction_tokens} rejected" if prediction is not None else ""), err=True)
     if reason == "length" and max_new_tokens > 0 and not as_json:
         click.echo(f"lookahead: the answer was cut at --max-new-tokens {max_new_tokens} before it ended: pass a "
                    f"larger --max-new-tokens for the rest", err=True)
@@ -200,6 +230,8 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
             "accepted_per_step": stats.accepted_per_step, "tokens_per_s": stats.tokens_per_s,
             "wall_time_s": stats.wall_time_s, "memory_s": stats.memory_s, "sampling": {**used, "seed": seed},
             "draft_model": draft_name, "draft_forwards": stats.draft_forwards,
+            "accepted_prediction_tokens": stats.accepted_prediction_tokens,
+            "rejected_prediction_tokens": stats.rejected_prediction_tokens,
             "routes": {route: stats.routes.count(route) for route in sorted(set(stats.routes)) if route},
             "config": dataclasses.asdict(config),
             "window": [gen.run_config.window, gen.run_config.ngram]}  # (W, N) decoded with: auto_window's choice

@@ -24,6 +24,7 @@ from .call.inputs import (
 )
 from .call.keywords import refuse_kwargs
 from .call.logprobs import with_logprobs
+from .call.prediction import prediction_rows
 from .call.result import LookaheadOutput, generate_output
 from .call.stats import GenerationStats
 from .config import LookaheadConfig
@@ -82,7 +83,7 @@ class LookaheadGenerator:
 
     ``draft_model``: an optional small causal LM with the target's vocabulary
     (same tokenizer), on the target's device unless ``allow_draft_device``;
-    it becomes one more candidate source in the same tree (proposers/draft.py),
+    it becomes one more candidate source in the same tree (proposers/draft/),
     its forwards counted by the budget. ``draft_tokenizer``, when given, is
     checked against ``tokenizer``.
     """
@@ -189,7 +190,8 @@ class LookaheadGenerator:
                  tokenizer: PreTrainedTokenizerBase | None = None,
                  return_dict_in_generate: bool | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, logit_bias: dict[int, float] | None = None,
-                 logprobs: bool | int | None = None, **kwargs: Any) -> torch.LongTensor | LookaheadOutput:
+                 logprobs: bool | int | None = None, prediction: Any = None,
+                 **kwargs: Any) -> torch.LongTensor | LookaheadOutput:
         """Decode up to max_new_tokens; returns [B, prompt + new] like model.generate.
 
         Every argument left as None takes the model's ``generation_config``
@@ -210,6 +212,9 @@ class LookaheadGenerator:
         ``logit_bias`` ({token id: bias in [-100, 100]}) apply at every verified row (verify/penalties.py);
         ``logprobs`` (True, or k in [0, 20] alternatives) returns a LookaheadOutput whose ``.logprobs``
         holds each sequence's new tokens' logprobs (call/logprobs.py says from which distribution).
+        ``prediction`` (Predicted Outputs: text, token ids, or a list of one per row) proposes the
+        predicted output as candidates where the output aligns with it; the output stays the same, and
+        ``last_stats`` counts ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``.
         """
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab,
                                          self.model.generation_config)  # [B, T], [B, T], B prompts
@@ -226,7 +231,10 @@ class LookaheadGenerator:
             generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty)
         decoding = with_logprobs(decoding, logprobs, return_dict_in_generate)
-        return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
+        rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
+        predictions = prediction_rows(prediction, rooms, self.vocab, tokenizer if tokenizer is not None
+                                      else self.tokenizer)  # Predicted Outputs: each row's [P] or None
+        return self._run(ids, mask, prompts, decoding, streamer, input_ids.device, predictions)
 
     def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                           generation_config: GenerationConfig, logits_processor: LogitsProcessorList | None,
@@ -243,8 +251,10 @@ class LookaheadGenerator:
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
-             streamer: BaseStreamer | None, device: torch.device) -> torch.LongTensor | LookaheadOutput:
-        """One decode; the ids [B, prompt + new] on ``device`` (or the output object with the stats).
+             streamer: BaseStreamer | None, device: torch.device,
+             predictions: list[np.ndarray | None] | None = None) -> torch.LongTensor | LookaheadOutput:
+        """One decode; the ids [B, prompt + new] on ``device`` (or the output object with the stats);
+        ``predictions``: each row's predicted output (call/prediction.py), or None.
 
         The ids are made outside inference mode: an ordinary tensor, as model.generate returns.
         """
@@ -256,7 +266,7 @@ class LookaheadGenerator:
                                      "or pass streamer=None for a batch")
         rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
         with torch.inference_mode():
-            run = DecodeRun(self._context(len(prompts)), ids, mask, prompts, decoding, streamer, rooms)
+            run = DecodeRun(self._context(len(prompts)), ids, mask, prompts, decoding, streamer, rooms, predictions)
             out = run.decode()
         self.last_stats = run.stats
         self._warn_context_cut(run.seqs)

@@ -27,6 +27,8 @@ class GenerationStats:
     draft_forwards: int = 0  # forward passes of the draft model (prefill included), if any
     drafted: int = 0  # tokens the draft model proposed
     memory_s: float = 0.0  # host time the memory across requests spent looking up and storing
+    accepted_prediction_tokens: int = 0  # predicted tokens the output matched (proposers/prediction.py)
+    rejected_prediction_tokens: int = 0  # predicted tokens fed to the model as candidates and never matched
     routes: list[str] = field(default_factory=list)  # route of each decode forward (model/routing.py; "" as set)
     # Every decode step's wall time split in two: the target's forward with the read-back of what
     # verification needs (device work and the one host sync) and the host's own planning and

@@ -107,9 +107,11 @@ class DecodeRun:
     and leave between steps."""
 
     def __init__(self, context: DecodeContext, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray],
-                 decoding: Decoding | None, streamer: Any = None, rooms: list[int | None] | None = None):
+                 decoding: Decoding | None, streamer: Any = None, rooms: list[int | None] | None = None,
+                 predictions: list[np.ndarray | None] | None = None):
         """ids, mask [B, T] on the CPU; prompts: each row without its padding; ``rooms``: per row, the new
-        tokens the model's context holds after its prompt (None: no limit); ``streamer``: one row only."""
+        tokens the model's context holds after its prompt (None: no limit); ``streamer``: one row only;
+        ``predictions``: per row, its predicted output [P] (None: none; proposers/prediction.py)."""
         self.context = context
         self.target = context.target
         self.ids, self.mask = ids, mask
@@ -118,9 +120,10 @@ class DecodeRun:
         self.memory = context.memory  # earlier requests' text (its host time goes into the stats)
         self.chooser: StepChooser | None = None  # the batch's one choice per step (made with the first sequence)
         rooms = rooms if rooms is not None else [None] * len(prompts)
+        predictions = predictions if predictions is not None else [None] * len(prompts)
         assert decoding is not None or not prompts, "prompts come with their decoding"
-        self.seqs = [] if decoding is None else [self._sequence(p, decoding, streamer, room)
-                                                 for p, room in zip(prompts, rooms)]
+        self.seqs = [] if decoding is None else [self._sequence(p, decoding, streamer, room, predicted)
+                                                 for p, room, predicted in zip(prompts, rooms, predictions)]
         self.cache = self.target.new_cache()
         self.active: list[Sequence] = list(self.seqs)  # sequences still decoding, in cache order
         self.past = 0  # cache slots P
@@ -133,10 +136,11 @@ class DecodeRun:
         empty = torch.zeros((0, 0), dtype=torch.long)
         return cls(context, empty, empty, [], None)
 
-    def _sequence(self, prompt: np.ndarray, decoding: Decoding, streamer: Any, room: int | None) -> Sequence:
+    def _sequence(self, prompt: np.ndarray, decoding: Decoding, streamer: Any, room: int | None,
+                  prediction: np.ndarray | None = None) -> Sequence:
         """A new sequence decoding ``prompt`` [T] under ``decoding`` (its regime's acceptance table)."""
         context = self.context
-        parts = sequence_parts(context, prompt, decoding, streamer, room)
+        parts = sequence_parts(context, prompt, decoding, streamer, room, prediction)
         acceptance = context.acceptance(decoding, parts.sources)
         if self.chooser is None:
             self.chooser = StepChooser(context.config, context.cost, acceptance)
@@ -167,6 +171,8 @@ class DecodeRun:
             seq.count_draft()
         self.stats.draft_forwards = sum(seq.stats.draft_forwards for seq in self.seqs)
         self.stats.drafted = sum(seq.stats.drafted for seq in self.seqs)
+        self.stats.accepted_prediction_tokens = sum(seq.stats.accepted_prediction_tokens for seq in self.seqs)
+        self.stats.rejected_prediction_tokens = sum(seq.stats.rejected_prediction_tokens for seq in self.seqs)
         if self.memory is not None:
             self.stats.memory_s = self.memory.seconds - memory_before
         return out
@@ -275,16 +281,18 @@ class DecodeRun:
         return [host[bounds[a]:bounds[a + 1]] for a in range(len(seqs))]
 
     @torch.inference_mode()
-    def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, room: int | None = None) -> Sequence:
+    def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, room: int | None = None,
+             prediction: np.ndarray | None = None) -> Sequence:
         """A sequence decoding ``prompt`` [T] joins the batch at the next step.
 
         Its prompt (all but the last token, the first step's x) is prefilled alone; its keys and
         values then sit beside the others' as one more batch row, left-padded to the longer past (or
         the others' are), the padding hidden by the slots' mask. ``room``: the new tokens the
         model's context holds after the prompt (None: no limit). A sequence with nothing to
-        generate (max_new_tokens or room 0) never joins: check ``Sequence.room()``.
+        generate (max_new_tokens or room 0) never joins: check ``Sequence.room()``. ``prediction``: its
+        predicted output [P] (None: none).
         """
-        seq = self._sequence(prompt, decoding, streamer, room)
+        seq = self._sequence(prompt, decoding, streamer, room, prediction)
         if seq.room() <= 0:
             return seq
         own = self.target.new_cache()

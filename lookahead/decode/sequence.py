@@ -25,6 +25,7 @@ from ..plan.window import JacobiWindow
 from ..proposers.base import Proposer
 from ..proposers.draft.proposer import DraftProposer
 from ..proposers.ngram import NgramPool
+from ..proposers.prediction import PredictionSource
 from ..proposers.recycle import AdjacencyTable
 from ..verify.verifier import Verifier
 from .context import DecodeContext
@@ -58,12 +59,13 @@ class SequenceParts:
     verifier: Verifier
     sources: list[Proposer]  # in priority order
     draft: DraftProposer | None  # the draft model's source, also among ``sources`` (None: no draft)
+    prediction: PredictionSource | None = None  # the predicted output's source, also among ``sources``
 
 
 def sequence_parts(context: DecodeContext, prompt: np.ndarray, decoding: Decoding, streamer: Any,
-                   room: int | None) -> SequenceParts:
+                   room: int | None, prediction: np.ndarray | None = None) -> SequenceParts:
     """The parts of a sequence decoding ``prompt`` [T] under ``context``; ``room``: the new tokens the
-    model's context holds after this prompt (None: no limit)."""
+    model's context holds after this prompt (None: no limit); ``prediction``: its predicted output [P]."""
     cfg, vocab = context.config, context.target.vocab
     limit = decoding.max_new_tokens if room is None else min(decoding.max_new_tokens, room)  # never past the context
     out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, context.target.device,
@@ -77,8 +79,9 @@ def sequence_parts(context: DecodeContext, prompt: np.ndarray, decoding: Decodin
     recycled = context.recycled
     verifier = Verifier(decoding, recycled.width if recycled is not None else None, out.prompt_len)
     seed = verifier.uniforms.seed if verifier.uniforms is not None else 0
-    sources, draft = context.sources.build(decoding, context.cost, pool, window_pool, seed)
-    return SequenceParts(out, decoding.max_new_tokens, window, pool, window_pool, verifier, sources, draft)
+    built = context.sources.build(decoding, context.cost, pool, window_pool, seed, prediction)
+    return SequenceParts(out, decoding.max_new_tokens, window, pool, window_pool, verifier, built.sources,
+                         built.draft, built.prediction)
 
 
 class Sequence:
@@ -91,6 +94,7 @@ class Sequence:
         self.out, self.asked, self.window = parts.out, parts.asked, parts.window
         self.pool, self.window_pool, self.verifier = parts.pool, parts.window_pool, parts.verifier
         self.draft, self.planner, self.recycled, self.stats = parts.draft, planner, recycled, stats
+        self.prediction = parts.prediction
         self.begun = False  # whether the prompt went in (a call with nothing to generate never begins)
 
     def count_draft(self) -> None:
@@ -104,6 +108,8 @@ class Sequence:
         tokens [T + n]."""
         if self.begun:
             self.planner.finish(self.out.seq, self.out.stop)
+        if self.prediction is not None:  # (final once the sources heard of the end)
+            self.stats.accepted_prediction_tokens, self.stats.rejected_prediction_tokens = self.prediction.counts
         return self.out.finish()
 
     def begin(self) -> None:

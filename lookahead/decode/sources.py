@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from ..call.decoding import Decoding
 from ..config import LookaheadConfig
@@ -15,6 +17,7 @@ from ..proposers.draft.drafter import Drafter
 from ..proposers.draft.proposer import DraftProposer
 from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.ngram import NgramPool, NgramProposer, WindowProposer
+from ..proposers.prediction import NoPrediction, PredictionSource
 from ..proposers.recycle import AdjacencyTable, RecyclingProposer
 
 
@@ -27,10 +30,20 @@ class DraftModel:
     linears: FewRowLinear  # its linear layers, wrapped once per generator (model/fewrows.py)
 
 
+class SequenceSources(NamedTuple):
+    """One sequence's sources, and those among them whose counters go into the stats."""
+
+    sources: list[Proposer]  # in priority order
+    draft: DraftProposer | None  # the draft model's source (None: no draft)
+    prediction: PredictionSource | None  # the request's predicted output (None: no prediction)
+
+
 @dataclass(frozen=True)
 class SourceFactory:
-    """Builds one sequence's sources under ``config``: the draft (if any), the context matcher, the
-    memory, the n-gram pool, recycling and the window's own pool, as the config turns them on."""
+    """Builds one sequence's sources under ``config``: its predicted output (every sequence has the
+    source, inert without a prediction, so that its block in the estimate table stays put), the draft
+    (if any), the context matcher, the memory, the n-gram pool, recycling and the window's own pool,
+    as the config turns them on."""
 
     config: LookaheadConfig
     memory: RequestMemory | None  # shared by every sequence and call
@@ -38,12 +51,12 @@ class SourceFactory:
     draft: DraftModel | None = None
 
     def build(self, decoding: Decoding, cost: CostModel | None, pool: NgramPool, window_pool: NgramPool | None,
-              seed: int) -> tuple[list[Proposer], DraftProposer | None]:
-        """(the sources, the draft model's source or None: its counters go into the stats) for one
-        sequence; ``cost``: the batch's curve; ``seed``: the stream a draft draws its tokens from
-        when sampling."""
+              seed: int, prediction: np.ndarray | None = None) -> SequenceSources:
+        """One sequence's sources; ``cost``: the batch's curve; ``seed``: the stream a draft draws its
+        tokens from when sampling; ``prediction``: the request's predicted output [P] (None: none)."""
         cfg = self.config
-        sources: list[Proposer] = []
+        predicted = PredictionSource(prediction, cfg.max_tree_nodes + 1) if prediction is not None else None
+        sources: list[Proposer] = [predicted if predicted is not None else NoPrediction()]
         draft = None
         if self.draft is not None:
             routing = self.draft.cost.routing if self.draft.cost is not None else None
@@ -60,7 +73,7 @@ class SourceFactory:
             sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
         if window_pool is not None:
             sources.append(WindowProposer(window_pool))
-        return sources, draft
+        return SequenceSources(sources, draft, predicted)
 
 
 def draft_proposer(drafter: Drafter, draft_cost: CostModel | None, cfg: LookaheadConfig, decoding: Decoding,

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Completion, Engine, QueueFull, Ticket
+from .prediction import prediction_ids, prediction_text
 from .schemas import (
     UNSUPPORTED_CHAT,
     UNSUPPORTED_COMPLETION,
@@ -90,7 +91,7 @@ class Step:
     text: str
     finish_reason: str | None = None  # "stop" or "length"
     error: APIError | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
 
     @property
     def final(self) -> bool:
@@ -112,8 +113,11 @@ async def reply_steps(ticket: Ticket, reply: ReplyText) -> AsyncIterator[Step]:
             if text:
                 yield Step(text)
             continue
-        usage = {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
-                 "total_tokens": event.prompt_tokens + event.completion_tokens}
+        usage: dict[str, Any] = {
+            "prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
+            "total_tokens": event.prompt_tokens + event.completion_tokens,
+            "completion_tokens_details": {"accepted_prediction_tokens": event.prediction[0],
+                                          "rejected_prediction_tokens": event.prediction[1]}}
         if cut or event.finish_reason in ("stop", "length"):
             if not cut:
                 rest, cut = reply.finish()
@@ -258,8 +262,11 @@ class Server:
                               "invalid_value")
         default = (self.engine.context_length or CHAT_DEFAULT_MAX_TOKENS) if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
         limit = self.budget(prompt, requested, name, "messages" if chat else "prompt", default)
+        predicted = prediction_text(body.prediction)
+        prediction = () if predicted is None else prediction_ids(self.tokenizer(), predicted, len(prompt),
+                                                                   self.engine.context_length)
         completion = Completion(prompt=prompt, max_tokens=limit, temperature=body.temperature, top_p=body.top_p,
-                                seed=body.seed, stop=stops)
+                                seed=body.seed, stop=stops, prediction=prediction)
         ticket = self.submit(completion)
         reply = ReplyText(self.tokenizer(), prompt, stops)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"

@@ -60,6 +60,7 @@ class Completion:
     top_p: float | None = None
     seed: int | None = None  # sampling: the request's own random stream (the same text whatever runs beside it)
     stop: tuple[str, ...] = ()  # stop strings: decoding ends at one (the tokens returned include it)
+    prediction: tuple[int, ...] = ()  # the predicted output's token ids (Predicted Outputs; empty: none)
 
     @property
     def sampled(self) -> bool:
@@ -76,6 +77,7 @@ class Event:
     error: str | None = None  # with "error": what went wrong, one line
     prompt_tokens: int = 0  # usage, on the last event
     completion_tokens: int = 0
+    prediction: tuple[int, int] = (0, 0)  # usage: (accepted, rejected) predicted tokens, on the last event
 
 
 class QueueFull(Exception):
@@ -123,9 +125,10 @@ class Ticket:
         except RuntimeError:  # the event loop is closed: nobody listens any more
             pass
 
-    def close(self, reason: str, prompt_tokens: int, completion_tokens: int, error: str | None = None) -> None:
-        """The final event."""
-        self.send(Event([], reason, error, prompt_tokens, completion_tokens))
+    def close(self, reason: str, prompt_tokens: int, completion_tokens: int, error: str | None = None,
+              prediction: tuple[int, int] = (0, 0)) -> None:
+        """The final event (``prediction``: the accepted and rejected predicted tokens)."""
+        self.send(Event([], reason, error, prompt_tokens, completion_tokens, prediction))
 
 
 class TicketStreamer:
@@ -317,7 +320,8 @@ class Engine:
         try:
             prompt = np.asarray(completion.prompt, dtype=np.int64)
             room = context_room(prompt.shape[0], self.context_length)
-            seq = run.join(prompt, self._decoding(completion), TicketStreamer(ticket), room)
+            predicted = np.asarray(completion.prediction, dtype=np.int64) if completion.prediction else None
+            seq = run.join(prompt, self._decoding(completion), TicketStreamer(ticket), room, predicted)
         except Exception as exc:  # this request alone fails
             ticket.close("error", prompt_tokens, 0, _one_line(exc))
             return
@@ -381,7 +385,8 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - a source's bookkeeping must not take the server down
             ticket.close("error", seq.out.prompt_len, seq.out.new_tokens, _one_line(exc))
             return
-        ticket.close(reason or _finish_reason(seq), seq.out.prompt_len, seq.out.new_tokens)
+        ticket.close(reason or _finish_reason(seq), seq.out.prompt_len, seq.out.new_tokens,
+                     prediction=(seq.stats.accepted_prediction_tokens, seq.stats.rejected_prediction_tokens))
 
     def _fail_live(self, message: str) -> None:
         """Every running request ends with an error event."""
@@ -422,6 +427,8 @@ def _check(completion: Completion, vocab: int) -> None:
         raise ValueError(f"prompt: token ids must lie in [0, {vocab})")
     if completion.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {completion.max_tokens}")
+    if completion.prediction and (min(completion.prediction) < 0 or max(completion.prediction) >= vocab):
+        raise ValueError(f"prediction: token ids must lie in [0, {vocab})")
 
 
 def _one_line(exc: BaseException) -> str:

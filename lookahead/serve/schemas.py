@@ -77,6 +77,7 @@ class Common(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
+    prediction: Any = None  # Predicted Outputs: {"type": "content", "content": ...} (checked by prediction.py)
 
 
 class ChatRequest(Common):
@@ -118,7 +119,6 @@ UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
     "logit_bias": _empty,
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _none_or(),
-    "prediction": _none_or(),
     "reasoning_effort": _none_or(),
     "web_search_options": _none_or(),
     "service_tier": _none_or("auto", "default"),
