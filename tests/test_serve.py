@@ -333,17 +333,12 @@ def test_invalid_fields_are_400_naming_the_field(http, path, body, param, words)
 
 @pytest.mark.parametrize("path, field, value", [
     ("/v1/chat/completions", "n", 2),
-    ("/v1/chat/completions", "logprobs", True),
-    ("/v1/chat/completions", "top_logprobs", 3),
     ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
     ("/v1/chat/completions", "functions", [{"name": "f"}]),
     ("/v1/chat/completions", "tool_choice", "required"),
     ("/v1/chat/completions", "response_format", {"type": "json_object"}),
-    ("/v1/chat/completions", "presence_penalty", 0.5),
-    ("/v1/chat/completions", "logit_bias", {"5": 10}),
     ("/v1/chat/completions", "top_k", 5),
     ("/v1/completions", "n", 3),
-    ("/v1/completions", "logprobs", 2),
     ("/v1/completions", "echo", True),
     ("/v1/completions", "best_of", 2),
     ("/v1/completions", "suffix", "end"),

@@ -23,7 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -51,6 +51,7 @@ from .schemas import (
     stop_strings,
     validated,
 )
+from .scoring import TokenScore, reply_shape, scoring_fields, take, token_scores
 from .text import ReplyText
 from .toolreply import ToolReply, tool_message
 from .tools import ToolError, ToolSettings, tool_parser, tool_settings
@@ -91,6 +92,7 @@ class Step:
     text: str
     finish_reason: str | None = None  # "stop" or "length"
     error: APIError | None = None
+    logprobs: list[TokenScore] = field(default_factory=list)  # its tokens' logprobs (when the request asks)
     usage: dict[str, Any] | None = None
 
     @property
@@ -103,15 +105,17 @@ async def reply_steps(ticket: Ticket, reply: ReplyText) -> AsyncIterator[Step]:
     where the text meets one first, the ticket is cancelled and the reply ends there), ending with
     one final step."""
     cut = False
+    held: list[TokenScore] = []  # logprobs of tokens whose text no step has shown yet
     async for event in ticket.events():
         text = ""
         if not cut:
+            held.extend(token_scores(event.tokens, event.logprobs))
             text, cut = reply.push(event.tokens)
             if cut:
                 ticket.cancel()  # (no-op when the engine has ended the request already)
         if event.finish_reason is None:
             if text:
-                yield Step(text)
+                yield Step(text, logprobs=take(held))
             continue
         usage: dict[str, Any] = {
             "prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
@@ -122,7 +126,7 @@ async def reply_steps(ticket: Ticket, reply: ReplyText) -> AsyncIterator[Step]:
             if not cut:
                 rest, cut = reply.finish()
                 text += rest
-            yield Step(text, "stop" if cut else event.finish_reason, usage=usage)
+            yield Step(text, "stop" if cut else event.finish_reason, usage=usage, logprobs=take(held))
         elif event.finish_reason == "error":
             why = event.error or "no reason given"
             yield Step(text, error=APIError(500, f"the engine failed on this request: {why}", "server_error", None,
@@ -257,6 +261,7 @@ class Server:
         stops = stop_strings(body.stop)
         check_sampling(body)
         chat = kind == "chat"
+        scoring = scoring_fields(body, self.engine.generator.vocab)
         if body.stream_options is not None and not body.stream:
             raise bad_request("'stream_options' is only allowed with \"stream\": true", "stream_options",
                               "invalid_value")
@@ -267,6 +272,7 @@ class Server:
                                                                    self.engine.context_length)
         completion = Completion(prompt=prompt, max_tokens=limit, temperature=body.temperature, top_p=body.top_p,
                                 seed=body.seed, stop=stops, prediction=prediction)
+        completion = replace(completion, scoring=scoring)
         ticket = self.submit(completion)
         reply = ReplyText(self.tokenizer(), prompt, stops)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -305,15 +311,19 @@ class Server:
         guard = Guard(self, ticket)
         watcher = asyncio.create_task(self.watch(request, guard))
         texts: list[str] = []
+        scores: list[TokenScore] = []
+        shape = reply_shape(self.tokenizer(), ticket.completion.scoring, chat)
         try:
             async for step in reply_steps(ticket, reply):
                 texts.append(step.text)
+                scores.extend(step.logprobs)
                 guard.finished = step.final
                 if step.error is not None:
                     raise step.error
                 if step.final:
                     text = "".join(texts)
-                    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": step.finish_reason}
+                    choice: dict[str, Any] = {"index": 0, "logprobs": shape.field(scores) if shape else None,
+                                              "finish_reason": step.finish_reason}
                     if chat and tools is not None:
                         choice["message"] = tool_message(tools, text)
                         choice["finish_reason"] = tools.finish_reason(step.finish_reason or "stop")
@@ -339,9 +349,12 @@ class Server:
                 "model": self.model_name, "system_fingerprint": None}
         if include_usage:
             base["usage"] = None
+        shape = reply_shape(self.tokenizer(), ticket.completion.scoring, chat)
+        pending: list[TokenScore] = []  # logprobs for the next chunk
 
         def chunk(text: str | None, finish_reason: str | None = None, role: bool = False) -> bytes:
-            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+            scored = shape.field(take(pending)) if shape is not None and pending else None
+            choice: dict[str, Any] = {"index": 0, "logprobs": scored, "finish_reason": finish_reason}
             if chat:
                 delta: dict[str, Any] = {"role": "assistant"} if role else {}
                 if text is not None:
@@ -358,6 +371,7 @@ class Server:
             if chat:
                 yield chunk("", role=True)
             async for step in reply_steps(ticket, reply):
+                pending.extend(step.logprobs)
                 if step.text and tools is not None:
                     for delta in tools.feed(step.text):
                         yield delta_chunk(delta)

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,10 +38,12 @@ import torch
 
 from ..call.decoding import Decoding, resolve_decoding
 from ..call.inputs import context_room
+from ..call.logprobs import StepLogprobs
 from ..decode.loop import DecodeRun
 from ..decode.sequence import Sequence
 from ..generator import LookaheadGenerator
 from ..proposers.memory import RequestMemory
+from .scoring import Scoring
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -60,6 +62,7 @@ class Completion:
     top_p: float | None = None
     seed: int | None = None  # sampling: the request's own random stream (the same text whatever runs beside it)
     stop: tuple[str, ...] = ()  # stop strings: decoding ends at one (the tokens returned include it)
+    scoring: Scoring = Scoring()  # penalties, logit_bias, logprobs (serve/scoring.py)
     prediction: tuple[int, ...] = ()  # the predicted output's token ids (Predicted Outputs; empty: none)
 
     @property
@@ -77,6 +80,7 @@ class Event:
     error: str | None = None  # with "error": what went wrong, one line
     prompt_tokens: int = 0  # usage, on the last event
     completion_tokens: int = 0
+    logprobs: StepLogprobs | None = None  # the tokens' logprobs (when the request asks for them)
     prediction: tuple[int, int] = (0, 0)  # usage: (accepted, rejected) predicted tokens, on the last event
 
 
@@ -140,12 +144,18 @@ class TicketStreamer:
     def __init__(self, ticket: Ticket):
         self.ticket = ticket
         self.prompt_seen = False
+        self.logprobs: StepLogprobs | None = None  # the next put's tokens' logprobs (when the request asks)
+
+    def put_logprobs(self, step: StepLogprobs) -> None:
+        """The logprobs of the tokens the next ``put`` brings (call/output.py calls it just before)."""
+        self.logprobs = step
 
     def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:
             self.prompt_seen = True
             return
-        self.ticket.send(Event(value.reshape(-1).tolist()))
+        step, self.logprobs = self.logprobs, None
+        self.ticket.send(Event(value.reshape(-1).tolist(), logprobs=step))
 
     def end(self) -> None:
         """The final event is the engine's (it knows the finish reason)."""
@@ -340,10 +350,14 @@ class Engine:
         sampling: dict[str, Any] = {}
         if completion.sampled:
             sampling = {"temperature": completion.temperature, "top_p": completion.top_p}
-        return resolve_decoding(gen.model, len(completion.prompt), gen.target.device,
-                                max_new_tokens=completion.max_tokens, do_sample=completion.sampled,
-                                stop_strings=list(completion.stop) or None, tokenizer=gen.tokenizer,
-                                generator=generator, **sampling)
+        scoring = completion.scoring
+        decoding = resolve_decoding(gen.model, len(completion.prompt), gen.target.device,
+                                    max_new_tokens=completion.max_tokens, do_sample=completion.sampled,
+                                    stop_strings=list(completion.stop) or None, tokenizer=gen.tokenizer,
+                                    generator=generator,
+                                    logits_processor=scoring.processors(len(completion.prompt), gen.vocab),
+                                    **sampling)
+        return replace(decoding, logprobs=scoring.logprobs)
 
     def _cancel(self, run: DecodeRun) -> None:
         """Cancelled requests leave the batch."""

@@ -72,6 +72,9 @@ class Common(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    presence_penalty: Any = None  # presence_penalty, frequency_penalty, logit_bias: checked by scoring.py
+    frequency_penalty: Any = None
+    logit_bias: Any = None
     stop: Any = None  # a string or a list of strings (checked by stop_strings, which names the field)
     n: int | None = None
     stream: bool | None = None
@@ -85,6 +88,8 @@ class ChatRequest(Common):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: Any = None  # true / false, with top_logprobs 0-20: checked by scoring.py (naming the field)
+    top_logprobs: Any = None
     tools: Any = None  # tools, tool_choice, parallel_tool_calls: checked by tools.tool_settings (naming the field)
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -94,6 +99,7 @@ class CompletionRequest(Common):
     """The body of POST /v1/completions."""
 
     prompt: Any  # a string (checked by prompt_text, which names the field)
+    logprobs: Any = None  # 0-20 alternatives per token: checked by scoring.py (naming the field)
 
 
 def _none_or(*neutral: Any) -> Callable[[Any], bool]:
@@ -109,14 +115,9 @@ ANY: Callable[[Any], bool] = lambda value: True  # noqa: E731 - accepted and ign
 # Fields OpenAI's endpoints take that this server does not implement: accepted only while they hold
 # a value that asks for nothing (what a client sends when it means "off"), refused otherwise.
 UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
-    "logprobs": _none_or(False),
-    "top_logprobs": _none_or(0),
     "functions": _empty,  # (the deprecated form of tools: send tools)
     "function_call": _none_or("none", "auto"),
     "response_format": lambda v: v is None or v == {"type": "text"},
-    "presence_penalty": _none_or(0, 0.0),
-    "frequency_penalty": _none_or(0, 0.0),
-    "logit_bias": _empty,
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _none_or(),
     "reasoning_effort": _none_or(),
@@ -127,13 +128,9 @@ UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
     "verbosity": _none_or(),
 }
 UNSUPPORTED_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "logprobs": _none_or(),
     "echo": _none_or(False),
     "suffix": lambda v: v is None or v == "",
     "best_of": _none_or(1),
-    "presence_penalty": _none_or(0, 0.0),
-    "frequency_penalty": _none_or(0, 0.0),
-    "logit_bias": _empty,
 }
 
 
