@@ -80,8 +80,8 @@ class Event:
     error: str | None = None  # with "error": what went wrong, one line
     prompt_tokens: int = 0  # usage, on the last event
     completion_tokens: int = 0
-    logprobs: StepLogprobs | None = None  # the tokens' logprobs (when the request asks for them)
     prediction: tuple[int, int] = (0, 0)  # usage: (accepted, rejected) predicted tokens, on the last event
+    logprobs: StepLogprobs | None = None  # the tokens' logprobs (when the request asks for them)
 
 
 class QueueFull(Exception):
