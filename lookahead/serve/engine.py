@@ -132,7 +132,7 @@ class Ticket:
     def close(self, reason: str, prompt_tokens: int, completion_tokens: int, error: str | None = None,
               prediction: tuple[int, int] = (0, 0)) -> None:
         """The final event (``prediction``: the accepted and rejected predicted tokens)."""
-        self.send(Event([], reason, error, prompt_tokens, completion_tokens, prediction))
+        self.send(Event([], reason, error, prompt_tokens, completion_tokens, prediction=prediction))
 
 
 class TicketStreamer:
