@@ -167,6 +167,23 @@ def test_a_right_prediction_is_accepted_and_takes_fewer_forward_passes():
     assert wrong.rejected_prediction_tokens > 0 and wrong.accepted_prediction_tokens < NEW // 4
 
 
+def test_seeded_sampling_with_a_prediction_draws_the_plain_loops_tokens():
+    """A sampled token depends on its seed and its position only (verify/sampling.py): the prediction
+    changes how many forward passes the text takes, never the text."""
+    def sampled(prediction, config: LookaheadConfig):
+        gen = LookaheadGenerator(model_for("llama"), config=config)
+        out = gen.generate(prompt(), max_new_tokens=32, do_sample=True, temperature=0.8, eos_token_id=NEVER,
+                           generator=torch.Generator().manual_seed(5), prediction=prediction)
+        return out, gen.last_stats
+
+    plain_loop, _ = sampled(None, LookaheadConfig(window=1, candidates=0))
+    first, without = sampled(None, LookaheadConfig())
+    again, stats = sampled(plain_loop[0, prompt().shape[1]:], LookaheadConfig())
+    assert torch.equal(first, plain_loop) and torch.equal(again, plain_loop)
+    assert (stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (32, 0)
+    assert stats.steps < without.steps
+
+
 def test_a_batch_takes_one_prediction_per_row():
     model = model_for("llama")
     first = prompt()
