@@ -19,7 +19,7 @@ from lookahead.proposers.context import ContextMatcher
 from lookahead.proposers.ngram import NgramPool, NgramProposer
 from lookahead.proposers.recycle import BUCKETS, AdjacencyTable, RecyclingProposer, rank_priors, top_successors
 from lookahead.plan.acceptance import GAIN_LEVELS, GAIN_RANGE, AcceptanceStats, GainCalibration
-from lookahead.plan.budget import choose_step
+from lookahead.plan.budget import forecast_step
 from lookahead.core.tree import TokenTree, scored_tree, subtree
 
 from conftest import make_planner, plan_step
@@ -27,12 +27,12 @@ from conftest import make_planner, plan_step
 
 def choose_tree_size(probs, base_rows, cost, cap, calibration=None):
     """Tree nodes of a single sequence's step with one window option of base_rows rows."""
-    return choose_step([probs], np.array([base_rows]), np.zeros(1), cost, cap, 0.0, calibration)[1]
+    return forecast_step([probs], np.array([base_rows]), np.zeros(1), cost, cap, 0.0, calibration)[1]
 
 
 def choose_batch_width(probs, base_rows, cost, cap):
     """Tree nodes every row of a batch verifies, one window option of base_rows rows."""
-    return choose_step(probs, np.array([base_rows]), np.zeros(1), cost, cap)[1]
+    return forecast_step(probs, np.array([base_rows]), np.zeros(1), cost, cap)[1]
 
 
 def a(*values):
@@ -433,15 +433,15 @@ def test_batch_width_weighs_every_row_against_the_padded_step():
     assert choose_batch_width([sure, unsure], 1, None, 2) == 2  # fixed budget: the cap
 
 
-def test_choose_step_docstring_example():
+def test_forecast_step_docstring_example():
     cost = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.1]), smoothing=0.0)
-    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8) == (1, 1)
-    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), None, 8) == (1, 2)  # fixed
+    assert forecast_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8)[:2] == (1, 1)
+    assert forecast_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), None, 8)[:2] == (1, 2)  # fixed
     # Speculative steps lately costing 2x their forecast: the plain step wins (docstring); trees that gave
     # half their promise alone leave the window's column worth taking.
-    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, cost_correction=2.0) == (0, 0)
-    assert choose_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, extra=0.5) == (1, 1)
-    assert choose_step([np.array([.9, .1])], np.array([1]), np.array([0.0]), cost, 8, extra=0.1) == (0, 0)
+    assert forecast_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, cost_correction=2.0)[:2] == (0, 0)
+    assert forecast_step([np.array([.9, .1])], np.array([1, 3]), np.array([0.0, .5]), cost, 8, extra=0.5)[:2] == (1, 1)
+    assert forecast_step([np.array([.9, .1])], np.array([1]), np.array([0.0]), cost, 8, extra=0.1)[:2] == (0, 0)
 
 
 def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
@@ -450,8 +450,8 @@ def test_window_opens_where_rows_are_free_and_stays_shut_where_they_cost():
     gain = np.arange(4) * 0.05  # what each width's columns are worth
     steep = CostModel(np.array([1.0, 64.0]), np.array([1.0, 1.0 + 63 * 0.2]), smoothing=0.0)
     probs = [np.array([.8, .6, .3])]
-    assert choose_step(probs, rows, gain, flat_curve(steep), 8) == (3, 3)  # free rows: everything
-    assert choose_step(probs, rows, gain, steep, 8)[0] == 0  # 0.4 of a step for 0.05 tokens a column: shut
+    assert forecast_step(probs, rows, gain, flat_curve(steep), 8)[:2] == (3, 3)  # free rows: everything
+    assert forecast_step(probs, rows, gain, steep, 8)[0] == 0  # 0.4 of a step for 0.05 tokens a column: shut
 
 
 def test_window_value_follows_what_its_ngrams_added_per_column():

@@ -34,12 +34,13 @@ def expected_gains(probs: np.ndarray, limit: int, calibrate: Calibrate | None) -
     return 1.0 + np.maximum.accumulate(calibrate(promised))
 
 
-def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
-                cost: CostModel | None, cap: int, spent: float = 0.0,
-                calibration: Calibration | None = None, extra: float = 1.0,
-                cost_correction: float = 1.0) -> tuple[int, int]:
-    """(window option o, tree nodes k) of the step with the most expected tokens per second
-    (``forecast_step`` without the forecast).
+def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
+                  cost: CostModel | None, cap: int, spent: float = 0.0, calibration: Calibration | None = None,
+                  extra: float = 1.0, cost_correction: float = 1.0,
+                  share: float = 0.0) -> tuple[int, int, tuple[float, float] | None]:
+    """(window option o, tree nodes k) of the step with the most expected tokens per second, and what was
+    expected of that step before ``extra`` and ``cost_correction`` corrected it: (tokens its tree yields,
+    summed over the sequences, without the window's gain; seconds); None without a cost model.
 
     probs[b] [M_b]: sequence b's path probabilities in best-first order (one
     array for a single sequence). Keeping the first k nodes promises
@@ -51,31 +52,19 @@ def choose_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: n
     forwards): part of every option's step time.
     Window option o puts window_rows[o] rows before each tree (x included)
     and adds window_gain[o] expected tokens per sequence (what the sources
-    say its columns are worth later, ``Planner.column_worth``); option 0 must be x
+    say its columns add later, ``Planner.column_worth``); option 0 must be x
     alone with no gain: option 0 with k = 0 is a plain decode step. What speculative
     steps really gave against their forecast lately (``SpeculationCheck``; 1: as
     forecast) corrects every option but the plain step: ``extra`` scales the tree's
     tokens beyond the bonus tokens, ``cost_correction`` the step's seconds. Without a cost model
-    (a fixed budget): the last (widest) option and min(M, cap) nodes.
+    (a fixed budget): the last (widest) option and min(M, cap) nodes. ``share`` > 0: only options
+    where every sequence is expected to decode at ``share`` of a plain step's rate or faster
+    (``LookaheadConfig.fair_share``). One kernel call (kernels/budget.py).
 
     probs [[.9, .1]], rows [1, 3], gains [0, .5], a step costing 1 + 0.1 per row past the
-    first -> (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1. Speculative
+    first -> (o, k) = (1, 1): (1 + .9 + .5) / 1.3 = 1.85 beats 1.9 / 1.1 = 1.73 and 1 / 1. Speculative
     steps costing 2x their forecast -> (0, 0): 2.4 / 2.6 = 0.92 and 1.9 / 2.2 = 0.86 lose to 1.
     """
-    option, size, _ = forecast_step(probs, window_rows, window_gain, cost, cap, spent, calibration, extra,
-                                    cost_correction)
-    return option, size
-
-
-def forecast_step(probs: list[np.ndarray], window_rows: np.ndarray, window_gain: np.ndarray,
-                  cost: CostModel | None, cap: int, spent: float = 0.0, calibration: Calibration | None = None,
-                  extra: float = 1.0, cost_correction: float = 1.0,
-                  share: float = 0.0) -> tuple[int, int, tuple[float, float] | None]:
-    """``choose_step``'s (o, k), and what was expected of that step before ``extra`` and ``cost_correction``
-    corrected it: (tokens its tree yields, summed over the sequences, without the window's worth;
-    seconds); None without a cost model. ``share`` > 0: only options where every sequence is expected
-    to decode at ``share`` of a plain step's rate or faster (``LookaheadConfig.fair_share``). One kernel
-    call (kernels/budget.py)."""
     limit = min(max((int(p.shape[0]) for p in probs), default=0), cap)
     if cost is None:
         return window_rows.shape[0] - 1, limit, None

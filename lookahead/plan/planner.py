@@ -167,7 +167,7 @@ class Planner:
             return RankedTree(tree, NO_ORDER, NO_PROBS, None, seconds)
         deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
         order, probs = ranked_nodes(tree.parents, prob, tree.depths, deepest)  # [M]: probs as the estimates say
-        # (choose_step calibrates their sums)
+        # (the budget's forecast_step calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
 
     @staticmethod

@@ -72,8 +72,3 @@ class SuffixStore:
             index = np.arange(start, end - 1) % self.capacity  # the separator left out
             out.append(self.ring[index].astype(np.int64))
         return out
-
-
-def classes_per_order() -> int:
-    """Classes a look-up labels its tokens with: one per (order, share bucket)."""
-    return ORDERS.shape[0] * (PROB_EDGES.shape[0] + 1)
