@@ -138,3 +138,13 @@ def test_penalties_are_checked_on_construction():
     assert Penalties(logit_bias={3: -100, 4: 100}, vocab=VOCAB).active
     with pytest.raises(GenerateInputError, match=r"\[0, 96\)"):
         Penalties(logit_bias={96: 0.0}, vocab=VOCAB)
+
+
+def test_numpy_numbers_are_taken():
+    import numpy as np
+
+    bias = {int(k): 3.0 for k in (5, 9)}
+    with_numpy, _ = generated(PLAIN, presence_penalty=np.float32(-0.5), frequency_penalty=np.float64(0.25),
+                              logit_bias={np.int64(k): np.float32(v) for k, v in bias.items()})
+    plain, _ = generated(PLAIN, presence_penalty=-0.5, frequency_penalty=0.25, logit_bias=bias)
+    assert torch.equal(with_numpy, plain)

@@ -17,10 +17,12 @@ processors after its defaults (repetition_penalty, ...) and before the sampling 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import cast
 
+import numpy as np
 import torch
 from transformers.generation import logits_process as lp
 
@@ -85,20 +87,18 @@ class Penalties:
     def __post_init__(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
+            if not _real(value) or not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
                 raise GenerateInputError(f"{name} must be a number in [-2, 2] (0: off), got {value!r}")
         if not isinstance(self.logit_bias, Mapping):
             raise GenerateInputError(f"logit_bias must map token ids to biases in [-100, 100], "
                                      f"got {type(self.logit_bias).__name__}")
         top = f"[0, {self.vocab})" if self.vocab is not None else ">= 0"
         for token, bias in self.logit_bias.items():
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0 \
+            if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0 \
                     or (self.vocab is not None and token >= self.vocab):
                 raise GenerateInputError(f"logit_bias key {token!r} is no token id of this model: keys must be "
                                          f"integer token ids in {top}")
-            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
-                    or not BIAS_RANGE[0] <= bias <= BIAS_RANGE[1]:
+            if not _real(bias) or not BIAS_RANGE[0] <= bias <= BIAS_RANGE[1]:
                 raise GenerateInputError(f"logit_bias[{token}] must be a number in [-100, 100], got {bias!r}")
 
     @property
@@ -114,6 +114,11 @@ class Penalties:
         if self.logit_bias:
             procs.append(LogitBias({int(t): float(b) for t, b in self.logit_bias.items()}))
         return procs
+
+
+def _real(value: object) -> bool:
+    """A finite real number (numpy's too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
 def for_prompt(processors: lp.LogitsProcessorList, prompt_len: int) -> lp.LogitsProcessorList | None:
