@@ -239,16 +239,18 @@ class LookaheadGenerator:
     def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                           generation_config: GenerationConfig, logits_processor: LogitsProcessorList | None,
                           stopping_criteria: StoppingCriteriaList | None, streamer: BaseStreamer | None = None,
-                          ) -> torch.LongTensor | LookaheadOutput:
+                          prediction: Any = None) -> torch.LongTensor | LookaheadOutput:
         """Decode under a generation_config and processor / criteria lists transformers has already
         prepared (what model.generate hands a custom_generate callable, see hf.py), used as they are.
 
-        The streamer receives the prompt, then every kept token.
+        The streamer receives the prompt, then every kept token; ``prediction`` as ``generate`` takes it.
         """
         length = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         decoding = prepared_decoding(generation_config, logits_processor, stopping_criteria, length)  # settings first
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab)
-        return self._run(ids, mask, prompts, decoding, streamer, input_ids.device)
+        rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
+        predictions = prediction_rows(prediction, rooms, self.vocab, self.tokenizer)
+        return self._run(ids, mask, prompts, decoding, streamer, input_ids.device, predictions)
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
              streamer: BaseStreamer | None, device: torch.device,

@@ -90,7 +90,8 @@ class CustomGenerate:
 
     Keywords of its own, passed to ``model.generate`` (or in a pipeline's ``generate_kwargs``):
     ``lookahead_config`` (a LookaheadConfig), ``lookahead_streamer`` (instead of ``streamer``),
-    ``lookahead_tokenizer`` (for ``stop_strings``) and ``stop_strings``.
+    ``lookahead_tokenizer`` (for ``stop_strings`` and a text ``prediction``), ``stop_strings`` and
+    ``prediction`` (Predicted Outputs, as ``LookaheadGenerator.generate`` takes it).
 
     What each generator learned (recycled successors, acceptance estimates, the
     cost curve) is kept per model and config between calls, without keeping the
@@ -118,7 +119,7 @@ class CustomGenerate:
                  lookahead_config: LookaheadConfig | None = None,
                  lookahead_streamer: BaseStreamer | None = None,
                  lookahead_tokenizer: PreTrainedTokenizerBase | None = None,
-                 stop_strings: str | list[str] | None = None,
+                 stop_strings: str | list[str] | None = None, prediction: Any = None,
                  **model_kwargs: Any) -> torch.LongTensor | LookaheadOutput:
         """Decode as model.generate prepared it; ids [1, prompt + new], or a LookaheadOutput when the
         config says return_dict_in_generate."""
@@ -136,7 +137,7 @@ class CustomGenerate:
             criteria.append(StopStringCriteria(lookahead_tokenizer, stop_string_list(stop_strings)))
         gen = self.generator(model, lookahead_config, lookahead_tokenizer)
         return gen.generate_prepared(input_ids, mask, generation_config, logits_processor, criteria,
-                                     lookahead_streamer)
+                                     lookahead_streamer, prediction)
 
 
 custom_generate = CustomGenerate()  # the instance users pass; it holds the learned state per model

@@ -184,6 +184,19 @@ def test_seeded_sampling_with_a_prediction_draws_the_plain_loops_tokens():
     assert stats.steps < without.steps
 
 
+def test_custom_generate_takes_a_prediction():
+    import lookahead
+
+    model = model_for("llama")
+    ref = plain("llama")
+    with torch.inference_mode():
+        out = model.generate(prompt(), attention_mask=torch.ones_like(prompt()), max_new_tokens=NEW,
+                             eos_token_id=NEVER, do_sample=False, return_dict_in_generate=True,
+                             custom_generate=lookahead.custom_generate, prediction=ref[0, prompt().shape[1]:])
+    assert torch.equal(out.sequences, ref)
+    assert (out.stats.accepted_prediction_tokens, out.stats.rejected_prediction_tokens) == (NEW, 0)
+
+
 def test_a_batch_takes_one_prediction_per_row():
     model = model_for("llama")
     first = prompt()
