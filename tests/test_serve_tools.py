@@ -19,13 +19,13 @@ import httpx
 import openai
 import pytest
 import torch
+from conftest import reference, tiny_model, tiny_tokenizer
 from test_serve import ServerThread, error_of
 
-from conftest import reference, tiny_model, tiny_tokenizer
 from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.loading.registry import default_cache_dir
 from lookahead.serve.app import create_app
 from lookahead.serve.engine import Engine
-from lookahead.loading.registry import default_cache_dir
 from lookahead.serve.schemas import APIError, ChatMessage, chat_messages
 from lookahead.serve.text import ReplyText
 from lookahead.serve.toolcalls import Call, TaggedJsonCalls, parser_for
@@ -98,6 +98,58 @@ def test_the_qwen_parser_reads_content_and_calls_however_the_text_is_split(text,
     for at in range(1, len(text) - 1, 3):  # and in three
         parts = [text[:at], text[at:at + 2], text[at + 2:]]
         assert pieces(TaggedJsonCalls(NAMES), parts) == expected, at
+
+
+QWEN_CODER_UNTAGGED = [  # Qwen2.5-Coder-1.5B-Instruct's greedy answers on its own template's tool prompt (no tags)
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": ["Paris", "Tokyo"]\n  }\n}\n```',
+     [("get_weather", {"city": ["Paris", "Tokyo"]})]),
+    ('{{"name": "get_weather", "arguments": {"city": "Paris"}}', [("get_weather", {"city": "Paris"})]),
+]
+WHOLE_CASES = QWEN_CODER_UNTAGGED + [
+    ('  [{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]\n',
+     [("get_time", {}), ("get_weather", {"city": "Oslo"})]),
+    ('{{"name": "get_time", "arguments": {}}}', [("get_time", {})]),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', [("get_time", {})]),
+    ('{"name": "get_time", "arguments": {}} and then prose', '{"name": "get_time", "arguments": {}} and then prose'),
+    ('{"name": "launch", "arguments": {}}', '{"name": "launch", "arguments": {}}'),
+    ('```python\nprint(1)\n```', '```python\nprint(1)\n```'),
+    ('``', '``'),
+    ('[link](x) {"name": "get_time"}', '[link](x) {"name": "get_time"}'),
+    ('\n\n', '\n\n'),
+]
+
+
+def whole_pieces(parts: list[str], max_calls: int | None = None) -> tuple[str, list[Call]]:
+    factory = parser_for(QWEN)
+    assert factory is not None
+    parser = factory(NAMES, max_calls)
+    out = [p for part in parts for p in parser.feed(part)] + parser.finish()
+    return "".join(p for p in out if isinstance(p, str)), [p for p in out if isinstance(p, Call)]
+
+
+@pytest.mark.parametrize("text, expected", WHOLE_CASES)
+def test_a_reply_that_is_only_a_calls_json_is_read_as_the_calls(text, expected):
+    """(``expected``: the calls, or the content where the reply is no call.)"""
+    if isinstance(expected, str):
+        want = (expected, [])
+    else:
+        want = ("", [Call(name, json.dumps(args, ensure_ascii=False)) for name, args in expected])
+    assert whole_pieces([text]) == want
+    assert whole_pieces(list(text)) == want
+    for at in range(1, len(text)):
+        assert whole_pieces([text[:at], text[at:]]) == want, at
+    if not isinstance(expected, str) and len(expected) > 1:
+        assert whole_pieces([text], max_calls=1) == ("", want[1][:1])
+
+
+def test_a_reply_that_cannot_be_a_bare_call_streams_at_once():
+    factory = parser_for(QWEN)
+    assert factory is not None
+    parser = factory(NAMES, None)
+    assert parser.feed("``") == [] and parser.feed("`py") == ["```py"]
+    parser = factory(NAMES, None)
+    assert parser.feed("{") == [] and parser.feed('"a": 1} ') == []
+    assert "".join(map(str, parser.finish())) == '{"a": 1} '
 
 
 def test_content_is_held_back_only_while_it_may_start_a_call():
@@ -355,6 +407,24 @@ def test_a_request_with_tools_renders_them_and_decodes_exactly(served, client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
     assert chunks[-1].usage.prompt_tokens == len(ids)
+
+
+def test_logprobs_with_tools_come_once_per_token_streamed_or_not(served, client):
+    messages = [{"role": "user", "content": "Weather?"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=12,
+                                           logprobs=True)
+    assert len(whole.choices[0].logprobs.content) == whole.usage.completion_tokens
+    entries, text = [], ""
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=12,
+                                                logprobs=True, stream=True):
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            entries.extend(choice.logprobs.content if choice.logprobs is not None else [])
+    assert text == whole.choices[0].message.content
+    expected = whole.choices[0].logprobs.content
+    assert [e.token for e in entries] == [e.token for e in expected]
+    # (a token's logprob may differ in its last bits between two runs: the steps' row counts differ)
+    assert [e.logprob for e in entries] == pytest.approx([e.logprob for e in expected], abs=1e-4)
 
 
 def test_tool_choice_none_renders_no_tools(served, client):

@@ -364,8 +364,9 @@ class Server:
                 choice["text"] = text or ""
             return sse({**base, "choices": [choice]})
 
-        def delta_chunk(delta: dict[str, Any]) -> bytes:  # (a tool reply's content or call)
-            return sse({**base, "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "delta": delta}]})
+        def delta_chunk(delta: dict[str, Any]) -> bytes:  # (a tool reply's content, with the logprobs so far; a call)
+            scored = shape.field(take(pending)) if shape is not None and pending and "content" in delta else None
+            return sse({**base, "choices": [{"index": 0, "logprobs": scored, "finish_reason": None, "delta": delta}]})
 
         try:
             if chat:

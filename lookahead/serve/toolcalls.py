@@ -14,6 +14,11 @@ Formats:
     ``TaggedJsonCalls``  Qwen2.5 (the Hermes format): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n``
                          ``</tool_call>``, repeated for parallel calls; a block holding a JSON list of such
                          objects (SmolLM2's function-calling format) is read as its calls in order.
+    ``WholeReplyCalls``  around it: a reply that is nothing but the call's JSON, without the tags: bare, in a
+                         ```json fence, or opened with the doubled brace Qwen2.5's template shows the format
+                         with (``{{"name": ...}``): Qwen2.5-Coder-Instruct may answer so, untagged, on its
+                         template's own tool prompt. Such a reply is held back until it ends (it is a call
+                         only if nothing else follows), or until it can no longer be one.
 """
 
 from __future__ import annotations
@@ -125,16 +130,82 @@ class TaggedJsonCalls:
                 out.append(call)
 
     def _calls(self, body: str) -> list[Call] | None:
-        """The calls a block's body holds (None: it is no call of a known function)."""
+        return read_calls(body, self.names)
+
+
+class WholeReplyCalls:
+    """``inner``, except for a reply that is nothing but a call's JSON without the tags (see the module's
+    docstring): while the reply may still be one, its text is held back; at its end, it is read as calls."""
+
+    def __init__(self, inner: TaggedJsonCalls) -> None:
+        self.inner = inner
+        self.held = ""  # the reply so far, while it may be a bare call
+        self.deciding = True
+
+    def feed(self, text: str) -> list[Piece]:
+        if not self.deciding:
+            return self.inner.feed(text)
+        self.held += text
+        if may_be_bare_call(self.held):
+            return []
+        self.deciding = False
+        held, self.held = self.held, ""
+        return self.inner.feed(held)
+
+    def finish(self) -> list[Piece]:
+        if self.deciding and self.held.strip():
+            calls = read_calls(unfenced(self.held), self.inner.names)
+            if calls is not None:
+                self.deciding, self.held = False, ""
+                most = self.inner.max_calls
+                return list(calls[:most] if most is not None else calls)
+        held, self.held, self.deciding = self.held, "", False
+        return self.inner.feed(held) + self.inner.finish()
+
+
+def may_be_bare_call(text: str) -> bool:
+    """Whether a reply that begins with ``text`` may be nothing but a call's JSON (bare, or in a ```json
+    fence): false stays false as the text grows."""
+    text = text.lstrip()
+    if "```".startswith(text):
+        return True
+    if text.startswith("```"):
+        header, newline, text = text.partition("\n")
+        if not newline:
+            return "```json".startswith(header.rstrip()) or header.rstrip() == "```json"
+        if header.strip() not in ("```", "```json"):
+            return False
+        text = text.lstrip()
+    if not text or text == "[":
+        return True
+    if text[0] == "[":
+        text = text[1:].lstrip()
+    return not text or text[0] == "{"
+
+
+def unfenced(text: str) -> str:
+    """A reply's text without the ```json fence around it (the text itself where it has none)."""
+    text = text.strip()
+    if text.startswith("```") and text.endswith("```") and "\n" in text:
+        return text.partition("\n")[2][:-3]
+    return text
+
+
+def read_calls(body: str, names: frozenset[str]) -> list[Call] | None:
+    """The calls a JSON text holds: an object ``{"name", "arguments"}`` or a list of them, also written with
+    the doubled opening brace of Qwen2.5's template (None: it is no call of a known function)."""
+    body = body.strip()
+    texts = [body] + ([body[1:], body[1:-1]] if body.startswith("{{") else [])
+    for text in texts:
         try:
-            value = json.loads(body)
+            value = json.loads(text)
         except json.JSONDecodeError:
-            return None
+            continue
         items = value if isinstance(value, list) else [value]
-        calls = [_call(item, self.names) for item in items]
-        if not calls or any(call is None for call in calls):
-            return None
-        return [call for call in calls if call is not None]
+        calls = [_call(item, names) for item in items]
+        if calls and all(call is not None for call in calls):
+            return [call for call in calls if call is not None]
+    return None
 
 
 def _call(item: Any, names: frozenset[str]) -> Call | None:
@@ -164,7 +235,8 @@ ParserFactory = Callable[[frozenset[str], "int | None"], CallParser]
 
 # The formats this server reads, each found by a marker its chat template writes into the prompt.
 FORMATS: tuple[tuple[str, str, ParserFactory], ...] = (
-    ("<tool_call>", "Qwen2.5 / Hermes <tool_call> JSON", lambda names, most: TaggedJsonCalls(names, most)),
+    ("<tool_call>", "Qwen2.5 / Hermes <tool_call> JSON",
+     lambda names, most: WholeReplyCalls(TaggedJsonCalls(names, most))),
 )
 
 
