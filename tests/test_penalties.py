@@ -19,7 +19,8 @@ from lookahead.verify.penalties import LogitBias, OutputPenalty, Penalties
 
 NEW = 40
 NO_EOS = [VOCAB + 1000]  # an id that never occurs
-SPECULATE = LookaheadConfig(window=3, ngram=3, candidates=4, match_min=1, match_length=6)
+SPECULATE = LookaheadConfig(window=3, ngram=3, candidates=4, match_min=1, match_length=6,
+                            budget="fixed")  # trees every step, whatever the machine's load
 PLAIN = LookaheadConfig(window=1, ngram=2, candidates=0)
 
 
