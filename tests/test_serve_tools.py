@@ -11,6 +11,7 @@ them) and that its answer is still exactly model.generate's on those tokens."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ from test_serve import ServerThread, error_of
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.loading.registry import default_cache_dir
 from lookahead.serve.app import create_app
-from lookahead.serve.engine import Engine
+from lookahead.serve.engine import Engine, Event, Ticket
 from lookahead.serve.schemas import APIError, ChatMessage, chat_messages
 from lookahead.serve.text import ReplyText
 from lookahead.serve.toolcalls import Call, TaggedJsonCalls, parser_for
@@ -481,3 +482,61 @@ def test_a_template_without_tool_support_is_a_400(served, http):
         assert http.post("/v1/chat/completions", json=body).status_code == 200
     finally:
         tokenizer.chat_template = QWEN
+
+
+class ScriptedEngine(Engine):
+    """The real engine, except that every request is answered with ``script``'s tokens (the text a model
+    that calls a tool writes) instead of decoding: what the server makes of a model's call, seen through
+    HTTP and the openai client (a random model never calls)."""
+
+    script: list[int] = []
+
+    def submit(self, completion):  # noqa: ANN001, ANN201 (the engine's own signature)
+        ticket = Ticket("scripted", completion, asyncio.get_running_loop())
+        for token in self.script:
+            ticket.send(Event([token]))
+        ticket.close("stop", len(completion.prompt), len(self.script))
+        return ticket
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = QWEN
+    engine = ScriptedEngine(LookaheadGenerator(tiny_model("llama"), tokenizer, LookaheadConfig()))
+    server = ServerThread(create_app(engine, MODEL)).start()  # (no decode thread: submit answers)
+    yield engine, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=20.0)
+    server.stop()
+
+
+def test_a_models_calls_reach_the_openai_client_whole_and_streamed(scripted):
+    engine, client = scripted
+    # (no spaces: the character-level tokenizer has no token for one)
+    text = ('Checking.<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
+            '<tool_call>{"name":"get_time","arguments":{}}</tool_call>')
+    engine.script = engine.tokenizer(text, add_special_tokens=False)["input_ids"] + [engine.tokenizer.eos_token_id]
+    messages = [{"role": "user", "content": "Weather?"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
+        [("function", "get_weather", {"city": "Paris"}), ("function", "get_time", {})]
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", c.id) for c in choice.message.tool_calls)
+    content, calls, reasons = "", {}, []
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], stream=True):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
+            entry["name"] += call.function.name or ""
+            entry["arguments"] += call.function.arguments or ""
+        reasons.append(chunk.choices[0].finish_reason)
+    assert content == "Checking." and reasons[-1] == "tool_calls" and set(reasons[:-1]) == {None}
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == \
+        [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    one = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME],
+                                         parallel_tool_calls=False)
+    assert [c.function.name for c in one.choices[0].message.tool_calls] == ["get_weather"]
+    plain = client.chat.completions.create(model=MODEL, messages=messages)  # no tools: the text as written
+    assert plain.choices[0].message.content == text and plain.choices[0].finish_reason == "stop"
+    assert plain.choices[0].message.tool_calls is None
