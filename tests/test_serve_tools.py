@@ -221,6 +221,8 @@ def test_tool_reply_deltas_message_and_finish_reason():
     (None, "required", None, "tool_choice", "no 'tools'"),
     ([WEATHER], "sometimes", None, "tool_choice", "\"auto\""),
     ([WEATHER], None, "yes", "parallel_tool_calls", "true or false"),
+    ([{"type": "function", "function": {"name": "f", "strict": True}}], None, None, "tools[0].function.strict",
+     "does not constrain decoding"),
 ])
 def test_bad_tool_fields_name_the_field_and_the_fix(tools, choice, parallel, param, words):
     with pytest.raises(ToolError) as caught:
@@ -302,6 +304,8 @@ def test_which_templates_take_tools_and_which_calls_are_read_back():
     assert caught.value.param == "messages[1]"
     assert tool_parser(tokenizer, tool_settings([WEATHER], "none", None), [{"role": "user", "content": "x"}],
                        "smollm2") is None  # "none": nothing rendered, nothing to parse
+    tokenizer.chat_template = None  # no template at all: the chat endpoint's own 400 (no_chat_template)
+    assert tool_parser(tokenizer, settings, [{"role": "user", "content": "hi"}], "gemma3-270m") is None
 
 
 def test_the_qwen_template_renders_the_tools_and_the_tool_turns():
@@ -480,6 +484,9 @@ def test_a_template_without_tool_support_is_a_400(served, http):
         assert error["param"] == "messages[1]" and error["code"] == "tools_not_supported"
         body["messages"] = [{"role": "user", "content": "hi"}]
         assert http.post("/v1/chat/completions", json=body).status_code == 200
+        tokenizer.chat_template = None  # (a base model's GGUF, Gemma 3 270M's: no chat template at all)
+        error = error_of(http.post("/v1/chat/completions", json={**body, "tools": [WEATHER]}), 400)
+        assert error["code"] == "no_chat_template"
     finally:
         tokenizer.chat_template = QWEN
 

@@ -106,6 +106,11 @@ def read_tools(value: Any) -> list[dict[str, Any]]:
             if not isinstance(description, str):
                 raise ToolError(f"'{where}.function.description' must be a string", f"{where}.function.description")
             entry["description"] = description
+        if function.get("strict") not in (None, False):
+            raise ToolError(f"'{where}.function.strict' asks for arguments that always match the schema, which "
+                            f"needs decoding constrained to it: this server does not constrain decoding yet; send "
+                            f"\"strict\": false or leave it out (the arguments are then the model's own)",
+                            f"{where}.function.strict", "unsupported_parameter")
         parameters = function.get("parameters")
         if parameters is not None:
             check_schema(parameters, f"{where}.function.parameters")
@@ -323,7 +328,9 @@ def tool_parser(tokenizer: Any, settings: ToolSettings | None, messages: list[di
         return None
     param = "tools" if rendered else f"messages[{turn}]"
     source = template_source(tokenizer, True)
-    if source is None or not template_takes_tools(source):
+    if source is None:
+        return None  # no chat template at all: the chat endpoint refuses the request (no_chat_template)
+    if not template_takes_tools(source):
         raise ToolError(f"'{param}': the model '{model}' has a chat template without tool support (it reads no "
                         f"'tools'), so it cannot be told of tools or shown tool calls: leave out 'tools' and the "
                         f"tool messages, or serve a model whose template takes tools (e.g. Qwen2.5)", param,
