@@ -16,9 +16,10 @@ for the model at hand:
    ``decode_step_timer``), and the best route per row count;
 4. a breakdown of one step through the best route (``step_breakdown``):
    linears, attention, KV cache, other ops, Python and dispatch;
-5. on the CPU, the same best route's step replayed from a TorchScript trace
-   (``traced_steps``: model/traced.py, ``traced_forward``), timed in the
-   same passes as its eager steps, with its own breakdown;
+5. on the CPU, the best route's step replayed from a TorchScript trace
+   (``traced_steps``: model/traced.py, ``traced_forward``; where the best is
+   oneDNN's, which is never traced, the fastest route a trace replays), timed
+   in the same passes as its eager steps, with its own breakdown;
 6. the compute roof (compute_roof.py): what the fastest route's products of the model's linear
    layers do a second, where the arithmetic bounds them, and so the second limit of a step over many
    rows, ``roof(q) = max(roofline, 2 q M / F)``, and the ridge between the two;
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -327,8 +329,8 @@ def step_breakdown(time_one: Callable, rows: int, route, step_s: float,
     self time of *scaled_dot_product* ops and what runs under them, "kv cache" that of every op
     under the cache's update, "other ops" every other aten op's self time (norms, activations,
     rotary, the mask, the argmax and read-back), and "python and dispatch" the step's wall time
-    less all of those (clipped at 0): Python, dispatch and the profiler's own overhead (5-12% of a SmolLM2
-    step on a 2-core EPYC: each of its ~6000 ops per forward is recorded). The op classes go
+    less all of those (clipped at 0): Python, dispatch and the profiler's own overhead (each of a
+    forward's thousands of ops is recorded). The op classes go
     by name (``op_part``), an approximation. Profiling slows the step, so the parts are then
     scaled by one common factor to add up to ``step_s``; as the profiler's overhead sits mostly
     in the residual, "python and dispatch" errs high by about that overhead.
@@ -352,33 +354,57 @@ def step_breakdown(time_one: Callable, rows: int, route, step_s: float,
 
 
 # ---------------------------------------------------------------- the traced forward
-def traced_steps(time_eager: Callable, time_traced, rows: tuple[int, ...], routes: list, repeats: int) -> list[dict]:
+def traced_routes(seconds: dict[str, list[float | None]], by_label: dict) -> list:
+    """Per row count, the route whose step is timed replayed from a trace: the fastest there (``step_seconds``'
+    medians) of the routes a trace replays, i.e. every route but oneDNN's (traced.py: ONEDNN_UNTRACED),
+    so that the best route where it is one of them; None where no such route was timed."""
+    from lookahead.model.traced import trace_linear
+
+    count = len(next(iter(seconds.values())))
+    chosen = []
+    for s in range(count):
+        timed = {lab: v for lab in seconds
+                 if (v := seconds[lab][s]) is not None and trace_linear(by_label[lab].linear) == "any"}
+        chosen.append(by_label[min(timed, key=timed.__getitem__)] if timed else None)
+    return chosen
+
+
+def traced_steps(time_eager: Callable, traced_timer: Callable[[], Any], rows: tuple[int, ...], routes: list,
+                 repeats: int) -> tuple[list[dict], list[Any]]:
     """Per row count rows[s]: its step through routes[s] replayed from a trace beside the same step run
     eagerly, as {"seconds": traced median or None, "eager_s": eager median, "why": None or why no trace
-    served}.
+    served, "route": the route's label}; and the traced timer of each row count.
 
-    ``time_traced`` is a traced ``StepTimer`` (cost/measure.py): its first step of a kind makes and
-    checks the trace (untimed here, as a warm-up), and a step it could not trace runs eagerly, which
-    its target's ``last_route`` tells. Then ``repeats`` passes time the eager and the traced step of
-    every row count in turn (which of the two goes first alternating), so both see the same load.
+    Each row count steps on a traced ``StepTimer`` of its own (``traced_timer()``, cost/measure.py), so
+    its trace is made at that very step, its row count and route. (One timer's single trace, made at
+    the first row count, would be checked at a step of the other row class under that step's route,
+    and where that route's products depend on their input's layout, as the mm route's ``torch.mm``
+    does, the check refuses it to the bit, and with it every step of that class: which route timed
+    fastest at which row count, and so whether any trace served, would follow the machine's load.)
+    Its first steps make and check the trace (untimed here, as a warm-up); a step it could not trace
+    runs eagerly, which its target's ``last_route`` tells. Then ``repeats`` passes time the eager and
+    the traced step of every row count in turn (which of the two goes first alternating), so both see
+    the same load.
     """
     eager: dict[int, list[float]] = {q: [] for q in rows}
     traced: dict[int, list[float]] = {q: [] for q in rows}
     why: dict[int, str | None] = {}
-    for q, route in zip(rows, routes):
-        time_traced(q, route)  # warm-up: makes and checks the trace of this kind
+    timers = [traced_timer() for _ in rows]
+    for q, route, time_traced in zip(rows, routes, timers):
+        time_traced(q, route)  # warm-up: makes and checks the trace of this step
         time_traced(q, route)
         ran = time_traced.target.last_route
         failures = time_traced.target.traced.failures if time_traced.target.traced is not None else {}
         why[q] = None if ran.endswith("traced") else \
             "; ".join(sorted(set(failures.values()))) or "no trace served this step"
     for index in range(repeats):
-        for q, route in zip(rows, routes):
+        for q, route, time_traced in zip(rows, routes, timers):
             pair = [(eager[q], time_eager), (traced[q], time_traced)] if why[q] is None else [(eager[q], time_eager)]
             for samples, time_one in (pair if index % 2 == 0 else pair[::-1]):
                 samples.append(time_one(q, route))
-    return [{"seconds": statistics.median(traced[q]) if traced[q] else None, "eager_s": statistics.median(eager[q]),
-             "why": why[q]} for q in rows]
+    entries = [{"seconds": statistics.median(traced[q]) if traced[q] else None, "eager_s": statistics.median(eager[q]),
+                "why": why[q], "route": route.label} for q, route in zip(rows, routes)]
+    return entries, timers
 
 
 # ---------------------------------------------------------------- host time of real steps
@@ -442,8 +468,8 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     ``rows``: row counts (each >= 1), ``context``: cached tokens behind every step (>= 1; context +
     the largest row count must fit in the model's context), ``repeats``: timed passes (>= 1),
     ``config``: the LookaheadConfig of the host-time generator (None: the default), ``traced``: time
-    the best routes' steps replayed from traces too (on the CPU; each step's "traced" entry, else
-    None), ``peak_rows``: rows of the compute roof's products (compute_roof.py). Raises
+    the best routes' steps replayed from traces too (``traced_routes``; on the CPU; each step's
+    "traced" entry, else None), ``peak_rows``: rows of the compute roof's products (compute_roof.py). Raises
     ValueError for a bad argument and UnsupportedModelError (a ValueError) for a model the engine
     cannot drive. The result holds every number, in seconds and bytes.
     """
@@ -478,21 +504,25 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     by_label = {route_label(r): r for r in routes}
     cpu = device.type == "cpu"  # (off the CPU the profiler's CPU times are the host's launches only; no traces)
     best_route = [by_label[label] for label, _ in best]
-    time_traced = decode_step_timer(model, layout, context, traced=True) if traced and cpu else None
-    replayed = traced_steps(time_one, time_traced, rows, best_route, repeats) if time_traced is not None \
-        else [None] * len(rows)
+    replayed: list = [None] * len(rows)
+    timers: list = [None] * len(rows)
+    trace_routes = traced_routes(seconds, by_label) if traced and cpu else []
+    if traced and cpu and all(r is not None for r in trace_routes):
+        replayed, timers = traced_steps(time_one, lambda: decode_step_timer(model, layout, context, traced=True),
+                                        rows, trace_routes, repeats)
     rates = compute_throughput(model, time_one.target.linears, peak_routes(routes, peak_rows, threads), peak_rows)
     macs = linear_macs(model)
     peak_route = max(rates, key=rates.__getitem__)
     peak = rates[peak_route]
     steps = []
-    for q, route, (label, best_s), trace in zip(rows, best_route, best, replayed):
+    for q, route, (label, best_s), trace, time_traced in zip(rows, best_route, best, replayed, timers):
         parts, profiled = step_breakdown(time_one, q, route, best_s) if cpu else (None, None)
         roof = roof_seconds(roofline, macs, q, peak)
         if trace is not None and trace["seconds"] is not None and time_traced is not None:
             trace["x_roofline"] = trace["seconds"] / roofline
             trace["x_roof"] = trace["seconds"] / roof
-            trace["breakdown_s"], trace["profiled_s"] = step_breakdown(time_traced, q, route, trace["seconds"])
+            trace["breakdown_s"], trace["profiled_s"] = step_breakdown(time_traced, q, by_label[trace["route"]],
+                                                                       trace["seconds"])
             trace["linear_flops_per_s"] = linear_rate(macs, q, trace["breakdown_s"])
         steps.append({"rows": q, "seconds": {lab: seconds[lab][rows.index(q)] for lab in seconds},
                       "best_route": label, "best_s": best_s, "x_roofline": best_s / roofline, "roof_s": roof,
@@ -612,8 +642,9 @@ def traced_lines(steps: list[dict]) -> list[str]:
     """The report's table of the traced steps (``traced_steps``), or nothing where none was timed."""
     if not any(step.get("traced") for step in steps):
         return []
-    lines = ["", "The same best route's step replayed from a TorchScript trace (`traced_forward`, on by default; "
-             "model/traced.py), timed in the same passes as its eager step, and its "
+    lines = ["", "The best route's step replayed from a TorchScript trace (`traced_forward`, on by default; "
+             "model/traced.py; oneDNN's route is never traced: then the fastest route a trace replays), timed in "
+             "the same passes as its eager step through that route, and its "
              "breakdown (the kv cache's writes count as other ops there):", "",
              "| rows | route | eager ms | traced ms | traced / eager | x roofline | linears | attention | kv cache | "
              "other ops | python+dispatch | x roof | linears GFLOP/s |",
@@ -625,10 +656,12 @@ def traced_lines(steps: list[dict]) -> list[str]:
             continue
         if trace["seconds"] is None:
             whys.append(f"{step['rows']} rows: {trace['why']}")
-            lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | - | - | - | "
+            lines.append(f"| {step['rows']} | {trace.get('route', step['best_route'])} | {_ms(trace['eager_s'])} | - | "
+                         f"- | - | "
                          f"{_part_cells(None)} | - | - |")
             continue
-        lines.append(f"| {step['rows']} | {step['best_route']} | {_ms(trace['eager_s'])} | {_ms(trace['seconds'])} | "
+        lines.append(f"| {step['rows']} | {trace.get('route', step['best_route'])} | {_ms(trace['eager_s'])} | "
+                     f"{_ms(trace['seconds'])} | "
                      f"{trace['seconds'] / trace['eager_s']:.2f} | {trace['x_roofline']:.2f}x | "
                      f"{_part_cells(trace.get('breakdown_s'))} | {_roof_cells(trace)} |")
     if whys:

@@ -260,6 +260,34 @@ def test_measure_roofline_holds_every_number_and_its_invariants(llama):
     json.dumps(result)  # every number is plain JSON
 
 
+def test_measure_roofline_traces_whichever_route_timed_fastest(llama, monkeypatch):
+    """On a busy machine any route may time fastest at any row count (medians of a few noisy steps);
+    forced here: oneDNN's (never traced) at one row, then mm's at two, whose check of a trace made at
+    one row refuses it to the bit. Every row count's step is still timed replayed from a trace: mm's
+    from one made at its own step, the one-row step through the fastest route a trace replays."""
+    from lookahead import LookaheadConfig
+    from lookahead.model.fewrows import onednn_available
+
+    measured = rl.step_seconds
+    fastest = ["onednn x1" if onednn_available() else "torch x1", "mm x1"]  # per row count, ascending
+
+    def rigged(*args, **kwargs) -> dict:
+        seconds = measured(*args, **kwargs)
+        for s, label in enumerate(fastest):
+            seconds[label][s] = min(v[s] for v in seconds.values() if v[s] is not None) / 2
+        return seconds
+
+    monkeypatch.setattr(rl, "step_seconds", rigged)
+    result = rl.measure_roofline(llama, None, (1, 2), 8, 1, config=LookaheadConfig(cost_cache_dir=""),
+                                 stream_min_bytes=SMALL_STREAM, host_tokens=4, peak_rows=4)
+    assert [s["best_route"] for s in result["steps"]] == fastest
+    traces = [s["traced"] for s in result["steps"]]
+    assert [t["why"] for t in traces] == [None, None], traces
+    assert traces[0]["route"] != "onednn x1" and traces[1]["route"] == "mm x1"
+    assert all(t["seconds"] > 0 and t["profiled_s"] > 0 for t in traces)
+    assert any(line.startswith("| 2 | mm x1 | ") for line in rl.traced_lines(result["steps"]))
+
+
 def test_measure_roofline_without_traces_times_none(llama):
     from lookahead import LookaheadConfig
 
@@ -305,7 +333,8 @@ def test_traced_steps_pair_the_passes_and_say_why_no_trace_served():
         return 0.01 * q
 
     untraceable = _Untraceable()
-    steps = rl.traced_steps(time_eager, untraceable, (1, 2), [Route(1, "kernel")] * 2, 3)
+    steps, timers = rl.traced_steps(time_eager, lambda: untraceable, (1, 2), [Route(1, "kernel")] * 2, 3)
+    assert timers == [untraceable, untraceable]  # one timer per row count, as the factory makes them
     assert [s["seconds"] for s in steps] == [None, None]
     assert [s["eager_s"] for s in steps] == [pytest.approx(0.01), pytest.approx(0.02)]
     assert all(s["why"] == "RuntimeError: cannot trace this" for s in steps)
@@ -317,10 +346,12 @@ def test_traced_steps_pair_the_passes_and_say_why_no_trace_served():
 def test_traced_steps_time_both_in_every_pass(llama):
     layout = check_model(llama, False)
     time_eager = decode_step_timer(llama, layout, 16)
-    time_traced = decode_step_timer(llama, layout, 16, traced=True)
-    steps = rl.traced_steps(time_eager, time_traced, (1, 4), [Route(1, "kernel")] * 2, 2)
+    steps, timers = rl.traced_steps(time_eager, lambda: decode_step_timer(llama, layout, 16, traced=True), (1, 4),
+                                    [Route(1, "kernel")] * 2, 2)
     assert all(s["why"] is None and s["seconds"] > 0 and s["eager_s"] > 0 for s in steps)
-    assert time_traced.target.last_route == "kernel x1 traced"
+    assert [s["route"] for s in steps] == ["kernel x1", "kernel x1"]
+    assert len({id(t) for t in timers}) == 2  # each row count's trace made at its own step
+    assert all(t.target.last_route == "kernel x1 traced" for t in timers)
 
 
 @pytest.mark.parametrize("args, words", [
