@@ -25,6 +25,7 @@ from .options import (
     cli_message,
     config_options,
     fail,
+    products_option,
     threads_option,
     trust_remote_code_option,
     warnings_as_lines,
@@ -102,13 +103,14 @@ def require_bench_extra() -> None:
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @trust_remote_code_option
 @weights_option
+@products_option
 @threads_option
 @config_options
 def bench(model_name: str, datasets: tuple[str, ...], prompt_files: tuple[str, ...], limit: int, max_new_tokens: int,
           out_dir: str, extra_configs: tuple[str, ...], presets: tuple[str, ...], draft: str | None, cost_curve: bool,
           turn2: bool, sample: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: str,
           ignore_eos: bool, busy_cores: int, device: str, dtype: str, trust_remote_code: bool, weights: str,
-          **config_values: Any) -> None:
+          products: str, **config_values: Any) -> None:
     """Benchmark decoding methods side by side (interleaved per prompt) and write a report.
 
     Lookahead options (--window, --ngram, ...) set the config of the 'lookahead'
@@ -148,7 +150,7 @@ def bench(model_name: str, datasets: tuple[str, ...], prompt_files: tuple[str, .
         with warnings_as_lines(), busy(busy_cores):
             table, paths, mismatch = _bench(model_name, datasets, prompt_sets, limit, max_new_tokens, out_dir,
                                             extra_configs, draft, cost_curve, turn2,
-                                            (device, dtype, trust_remote_code, weights),
+                                            (device, dtype, trust_remote_code, weights, products),
                                             config, sampling, first_seed, busy_cores)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
@@ -219,10 +221,10 @@ def checked_sampling(sample: bool, temperature: float | None, top_k: int | None,
 
 def _bench(model_name: str, datasets: Iterable[str], prompt_sets: list[list[Prompt]], limit: int, max_new_tokens: int,
            out_dir: str, extra_configs: tuple[str, ...], draft: str | None, cost_curve: bool, turn2: bool,
-           loading: tuple[str, str, bool, str], config: LookaheadConfig, sampling: Sampling | None, seed: int | None,
-           busy_cores: int = 0) -> tuple[str, dict[str, Any], str | None]:
-    """Load (device, dtype, trust_remote_code, weights = loading), run every method on every prompt, write the
-    report; (table, paths, mismatch or None). ``busy_cores``: spinning processes beside it (recorded)."""
+           loading: tuple[str, str, bool, str, str], config: LookaheadConfig, sampling: Sampling | None,
+           seed: int | None, busy_cores: int = 0) -> tuple[str, dict[str, Any], str | None]:
+    """Load (device, dtype, trust_remote_code, weights, products = loading), run every method on every prompt,
+    write the report; (table, paths, mismatch or None). ``busy_cores``: spinning processes beside it (recorded)."""
     import torch
     from tqdm import tqdm
 
@@ -239,11 +241,11 @@ def _bench(model_name: str, datasets: Iterable[str], prompt_sets: list[list[Prom
     )
 
     started = time.perf_counter()
-    device, dtype, trust_remote_code, weights = loading
+    device, dtype, trust_remote_code, weights, products = loading
     datasets = [canonical_name(d) for d in datasets]
     torch_dtype = getattr(torch, dtype)
     model, tokenizer = load_model(model_name, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-                                  weights=weights)
+                                  weights=weights, products=products, cost_cache_dir=config.cost_cache_dir)
     if model.generation_config.pad_token_id is None and tokenizer.eos_token_id is not None:
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     if draft:
@@ -251,7 +253,7 @@ def _bench(model_name: str, datasets: Iterable[str], prompt_sets: list[list[Prom
 
         check_draft_source(model, draft)  # a draft of another vocabulary is refused before its weights load
     draft_model = (load_model(draft, device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-                              weights=weights)[0]
+                              weights=weights, products=products, cost_cache_dir=config.cost_cache_dir)[0]
                    if draft else None)
     methods = default_methods(model, tokenizer, config, extra_configs, draft_model, sampling)
 

@@ -29,6 +29,7 @@ from lookahead.cli.options import (
     config_options,
     fail,
     interrupted,
+    products_option,
     reader_gone,
     sampling_options,
     threads_option,
@@ -102,12 +103,13 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool) -
                    "the same. The stats count the predicted tokens accepted and rejected.")
 @trust_remote_code_option
 @weights_option
+@products_option
 @threads_option
 @sampling_options
 @config_options
 def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool, draft_model: str | None,
              device: str, dtype: str, memory_path: str | None, prediction_file: str | None, trust_remote_code: bool,
-             weights: str, seed: int | None, **values: Any) -> None:
+             weights: str, products: str, seed: int | None, **values: Any) -> None:
     """Generate text with lookahead decoding (greedy, or sampled with --sample)."""
     checked_prompt(prompt)
     prediction = read_prediction(prediction_file)
@@ -122,8 +124,8 @@ def generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_j
     try:
         with warnings_as_lines():
             result = _generate(model_name, prompt, max_new_tokens, chat, as_json,
-                               (device, dtype, trust_remote_code, draft_model, weights), config, sampling, seed,
-                               memory_path, prediction)
+                               (device, dtype, trust_remote_code, draft_model, weights, products), config, sampling,
+                               seed, memory_path, prediction)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     if as_json:
@@ -160,10 +162,10 @@ def warn_about_dtype(dtype: str, device: str) -> None:
 
 
 def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_json: bool,
-              loading: tuple[str, str, bool, str | None, str], config: LookaheadConfig, sampling: dict[str, Any],
+              loading: tuple[str, str, bool, str | None, str, str], config: LookaheadConfig, sampling: dict[str, Any],
               seed: int | None, memory_path: str | None = None, prediction: str | None = None) -> dict:
-    """Load (device, dtype, trust_remote_code, draft model name, weights = loading), generate (streaming unless
-    as_json), report stats; the JSON result. With ``memory_path``, the generator's memory across
+    """Load (device, dtype, trust_remote_code, draft model name, weights, products = loading), generate
+    (streaming unless as_json), report stats; the JSON result. With ``memory_path``, the generator's memory across
     requests is read from that file first (when it exists: checked right after the model and its
     tokenizer load, before the generator measures costs) and written back after, each said on stderr.
     ``prediction``: the predicted answer's text (Predicted Outputs), or None."""
@@ -175,9 +177,10 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     from lookahead.model.support import context_length
     from lookahead.proposers.draft.checks import check_draft_source
 
-    device, dtype, trust_remote_code, draft_name, weights = loading
+    device, dtype, trust_remote_code, draft_name, weights, products = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
-                                  trust_remote_code=trust_remote_code, weights=weights)
+                                  trust_remote_code=trust_remote_code, weights=weights, products=products,
+                                  cost_cache_dir=config.cost_cache_dir)
     held = weights_summary(model)
     if quantized_modules(model):  # (said where a GGUF's blocks are kept: which formats the step reads)
         click.echo(f"lookahead: {model_name}: {held}", err=True)
@@ -188,7 +191,8 @@ def _generate(model_name: str, prompt: str, max_new_tokens: int, chat: bool, as_
     if draft_name is not None:
         check_draft_source(model, draft_name)  # its vocabulary, from its config, before its weights load
         draft, draft_tokenizer = load_model(draft_name, device=device, dtype=getattr(torch, dtype),
-                                            trust_remote_code=trust_remote_code, weights=weights)
+                                            trust_remote_code=trust_remote_code, weights=weights,
+                                            products=products, cost_cache_dir=config.cost_cache_dir)
     ids = encode_prompt(tokenizer, prompt, chat).to(device)
     context = context_length(model.config)
     warn_about_context(ids.shape[1], max_new_tokens, context)

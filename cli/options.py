@@ -104,6 +104,18 @@ def weights_option(func: F) -> F:
                              "'quantized' on the CPU in float32, else 'dequantized'.")(func)
 
 
+def products_option(func: F) -> F:
+    """--products auto|float32|int8: load_model(products=...), how a GGUF's kept blocks multiply."""
+    from lookahead.loading.weights import PRODUCTS
+
+    return click.option("--products", type=click.Choice(PRODUCTS), default="auto", show_default=True,
+                        help="How a GGUF model's kept blocks multiply: 'float32' over the de-quantized values (the "
+                             "float model's numbers), 'int8' with the inputs rounded to 8 bits and exact integer "
+                             "sums (as llama.cpp; several times less work on a CPU with AVX-512 VNNI), 'auto' each "
+                             "block format the one measured faster on this machine (kept in the cost cache). "
+                             "Either way lookahead's output equals model.generate's on the same model.")(func)
+
+
 def trust_remote_code_option(func: F) -> F:
     """--trust-remote-code: load_model(trust_remote_code=True)."""
     return click.option("--trust-remote-code", is_flag=True,

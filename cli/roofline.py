@@ -15,6 +15,7 @@ from .options import (
     DTYPES,
     cli_message,
     fail,
+    products_option,
     threads_option,
     trust_remote_code_option,
     warnings_as_lines,
@@ -44,10 +45,11 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
 @click.option("--allow-untested-models", is_flag=True, help="Measure an architecture outside the tested list.")
 @trust_remote_code_option
 @weights_option
+@products_option
 @threads_option
 def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple[int, ...], repeats: int, out_dir: str,
              peak_rows: int | None, traced: bool, allow_untested_models: bool, trust_remote_code: bool,
-             weights: str) -> None:
+             weights: str, products: str) -> None:
     """The model's memory roofline on this machine beside its measured steps (markdown on stdout)."""
     if any(q < 1 for q in rows):
         fail(f"--rows must be >= 1, got {min(rows)}")
@@ -60,18 +62,18 @@ def roofline(model_name: str, device: str, dtype: str, context: int, rows: tuple
     checked_out_dir(out_dir)
     try:
         with warnings_as_lines():
-            result = _measure(model_name, (device, dtype, trust_remote_code, weights), tuple(rows), context, repeats,
-                              allow_untested_models, traced, peak_rows)
+            result = _measure(model_name, (device, dtype, trust_remote_code, weights, products), tuple(rows), context,
+                              repeats, allow_untested_models, traced, peak_rows)
             text = write_roofline(out_dir, result)
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
     click.echo(text)
 
 
-def _measure(model_name: str, loading: tuple[str, str, bool, str], rows: tuple[int, ...], context: int, repeats: int,
-             allow_untested: bool, traced: bool = True, peak_rows: int | None = None) -> dict:
-    """Load (device, dtype, trust_remote_code, weights = loading) and measure; the result with the machine's
-    and the model's names added."""
+def _measure(model_name: str, loading: tuple[str, str, bool, str, str], rows: tuple[int, ...], context: int,
+             repeats: int, allow_untested: bool, traced: bool = True, peak_rows: int | None = None) -> dict:
+    """Load (device, dtype, trust_remote_code, weights, products = loading) and measure; the result with the
+    machine's and the model's names added."""
     import torch
     import transformers
 
@@ -81,9 +83,9 @@ def _measure(model_name: str, loading: tuple[str, str, bool, str], rows: tuple[i
     from lookahead.cost.measure import cpu_name
     from lookahead.native.build import tiled_width
 
-    device, dtype, trust_remote_code, weights = loading
+    device, dtype, trust_remote_code, weights, products = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
-                                  trust_remote_code=trust_remote_code, weights=weights)
+                                  trust_remote_code=trust_remote_code, weights=weights, products=products)
     config = LookaheadConfig(allow_untested_models=allow_untested)
     peak = {} if peak_rows is None else {"peak_rows": peak_rows}
     result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config, traced=traced, **peak)

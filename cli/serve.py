@@ -23,6 +23,7 @@ from .options import (
     cli_message,
     config_options_with,
     fail,
+    products_option,
     threads_option,
     trust_remote_code_option,
     warnings_as_lines,
@@ -78,11 +79,12 @@ def is_loopback(host: str) -> bool:
               help="Read the --api-key from this file (its first line).")
 @trust_remote_code_option
 @weights_option
+@products_option
 @threads_option
 @config_options_with(SERVE_DEFAULTS)
 def serve(model_name: str, served_model_name: str | None, device: str, dtype: str, host: str, port: int,
           max_batch: int, max_queue: int, memory_path: str | None, save_every: float, api_key: str | None,
-          api_key_file: str | None, trust_remote_code: bool, weights: str, **values: Any) -> None:
+          api_key_file: str | None, trust_remote_code: bool, weights: str, products: str, **values: Any) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics), decoding requests together with lookahead decoding."""
     require_serve_extra()
@@ -100,8 +102,8 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
                    f"model (and, through timing, tell what text went through it before)", err=True)
     try:
         with warnings_as_lines():
-            engine = _engine(model_name, device, dtype, (trust_remote_code, weights), config, max_batch, max_queue,
-                             memory_path, save_every)
+            engine = _engine(model_name, device, dtype, (trust_remote_code, weights, products), config, max_batch,
+                             max_queue, memory_path, save_every)
             engine.start(thread=False)  # reads --memory: a damaged file stops here, before the port opens
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
@@ -126,7 +128,7 @@ def _warm_up(engine: Any) -> None:
                f"of several)", err=True)
 
 
-def _engine(model_name: str, device: str, dtype: str, loading: tuple[bool, str], config: Any, max_batch: int,
+def _engine(model_name: str, device: str, dtype: str, loading: tuple[bool, str, str], config: Any, max_batch: int,
             max_queue: int, memory_path: str | None, save_every: float) -> Any:
     """The model loaded, its generator and the engine over it (not started)."""
     import torch
@@ -134,9 +136,10 @@ def _engine(model_name: str, device: str, dtype: str, loading: tuple[bool, str],
     from lookahead import LookaheadGenerator, load_model
     from lookahead.serve.engine import Engine
 
-    trust_remote_code, weights = loading
+    trust_remote_code, weights, products = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
-                                  trust_remote_code=trust_remote_code, weights=weights)
+                                  trust_remote_code=trust_remote_code, weights=weights, products=products,
+                                  cost_cache_dir=config.cost_cache_dir)
     generator = LookaheadGenerator(model, tokenizer, config)
     memory = str(Path(memory_path).expanduser()) if memory_path is not None else None
     return Engine(generator, max_batch=max_batch, max_queue=max_queue, memory_path=memory, save_every_s=save_every)

@@ -234,6 +234,24 @@ def test_int8_worked_example():
     assert abs(out.item() + 1.0) < 1e-6
 
 
+def test_int8_k_worked_example():
+    """native/quant8k.h's head: a Q4_K super-block with d 1, dmin 0, every scale 1 and every q 2, x all 1 -> 512."""
+    block = np.zeros(144, dtype=np.uint8)
+    block[0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    block[4:8] = 1  # sub-blocks 0-3: scale 1, min 0 (the six-bit pairs of scale_min_k4)
+    block[12:16] = 1  # sub-blocks 4-7: scale 1 (low nibbles), min 0 (high nibbles)
+    block[16:] = 0x22  # every nibble 2
+    blocks = torch.from_numpy(block[None])
+    assert torch.equal(ops.qlinear(torch.ones(1, 256), blocks, int(Q.Q4_K), 256, None), torch.tensor([[512.0]]))
+    for isa in isas_int8():
+        assert ops.qlinear_int8(torch.ones(1, 256), blocks, int(Q.Q4_K), 256, None, isa).item() == 512.0
+
+
+def isas_int8() -> list[int]:
+    """The integer products' paths this CPU runs (0: plain C++; 1: AVX-512 VNNI)."""
+    return [0, 1] if ops.qint8_vnni() else [0]
+
+
 @pytest.mark.parametrize("arch, kind", [("llama", Q.Q4_1), ("qwen2", Q.Q4_K), ("llama", Q.Q6_K)],
                          ids=lambda v: getattr(v, "name", v))
 def test_int8_model_greedy_equals_generate_and_the_plain_loop(arch, kind):

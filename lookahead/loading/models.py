@@ -23,7 +23,7 @@ from ..model.support import MASKED_ATTENTION
 from .checkpoint import check_checkpoint, read_config_dict
 from .device import resolve_device
 from .registry import CHUNK_BYTES, PackagedFile, RegistryError, default_cache_dir, fetch_file, local_file, sha256_of
-from .weights import WEIGHTS
+from .weights import PRODUCTS, WEIGHTS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -424,7 +424,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
                dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None,
                attn_implementation: str | None = None,
                trust_remote_code: bool = False,
-               weights: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+               weights: str = "auto", products: str = "auto",
+               cost_cache_dir: str = "~/.cache/lookahead/costs") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) from an alias, a ``.gguf`` file, a local dir or a hub id.
 
     The model is put in eval mode on ``device`` with ``dtype``, with
@@ -441,7 +442,12 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
     linear layers and embeddings in the file's block formats (model/quantized.py: about the file's size in
     memory, the same de-quantized values in every product, in float32), "dequantized" widens them
     to float32 (cached as safetensors after the first load), "auto" (the default) is "quantized" on the CPU in
-    float32 and "dequantized" elsewhere, saying why on stderr.
+    float32 and "dequantized" elsewhere, saying why on stderr. ``products`` (kept blocks only): "float32"
+    multiplies the de-quantized values (the float model's numbers), "int8" rounds the inputs to 8 bits and
+    sums exact integer products as llama.cpp does (not the float model's numbers, and on a CPU with AVX-512
+    VNNI several times less work), "auto" (the default) takes for each block format the one measured faster
+    on this machine, keeping the choice in ``cost_cache_dir`` (model/products.py). Either way a row's
+    output has the same bits at every step size, so lookahead's output equals ``model.generate``'s.
 
     Example: ``model, tokenizer = load_model("smollm2-135m")`` (the GGUF fetched on first use, its
     blocks kept); ``load_model("smollm2-135m", weights="dequantized")``;
@@ -455,6 +461,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         raise ModelLoadError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
     if weights not in WEIGHTS:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if products not in PRODUCTS:
+        raise ModelLoadError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
     device = check_load_arguments(device, dtype, attn_implementation)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if weights != "dequantized":
@@ -469,6 +477,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
                     "download it again"
                 model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, refetch)
                 model.config._name_or_path = name_or_path  # (what messages and the cost store call it)
+                _choose_products(model, products, cost_cache_dir)
                 return model, tokenizer
             if weights != "auto":
                 raise ModelLoadError(f"cannot keep {source_gguf[0].name} in its block formats: {reason}; load it "
@@ -499,6 +508,16 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
         raise ModelLoadError(f"cannot load model {name_or_path!r}; tried: " + "; ".join(tried) + rebuild) from exc
     # (transformers wraps PreTrainedModel.to with functools.wraps, which mypy reads as an unbound function)
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
+
+
+def _choose_products(model: PreTrainedModel, products: str, cost_cache_dir: str) -> None:
+    """The kept blocks' products: as asked, or measured per format (model/products.py)."""
+    from ..model.products import choose_products, set_products
+
+    if products == "auto":
+        choose_products(model, cost_cache_dir, say=lambda line: print(line, file=sys.stderr))
+    else:
+        set_products(model, products)
 
 
 def _in_cache(local: Path | None, cache: Path) -> bool:

@@ -1,7 +1,10 @@
-"""How ``load_model`` holds a GGUF's weights (``weights=``), importable without torch (the CLI's options)."""
+"""How ``load_model`` holds a GGUF's weights (``weights=``, ``products=``), importable without torch (the CLI's
+options)."""
 
-# "auto": "quantized" on the CPU in float32, else "dequantized"; "quantized": the file's block formats, float32
-# products; "dequantized": float32. (The integer products of native/quant8.cpp are not offered here: the
-# step's attention does not give a row the same bits at every row count, and rounding the inputs to 8 bits
-# turns that last-bit difference into another token; docs/DESIGN.md, "Weights as shipped".)
+# "auto": "quantized" on the CPU in float32, else "dequantized"; "quantized": the file's block formats;
+# "dequantized": float32.
 WEIGHTS = ("auto", "quantized", "dequantized")
+# How kept blocks multiply (model/products.py): "auto", each format the faster of the two as measured on this
+# machine; "float32", the de-quantized weights' values (the float model's numbers); "int8", the inputs rounded
+# to 8 bits and exact integer sums, as llama.cpp computes.
+PRODUCTS = ("auto", "float32", "int8")

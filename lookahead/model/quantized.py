@@ -36,9 +36,10 @@ BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: 
                                       12: (256, 144), 13: (256, 176), 14: (256, 210)}
 FORMAT_NAMES = {code: name for name, code in FORMATS.items()}
 # How QuantizedLinear multiplies: "float32", the de-quantized weights (gguf's values) by the inputs in float32
-# fused multiply-adds (native/quant.cpp); "int8", the weights' integers by the inputs quantized to int8 per
-# 32, as llama.cpp computes (native/quant8.cpp). Either in one fixed order: a row's bits do not depend on the
-# step's other rows.
+# fused multiply-adds (native/quant.cpp); "int8", the weights' integers by the inputs quantized to int8 (per
+# 256 for the K formats, per 32 for the others) in exact integer sums, as llama.cpp computes (native/quant8.cpp,
+# native/quant8k.h). Either in one fixed order: a row's bits do not depend on the step's other rows.
+# model/products.py chooses between them per machine.
 PRODUCTS = ("float32", "int8")
 TILES_ROWS_MIN = 64  # rows from which a prefill's products go through de-quantized tiles (prefill_tiles)
 TILE_OUTPUTS = 256  # weight rows de-quantized at a time there (1.5 MB at 1536 inputs)

@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include "quant_formats.h"
+#include "quant8k.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,21 +53,15 @@ Inputs quantize_inputs(const float* x, int64_t rows, int64_t inputs, int64_t hal
   in.q.assign(static_cast<size_t>(rows * 64 * in.pairs), 0);
   in.s.assign(static_cast<size_t>(rows * 2 * in.pairs), 0.f);
   in.c.assign(static_cast<size_t>(rows * in.terms), 0.f);
+  const bool wide = avx512_rounding();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t u = 0; u < in.units; ++u) {
         const float* xu = x + r * inputs + 32 * u;
-        float amax = 0.f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xu[i]));
-        const float d = amax / 127.f;
+        const float d = largest_abs(xu, 32, wide) / 127.f;
         const float id = d != 0.f ? 1.f / d : 0.f;
         int8_t* qu = in.q.data() + r * 64 * in.pairs + 32 * u;
-        int sums[2] = {0, 0};
-        for (int i = 0; i < 32; ++i) {
-          const int v = static_cast<int>(std::nearbyint(xu[i] * id));
-          qu[i] = static_cast<int8_t>(v);
-          sums[i / 16] += v;
-        }
+        const int sums[2] = {round_run16(xu, id, qu, wide), round_run16(xu + 16, id, qu + 16, wide)};
         in.s[r * 2 * in.pairs + u] = d;
         if (halves == 2) {
           in.c[r * in.terms + 2 * u] = d * static_cast<float>(sums[0]);
@@ -346,9 +341,33 @@ struct Vnni {
   };
 };
 
+// The K formats a super-block at a time (quant8k.h)
+template <int64_t F>
+void product_super(const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t rows, int64_t inputs,
+                   int64_t outputs, bool vnni) {
+  const SuperInputs in = quantize_super(x, rows, inputs, F);
+  if (!vnni) {
+    at::parallel_for(0, outputs, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o)
+        for (int64_t r = 0; r < rows; ++r) out[r * outputs + o] = super_plain<F>(w + o * row_bytes, in, r);
+    });
+    return;
+  }
+  for_each_tile(rows, outputs, [&](int64_t r0, int64_t count, int64_t o0, int64_t ot) {
+    dispatch_tile(ot, count, [&](auto weight_rows, auto input_rows) {
+      SuperVnni<F>::template Rows<decltype(weight_rows)::value, decltype(input_rows)::value>::run(w, row_bytes, in,
+                                                                                                  out, r0, o0, outputs);
+    });
+  });
+}
+
 template <int64_t F>
 void product8(const uint8_t* w, int64_t row_bytes, const float* x, float* out, int64_t rows, int64_t inputs,
               int64_t outputs, bool vnni) {
+  if constexpr (F == Q4_K || F == Q5_K || F == Q6_K) {
+    product_super<F>(w, row_bytes, x, out, rows, inputs, outputs, vnni);
+    return;
+  }
   const Inputs in = quantize_inputs(x, rows, inputs, halves_of(F));
   if (!vnni) {
     at::parallel_for(0, outputs, 8, [&](int64_t begin, int64_t end) {

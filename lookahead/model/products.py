@@ -1,0 +1,130 @@
+"""Which product each GGUF block format multiplies with on this machine: float32 or int8, chosen by measurement.
+
+``QuantizedLinear`` (model/quantized.py) computes either way in one fixed order per output, so both give a
+row the same bits at every row count; they differ in what they compute. "float32" multiplies the
+de-quantized weights (the float model's values) by the inputs: the output follows transformers on the
+de-quantized model. "int8" rounds the inputs to 8 bits (per 256 inputs for the K formats, per 32 for the
+others) and sums exact integer products, as llama.cpp does: a little further from the float model, and on a
+CPU with AVX-512 VNNI several times less work per weight (native/quant8.cpp, native/quant8k.h).
+
+``choose_products`` times both on one layer of each format the model holds, at a decode step's row counts
+(1 and 4 rows, interleaved, the median of several passes), and keeps int8 only where it is faster by
+INT8_MARGIN. The choice is kept per machine (CPU model, thread count, format and shape) in a JSON file
+beside the cost curves, so a machine decodes a model the same way every run; delete the file to measure
+again. A CPU without VNNI runs the integer products in plain C++ (a reference, never faster): float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from .quantized import FORMAT_NAMES, PRODUCTS, QuantizedLinear
+
+INT8_MARGIN = 0.95  # int8 is kept where its time is at most this share of float32's (else the float model's values)
+ROWS = (1, 4)  # the step sizes timed: a plain step and a small tree
+PASSES = 7  # timed passes per product and row count (interleaved); the median counts
+STORE = "products.json"  # in the cost cache directory
+
+
+def set_products(model: torch.nn.Module, products: str | dict[int, str]) -> None:
+    """Every ``QuantizedLinear`` of the model multiplies with ``products`` ("float32" or "int8"), or, given
+    a {format code: products} map, with its format's entry (float32 where the map has none)."""
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            module.products = products if isinstance(products, str) else products.get(module.format_code, "float32")
+
+
+def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/costs",
+                    say: Callable[[str], None] | None = None) -> dict[int, str]:
+    """{format code: "float32" | "int8"} for the formats of the model's ``QuantizedLinear`` layers, measured
+    here (or read from ``cache_dir``'s STORE, where this machine measured it before; "" keeps nothing) and
+    set on the layers. ``say`` gets one line per format measured."""
+    layers = _largest_per_format(model)
+    if not layers:
+        return {}
+    if not torch.ops.lookahead_native.qint8_vnni():
+        chosen = {code: "float32" for code in layers}
+        set_products(model, chosen)
+        return chosen
+    from ..cost.measure import cpu_name
+
+    path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
+    kept = _read(path)
+    chosen = {}
+    for code, layer in layers.items():
+        key = f"{cpu_name()} | {torch.get_num_threads()} threads | {FORMAT_NAMES[code]} " \
+              f"{layer.out_features}x{layer.in_features}"
+        entry = kept.get(key)
+        if not isinstance(entry, dict) or entry.get("chosen") not in PRODUCTS:
+            seconds = time_products(layer)
+            ratio = seconds["int8"] / seconds["float32"]
+            entry = {"float32": seconds["float32"], "int8": seconds["int8"],
+                     "chosen": "int8" if ratio <= INT8_MARGIN else "float32"}
+            kept[key] = entry
+            if say is not None:
+                say(f"lookahead: {FORMAT_NAMES[code]} layers multiply in {entry['chosen']} on this CPU (int8 "
+                    f"products took {ratio:.2f}x float32's time on a {layer.out_features}x{layer.in_features} "
+                    f"layer; kept in {path or 'no file'})")
+        chosen[code] = entry["chosen"]
+    if path:
+        _write(path, kept)
+    set_products(model, chosen)
+    return chosen
+
+
+def _largest_per_format(model: torch.nn.Module) -> dict[int, QuantizedLinear]:
+    """The model's largest ``QuantizedLinear`` of each block format."""
+    largest: dict[int, QuantizedLinear] = {}
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            best = largest.get(module.format_code)
+            if best is None or module.blocks.numel() > best.blocks.numel():
+                largest[module.format_code] = module
+    return largest
+
+
+def time_products(layer: QuantizedLinear) -> dict[str, float]:
+    """Seconds per call of the layer's two products, summed over ROWS (the median of PASSES interleaved
+    passes each)."""
+    ops = torch.ops.lookahead_native
+    product = {"float32": ops.qlinear, "int8": ops.qlinear_int8}
+    total = {name: 0.0 for name in product}
+    for rows in ROWS:
+        x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))  # [R, I]
+        samples: dict[str, list[float]] = {name: [] for name in product}
+        for _ in range(PASSES + 1):  # (the first pass warms the caches and is dropped)
+            for name, op in product.items():
+                start = time.perf_counter()
+                op(x, layer.blocks, layer.format_code, layer.in_features, None)
+                samples[name].append(time.perf_counter() - start)
+        for name in product:
+            total[name] += statistics.median(samples[name][1:])
+    return total
+
+
+def _read(path: str) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, data: dict) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+        os.replace(temporary, path)
+    except OSError:
+        pass  # (an unwritable cache: the choice is measured again next run)

@@ -1,0 +1,95 @@
+"""model/products.py: each block format multiplies in float32 or int8 as measured on this machine, the choice kept
+per machine; load_model's products= and --products reach it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from lookahead.errors import ModelLoadError
+from lookahead.model import products as chooser
+from lookahead.model.products import choose_products, set_products
+from lookahead.model.quantized import QuantizedLinear
+from test_quantized import native, quantized_model  # noqa: F401 (the fixture builds the C++ op)
+
+
+@pytest.fixture
+def model(native):  # noqa: F811
+    return quantized_model("llama", Q.Q4_K)
+
+
+def products_of(model) -> set[str]:
+    return {m.products for m in model.modules() if isinstance(m, QuantizedLinear)}
+
+
+def test_set_products_everywhere_or_per_format(model):
+    set_products(model, "int8")
+    assert products_of(model) == {"int8"}
+    set_products(model, {int(Q.Q6_K): "int8"})  # (no Q4_K entry: float32)
+    assert products_of(model) == {"float32"}
+
+
+def test_the_faster_product_is_kept_and_read_back(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
+    monkeypatch.setattr(chooser, "time_products", lambda layer: {"float32": 2.0, "int8": 1.0})
+    lines: list[str] = []
+    assert choose_products(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): "int8"}
+    assert products_of(model) == {"int8"} and len(lines) == 1 and "Q4_K layers multiply in int8" in lines[0]
+    stored = json.loads((tmp_path / chooser.STORE).read_text())
+    assert [entry["chosen"] for entry in stored.values()] == ["int8"]
+
+    def never(layer):
+        raise AssertionError("measured again although the choice was kept")
+
+    monkeypatch.setattr(chooser, "time_products", never)
+    set_products(model, "float32")
+    assert choose_products(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): "int8"}
+    assert products_of(model) == {"int8"} and len(lines) == 1
+
+
+def test_int8_must_win_by_the_margin(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
+    monkeypatch.setattr(chooser, "time_products", lambda layer: {"float32": 1.0, "int8": 0.97})
+    assert choose_products(model, "") == {int(Q.Q4_K): "float32"}  # ("": nothing kept)
+    assert not (tmp_path / chooser.STORE).exists()
+
+
+def test_without_vnni_float32_and_nothing_timed(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: False, raising=False)
+    monkeypatch.setattr(chooser, "time_products", lambda layer: pytest.fail("timed without VNNI"))
+    assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "float32"}
+    assert products_of(model) == {"float32"}
+
+
+def test_a_damaged_store_is_measured_again(model, tmp_path, monkeypatch):
+    (tmp_path / chooser.STORE).write_text("{not json")
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
+    monkeypatch.setattr(chooser, "time_products", lambda layer: {"float32": 1.0, "int8": 3.0})
+    assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "float32"}
+    assert "float32" in (tmp_path / chooser.STORE).read_text()
+
+
+def test_time_products_times_both(model):
+    layer = next(m for m in model.modules() if isinstance(m, QuantizedLinear))
+    seconds = chooser.time_products(layer)
+    assert set(seconds) == {"float32", "int8"} and all(s > 0 for s in seconds.values())
+
+
+def test_load_model_names_a_bad_products_value():
+    from lookahead import load_model
+
+    with pytest.raises(ModelLoadError, match="products must be one of auto, float32, int8"):
+        load_model("smollm2-135m", products="int4")
+
+
+def test_the_cli_offers_products():
+    from click.testing import CliRunner
+
+    from lookahead.cli.main import main as cli
+
+    for command in ("generate", "bench", "serve", "roofline"):
+        out = CliRunner().invoke(cli, [command, "--help"]).output
+        assert "--products [auto|float32|int8]" in out, command
