@@ -39,7 +39,8 @@ parent's row; when no child is, the chosen token ends the step
 
 The softmax, the inverse-CDF draws and the argmaxes run on the device; the
 host receives everything in one transfer, together with the window's next
-level (argmax of its last-level rows) and the recycled top-R successors. A
+level (argmax of its last-level rows), the recycled top-R successors and, when the call asks for them,
+the logprobs of every decision row's chosen token and its likeliest alternatives (verify/logprobs.py). A
 row whose processed scores leave nothing to draw from (NaN, +inf, or every
 score -inf: transformers' sampling fails there) draws ``NO_TOKEN``, which
 the host refuses on that same transfer (``check_drawn``): no extra sync.
@@ -109,6 +110,9 @@ class Verifier:
         self.top_k = fast_top_k(decoding)
         self.row_processing = decoding if self.top_k is None else replace(
             decoding, processors=lp.LogitsProcessorList(decoding.processors[:-1]))
+        # With logprobs: each processing split where the warpers begin (the logprobs' distribution is between)
+        self.splits = None if self.logprobs is None else \
+            {True: split_warpers(self.row_processing), False: split_warpers(decoding)}
 
     def stage(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int,
               drawn: DrawnRows | None = None) -> torch.Tensor:
@@ -125,7 +129,8 @@ class Verifier:
         if self.logprobs is None:
             scores = self._processed(decide, tree, seq, stop, processing)
         else:  # the distribution logprobs are read from: before the warpers (verify/logprobs.py)
-            head, tail = split_warpers(processing)
+            assert self.splits is not None
+            head, tail = self.splits[fast]
             before = self._processed(decide, tree, seq, stop, head)
             scores = self._processed(before, tree, seq, stop, tail)
         if self.uniforms is None:
