@@ -242,3 +242,15 @@ def test_bad_values_are_400_naming_the_field(http, path, fields, param, words):
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_stop_string_ends_the_logprobs_with_the_tokens_usage_counts(served, client):
+    prompt = "abcabcabcab"
+    ids = served["tokenizer"](prompt)["input_ids"]
+    free = [text_of(served, t) for t in answer(served, ids)]
+    at = next(i for i in range(3, len(free)) if free[i] not in free[:i] and len(free[i]) == 1)
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=NEW, logprobs=1, stop=free[at])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop" and choice.text == "".join(free[:at])
+    assert choice.logprobs.tokens == free[:at + 1]  # the stop string's token included, as usage counts it
+    assert reply.usage.completion_tokens == at + 1
