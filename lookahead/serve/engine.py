@@ -2,9 +2,8 @@
 ``DecodeRun``, opened empty) that requests join and leave between steps. ``start`` runs it on a thread
 of its own; ``start(thread=False)`` then ``run`` runs it in the caller's thread, which is what ``lookahead
 serve`` does from the process's main thread: on the CPU, the OpenMP parallel regions of the linear
-kernels (numba's and the C++ op's) ran 1.5-2x slower when launched from any other thread (a one-row
-step of SmolLM2 on 2 cores: 36-42 ms from the main thread, 56-61 ms from another; results/RESULTS.md,
-run 123).
+kernels (numba's and the C++ op's) run markedly slower when launched from any other thread
+(`lookahead bench-serve` shows the difference in its time per output token).
 
 A request (``Completion``: token ids and its sampling settings) is queued by ``Engine.submit``
 (bounded: ``QueueFull`` past ``max_queue``) and answered through its ``Ticket``: an asyncio stream

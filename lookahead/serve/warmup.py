@@ -1,9 +1,9 @@
-"""A server's one-off work done before its first request: the step shapes its batches will run, traced.
+"""A server's start-up work done before its first request: the step shapes its batches will run, traced.
 
 A fresh process pays once for each kind of step it meets: the cost curve of each batch size (measured
 on first use where the disk holds none, cost/store.py) and, with a traced forward (model/traced.py), a
 check of the trace at each new shape (a batch size of one or of several, a step of one row or of
-several), 0.15-0.4 s each for SmolLM2 on a 2-core AMD EPYC. Left to the first requests, that work
+several), a fraction of a second each for a small model. Left to the first requests, that work
 stalls every sequence in their batches; done here, before the port opens, it is paid at start.
 
 ``warm_up`` joins synthetic prompts to a batch of 1, 2 and 3 sequences (two sizes of several serve
