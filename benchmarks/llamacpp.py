@@ -146,6 +146,8 @@ class Ours:
                                            "alias or a .gguf --model].")
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True)
 @click.option("--weights", default="auto", show_default=True, help="load_model(weights=...) for lookahead.")
+@click.option("--products", default="auto", show_default=True,
+              help="load_model(products=...) for lookahead: auto, float32 or int8.")
 @click.option("--dataset", "datasets", multiple=True, default=DEFAULT_DATASETS, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=3, show_default=True, help="Prompts per data set.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=128, show_default=True)
@@ -154,8 +156,8 @@ class Ours:
               help="llama.cpp's --spec-type values to run, one server each ('none': no speculation).")
 @click.option("--port", type=click.IntRange(1024, 65535), default=18181, show_default=True)
 @click.option("--out", default="llamacpp-out", show_default=True, help="Directory for llamacpp.json and the logs.")
-def main(binary: str, gguf: str | None, model_name: str, weights: str, datasets: tuple[str, ...], limit: int,
-         max_new_tokens: int, threads: int, spec_types: tuple[str, ...], port: int, out: str) -> None:
+def main(binary: str, gguf: str | None, model_name: str, weights: str, products: str, datasets: tuple[str, ...],
+         limit: int, max_new_tokens: int, threads: int, spec_types: tuple[str, ...], port: int, out: str) -> None:
     """llama.cpp's server on the same GGUF file against lookahead, prompt by prompt; see the module."""
     import torch
 
@@ -174,7 +176,7 @@ def main(binary: str, gguf: str | None, model_name: str, weights: str, datasets:
     gguf = gguf or (str(source[0]) if source is not None else None)
     if gguf is None:
         raise click.UsageError(f"--model {model_name} is no GGUF: pass --gguf with the file llama.cpp should serve")
-    model, tokenizer = load_model(model_name, dtype=torch.float32, weights=weights)
+    model, tokenizer = load_model(model_name, dtype=torch.float32, weights=weights, products=products)
     held = weights_summary(model)
     generator = LookaheadGenerator(model, tokenizer)
     plain = LookaheadGenerator(model, tokenizer, LookaheadConfig(window=1, ngram=2, candidates=0, auto_window=False))

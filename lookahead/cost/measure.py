@@ -22,7 +22,6 @@ Keeping the curve and saying what was measured: store.py.
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -35,6 +34,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from ..model.fewrows import routable_linears
+from ..model.machine import cpu_name  # noqa: F401 (where callers have found it)
 from ..model.mask import PastSlots
 from ..model.quantized import embedding_facts
 from ..model.routing import Route, Routing, candidate_routes, kernel_applies, onednn_applies, route_mode
@@ -482,31 +482,6 @@ def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[i
 
 # ---------------------------------------------------------------- other processes' load
 LOAD_SPAN_S = 0.25  # others_busy counts over at least this long (a shorter measurement is taken as quiet)
-
-
-def cpu_name() -> str:
-    """The CPU's model name, with its family and model numbers and its widest vector extension where
-    /proc/cpuinfo gives them ('<model name> (family 26, model 2, AVX-512)': the name alone is the same for
-    CPUs generations apart), or the machine type where it cannot be read."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if not key.strip():
-                    break  # (the first processor's block is enough)
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name")
-    if not name:
-        return platform.processor() or platform.machine()
-    flags = set(fields.get("flags", "").split())
-    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
-    about = [f"family {fields['cpu family']}" if "cpu family" in fields else None,
-             f"model {fields['model']}" if "model" in fields else None, widest]
-    said = ", ".join(part for part in about if part)
-    return f"{name} ({said})" if said else name
 
 
 def cpu_snapshot() -> tuple[float, float, float]:

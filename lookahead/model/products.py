@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from .machine import cpu_name
 from .quantized import FORMAT_NAMES, PRODUCTS, QuantizedLinear
 
 INT8_MARGIN = 0.95  # int8 is kept where its time is at most this share of float32's (else the float model's values)
@@ -52,8 +53,6 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
         chosen = {code: "float32" for code in layers}
         set_products(model, chosen)
         return chosen
-    from ..cost.measure import cpu_name
-
     path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
     kept = _read(path)
     chosen = {}
