@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .call.decoding import Decoding, prepared_decoding, resolve_decoding
+from .call.grammar import Grammar, Grammars
 from .call.inputs import (
     ContextLimitWarning,
     GenerateInputError,
@@ -47,6 +48,7 @@ from .proposers.draft.checks import check_draft
 from .proposers.memory import RequestMemory
 from .proposers.memory.file import vocabulary_key
 from .proposers.recycle import AdjacencyTable
+from .verify.grammar import constrained
 from .verify.penalties import Penalties, merged_processors
 
 if TYPE_CHECKING:
@@ -190,7 +192,7 @@ class LookaheadGenerator:
                  tokenizer: PreTrainedTokenizerBase | None = None,
                  return_dict_in_generate: bool | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, logit_bias: dict[int, float] | None = None,
-                 logprobs: bool | int | None = None, prediction: Any = None,
+                 logprobs: bool | int | None = None, prediction: Any = None, response_format: Any = None,
                  **kwargs: Any) -> torch.LongTensor | LookaheadOutput:
         """Decode up to max_new_tokens; returns [B, prompt + new] like model.generate.
 
@@ -215,6 +217,9 @@ class LookaheadGenerator:
         ``prediction`` (Predicted Outputs: text, token ids, or a list of one per row) proposes the
         predicted output as candidates where the output aligns with it; the output stays the same, and
         ``last_stats`` counts ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``.
+        ``response_format`` ("json_object", or a JSON schema dict) constrains the output by a grammar
+        (call/grammar.py, verify/grammar.py: every tree row masked along its own path) until it is complete,
+        then an EOS id ends it; greedy output equals the constrained plain loop token for token.
         """
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab,
                                          self.model.generation_config)  # [B, T], [B, T], B prompts
@@ -231,10 +236,21 @@ class LookaheadGenerator:
             generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty)
         decoding = with_logprobs(decoding, logprobs, return_dict_in_generate)
+        decoding = constrained(decoding, self.grammar(response_format, tokenizer), ids.shape[1])
         rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
         predictions = prediction_rows(prediction, rooms, self.vocab, tokenizer if tokenizer is not None
                                       else self.tokenizer)  # Predicted Outputs: each row's [P] or None
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device, predictions)
+
+    def grammar(self, response_format: Any, tokenizer: PreTrainedTokenizerBase | None = None) -> Grammar | None:
+        """``response_format`` compiled over ``tokenizer`` (else the generator's), None when None."""
+        if response_format is None:
+            return None
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        grammars = getattr(self, "_grammars", None)
+        if grammars is None or grammars.tokenizer is not tokenizer:
+            grammars = self._grammars = Grammars(tokenizer, self.vocab)  # (compiler reused across calls)
+        return grammars.compile(response_format)
 
     def generate_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                           generation_config: GenerationConfig, logits_processor: LogitsProcessorList | None,

@@ -123,11 +123,16 @@ def _real(value: object) -> bool:
 
 def for_prompt(processors: lp.LogitsProcessorList, prompt_len: int) -> lp.LogitsProcessorList | None:
     """``processors`` with every OutputPenalty counting from column ``prompt_len`` (a sequence's own prompt
-    length), or None when there is none to rebind."""
-    if not any(isinstance(proc, OutputPenalty) for proc in processors):
+    length), or None when there is none to rebind. Any processor with an ``at_start`` method is rebound
+    the same way (verify/grammar.py's GrammarMask: one matcher per sequence)."""
+    if not any(_rebinds(proc) for proc in processors):
         return None
-    return lp.LogitsProcessorList([proc.at_start(prompt_len) if isinstance(proc, OutputPenalty) else proc
-                                   for proc in processors])
+    return lp.LogitsProcessorList([proc.at_start(prompt_len) if _rebinds(proc) else proc for proc in processors])
+
+
+def _rebinds(proc: object) -> bool:
+    """Whether ``proc`` counts from a prompt length it must be told per sequence (``at_start``)."""
+    return isinstance(proc, OutputPenalty) or callable(getattr(proc, "at_start", None))
 
 
 def bind_decoding(decoding: Decoding, prompt_len: int) -> Decoding:

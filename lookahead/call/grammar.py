@@ -1,0 +1,113 @@
+"""A call's structured-output constraint (``response_format``) compiled into a grammar (xgrammar).
+
+``response_format`` is ``"json_object"`` (any JSON object) or a JSON schema (a dict: the output is a JSON
+value valid for it, keys in the schema's order, no whitespace between tokens, additional properties
+refused unless the schema allows them: xgrammar's strict mode). The grammar engine is the optional
+extra ``lookahead-lm[grammar]`` (xgrammar), imported only when a call asks for a constraint; without it
+the call is refused by name with the install command.
+
+``Grammars`` compiles for one tokenizer and vocabulary width and keeps the compiler (its token table
+is built once per tokenizer, and it caches compiled grammars).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import GenerateInputError, one_line
+
+EXTRA = "pip install 'lookahead-lm[grammar]'"  # the extra that brings the grammar engine (xgrammar)
+JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+class GrammarInputError(GenerateInputError):
+    """A structured-output constraint that cannot be honoured; ``field`` names the argument (the server's
+    400 names it)."""
+
+    def __init__(self, message: str, field: str = "response_format"):
+        super().__init__(message)
+        self.field = field
+
+
+def load_xgrammar() -> Any:
+    """The xgrammar module, or GrammarInputError naming the extra that installs it."""
+    try:
+        return importlib.import_module("xgrammar")
+    except ImportError:
+        raise GrammarInputError(f"structured output (response_format) needs the grammar engine xgrammar, "
+                                f"which is not installed: {EXTRA}") from None
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """One compiled constraint: the xgrammar CompiledGrammar and the vocabulary width V of the logits."""
+
+    compiled: Any  # xgrammar.CompiledGrammar
+    vocab: int  # V: the logits' width (a bitmask covers all of it)
+    source: str  # what was compiled: "json_object" or the schema's JSON text (for messages and tests)
+
+
+def check_schema(schema: object, where: str = "response_format") -> None:
+    """Refuse what is no JSON schema before the grammar engine sees it (GrammarInputError naming ``where``)."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise GrammarInputError(f"{where} must be a JSON schema (a JSON object) or 'json_object', "
+                                f"got {type(schema).__name__}", where)
+    kinds = schema.get("type")
+    for kind in kinds if isinstance(kinds, list) else [kinds]:
+        if kind is not None and kind not in JSON_TYPES:
+            raise GrammarInputError(f"{where}.type {kind!r} is no JSON schema type: use one of "
+                                    f"{', '.join(JSON_TYPES)}", where)
+    properties = schema.get("properties")
+    if properties is not None and not isinstance(properties, dict):
+        raise GrammarInputError(f"{where}.properties must map property names to schemas, "
+                                f"got {type(properties).__name__}", where)
+    for name, inner in (properties or {}).items():
+        check_schema(inner, f"{where}.properties.{name}")
+    required = schema.get("required")
+    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise GrammarInputError(f"{where}.required must be a list of property names, got {required!r}", where)
+    if isinstance(schema.get("items"), (dict, bool)):
+        check_schema(schema["items"], f"{where}.items")
+
+
+class Grammars:
+    """Compiles constraints for one tokenizer and logits width V (the compiler is made on first use)."""
+
+    def __init__(self, tokenizer: Any, vocab: int):
+        self.tokenizer = tokenizer
+        self.vocab = int(vocab)
+        self._compiler: Any = None
+
+    def compiler(self) -> Any:
+        """The xgrammar GrammarCompiler over this tokenizer's tokens (made once)."""
+        if self._compiler is None:
+            xgr = load_xgrammar()
+            if self.tokenizer is None:
+                raise GrammarInputError("response_format needs the tokenizer: build "
+                                        "LookaheadGenerator(model, tokenizer) to constrain the output")
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
+
+    def compile(self, response_format: object, field: str = "response_format") -> Grammar:
+        """``response_format`` ("json_object" or a JSON schema dict) compiled (GrammarInputError naming
+        ``field`` when it is neither, or when the grammar engine rejects the schema)."""
+        if response_format == "json_object":  # any JSON object, any keys (strict mode off)
+            compiled = self.compiler().compile_json_schema('{"type": "object"}', any_whitespace=False,
+                                                           separators=(",", ":"), strict_mode=False)
+            return Grammar(compiled, self.vocab, "json_object")
+        check_schema(response_format, field)
+        text = json.dumps(response_format)
+        try:
+            compiled = self.compiler().compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
+                                                           strict_mode=True)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarInputError(f"{field}: the grammar engine rejects this JSON schema ({one_line(exc)}); "
+                                    f"use the JSON schema keywords xgrammar supports (type, properties, "
+                                    f"required, items, enum, const, anyOf, ...)", field) from None
+        return Grammar(compiled, self.vocab, text)

@@ -1,0 +1,127 @@
+"""A grammar's mask at every tree row: the scores of the tokens the grammar forbids become -inf.
+
+``GrammarMask`` is a logits processor the verifier runs like the output penalties (call/processing.py's
+``process_rows``): it is handed each row's own prefix, the prompt, the output so far and the tree path
+from x down to the row, and masks that row with the grammar's state after the OUTPUT part of it (the
+prompt is not constrained). So a row's masked scores are exactly those the plain loop masks when it
+reaches that prefix: greedy output with speculation equals the constrained plain loop token for token,
+and sampling draws from the masked distribution.
+
+``GrammarFollower`` keeps one xgrammar matcher on some token sequence and moves it to another by rolling
+back to their common prefix and accepting the rest: rows visited in sorted order (a depth's rows share
+long prefixes) cost one accept per tree node beyond what the previous row shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, cast
+
+import numpy as np
+import torch
+from transformers.generation import logits_process as lp
+
+from ..call.decoding import Decoding
+from ..call.grammar import Grammar, GrammarInputError, load_xgrammar
+
+
+class GrammarFollower:
+    """An xgrammar matcher on ``accepted`` (the tokens it took so far); ``goto`` moves it to any sequence."""
+
+    def __init__(self, grammar: Grammar, stop_tokens: Sequence[int]):
+        xgr = load_xgrammar()
+        self.matcher = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=list(stop_tokens),
+                                          max_rollback_tokens=-1)
+        self.accepted: list[int] = []
+
+    def goto(self, tokens: Sequence[int]) -> bool:
+        """Move to ``tokens``: True when the grammar accepts all of them (the matcher then stands after
+        them), False when it refuses one (the matcher stands after the longest accepted prefix)."""
+        common = 0
+        limit = min(len(tokens), len(self.accepted))
+        while common < limit and self.accepted[common] == tokens[common]:
+            common += 1
+        if common < len(self.accepted):
+            self.matcher.rollback(len(self.accepted) - common)
+            del self.accepted[common:]
+        for token in tokens[common:]:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(int(token)):
+                return False
+            self.accepted.append(int(token))
+        return True
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write the allowed next tokens into bitmask[row] (False, nothing written, once terminated)."""
+        if self.matcher.is_terminated():
+            return False
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+        return True
+
+
+def stop_tokens(eos: np.ndarray, vocab: int) -> list[int]:
+    """The call's EOS ids inside the vocabulary: what ends a constrained output once the grammar is done
+    (GrammarInputError when there is none: the output could never end)."""
+    ids = [int(t) for t in np.asarray(eos).reshape(-1) if 0 <= int(t) < vocab]
+    if not ids:
+        raise GrammarInputError("response_format needs an end-of-sequence token id inside the vocabulary "
+                                f"(got eos_token_id {np.asarray(eos).tolist()}): pass eos_token_id=<the "
+                                "tokenizer's eos id> so the output can end where the grammar is complete")
+    return ids
+
+
+class GrammarMask(lp.LogitsProcessor):
+    """Sets to -inf the score of every token the grammar forbids after input_ids[r, start:] (the output).
+
+    ``start`` is the prompt length (``at_start`` rebinds it for one sequence, with a matcher of its own).
+    A row whose prefix the grammar refuses (a tree path through a token its parent's mask forbade: it is
+    never accepted) is left unmasked.
+    """
+
+    def __init__(self, grammar: Grammar, stop: Sequence[int], start: int):
+        self.grammar, self.stop, self.start = grammar, list(stop), int(start)
+        self._follower: GrammarFollower | None = None  # made on first use (one per sequence: at_start)
+        self.masked_rows = 0  # rows masked so far (tests count them)
+
+    def at_start(self, start: int) -> GrammarMask:
+        """The same constraint over the output from column ``start`` on, with a fresh matcher."""
+        return GrammarMask(self.grammar, self.stop, start)
+
+    @property
+    def follower(self) -> GrammarFollower:
+        if self._follower is None:
+            self._follower = GrammarFollower(self.grammar, self.stop)
+        return self._follower
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        xgr = load_xgrammar()
+        outputs = input_ids[:, self.start:].tolist()  # n lists: each row's output so far
+        bitmask = xgr.allocate_token_bitmask(len(outputs), self.grammar.vocab)  # [n, ceil(V / 32)] int32
+        follower = self.follower
+        for row in sorted(range(len(outputs)), key=outputs.__getitem__):
+            if not (follower.goto(outputs[row]) and follower.fill(bitmask, row)):
+                bitmask[row] = -1  # every bit set: the row is left as it is
+        self.masked_rows += len(outputs)
+        masked = scores.float() if scores.dtype != torch.float32 else scores
+        masked = masked if masked.is_contiguous() else masked.contiguous()
+        xgr.apply_token_bitmask_inplace(masked, bitmask.to(masked.device))
+        return cast(torch.FloatTensor, masked)
+
+
+def grammar_of(processors: Any) -> GrammarMask | None:
+    """The GrammarMask among ``processors`` (None: the call is unconstrained)."""
+    return next((proc for proc in processors if isinstance(proc, GrammarMask)), None)
+
+
+def constrained(decoding: Decoding, grammar: Grammar | None, prompt_len: int) -> Decoding:
+    """``decoding`` with ``grammar``'s mask first among its processors (itself when grammar is None), over
+    the output after ``prompt_len`` columns (the verifier rebinds it to each sequence's own: ``at_start``).
+
+    First: every processor after it (penalties, logit_bias, temperature, top-k, top-p) keeps a -inf score
+    -inf, so the warpers see only what the grammar allows and nothing can leave a row all -inf; the
+    mask ends the output with the call's EOS ids once the grammar is complete.
+    """
+    if grammar is None:
+        return decoding
+    mask = GrammarMask(grammar, stop_tokens(decoding.eos, grammar.vocab), prompt_len)
+    return replace(decoding, processors=lp.LogitsProcessorList([mask, *decoding.processors]))
