@@ -10,7 +10,14 @@ import torch.nn.functional as F
 
 from conftest import tiny_model
 from test_attention import Heads
-from lookahead.model.attention import NAME, NATIVE_NAME, GroupedAttention, grouped_native, native_attention
+from lookahead.model.attention import (
+    NAME,
+    NATIVE_NAME,
+    GroupedAttention,
+    causal_mask,
+    grouped_native,
+    native_attention,
+)
 from lookahead.native.build import load_linear
 
 LOWEST = torch.finfo(torch.float32).min
@@ -189,13 +196,30 @@ def test_grouped_native_calls_the_op_where_it_applies(attend, monkeypatch):
     q, k, v, mask = case(1, 4, 2, 3, 12, 16)
     got, _ = grouped_native(Heads(2), q, k, v, mask, scaling=0.25, position_ids=None)
     assert torch.equal(got, attend(q, k, v, mask, 0.25))
+    # no mask: transformers' causal rows, written out and attended through the op (what a masked step does)
+    causal, _ = grouped_native(Heads(2), q, k, v, None, scaling=0.25)
+    assert torch.equal(causal, attend(q, k, v, causal_mask(3, 12, torch.float32), 0.25))
+    one, _ = grouped_native(Heads(2), q[:, :, 2:], k, v, None, scaling=0.25)  # one row: every key
+    assert torch.equal(one[:, 0], causal[:, 2])
     seen = []
     monkeypatch.setattr(attention, "grouped_sdpa", lambda *a, **kw: seen.append(kw) or ("sdpa", None))
-    assert grouped_native(Heads(2), q, k, v, None)[0] == "sdpa"  # no mask
+    assert grouped_native(Heads(2), q, k, v, None, is_causal=False)[0] == "sdpa"  # (not causal: not written out)
     assert grouped_native(Heads(2), q, k, v, mask, dropout=0.1)[0] == "sdpa"
     assert grouped_native(Heads(2), q, k, v, mask, softcap=30.0)[0] == "sdpa"
     assert grouped_native(Heads(2), q.double(), k.double(), v.double(), mask.double())[0] == "sdpa"
     assert len(seen) == 4
+
+
+def test_a_boolean_mask_attends_through_the_op_as_its_additive_form(attend):
+    q, k, v, mask = case(2, 4, 2, 3, 12, 16)
+    seen = mask > LOWEST  # transformers' form: True where a key is seen
+    got, _ = grouped_native(Heads(2), q, k, v, seen, scaling=0.25)
+    assert torch.equal(got, attend(q, k, v, mask, 0.25))
+
+
+def test_causal_mask_worked_example():
+    low = torch.finfo(torch.float32).min
+    assert torch.equal(causal_mask(2, 3, torch.float32), torch.tensor([[[[0.0, 0.0, low], [0.0, 0.0, 0.0]]]]))
 
 
 def test_switched_to_the_native_attention_only_where_asked(attend):

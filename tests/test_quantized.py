@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from conftest import VOCAB, reference, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.errors import ModelLoadError
+from lookahead.model.attention import use_native
 from lookahead.model.quantized import FORMATS, QuantizedEmbedding, QuantizedLinear, quantized_modules, weights_summary
 from lookahead.native.build import load_linear
 
@@ -260,6 +261,7 @@ def test_int8_model_greedy_equals_generate_and_the_plain_loop(arch, kind):
         if isinstance(module, QuantizedLinear):
             module.products = "int8"
     assert "int8 products" in weights_summary(model)
+    assert use_native(model)  # (as load_model does: model.generate attends through lookahead's op)
     never = [VOCAB + 1000]
     ref = reference(model, PROMPT, 40, eos_token_id=never)
     speculated = 0
@@ -306,7 +308,7 @@ def test_a_long_prompt_prefilled_through_tiles_decodes_as_the_plain_loop():
 def smollm2_both():
     from lookahead import load_model
 
-    return load_model("smollm2-135m"), load_model("smollm2-135m", weights="dequantized")[0]
+    return load_model("smollm2-135m", products="float32"), load_model("smollm2-135m", weights="dequantized")[0]
 
 
 @pytest.mark.slow

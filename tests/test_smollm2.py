@@ -20,9 +20,11 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return load_model("smollm2-135m")
+@pytest.fixture(scope="module", params=["float32", "int8"])
+def smollm2(request):
+    """The default model with its blocks kept, multiplying either way (load_model also attends through
+    lookahead's op for model.generate: the same bits as lookahead's plain loop)."""
+    return load_model("smollm2-135m", products=request.param)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -19,6 +19,7 @@ from filelock import FileLock
 from safetensors import SafetensorError
 
 from ..errors import ModelLoadError, one_line
+from ..model.attention import use_native
 from ..model.support import MASKED_ATTENTION
 from .checkpoint import check_checkpoint, read_config_dict
 from .device import resolve_device
@@ -478,6 +479,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
                 model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, refetch)
                 model.config._name_or_path = name_or_path  # (what messages and the cost store call it)
                 _choose_products(model, products, cost_cache_dir)
+                use_native(model)  # (model.generate attends as lookahead's steps do: the same bits)
                 return model, tokenizer
             if weights != "auto":
                 raise ModelLoadError(f"cannot keep {source_gguf[0].name} in its block formats: {reason}; load it "

@@ -75,12 +75,28 @@ def grouped_native(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """``grouped_sdpa`` through ``lookahead_native::attend`` where it applies (float32 on the CPU, an additive
     mask [B or 1, 1, Q, P+Q], nothing it would drop); otherwise ``grouped_sdpa`` itself."""
+    if attention_mask is None and not dropout and plain(kwargs) and query.device.type == "cpu" \
+            and query.dtype == torch.float32 and getattr(module, "is_causal", True) and is_causal is not False:
+        attention_mask = causal_mask(query.shape[2], key.shape[2], query.dtype)  # (a mask transformers skipped)
+    elif attention_mask is not None and attention_mask.dtype == torch.bool and query.dtype == torch.float32:
+        # (transformers' boolean masks, True where a key is seen, as the additive mask the op reads)
+        attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill_(
+            ~attention_mask, torch.finfo(query.dtype).min)
     if attention_mask is None or dropout or not plain(kwargs) or query.device.type != "cpu" \
             or query.dtype != torch.float32 or attention_mask.dtype != torch.float32 or attention_mask.dim() != 4:
         return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return torch.ops.lookahead_native.attend(query, key, value, attention_mask, float(scale)), None
+
+
+def causal_mask(rows: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [1, 1, Q, S] of Q causal rows that are the last of S keys (row i sees keys up to
+    S - Q + i): what transformers means by no mask and ``is_causal``, written out so that the call attends
+    through ``lookahead_native::attend`` as a masked step does. Worked example: (2, 3) -> [[0, 0, min],
+    [0, 0, 0]]."""
+    hidden = torch.ones(rows, keys, dtype=torch.bool).triu_(keys - rows + 1)  # [Q, S]
+    return torch.zeros(rows, keys, dtype=dtype).masked_fill_(hidden, torch.finfo(dtype).min)[None, None]
 
 
 def native_attention() -> bool:
@@ -99,14 +115,26 @@ def register() -> None:
 
 
 def applies(model: torch.nn.Module) -> bool:
-    """Whether the model runs transformers' SDPA with fewer key/value heads than query heads."""
+    """Whether the model runs transformers' SDPA (or ``NATIVE_NAME``, ``use_native``) with fewer key/value
+    heads than query heads."""
     config = getattr(model, "config", None)
     text = config.get_text_config(decoder=True) if config is not None else None
-    if text is None or getattr(config, "_attn_implementation", None) != "sdpa":
+    if text is None or getattr(config, "_attn_implementation", None) not in ("sdpa", NATIVE_NAME):
         return False
     heads = getattr(text, "num_attention_heads", None)
     kv_heads = getattr(text, "num_key_value_heads", None)
     return bool(heads and kv_heads and kv_heads < heads and not getattr(config, "sub_configs", None))
+
+
+def use_native(model: torch.nn.Module) -> bool:
+    """The model attends through ``grouped_native`` for good, ``model.generate`` included (where it applies and
+    this process has the C++ op): every forward of it, whoever runs it, then computes a row's attention the
+    same way, so ``model.generate`` on it gives lookahead's plain loop's bits. Whether it was switched."""
+    if not applies(model) or not native_attention():
+        return False
+    register()
+    model.config._attn_implementation = NATIVE_NAME  # type: ignore[union-attr]
+    return True
 
 
 class GroupedAttention:
@@ -116,7 +144,8 @@ class GroupedAttention:
     def __init__(self, model: torch.nn.Module, native: bool = False):
         self.config: Any = model.config  # a transformers PretrainedConfig
         self.on = applies(model)
-        self.native = self.on and native and native_attention()
+        always = getattr(self.config, "_attn_implementation", None) == NATIVE_NAME  # (``use_native``)
+        self.native = self.on and (native or always) and native_attention()
         if self.on:
             register()
 

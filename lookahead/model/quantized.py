@@ -91,7 +91,7 @@ class QuantizedLinear(torch.nn.Module):
         _cpu_only(self, x)
         dtype = x.dtype
         bias = self.bias.float() if self.bias is not None else None
-        if self.tiles and x.numel() >= TILES_ROWS_MIN * self.in_features:
+        if self.tiles and self.products == "float32" and x.numel() >= TILES_ROWS_MIN * self.in_features:
             out = self._through_tiles(x.float(), bias)
             return out if dtype == torch.float32 else out.to(dtype)
         product = torch.ops.lookahead_native.qlinear_int8 if self.products == "int8" else \

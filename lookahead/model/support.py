@@ -22,6 +22,8 @@ TESTED_MODEL_TYPES = frozenset({
     "cohere", "starcoder2", "phi", "gpt_bigcode", "mixtral", "smollm3", "glm4",
 })
 MASKED_ATTENTION = frozenset({"eager", "sdpa"})
+# ... and those lookahead itself switches a model to (model/attention.py), which take them too
+DRIVEN_ATTENTION = MASKED_ATTENTION | {"lookahead_grouped_sdpa", "lookahead_grouped_native"}
 KNOWN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 ALIBI_MODEL_TYPES = frozenset({"bloom"})  # ALiBi always, with no switch in the config
 UNTESTED_FIX = OptionFix("allow_untested_models", "LookaheadConfig(allow_untested_models=True)", "to try it anyway")
@@ -111,7 +113,7 @@ def check_architecture(config: PretrainedConfig, model_class: type[Any] | None,
     if reason is not None:
         raise UnsupportedModelError(reason)
     impl = getattr(config, "_attn_implementation", "sdpa")
-    if impl not in MASKED_ATTENTION:
+    if impl not in DRIVEN_ATTENTION:
         raise UnsupportedModelError(
             f"attention implementation {impl!r} ignores custom 4-D masks; load the model with "
             f"attn_implementation='sdpa' or 'eager'")
