@@ -15,8 +15,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from lookahead.benchmarks.configs import config_from, field_kind
-from lookahead.config import CHOICES, ConfigError, LookaheadConfig
+from lookahead.config import CHOICES, ConfigError, LookaheadConfig, field_kind
 from lookahead.errors import OptionFix, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])  # a command callback, its options added by the decorators below
@@ -37,8 +36,8 @@ def field_help(field: dataclasses.Field) -> str:
 
 def config_options(func: F) -> F:
     """One click option per LookaheadConfig field (``--window`` <-> ``window``), defaults and help from the
-    dataclass, each of the type lookahead.benchmarks.configs.field_kind gives (the one config parser,
-    --config's too)."""
+    dataclass, each of the type lookahead.config.field_kind gives (the one config parser, --config's and
+    vLLM's settings' too)."""
     return config_options_with({})(func)
 
 
@@ -257,10 +256,10 @@ def warnings_as_lines() -> Iterator[None]:
 
 
 def checked_config(values: Mapping[str, object]) -> LookaheadConfig:
-    """The LookaheadConfig of the config options in values (lookahead.benchmarks.configs.config_from), or one
-    line naming the bad option and exit status 2."""
+    """The LookaheadConfig of the config options in values (``LookaheadConfig.from_mapping``), or one line
+    naming the bad option and exit status 2."""
     try:
-        return config_from(values)
+        return LookaheadConfig.from_mapping(values)
     except ConfigError as exc:
         fail(f"{exc} (option --{str(exc).split()[0].replace('_', '-')})")
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from .errors import ConfigError
 
 CHOICES = {"budget": ("adaptive", "fixed"), "budget_curve": ("measured", "flat")}  # fields with fixed string values
+TRUE_WORDS = ("true", "1", "yes")  # a switch's value written as text (parse_value)
+FALSE_WORDS = ("false", "0", "no")
 T = TypeVar("T")
 
 
@@ -206,3 +209,53 @@ class LookaheadConfig:
     def field_names(cls) -> list[str]:
         """Names of all fields (the CLI maps one option to each)."""
         return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object], base: LookaheadConfig | None = None) -> LookaheadConfig:
+        """``base`` (default: LookaheadConfig()) with the fields named in ``values`` replaced: the one way a
+        config is made from what a person or a file gave (the CLI's options, vLLM's ``additional_config``,
+        a benchmark's ``--config`` spec).
+
+        A value is the field's value or, for a bool, int or float field, its text (read by ``parse_value``).
+        ``{"window": "5", "recycle": "no"}`` -> LookaheadConfig(window=5, recycle=False). ConfigError names a
+        key that is no field, or text that is no value of its field; the constructor's checks name a value
+        out of range.
+        """
+        unknown = [key for key in values if key not in _defaults()]
+        if unknown:
+            raise ConfigError(f"{unknown[0]!r} is no LookaheadConfig field; fields: {', '.join(_defaults())}")
+        typed: dict[str, Any] = {key: parse_value(key, value) if isinstance(value, str) and field_kind(key) is not str
+                                 else value for key, value in values.items()}
+        return replace(base or cls(), **typed)
+
+
+def _defaults() -> dict[str, object]:
+    """Every LookaheadConfig field's default, by name, in the dataclass's order."""
+    return {f.name: f.default for f in fields(LookaheadConfig)}
+
+
+def field_kind(name: str) -> type:
+    """The type of a LookaheadConfig field's value, read from its default: bool, int, float or str."""
+    return type(_defaults()[name])
+
+
+def parse_value(name: str, raw: str) -> bool | int | float | str:
+    """Field ``name``'s value written as text (stripped): true/false (or 1/0, yes/no) for a switch, a whole
+    number for an int field, a number for a float field, the text itself for a str field. ConfigError names
+    the field and the text."""
+    kind, text = field_kind(name), raw.strip()
+    if kind is bool:
+        if text.lower() not in TRUE_WORDS + FALSE_WORDS:
+            raise ConfigError(f"{name} must be true or false, got {text!r}")
+        return text.lower() in TRUE_WORDS
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {text!r}") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {text!r}") from None
+    return text

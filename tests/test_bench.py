@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import tiny_model
 
 from lookahead import LookaheadConfig
-from lookahead.benchmarks.configs import config_from, parse_config_spec, parse_value
+from lookahead.benchmarks.configs import parse_config_spec
 from lookahead.benchmarks.costcurve import cost_curve
 from lookahead.benchmarks.report import (
     caption,
@@ -137,10 +137,14 @@ def test_parse_config_spec():
 
 
 def test_one_config_parser_for_the_commands_options_and_the_specs():
-    """The commands' options and --config specs build LookaheadConfig through lookahead.benchmarks.configs."""
+    """The commands' options and --config specs build LookaheadConfig through the config module's parser
+    (``LookaheadConfig.from_mapping``, ``parse_value``)."""
     import click
 
     from lookahead.cli.options import checked_config, config_options
+    from lookahead.config import ConfigError, parse_value
+
+    config_from = LookaheadConfig.from_mapping
 
     assert (parse_value("recycle", " No "), parse_value("window", "7"), parse_value("budget", " fixed ")) == (
         False, 7, "fixed")
@@ -150,8 +154,10 @@ def test_one_config_parser_for_the_commands_options_and_the_specs():
     base = LookaheadConfig(ngram=3)
     assert config_from({"window": 2}, base) == LookaheadConfig(ngram=3, window=2)
     assert parse_config_spec("x:match-min=3", base)[1] == LookaheadConfig(ngram=3, match_min=3)
-    with pytest.raises(ValueError, match="'colour' is no LookaheadConfig field"):
+    with pytest.raises(ConfigError, match="'colour' is no LookaheadConfig field"):
         config_from({"colour": 3})
+    with pytest.raises(ConfigError, match="window must be an integer, got 'big'"):
+        config_from({"window": "big"})
 
     seen = []
 

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..benchmarks.configs import config_from
 from ..config import LookaheadConfig
 from ..errors import ConfigError
 
@@ -74,10 +73,7 @@ def settings_from(additional: Any) -> VllmSettings:
     if unknown:
         raise ConfigError(f"{unknown[0]!r} is no setting of lookahead's vLLM proposer; settings: "
                           f"{', '.join(OWN_FIELDS + SOURCE_FIELDS)}")
-    try:
-        config = config_from({k: v for k, v in given.items() if k in SOURCE_FIELDS})
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    config = LookaheadConfig.from_mapping({k: v for k, v in given.items() if k in SOURCE_FIELDS})
     memory = given.get("memory")
     if memory is not None and not isinstance(memory, str):
         raise ConfigError(f"memory must be a file path (a string), got {memory!r}")
