@@ -15,10 +15,12 @@ from ..proposers.base import Proposer
 from ..proposers.context import ContextMatcher
 from ..proposers.draft.drafter import Drafter
 from ..proposers.draft.proposer import DraftProposer
+from ..proposers.grammar import ForcedTokens
 from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.ngram import NgramPool, NgramProposer, WindowProposer
 from ..proposers.prediction import NoPrediction, PredictionSource
 from ..proposers.recycle import AdjacencyTable, RecyclingProposer
+from ..verify.grammar import grammar_of
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class SourceFactory:
     """Builds one sequence's sources under ``config``: its predicted output (every sequence has the
     source, inert without a prediction, so that its block in the estimate table stays put), the draft
     (if any), the context matcher, the memory, the n-gram pool, recycling and the window's own pool,
-    as the config turns them on."""
+    as the config turns them on, and for a call constrained by a grammar the tokens it forces."""
 
     config: LookaheadConfig
     memory: RequestMemory | None  # shared by every sequence and call
@@ -73,6 +75,9 @@ class SourceFactory:
             sources.append(RecyclingProposer(self.recycled, cfg.max_tree_nodes))
         if window_pool is not None:
             sources.append(WindowProposer(window_pool))
+        mask = grammar_of(decoding.processors if decoding is not None else ())
+        if mask is not None:  # a constrained call: the tokens its grammar forces (last: the blocks above stay put)
+            sources.append(ForcedTokens(mask.grammar, mask.stop, cfg.max_tree_nodes + 1))
         return SequenceSources(sources, draft, predicted)
 
 
