@@ -35,6 +35,7 @@ def test_set_products_everywhere_or_per_format(model):
 def test_the_faster_product_is_kept_and_read_back(model, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
     monkeypatch.setattr(chooser, "time_products", lambda layer: {"float32": 2.0, "int8": 1.0})
+    monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)  # (a quiet machine, whatever runs now)
     lines: list[str] = []
     assert choose_products(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): "int8"}
     assert products_of(model) == {"int8"} and len(lines) == 1 and "Q4_K layers multiply in int8" in lines[0]
@@ -48,6 +49,15 @@ def test_the_faster_product_is_kept_and_read_back(model, tmp_path, monkeypatch):
     set_products(model, "float32")
     assert choose_products(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): "int8"}
     assert products_of(model) == {"int8"} and len(lines) == 1
+
+
+def test_a_choice_timed_on_a_busy_machine_is_not_kept(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
+    monkeypatch.setattr(chooser, "time_products", lambda layer: {"float32": 2.0, "int8": 1.0})
+    monkeypatch.setattr(chooser, "others_busy", lambda before, after: 1.5)
+    lines: list[str] = []
+    assert choose_products(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): "int8"}  # (used this run)
+    assert not (tmp_path / chooser.STORE).exists() and "not kept: other processes kept 1.5 cores busy" in lines[0]
 
 
 def test_int8_must_win_by_the_margin(model, tmp_path, monkeypatch):
@@ -67,6 +77,7 @@ def test_without_vnni_float32_and_nothing_timed(model, tmp_path, monkeypatch):
 def test_a_damaged_store_is_measured_again(model, tmp_path, monkeypatch):
     (tmp_path / chooser.STORE).write_text("{not json")
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
+    monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)
     monkeypatch.setattr(chooser, "time_products", lambda layer: {"float32": 1.0, "int8": 3.0})
     assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "float32"}
     assert "float32" in (tmp_path / chooser.STORE).read_text()

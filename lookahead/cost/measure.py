@@ -34,7 +34,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from ..model.fewrows import routable_linears
-from ..model.machine import cpu_name  # noqa: F401 (where callers have found it)
+from ..model.machine import LOAD_SPAN_S, cpu_name, cpu_snapshot, others_busy  # noqa: F401 (where callers find them)
 from ..model.mask import PastSlots
 from ..model.quantized import embedding_facts
 from ..model.routing import Route, Routing, candidate_routes, kernel_applies, onednn_applies, route_mode
@@ -478,22 +478,3 @@ def measure_routes(time_one: Callable[[int, Route | None], float], rows: tuple[i
     passes = min(first.shape[0], 1) + sum(p.passes for p in parts)
     return seconds, Measurement(best if problem is None else repair(rows, best), problem, passes,
                                 max(p.tries for p in parts), clock() - start, any(p.cut for p in parts))
-
-
-# ---------------------------------------------------------------- other processes' load
-LOAD_SPAN_S = 0.25  # others_busy counts over at least this long (a shorter measurement is taken as quiet)
-
-
-def cpu_snapshot() -> tuple[float, float, float]:
-    """(a clock, seconds all CPUs have been busy, seconds this process has run): for ``others_busy``."""
-    total = psutil.cpu_times()
-    guest = getattr(total, "guest", 0.0) + getattr(total, "guest_nice", 0.0)  # already counted in user
-    busy = sum(total) - total.idle - getattr(total, "iowait", 0.0) - guest
-    own = psutil.Process().cpu_times()
-    return time.monotonic(), busy, own.user + own.system
-
-
-def others_busy(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
-    """How many cores other processes (or other machines sharing this one) kept busy between two snapshots."""
-    wall = after[0] - before[0]  # (CPU times tick every 10 ms: a shorter span cannot tell)
-    return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall >= LOAD_SPAN_S else 0.0

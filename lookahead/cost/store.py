@@ -60,8 +60,9 @@ LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measurin
 # in cost curves' fingerprints: a change to the routes or kernels re-measures (5: tiled kernel; 6: fused traces,
 # the tiled kernel's spread prefetch, curves of traced steps; 7: the C++ op's attention kernel; 8: the tiled
 # kernel in 16 lanes where AVX-512F runs and measures faster, its width in the fingerprint; W @ x^T from one row;
-# 9: the 16-lane tiled kernel's seven to nine rows in one pass)
-ROUTES_VERSION = 9
+# 9: the 16-lane tiled kernel's seven to nine rows in one pass; 10: the attention op by each row's visible keys,
+# integer products a K super-block at a time)
+ROUTES_VERSION = 10
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds

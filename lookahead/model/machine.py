@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import platform
+import time
+
+import psutil
 
 
 def cpu_name() -> str:
@@ -28,3 +31,22 @@ def cpu_name() -> str:
              f"model {fields['model']}" if "model" in fields else None, widest]
     said = ", ".join(part for part in about if part)
     return f"{name} ({said})" if said else name
+
+
+# ---------------------------------------------------------------- other processes' load
+LOAD_SPAN_S = 0.25  # others_busy counts over at least this long (a shorter measurement is taken as quiet)
+
+
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(a clock, seconds all CPUs have been busy, seconds this process has run): for ``others_busy``."""
+    total = psutil.cpu_times()
+    guest = getattr(total, "guest", 0.0) + getattr(total, "guest_nice", 0.0)  # already counted in user
+    busy = sum(total) - total.idle - getattr(total, "iowait", 0.0) - guest
+    own = psutil.Process().cpu_times()
+    return time.monotonic(), busy, own.user + own.system
+
+
+def others_busy(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """How many cores other processes (or other machines sharing this one) kept busy between two snapshots."""
+    wall = after[0] - before[0]  # (CPU times tick every 10 ms: a shorter span cannot tell)
+    return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall >= LOAD_SPAN_S else 0.0

@@ -11,7 +11,9 @@ CPU with AVX-512 VNNI several times less work per weight (native/quant8.cpp, nat
 (1 and 4 rows, interleaved, the median of several passes), and keeps int8 only where it is faster by
 INT8_MARGIN. The choice is kept per machine (CPU model, thread count, format and shape) in a JSON file
 beside the cost curves, so a machine decodes a model the same way every run; delete the file to measure
-again. A CPU without VNNI runs the integer products in plain C++ (a reference, never faster): float32.
+again. A choice measured while other processes kept the cores busy (BUSY_LIMIT) is used for that run
+only, as the cost curves are. A CPU without VNNI runs the integer products in plain C++ (a reference,
+never faster): float32.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from collections.abc import Callable
 
 import torch
 
-from .machine import cpu_name
+from .machine import cpu_name, cpu_snapshot, others_busy
 from .quantized import FORMAT_NAMES, PRODUCTS, QuantizedLinear
 
 INT8_MARGIN = 0.95  # int8 is kept where its time is at most this share of float32's (else the float model's values)
 ROWS = (1, 4)  # the step sizes timed: a plain step and a small tree
 PASSES = 7  # timed passes per product and row count (interleaved); the median counts
 STORE = "products.json"  # in the cost cache directory
+BUSY_LIMIT = 0.25  # cores other processes kept busy while timing from which a choice is not kept
 
 
 def set_products(model: torch.nn.Module, products: str | dict[int, str]) -> None:
@@ -55,7 +58,8 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
         return chosen
     path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
     kept = _read(path)
-    chosen = {}
+    chosen, measured = {}, []
+    before = cpu_snapshot()
     for code, layer in layers.items():
         key = f"{cpu_name()} | {torch.get_num_threads()} threads | {FORMAT_NAMES[code]} " \
               f"{layer.out_features}x{layer.in_features}"
@@ -66,12 +70,17 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
             entry = {"float32": seconds["float32"], "int8": seconds["int8"],
                      "chosen": "int8" if ratio <= INT8_MARGIN else "float32"}
             kept[key] = entry
-            if say is not None:
-                say(f"lookahead: {FORMAT_NAMES[code]} layers multiply in {entry['chosen']} on this CPU (int8 "
-                    f"products took {ratio:.2f}x float32's time on a {layer.out_features}x{layer.in_features} "
-                    f"layer; kept in {path or 'no file'})")
+            measured.append((code, layer, ratio, entry["chosen"]))
         chosen[code] = entry["chosen"]
-    if path:
+    busy = others_busy(before, cpu_snapshot()) if measured else 0.0
+    keeping = bool(path) and busy < BUSY_LIMIT
+    for code, layer, ratio, choice in measured:
+        if say is not None:
+            where = f"kept in {path}" if keeping else \
+                f"not kept: other processes kept {busy:.1f} cores busy" if path else "not kept: no cache directory"
+            say(f"lookahead: {FORMAT_NAMES[code]} layers multiply in {choice} on this CPU (int8 products took "
+                f"{ratio:.2f}x float32's time on a {layer.out_features}x{layer.in_features} layer; {where})")
+    if keeping and measured:
         _write(path, kept)
     set_products(model, chosen)
     return chosen
