@@ -10,11 +10,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from lookahead.config import LookaheadConfig
+from lookahead.decode.sources import SourceFactory
 from lookahead.errors import ConfigError, MemoryFileError
+from lookahead.plan.acceptance import AcceptanceStats
+from lookahead.plan.chain import best_chain
+from lookahead.plan.choice import StepChooser
+from lookahead.plan.planner import SCORE_DEPTH, Planner
+from lookahead.proposers.context import ContextMatcher
+from lookahead.proposers.ngram import NgramPool
 from lookahead.vllm import LookaheadProposer
-from lookahead.vllm.chain import best_chain
 from lookahead.vllm.clock import CEILING, DECAY, FLOOR, StepClock
-from lookahead.vllm.proposer import AUTO_START
+from lookahead.vllm.proposer import AUTO_START, agreed
 from lookahead.vllm.requests import RequestTracker
 from lookahead.vllm.settings import settings_from
 
@@ -300,3 +307,56 @@ def test_auto_threshold_is_used_once_learned():
         proposer.clock.proposed(rows)
         proposer.clock.tick((proposer.clock.last or 0.0) + 0.01 * rows, tokens=2, clean=True)
     assert proposer._least() == pytest.approx(min(max(0.01 * proposer.clock.rate(), FLOOR), CEILING))
+
+
+def _copying_planner() -> tuple[Planner, np.ndarray]:
+    """A planner over a context matcher alone, begun on a text whose motif [1 .. 8] repeats: the
+    matcher's copy after the suffix [1 2] is [3 4 5 ...]."""
+    config = LookaheadConfig()
+    matcher = ContextMatcher(config.match_min, config.match_max, config.match_length)
+    acceptance = AcceptanceStats([matcher.priors], SCORE_DEPTH)
+    planner = Planner(config, [matcher], acceptance, StepChooser(config, None, acceptance))
+    seq = np.array(list(range(1, 9)) * 2 + [1, 2], dtype=np.int64)
+    planner.begin(seq, seq.shape[0])
+    return planner, seq
+
+
+def test_the_planners_chain_mode_proposes_the_best_path_cut_by_room_and_least():
+    planner, seq = _copying_planner()
+    stop = seq.shape[0]
+    chain = planner.chain(seq, stop, 3, 0.0)
+    assert chain.tokens.tolist() == [3, 4, 5] and chain.parents.tolist() == [-1, 0, 1]
+    assert chain.depths.tolist() == [1, 2, 3] and 0.0 < planner.predicted < 3.0  # the promise learn will count
+    assert planner.offered[0].count > 0 and planner.offered[0].tokens[0, :3].tolist() == [3, 4, 5]
+    assert planner.chain(seq, stop, 1, 0.0).tokens.tolist() == [3]
+    nothing = planner.chain(seq, stop, 3, 1.0)  # no path probability reaches 1
+    assert nothing.size == 0 and planner.predicted == 0.0
+    assert planner.chain(seq, stop, 0, 0.0).size == 0
+    # the learned outcome moves the estimates the next chain is scored by
+    before = planner.acceptance.estimates().copy()
+    chain = planner.chain(seq, stop, 3, 0.0)
+    planner.learn(chain, np.arange(3))
+    assert (planner.acceptance.estimates() >= before).all() and (planner.acceptance.estimates() > before).any()
+
+
+def test_the_proposer_drafts_through_the_engines_factory_and_planner():
+    proposer = LookaheadProposer(_engine())
+    state = proposer._new_state()
+    assert type(state.planner) is Planner and state.planner.acceptance is proposer.acceptance
+    config = proposer.settings.config
+    pool = NgramPool(VOCAB, config.pool_ngram, config.pool_capacity, config.pool_max_keys)
+    engine = SourceFactory(config, proposer.memory, None).build(None, None, pool, None, 0).sources
+    assert [type(s) for s in state.planner.proposers] == [type(s) for s in engine]
+    assert [s.name for s in state.planner.proposers] == ["prediction", "context", "memory", "ngram"]
+    quiet = LookaheadProposer(_engine(lookahead={"context_match": False, "memory_tokens": 0}))
+    assert [s.name for s in quiet._new_state().planner.proposers] == ["prediction", "ngram"]
+    # the settings' values may be text, read by the config module's one parser
+    assert settings_from({"lookahead": {"match_max": "6", "ngram_pool": "no"}}).config == LookaheadConfig(
+        match_max=6, ngram_pool=False)
+
+
+def test_agreed_counts_the_chain_tokens_vllm_kept():
+    assert agreed(np.array([7, 8, 9]), np.array([7, 8, 5])) == 2
+    assert agreed(np.array([7, 8]), np.array([7, 8, 5])) == 2  # all kept, vLLM's own token after them
+    assert agreed(np.array([7, 8, 9]), np.array([6])) == 0
+    assert agreed(np.zeros(0, dtype=np.int64), np.array([6])) == 0

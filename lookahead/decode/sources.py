@@ -52,15 +52,20 @@ class SourceFactory:
     recycled: AdjacencyTable | None  # shared by every sequence and call
     draft: DraftModel | None = None
 
-    def build(self, decoding: Decoding, cost: CostModel | None, pool: NgramPool, window_pool: NgramPool | None,
+    def build(self, decoding: Decoding | None, cost: CostModel | None, pool: NgramPool, window_pool: NgramPool | None,
               seed: int, prediction: np.ndarray | None = None) -> SequenceSources:
-        """One sequence's sources; ``cost``: the batch's curve; ``seed``: the stream a draft draws its
-        tokens from when sampling; ``prediction``: the request's predicted output [P] (None: none)."""
+        """One sequence's sources; ``decoding``: what a draft drafts under (None: an engine that decodes
+        itself, as vLLM, and so builds without a draft); ``cost``: the batch's curve; ``seed``: the stream a
+        draft draws its tokens from when sampling; ``prediction``: the request's predicted output [P] (None:
+        none)."""
         cfg = self.config
         predicted = PredictionSource(prediction, cfg.max_tree_nodes + 1) if prediction is not None else None
         sources: list[Proposer] = [predicted if predicted is not None else NoPrediction()]
         draft = None
         if self.draft is not None:
+            if decoding is None:
+                raise ValueError("a draft model drafts under the call's decoding: pass it to build, or build "
+                                 "the factory without a draft")
             routing = self.draft.cost.routing if self.draft.cost is not None else None
             drafter = Drafter(self.draft.model, routing, cfg.draft_context, self.draft.linears)
             draft = draft_proposer(drafter, self.draft.cost, cfg, decoding, cost, seed)

@@ -5,6 +5,11 @@ The planner names no source: each is asked through the Proposer protocol
 the others reach asks for it, and they are asked first), told the step's
 ``Outcome`` afterwards, and asked what a window column is worth to it.
 
+Two modes. ``rank`` / ``cut``: the tree lookahead's own loop verifies, as large as the budget pays
+for. ``chain``: for an engine that verifies one chain of draft tokens per step and charges a row
+for each (vLLM, lookahead/vllm/), the trie's best path, cut where a token's chance of acceptance
+falls below the engine's price of a row (chain.py). Either way the step's outcome goes to ``learn``.
+
 The acceptance estimates (acceptance.py) that score the trie are kept per
 *regime*: greedy decoding, and sampling per temperature band. A candidate
 that greedy decoding accepts 60% of the time is accepted less often at
@@ -29,6 +34,7 @@ from ..kernels.trie import best_first_order, ranked_nodes
 from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext, acts
 from .acceptance import AcceptanceStats
 from .budget import expected_gains
+from .chain import best_chain
 from .choice import StepChooser
 
 SCORE_DEPTH = 32  # depths told apart by the acceptance estimates (deeper share the last): past it, copies
@@ -129,6 +135,7 @@ class Planner:
         self.observers = [source for source in proposers if acts(source, "observe")]
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
+        self.offered: list[Candidates] = []  # the last step's candidates, one per source in order (as offered)
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -169,6 +176,35 @@ class Planner:
         order, probs = ranked_nodes(tree.parents, prob, tree.depths, deepest)  # [M]: probs as the estimates say
         # (the budget's forecast_step calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
+
+    def chain(self, seq: np.ndarray, stop: int, room: int, least: float,
+              estimates: np.ndarray | None = None) -> TokenTree:
+        """Chain mode: 1. propose, 2. the scored trie's best path (chain.py) of at most ``room`` draft
+        tokens, cut where a token's path probability, scaled by how far the promises of recent chains held
+        (the calibration), falls below ``least``; the chain as a tree (node d at depth d + 1), empty for
+        none. ``estimates`` [C, D]: this step's, when the caller already has them (one table, many rows).
+
+        The trie holds up to max(max_tree_nodes, room) nodes, none deeper than ``room``, so that the first
+        source's long rows leave room for the others'. A drawn row (a sampling draft's, whose verification
+        needs its q) is no chain's: chain mode proposes the chosen rows.
+        """
+        self.predicted = 0.0
+        if room <= 0:
+            return empty_tree()
+        estimates = self.acceptance.estimates() if estimates is None else estimates
+        chosen = self._propose(seq, stop, estimates, room)[0]
+        tree, prob = scored_groups(chosen, estimates, max(self.config.max_tree_nodes, room), deepest=room)
+        if not tree.size:
+            return empty_tree()
+        nodes = best_chain(tree.parents, prob, room, 0.0)  # [L] the best path, uncut
+        promised = float(prob[nodes].sum())
+        if promised <= 0.0:
+            return empty_tree()
+        trust = float(self.acceptance.calibrated(np.array([promised]))[0]) / promised  # how far promises held
+        length = int(np.count_nonzero(prob[nodes] * trust >= least))  # path probabilities only fall along a path
+        nodes = nodes[:length]
+        self.predicted = float(prob[nodes].sum())
+        return subtree(tree, nodes) if length else empty_tree()
 
     @staticmethod
     def nothing() -> RankedTree:
@@ -222,6 +258,7 @@ class Planner:
                 ask(i)
         finally:  # ask and others hold each other: emptied, they (and what they hold) go now, not at the next gc
             ask = others = None  # type: ignore[assignment]
+        self.offered = [found[i] for i in range(count)]
         drawn, groups = None, []
         for i in range(count):
             cands, row = split_drawn(found[i], self.acceptance.bounds[i])

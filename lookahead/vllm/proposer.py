@@ -2,16 +2,17 @@
 
 vLLM (0.32 on) loads an outside proposer by class path and asks it each step for up to k draft
 tokens per running request, which it then verifies itself, as a chain. ``LookaheadProposer`` answers
-with lookahead's sources that need no logits, merged and scored as in lookahead's own loop:
+with lookahead's sources that need no logits, built by the engine's own factory (decode/sources.py)
+and planned by the engine's own planner in its chain mode (plan/planner.py), one planner a request:
 
 1. propose: the context matcher (what followed earlier occurrences of the current suffix), the
    n-gram pool fed by the prompt and the output, and the memory across requests (the text of the
    engine's finished requests, shared by all of them, bounded, optionally kept in a file);
 2. build: their candidates merged into one trie scored by the acceptance estimates, of which the
    best path is proposed, cut where a token's chance of acceptance falls below ``least_accept``
-   (chain.py; vLLM charges a row for every token proposed);
+   (``Planner.chain``; vLLM charges a row for every token proposed);
 3. learn: what vLLM accepted of each chain counts into the estimates, and the sources see the new
-   tokens, as in lookahead's loop.
+   tokens (``Planner.learn`` / ``observe``), as in lookahead's loop.
 
 vLLM gives the proposer no request ids; requests are told apart by their tokens (requests.py). The
 settings come from ``additional_config={"lookahead": {...}}`` (settings.py). Nothing here imports
@@ -24,20 +25,19 @@ from __future__ import annotations
 import atexit
 import multiprocessing.util
 import time
-from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..core.tree import TokenTree, empty_tree, scored_groups, subtree
+from ..core.tree import TokenTree, empty_tree
+from ..decode.sources import SourceFactory
 from ..plan.acceptance import AcceptanceStats
-from ..plan.planner import SCORE_DEPTH
-from ..proposers.base import Candidates, Others, Outcome, Proposer, StepContext, acts
-from ..proposers.context import ContextMatcher
-from ..proposers.memory import MemoryProposer, RequestMemory
+from ..plan.choice import StepChooser
+from ..plan.planner import SCORE_DEPTH, Planner
+from ..proposers.base import Candidates, Proposer
+from ..proposers.memory import RequestMemory
 from ..proposers.memory.file import vocabulary_key
-from ..proposers.ngram import NgramPool, NgramProposer
-from .chain import best_chain
+from ..proposers.ngram import NgramPool
 from .clock import StepClock
 from .requests import RequestTracker, Tracked
 from .settings import VllmSettings, settings_from
@@ -45,23 +45,13 @@ from .settings import VllmSettings, settings_from
 AUTO_START = 0.3  # least_accept "auto" before the step clock has learned what a row costs
 
 
-class Pending:
-    """The chain proposed to one request, waiting for what vLLM made of it."""
-
-    def __init__(self, tree: TokenTree, prob: np.ndarray):
-        self.tree = tree  # the chain as a tree: node d is depth d + 1, its parent node d - 1
-        self.prob = prob  # [L] path probabilities
-
-
 class RequestState:
-    """One request's sources (the shared memory's proposer among them) and its pending chain."""
+    """One request's planner (its sources, the shared memory's proposer among them) and its pending chain."""
 
-    def __init__(self, sources: list[Proposer]):
-        self.sources = sources
-        # those told each step's outcome and new tokens: whose learn / observe do something (as the planner's)
-        self.learners = [i for i, source in enumerate(sources) if acts(source, "learn")]
-        self.observers = [source for source in sources if acts(source, "observe")]
-        self.pending: Pending | None = None
+    def __init__(self, planner: Planner):
+        self.planner = planner
+        self.pending: TokenTree | None = None  # the chain proposed, as a tree (node d at depth d + 1), waiting
+        # for what vLLM made of it
         self.begun = False
 
 
@@ -78,9 +68,12 @@ class LookaheadProposer:
         cfg = self.settings.config
         self.vocab = int(model.get_vocab_size())
         self.memory = self._memory(model) if cfg.memory_tokens else None
+        # the engine's factory, without what needs the model's logits (recycling) or a model of its own (a draft)
+        self.factory = SourceFactory(cfg, self.memory, recycled=None)
+        priors = [source.priors for source in self._sources()]
+        self.acceptance = AcceptanceStats(priors, SCORE_DEPTH)  # shared by every request, as the engine's regime
+        self.chooser = StepChooser(cfg, None, self.acceptance)  # no cost curve: a step's price is 1 plain step
         self.tracker: RequestTracker[RequestState] = RequestTracker(self._new_state)
-        priors = [source.priors for source in self._new_state().sources]
-        self.acceptance = AcceptanceStats(priors, SCORE_DEPTH)
         self.saved_at = time.monotonic()
         self.clock = StepClock()  # what a row of vLLM's step costs here (least_accept "auto")
         self.now = time.perf_counter  # the clock the step clock reads (a replay gives its modelled time)
@@ -129,17 +122,16 @@ class LookaheadProposer:
         return self.clock.threshold(AUTO_START) if least is None else least
 
     # ---------------------------------------------------------------- the steps
-    def _new_state(self) -> RequestState:
+    def _sources(self) -> list[Proposer]:
+        """One request's sources, from the engine's factory: no draft (no decoding to read), no prediction
+        (its inert place kept, as the engine keeps it), an n-gram pool of its own."""
         cfg = self.settings.config
-        sources: list[Proposer] = []
-        if cfg.context_match:
-            sources.append(ContextMatcher(cfg.match_min, cfg.match_max, cfg.match_length))
-        if self.memory is not None:
-            sources.append(MemoryProposer(self.memory, cfg.match_length))
-        if cfg.ngram_pool:
-            pool = NgramPool(self.vocab, cfg.pool_ngram, cfg.pool_capacity, cfg.pool_max_keys)
-            sources.append(NgramProposer(pool, cfg.seed_from_prompt, cfg.seed_from_output))
-        return RequestState(sources)
+        pool = NgramPool(self.vocab, cfg.pool_ngram, cfg.pool_capacity, cfg.pool_max_keys)
+        return self.factory.build(None, None, pool, None, 0).sources
+
+    def _new_state(self) -> RequestState:
+        """A new request: its sources and its planner over the shared estimates."""
+        return RequestState(Planner(self.settings.config, self._sources(), self.acceptance, self.chooser))
 
     def _learn(self, tracked: Tracked[RequestState], rows_accepted: int) -> None:
         """3. learn: what vLLM kept of the pending chain, and the new tokens for the sources."""
@@ -147,66 +139,29 @@ class LookaheadProposer:
         stop = tracked.length
         if not state.begun:  # the prompt and the first token: the sources start on them
             state.begun = True
-            for source in state.sources:
-                source.begin(seq, stop)
+            state.planner.begin(seq, stop)
             return
         start = stop - rows_accepted
-        pending, state.pending = state.pending, None
-        if pending is not None:
-            chain = pending.tree.tokens  # [L]
-            new = seq[start:stop]
-            agree = np.flatnonzero(chain[:new.shape[0]] != new[:chain.shape[0]])
-            kept = int(agree[0]) if agree.shape[0] else min(chain.shape[0], new.shape[0])
-            path = np.arange(kept, dtype=np.int64)
-            self.acceptance.update(pending.tree.classes, pending.tree.depths, pending.tree.parents, path)
-            self.acceptance.observe_gain(float(pending.prob.sum()), kept)
-            self.proposed += chain.shape[0]
-            self.accepted += kept
-            tree = pending.tree
-        else:
-            path, tree = np.zeros(0, dtype=np.int64), empty_tree()
-            self.acceptance.observe_gain(0.0, 0)
-        bounds = self.acceptance.bounds
-        for i in state.learners:
-            source = state.sources[i]
-            source.learn(Outcome(tree, path, 0, (bounds[i], bounds[i + 1]), partial(self.acceptance.state, source.name),
-                                 lambda: 1.0))
-        for source in state.observers:
-            source.observe(seq, start, stop)
+        tree, state.pending = state.pending if state.pending is not None else empty_tree(), None
+        kept = agreed(tree.tokens, seq[start:stop])
+        self.proposed += tree.size
+        self.accepted += kept
+        state.planner.learn(tree, np.arange(kept, dtype=np.int64))
+        state.planner.observe(seq, start, stop)
 
     def _chain(self, tracked: Tracked[RequestState], least: float, estimates: np.ndarray,
                offered: list[tuple[str, Candidates]] | None = None) -> list[int]:
-        """1. propose and 2. build: the best chain of the sources' merged trie, scored by estimates [C, D]
+        """1. propose and 2. build: the request's planner's chain (``Planner.chain``) under estimates [C, D]
         (maybe empty); ``offered`` (when given) gets each source's candidates."""
-        state, seq, stop = tracked.state, tracked.tokens, tracked.length
-        room = min(self.k, self.max_len - stop)
-        if room <= 0 or not state.sources:
+        state, planner = tracked.state, tracked.state.planner
+        room = min(self.k, self.max_len - tracked.length)
+        if room <= 0:
             return []
-        cfg = self.settings.config
-        groups = []
-        for i, source in enumerate(state.sources):
-            context = StepContext(room, partial(self.acceptance.state, source.name), _nothing_else, _no_cost)
-            found = source.propose(seq, stop, cfg.candidates, self.acceptance.block(i, estimates), context)
-            if offered is not None:
-                offered.append((source.name, found))
-            if found.count:
-                groups.append((found.tokens, found.lens, found.classes, self.acceptance.bounds[i]))
-        # every source's rows cut at the chain's length, so that the first source's long rows leave room for
-        # the others' in the trie
-        tree, prob = scored_groups(groups, estimates, max(cfg.max_tree_nodes, room), deepest=room)
-        if not tree.size:
-            return []
-        nodes = best_chain(tree.parents, prob, room, 0.0)  # [L] the best path, uncut
-        if nodes.shape[0] == 0:
-            return []
-        promised = float(prob[nodes].sum())
-        trust = float(self.acceptance.calibrated(np.array([promised]))[0]) / promised  # how far promises held lately
-        length = int(np.count_nonzero(prob[nodes] * trust >= least))  # path probabilities only fall along a path
-        if length == 0:
-            return []
-        nodes = nodes[:length]
-        state.pending = Pending(subtree(tree, nodes), prob[nodes])
-        return [int(t) for t in tree.tokens[nodes]]
+        chain = planner.chain(tracked.tokens, tracked.length, room, least, estimates)
+        if offered is not None:
+            offered.extend((source.name, found) for source, found in zip(planner.proposers, planner.offered))
+        state.pending = chain if chain.size else None
+        return [int(t) for t in chain.tokens]
 
     def _finish(self, tracked: Tracked[RequestState]) -> None:
         """A request left the batch (finished, or preempted: it comes back as a new one)."""
@@ -242,21 +197,17 @@ class LookaheadProposer:
         self.saved_at = time.monotonic()
 
 
+def agreed(chain: np.ndarray, new: np.ndarray) -> int:
+    """How many of the chain's tokens [L] vLLM accepted: those that agree with the step's new tokens [A]
+    from the first on (vLLM's own token after them is not the chain's). [7 8 9], [7 8 5] -> 2."""
+    differ = np.flatnonzero(chain[:new.shape[0]] != new[:chain.shape[0]])
+    return int(differ[0]) if differ.shape[0] else min(chain.shape[0], new.shape[0])
+
+
 def _end(tracked: Tracked[RequestState]) -> None:
     """The request is done: its sources hear so (the memory keeps its text), if they ever began."""
     if tracked.state.begun:
-        for source in tracked.state.sources:
-            source.finish(tracked.tokens, tracked.length)
-
-
-def _nothing_else() -> Others:
-    """What other sources reach, for a source that asks: none of these sources asks (no draft model here)."""
-    return Others(empty_tree(), np.zeros(SCORE_DEPTH), (1.0, 1.0))
-
-
-def _no_cost() -> float:
-    """Seconds of a plain step: unknown here (0.0, as without a cost model)."""
-    return 0.0
+        tracked.state.planner.finish(tracked.tokens, tracked.length)
 
 
 def _tokenizer(model: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The chain a serving engine that verifies chains (vLLM) is offered: the best path of a scored trie.
+"""The planner's chain mode (``Planner.chain``): what an engine that verifies chains (vLLM) is offered,
+the best path of the scored trie.
 
 lookahead's own loop verifies a token tree; vLLM verifies one chain of up to k draft tokens per
 request and charges each a row. So of the trie every source's candidates merge into
