@@ -272,28 +272,32 @@ def test_int8_model_greedy_equals_generate_and_the_plain_loop(arch, kind):
     assert speculated > 0
 
 
-def test_prefill_tiles_compute_the_same_product_in_another_order():
-    from lookahead.model.quantized import TILES_ROWS_MIN, prefill_tiles
+def test_many_rows_go_through_tiles_except_in_decode_steps():
+    from lookahead.model.quantized import TILES_ROWS_MIN, kernel_only
 
     blocks = torch.from_numpy(random_blocks(Q.Q4_K, 300, 512, seed=2))  # (300 outputs: a last short tile)
     layer = QuantizedLinear(blocks, int(Q.Q4_K), 512, 300, bias=torch.randn(300))
     x = torch.randn(TILES_ROWS_MIN + 5, 512)
-    kernel = layer(x)
-    model = torch.nn.Sequential(layer)
-    with prefill_tiles(model):
-        assert layer.tiles
-        tiled = layer(x)
-        few = layer(x[:3])  # (fewer rows than TILES_ROWS_MIN: the kernel still)
-    assert not layer.tiles
+    tiled = layer(x)  # (a prefill's rows: tiles)
+    few = layer(x[:3])  # (fewer rows than TILES_ROWS_MIN: the kernel)
+    with kernel_only([layer]):
+        assert not layer.tiles
+        kernel = layer(x)
+    assert layer.tiles
     torch.testing.assert_close(tiled, kernel, rtol=1e-3, atol=1e-3)
+    assert not torch.equal(bits(tiled), bits(kernel))  # (another order: the test sees which path ran)
     assert torch.equal(bits(few), bits(kernel[:3]))
+    layer.products = "int8"  # integer products never take tiles: their kernel serves a prefill
+    assert torch.equal(layer(x), torch.ops.lookahead_native.qlinear_int8(x, blocks, int(Q.Q4_K), 512, layer.bias))
 
 
 def test_a_long_prompt_prefilled_through_tiles_decodes_as_the_plain_loop():
     model = quantized_model("llama", Q.Q4_0)
+    use_native(model)  # (as load_model does)
     prompt = torch.cat([PROMPT] * 6, dim=1)  # 84 rows: the prefill goes through tiles
     never = [VOCAB + 1000]
     plain = LookaheadGenerator(model, config=CONFIGS["plain"]).generate(prompt, max_new_tokens=30, eos_token_id=never)
+    assert torch.equal(plain, reference(model, prompt, 30, eos_token_id=never))  # (model.generate prefills alike)
     speculated = 0
     for config in (CONFIGS["default"], CONFIGS["lade"]):
         gen = LookaheadGenerator(model, config=config)

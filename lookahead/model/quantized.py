@@ -41,7 +41,7 @@ FORMAT_NAMES = {code: name for name, code in FORMATS.items()}
 # native/quant8k.h). Either in one fixed order: a row's bits do not depend on the step's other rows.
 # model/products.py chooses between them per machine.
 PRODUCTS = ("float32", "int8")
-TILES_ROWS_MIN = 64  # rows from which a prefill's products go through de-quantized tiles (prefill_tiles)
+TILES_ROWS_MIN = 64  # rows from which a forward (a prefill) goes through de-quantized tiles (kernel_only)
 TILE_OUTPUTS = 256  # weight rows de-quantized at a time there (1.5 MB at 1536 inputs)
 
 
@@ -79,7 +79,7 @@ class QuantizedLinear(torch.nn.Module):
             raise ValueError(f"blocks {tuple(blocks.shape)} do not hold a [{out_features}, {in_features}] weight "
                              f"in {FORMAT_NAMES.get(format_code, format_code)}")
         self.in_features, self.out_features, self.format_code = in_features, out_features, format_code
-        self.tiles = False  # set while a prompt prefills (``prefill_tiles``): many rows through torch's product
+        self.tiles = True  # many rows through de-quantized tiles and torch's product (cleared by ``kernel_only``)
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
@@ -101,7 +101,7 @@ class QuantizedLinear(torch.nn.Module):
 
     def _through_tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., I] W^T (+ bias) with W de-quantized TILE_OUTPUTS rows at a time and multiplied by torch's
-        matrix product: a prompt's many rows share each tile's de-quantizing (``prefill_tiles``)."""
+        matrix product: a prompt's many rows share each tile's de-quantizing (``kernel_only``)."""
         flat = x.reshape(-1, self.in_features)  # [R, I]
         out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)  # [R, O]
         for start in range(0, self.out_features, TILE_OUTPUTS):
@@ -154,20 +154,26 @@ class QuantizedEmbedding(torch.nn.Module):
 
 
 @contextmanager
-def prefill_tiles(model: torch.nn.Module) -> Iterator[None]:
-    """The body's forwards (a prompt's prefill) run each ``QuantizedLinear`` over TILES_ROWS_MIN rows or more
-    through de-quantized tiles and torch's matrix product: compute-bound work, where the few-row kernel
-    would de-quantize every weight again for every TILE rows. Another summation order than the kernel's: a
-    prompt row's cache entries are then not the bits a decode step would compute for it, the same in
-    lookahead and its plain loop (both prefill here)."""
-    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+def kernel_only(layers: list[QuantizedLinear]) -> Iterator[None]:
+    """Inside, ``layers`` compute every row count through their kernel, never through tiles: lookahead's
+    decode steps (``Target.step``), whose rows must get the bits a one-row step gives them. Outside, a
+    forward of TILES_ROWS_MIN rows or more with float32 products (a prompt's prefill, lookahead's or
+    ``model.generate``'s alike) goes through de-quantized tiles and torch's matrix product: compute-bound
+    work, where the few-row kernel would de-quantize every weight again for every TILE rows. The tiles sum
+    in another order than the kernel, the same in every prefill, so a prompt's cache holds the same bits
+    whoever prefills it."""
     for layer in layers:
-        layer.tiles = True
+        layer.tiles = False
     try:
         yield
     finally:
         for layer in layers:
-            layer.tiles = False
+            layer.tiles = True
+
+
+def quantized_linears(model: torch.nn.Module) -> list[QuantizedLinear]:
+    """The model's ``QuantizedLinear`` layers."""
+    return [m for m in model.modules() if isinstance(m, QuantizedLinear)]
 
 
 def quantized_modules(model: torch.nn.Module) -> list[QuantizedLinear | QuantizedEmbedding]:

@@ -27,7 +27,7 @@ from .fewrows import FEW_ROWS_MAX, FewRowLinear
 from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .prefill import PrefillChoice
-from .quantized import embedding_facts, prefill_tiles
+from .quantized import TILES_ROWS_MIN, embedding_facts, kernel_only, quantized_linears
 from .routing import Route, Routing, route_mode
 from .support import AttentionLayout, context_length
 from .traced import TracedForward, TraceKey, row_class, trace_linear, traceable
@@ -119,6 +119,7 @@ class Target:
         self.compile_seconds = 0.0
         self.trying = False  # the latest step ran a route its routing was trying (routing.py), not the chosen one
         self.device = input_device(model)
+        self.blocks = quantized_linears(model)  # its layers of GGUF blocks: a step's rows through their kernel
         _, self.dtype, self.vocab = embedding_facts(model)  # the embedding's output dtype and rows [V]
         # The last layer's hidden states can sit on another device than the kept-row
         # indices: then the model returns every row's logits and the rows are picked here.
@@ -200,7 +201,7 @@ class Target:
         if mask is not None:
             assert positions is not None, "a padded prompt comes with its positions"
             padded = dict(attention_mask=to_device(mask, dev), position_ids=to_device(positions, dev))
-        with self.prefills.running(ids.shape[0] * ids.shape[1]), prefill_tiles(self.model):
+        with self.prefills.running(ids.shape[0] * ids.shape[1]):
             self.model(input_ids=to_device(ids, dev), use_cache=True, logits_to_keep=1,
                        **{self.cache_keyword: cache}, **padded)
 
@@ -210,8 +211,16 @@ class Target:
 
         tokens [A, Q] sit at positions [A, Q]; local [A, Q, Q] says which step rows each row sees;
         the cache's ``past`` slots are all visible (``slots`` None: one sequence) or as ``slots``
-        says (mask.py).
+        says (mask.py). Every row through the layers' few-row kernels, however many (``kernel_only``).
         """
+        if self.blocks and tokens.size >= TILES_ROWS_MIN:
+            with kernel_only(self.blocks):
+                return self._step(cache, tokens, positions, local, keep, past, slots)
+        return self._step(cache, tokens, positions, local, keep, past, slots)
+
+    def _step(self, cache: Cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
+              past: int, slots: PastSlots | None) -> torch.Tensor:
+        """``step``'s forward."""
         dev = self.device
         count, rows = tokens.shape
         self.compile_seconds, self.trying = 0.0, False
