@@ -1,4 +1,5 @@
-"""lookahead/vllm/replay.py: vLLM's chain verification replayed on known answers, without vLLM."""
+"""lookahead/vllm/replay.py (and its command, cli/replay_vllm.py): vLLM's chain verification replayed on
+known answers, without vLLM."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from lookahead.benchmarks import suffix_anchor
-from lookahead.vllm.replay import LookaheadDriver, SuffixDriver, accepted_prefix, main, replay, summary
+from lookahead.cli.replay_vllm import main
+from lookahead.vllm.replay import LookaheadDriver, SuffixDriver, accepted_prefix, replay, summary
 
 
 def a(*values: int) -> np.ndarray:
