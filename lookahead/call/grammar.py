@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +108,13 @@ class Grammars:
             compiled = self.compiler().compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
                                                            strict_mode=True)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise GrammarInputError(f"{field}: the grammar engine rejects this JSON schema ({one_line(exc)}); "
-                                    f"use the JSON schema keywords xgrammar supports (type, properties, "
-                                    f"required, items, enum, const, anyOf, ...)", field) from None
+            raise GrammarInputError(f"{field}: the grammar engine rejects this JSON schema: {engine_message(exc)}; "
+                                    f"fix the schema there, with the JSON schema keywords xgrammar supports (type, "
+                                    f"properties, required, items, enum, const, anyOf, $ref to #/$defs, ...)",
+                                    field) from None
         return Grammar(compiled, self.vocab, text)
+
+
+def engine_message(exc: BaseException) -> str:
+    """xgrammar's error on one line without its source location ("[hh:mm:ss] /path/file.cc:94: ")."""
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", one_line(exc))

@@ -52,6 +52,7 @@ from .schemas import (
     validated,
 )
 from .scoring import TokenScore, reply_shape, scoring_fields, take, token_scores
+from .structured import constraint
 from .text import ReplyText
 from .toolreply import ToolReply, tool_message
 from .tools import ToolError, ToolSettings, tool_parser, tool_settings
@@ -270,8 +271,9 @@ class Server:
         predicted = prediction_text(body.prediction)
         prediction = () if predicted is None else prediction_ids(self.tokenizer(), predicted, len(prompt),
                                                                    self.engine.context_length)
+        constrained = constraint(self.engine.generator, body.response_format, len(prompt))  # (None: free text)
         completion = Completion(prompt=prompt, max_tokens=limit, temperature=body.temperature, top_p=body.top_p,
-                                seed=body.seed, stop=stops, prediction=prediction)
+                                seed=body.seed, stop=stops, prediction=prediction, constraint=constrained)
         completion = replace(completion, scoring=scoring)
         ticket = self.submit(completion)
         reply = ReplyText(self.tokenizer(), prompt, stops)

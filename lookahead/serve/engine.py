@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from transformers.generation import LogitsProcessorList
 
 from ..call.decoding import Decoding, resolve_decoding
 from ..call.inputs import context_room
@@ -42,6 +43,7 @@ from ..decode.loop import DecodeRun
 from ..decode.sequence import Sequence
 from ..generator import LookaheadGenerator
 from ..proposers.memory import RequestMemory
+from ..verify.grammar import GrammarMask
 from .scoring import Scoring
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ class Completion:
     stop: tuple[str, ...] = ()  # stop strings: decoding ends at one (the tokens returned include it)
     scoring: Scoring = Scoring()  # penalties, logit_bias, logprobs (serve/scoring.py)
     prediction: tuple[int, ...] = ()  # the predicted output's token ids (Predicted Outputs; empty: none)
+    constraint: GrammarMask | None = None  # response_format's grammar mask (serve/structured.py; None: free text)
 
     @property
     def sampled(self) -> bool:
@@ -354,7 +357,7 @@ class Engine:
                                     max_new_tokens=completion.max_tokens, do_sample=completion.sampled,
                                     stop_strings=list(completion.stop) or None, tokenizer=gen.tokenizer,
                                     generator=generator,
-                                    logits_processor=scoring.processors(len(completion.prompt), gen.vocab),
+                                    logits_processor=_processors(completion, gen.vocab),
                                     **sampling)
         return replace(decoding, logprobs=scoring.logprobs)
 
@@ -448,3 +451,10 @@ def _one_line(exc: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _processors(completion: Completion, vocab: int) -> LogitsProcessorList | None:
+    """The request's grammar mask (if any), then its penalties and bias (None: none of them)."""
+    procs = [*([completion.constraint] if completion.constraint is not None else []),
+             *(completion.scoring.processors(len(completion.prompt), vocab) or [])]
+    return LogitsProcessorList(procs) if procs else None

@@ -81,6 +81,7 @@ class Common(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
     prediction: Any = None  # Predicted Outputs: {"type": "content", "content": ...} (checked by prediction.py)
+    response_format: Any = None  # text / json_object / json_schema: checked by structured.py (naming the field)
 
 
 class ChatRequest(Common):
@@ -117,7 +118,6 @@ ANY: Callable[[Any], bool] = lambda value: True  # noqa: E731 - accepted and ign
 UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
     "functions": _empty,  # (the deprecated form of tools: send tools)
     "function_call": _none_or("none", "auto"),
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _none_or(),
     "reasoning_effort": _none_or(),

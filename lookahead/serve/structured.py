@@ -1,0 +1,74 @@
+"""Structured output, the request's side: ``response_format`` read, compiled into a grammar and made the
+mask that constrains the request's decode (verify/grammar.py), with speculation as usual.
+
+``{"type": "text"}`` (or none): free text. ``{"type": "json_object"}``: a JSON object.
+``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}``: a JSON value
+valid for the schema (xgrammar's strict reading: no properties the schema does not name). ``strict``
+false is constrained the same way (the output is then still valid for the schema). The output ends with
+the model's EOS once the grammar is complete. Every bad value is a 400 naming the field and the fix: a
+format this server does not know, a missing or non-object schema, a schema that is no JSON schema or
+that the grammar engine rejects, and a server without the grammar engine (the extra to install).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..call.grammar import GrammarInputError
+from ..call.inputs import eos_ids
+from ..verify.grammar import GrammarMask, stop_tokens
+from .schemas import bad_request
+
+if TYPE_CHECKING:
+    from ..generator import LookaheadGenerator
+
+FORMATS = ("text", "json_object", "json_schema")  # response_format.type values this server honours
+SCHEMA_FIELD = "response_format.json_schema.schema"
+
+
+def read_format(value: Any) -> tuple[Any, str] | None:
+    """``response_format`` as (what call/grammar.py compiles: "json_object" or a schema dict, the field
+    it came from); None for free text. APIError 400 naming the bad field."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in FORMATS:
+        kind = value.get("type") if isinstance(value, dict) else value
+        raise bad_request(f"'response_format' must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
+                          f"{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}, "
+                          f"got type {kind!r}", "response_format.type", "invalid_value")
+    if value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return "json_object", "response_format"
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad_request("'response_format.json_schema' must be an object {\"name\": ..., \"schema\": {...}, "
+                          "\"strict\": true}: send the JSON schema there", "response_format.json_schema",
+                          "invalid_value")
+    if "schema" not in spec:
+        raise bad_request("'response_format.json_schema.schema' is missing: send the JSON schema the output must "
+                          "follow", SCHEMA_FIELD, "missing_required_parameter")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_request(f"'response_format.json_schema.strict' must be true or false, got {strict!r}",
+                          "response_format.json_schema.strict", "invalid_value")
+    return spec["schema"], SCHEMA_FIELD
+
+
+def constraint(generator: LookaheadGenerator, value: Any, prompt_len: int) -> GrammarMask | None:
+    """The mask constraining a request's output as ``response_format`` asks (None: free text); APIError 400
+    naming the field when it cannot be honoured."""
+    read = read_format(value)
+    if read is None:
+        return None
+    spec, field = read
+    try:
+        grammar = generator.grammar(spec)
+        assert grammar is not None  # (spec is never None here)
+        eos = eos_ids(None, generator.model.generation_config)
+        return GrammarMask(grammar, stop_tokens(eos, grammar.vocab), prompt_len)
+    except GrammarInputError as exc:
+        param = exc.field.replace("response_format", field, 1) if exc.field.startswith("response_format") \
+            else exc.field
+        message = str(exc).replace("response_format", field, 1) if field != "response_format" else str(exc)
+        raise bad_request(message, param, "invalid_value") from None
