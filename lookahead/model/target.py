@@ -14,7 +14,6 @@ are selected after the forward (``spans_devices``).
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
@@ -22,15 +21,16 @@ import numpy as np
 import torch
 
 from .attention import GroupedAttention
-from .cache import Arena, SlotCache, arena_of, cache_keyword, new_cache
+from .cache import SlotCache, arena_of, cache_keyword, new_cache
 from .fewrows import FEW_ROWS_MAX, FewRowLinear
 from .graphs import StepGraphs
 from .mask import PastSlots, step_mask
 from .prefill import PrefillChoice
 from .quantized import TILES_ROWS_MIN, embedding_facts, kernel_only, quantized_linears
-from .routing import Route, Routing, route_mode
+from .routing import Route, Routing
+from .stepways import EagerStep, GraphedStep, ReplayedStep, StepCall, StepWay
 from .support import AttentionLayout, context_length
-from .traced import TracedForward, TraceKey, row_class, trace_linear, traceable
+from .traced import TracedForward, TraceKey, trace_linear, traceable
 
 if TYPE_CHECKING:
     from transformers import Cache, PreTrainedModel
@@ -135,6 +135,7 @@ class Target:
         if traced and self.device.type == "cpu" and layout.kinds == frozenset({"full_attention"}) \
                 and not self.select_after and traceable(model):
             self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears)
+        self.ways: tuple[StepWay, ...] = (GraphedStep(self), ReplayedStep(self), EagerStep(self))  # (stepways.py)
 
     def long_lived(self) -> None:
         """This target steps for a long-lived process (a server): with a traced forward, each step kind is
@@ -178,13 +179,14 @@ class Target:
         """An empty KV cache this target can roll back (see cache.py)."""
         return new_cache(self.layers)
 
-    def _traced(self, key: TraceKey, linear: str | None, arena: Arena, tokens: np.ndarray, q_pos: torch.Tensor,
-                mask: torch.Tensor | None, keep: torch.Tensor, past: int, replay_only: bool) -> torch.Tensor | None:
-        """Logits [A, K, V] of the step replayed from ``key``'s trace (traced.py's ``step``), or None: the
-        step runs eagerly. Notes what making or checking a trace took (``compile_seconds``) and the route."""
-        assert self.traced is not None, "a traced step needs the traced forward"
-        logits = self.traced.step(key, linear, arena, to_device(tokens, self.device), self.positions(q_pos), mask,
-                                  keep, past, replay_only)
+    def traced_step(self, call: StepCall, replay_only: bool) -> torch.Tensor | None:
+        """Logits [A, K, V] of the step replayed from its key's trace (traced.py's ``step``; made or checked
+        there unless ``replay_only``), or None: the step runs eagerly. Notes what making or checking a trace
+        took (``compile_seconds``) and the route."""
+        assert self.traced is not None and call.key is not None and call.arena is not None, "a traced step"
+        assert call.q_pos is not None and call.keep_t is not None, "a prepared step"
+        logits = self.traced.step(call.key, call.linear, call.arena, to_device(call.tokens, self.device),
+                                  self.positions(call.q_pos), call.traced_mask, call.keep_t, call.past, replay_only)
         self.compile_seconds = self.traced.compile_seconds
         if logits is not None:
             self.last_route = f"{self.last_route} traced".strip()
@@ -211,61 +213,48 @@ class Target:
 
         tokens [A, Q] sit at positions [A, Q]; local [A, Q, Q] says which step rows each row sees;
         the cache's ``past`` slots are all visible (``slots`` None: one sequence) or as ``slots``
-        says (mask.py). Every row through the layers' few-row kernels, however many (``kernel_only``).
+        says (mask.py). The first of the target's ways (stepways.py: graphed, replayed, eager) that runs
+        the step gives its logits; every row goes through the layers' few-row kernels, however many
+        (``kernel_only``).
         """
-        if self.blocks and tokens.size >= TILES_ROWS_MIN:
-            with kernel_only(self.blocks):
-                return self._step(cache, tokens, positions, local, keep, past, slots)
-        return self._step(cache, tokens, positions, local, keep, past, slots)
-
-    def _step(self, cache: Cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
-              past: int, slots: PastSlots | None) -> torch.Tensor:
-        """``step``'s forward."""
-        dev = self.device
-        count, rows = tokens.shape
         self.compile_seconds, self.trying = 0.0, False
-        if self.graphs is not None and slots is None:
-            arena = arena_of(cache)
-            if arena is not None and arena.buffer is not None and arena.buffer.shape[2] == 1:
-                logits = self.graphs.step(arena, tokens, positions, local, keep, past)
-                # (capturing a bucket's graph: once, not the step's cost)
-                self.compile_seconds = self.graphs.compile_seconds
-                if logits is not None:
-                    self.last_route = "graph"
-                    return logits  # [1, K, V]
-        q_pos = to_device(positions, dev)  # [A, Q]
-        keep_t = to_device(keep, dev)  # [K]
-        mask = None  # x alone under full attention sees every cached row: a plain decode step, no mask to build
-        if rows > 1 or slots is not None or not self.plain_single_row or self.traced is not None \
-                or self.attention.native:
-            # (a traced model's one-row steps too: one trace then serves every step, traced.py; and with
-            # lookahead's attention op, so that a one-row step attends as a multi-row one does: a row's bits
-            # then do not depend on the step's row count)
-            mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(local, dev), q_pos, past,
-                             slots, self.dtype)
-        route = self.route(count, rows)
-        linear = route.linear if route is not None and count * rows <= FEW_ROWS_MAX else None
-        traced_mask = mask if isinstance(mask, torch.Tensor) else None  # (a model's dict of masks is never traced)
-        arena = arena_of(cache) if self.traced is not None and (mask is None or traced_mask is not None) else None
-        key = TraceKey(trace_linear(linear), mask is not None) if arena is not None else None
-        if key is not None and arena is not None and self.traced is not None \
-                and self.traced.serves(key, (count, row_class(rows))):
-            # A trace made and checked at this shape: replayed with the route's threads alone (the layers'
-            # weights and the attention are the trace's own; swapping them in would be host work for nothing)
-            with route_mode(route, count * rows, self.linears, weights=False):
-                logits = self._traced(key, linear, arena, tokens, q_pos, traced_mask, keep_t, past, True)
-            if logits is not None:
-                return logits  # [A, K, V]
-        with route_mode(route, count * rows, self.linears), \
-                (self.attention.switched() if mask is not None else nullcontext()):
-            if key is not None and arena is not None:  # (a trace made or checked here)
-                logits = self._traced(key, linear, arena, tokens, q_pos, traced_mask, keep_t, past, False)
+        call = StepCall(cache, tokens, positions, local, keep, past, slots)
+        with kernel_only(self.blocks) if self.blocks and tokens.size >= TILES_ROWS_MIN else nullcontext():
+            for way in self.ways:
+                logits = way.run(call)
                 if logits is not None:
                     return logits  # [A, K, V]
-            began = time.perf_counter()  # (on the CPU, where traces run, a forward has finished when it returns)
-            out = self.model(input_ids=to_device(tokens, dev), position_ids=self.positions(q_pos),
-                             attention_mask=mask, use_cache=True, **{self.cache_keyword: cache},
-                             logits_to_keep=0 if self.select_after else keep_t)  # 0: every row
-            if key is not None and self.traced is not None:
-                self.traced.ran_eagerly(key, time.perf_counter() - began)
-        return out.logits.index_select(1, keep_t) if self.select_after else out.logits  # [A, K, V]
+        raise AssertionError("the eager way runs every step")
+
+    def prepare(self, call: StepCall) -> None:
+        """What the eager and replayed ways read, derived once: positions and kept rows on the device, the
+        step's mask, its route and linear kernel, and the trace key where the target traces."""
+        if call.prepared:
+            return
+        dev = self.device
+        count, rows = call.tokens.shape
+        call.q_pos = to_device(call.positions, dev)  # [A, Q]
+        call.keep_t = to_device(call.keep, dev)  # [K]
+        # (x alone under full attention sees every cached row: a plain decode step needs no mask, but a traced
+        # model's one-row steps take one too, so that one trace serves every step, traced.py; and so does a
+        # step through lookahead's attention op, so that a one-row step attends as a multi-row one does: a
+        # row's bits then do not depend on the step's row count)
+        if rows > 1 or call.slots is not None or not self.plain_single_row or self.traced is not None \
+                or self.attention.native:
+            call.mask = step_mask(self.layout.kinds, self.layout.sliding_window, to_device(call.local, dev),
+                                  call.q_pos, call.past, call.slots, self.dtype)
+        call.route = self.route(count, rows)
+        call.linear = call.route.linear if call.route is not None and count * rows <= FEW_ROWS_MAX else None
+        if self.traced is not None and (call.mask is None or call.traced_mask is not None):
+            call.arena = arena_of(call.cache)
+            if call.arena is not None:
+                call.key = TraceKey(trace_linear(call.linear), call.mask is not None)
+        call.prepared = True
+
+    def forward(self, call: StepCall) -> torch.Tensor:
+        """Logits [A, K, V] of the kept rows from the model's own forward (the eager way's)."""
+        assert call.q_pos is not None and call.keep_t is not None, "a prepared step"
+        out = self.model(input_ids=to_device(call.tokens, self.device), position_ids=self.positions(call.q_pos),
+                         attention_mask=call.mask, use_cache=True, **{self.cache_keyword: call.cache},
+                         logits_to_keep=0 if self.select_after else call.keep_t)  # 0: every row
+        return out.logits.index_select(1, call.keep_t) if self.select_after else out.logits  # [A, K, V]
