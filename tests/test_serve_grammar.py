@@ -1,11 +1,14 @@
 """`response_format` on the real server (serve/structured.py), talked to with the real openai client and
 httpx: json_schema and json_object constrain chat and completions, with speculation, to exactly the
 constrained plain answer (model.generate with the same grammar mask), streamed or not; the output is
-JSON valid for the schema; every bad format is a 400 naming the field and the fix."""
+JSON valid for the schema; every bad format is a 400 naming the field and the fix. tool_choice "required"
+or a named function makes the reply one call of a tool in Qwen2.5's <tool_call> format (its own chat
+template), equal to the constrained plain answer's call."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import openai
@@ -15,8 +18,11 @@ from transformers.generation import LogitsProcessorList
 
 from conftest import tiny_model, tiny_tokenizer
 from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.call.grammar import TaggedCall
 from lookahead.serve.app import create_app
 from lookahead.serve.engine import Engine
+from lookahead.serve.structured import CALL_TAGS, call_schema
+from lookahead.serve.tools import tool_settings
 from lookahead.verify.grammar import GrammarMask
 from test_serve import KEY, MODEL, TEMPLATE, WAIT_S, ServerThread, error_of
 
@@ -131,3 +137,70 @@ def test_bad_response_formats_are_400s_naming_the_field(http, response_format, p
         error = error_of(response, 400)
         assert error["param"] == param and words in error["message"], error
         assert "/project/" not in error["message"]  # the engine's source location is not the client's business
+
+
+# ------------------------------------------------------------------ tool_choice "required" / named
+
+QWEN = (Path(__file__).parent / "fixtures" / "qwen2.5_chat_template.jinja").read_text()
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "boolean"}},
+    "required": ["city", "days"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+ASK = [{"role": "user", "content": "Weather?"}]
+
+
+@pytest.fixture(scope="module")
+def tooled():
+    model = tiny_model("llama")
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = QWEN
+    generator = LookaheadGenerator(model, tokenizer, LookaheadConfig())
+    engine = Engine(generator, max_batch=2, max_queue=4)
+    engine.start()
+    server = ServerThread(create_app(engine, MODEL, api_key=KEY, stop_engine=True)).start()
+    yield {"url": server.url, "model": model, "tokenizer": tokenizer, "generator": generator,
+           "client": openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=WAIT_S)}
+    server.stop()
+
+
+def forced_call_text(tooled, tools: list[dict], choice) -> str:
+    """The constrained plain answer (model.generate under the call's grammar) on the rendered prompt."""
+    settings = tool_settings(tools, choice, None)
+    encoded = tooled["tokenizer"].apply_chat_template(ASK, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)
+    return constrained_text(tooled, list(encoded["input_ids"]), TaggedCall(call_schema(settings), *CALL_TAGS), 120)
+
+
+def test_a_named_tool_choice_makes_the_reply_that_call(tooled):
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    expected = forced_call_text(tooled, [CITY, CLOCK], choice)
+    reply = tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[CITY, CLOCK],
+                                                     tool_choice=choice, max_tokens=120)
+    calls = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+    assert calls[0].function.name == "get_time" and json.loads(calls[0].function.arguments)["zone"] in ("UTC", "CET")
+    call = json.loads(expected[len("<tool_call>"):-len("</tool_call>")].strip())
+    assert json.loads(calls[0].function.arguments) == call["arguments"]  # the constrained plain answer's call
+
+
+def test_tool_choice_required_makes_the_reply_a_call_streamed_too(tooled):
+    expected = json.loads(forced_call_text(tooled, [CITY, CLOCK], "required")[len("<tool_call>"):-len("</tool_call>")])
+    stream = tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[CITY, CLOCK],
+                                                      tool_choice="required", max_tokens=120, stream=True)
+    names, arguments, finish = [], "", None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                names += [delta.function.name] if delta.function.name else []
+                arguments += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls" and names == [expected["name"]]
+    assert json.loads(arguments) == expected["arguments"]
+
+
+def test_a_tool_call_and_a_response_format_together_are_a_400(tooled):
+    with pytest.raises(openai.BadRequestError) as caught:
+        tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[CITY], tool_choice="required",
+                                                 response_format={"type": "json_object"}, max_tokens=4)
+    assert caught.value.body["param"] == "response_format"

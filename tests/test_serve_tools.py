@@ -215,9 +215,6 @@ def test_tool_reply_deltas_message_and_finish_reason():
      None, None, "tools[0].function.parameters.required", "does not define"),
     ([WEATHER], {"type": "function", "function": {"name": "get_time"}}, None, "tool_choice.function.name",
      "no tool defines"),
-    ([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None, "tool_choice",
-     "does not constrain decoding"),
-    ([WEATHER], "required", None, "tool_choice", "does not constrain decoding"),
     (None, "required", None, "tool_choice", "no 'tools'"),
     ([WEATHER], "sometimes", None, "tool_choice", "\"auto\""),
     ([WEATHER], None, "yes", "parallel_tool_calls", "true or false"),
@@ -236,8 +233,13 @@ def test_tool_settings_of_good_fields():
     settings = tool_settings([WEATHER, TIME], None, False)
     assert settings == ToolSettings((WEATHER, TIME), "auto", False) and settings.names == NAMES and settings.active
     assert not tool_settings([WEATHER], "none", True).active
+    assert tool_settings([WEATHER, TIME], "required", None) == ToolSettings((WEATHER, TIME), "required")
+    named = tool_settings([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, None)
+    assert named == ToolSettings((WEATHER, TIME), "required", True, "get_time") and named.forced and named.active
     with pytest.raises(ValueError, match="choice"):
-        ToolSettings((WEATHER,), "required")
+        ToolSettings((WEATHER,), "sometimes")
+    with pytest.raises(ValueError, match="function"):
+        ToolSettings((WEATHER,), "auto", True, "get_weather")
 
 
 def history(*messages: dict) -> list[ChatMessage]:
@@ -458,13 +460,13 @@ def test_bad_tool_requests_are_400s_and_the_server_goes_on(served, client, http)
                           "tools[0].function.parameters"),
                          ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                           "tool_choice.function.name"),
-                         ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+                         ({"tool_choice": "required"}, "tool_choice"),
                          ({"messages": [{"role": "user", "content": "hi"}, CALLED, {"role": "tool", "content": "x"}]},
                           "messages[2].tool_call_id")]:
         error = error_of(http.post("/v1/chat/completions", json={**base, **extra}), 400)
         assert error["param"] == param, error
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=base["messages"], tools=[WEATHER], tool_choice="required")
+        client.chat.completions.create(model=MODEL, messages=base["messages"], tool_choice="required")
     assert caught.value.body["param"] == "tool_choice"
     assert client.chat.completions.create(model=MODEL, messages=base["messages"], max_tokens=2).choices
 

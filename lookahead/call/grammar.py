@@ -43,6 +43,16 @@ def load_xgrammar() -> Any:
 
 
 @dataclass(frozen=True)
+class TaggedCall:
+    """A reply that is one tool call as a chat template writes it: ``open_tag``, a JSON value valid for
+    ``schema``, ``close_tag`` (a newline allowed after the open tag and before the close tag)."""
+
+    schema: dict
+    open_tag: str  # e.g. "<tool_call>" (Qwen2.5 / Hermes)
+    close_tag: str  # e.g. "</tool_call>"
+
+
+@dataclass(frozen=True)
 class Grammar:
     """One compiled constraint: the xgrammar CompiledGrammar and the vocabulary width V of the logits."""
 
@@ -102,6 +112,8 @@ class Grammars:
             compiled = self.compiler().compile_json_schema('{"type": "object"}', any_whitespace=False,
                                                            separators=(",", ":"), strict_mode=False)
             return Grammar(compiled, self.vocab, "json_object")
+        if isinstance(response_format, TaggedCall):
+            return self._tagged(response_format, field)
         check_schema(response_format, field)
         text = json.dumps(response_format)
         try:
@@ -113,6 +125,20 @@ class Grammars:
                                     f"properties, required, items, enum, const, anyOf, $ref to #/$defs, ...)",
                                     field) from None
         return Grammar(compiled, self.vocab, text)
+
+    def _tagged(self, call: TaggedCall, field: str) -> Grammar:
+        """``call`` compiled: the tags around the schema's JSON (GrammarInputError naming ``field``)."""
+        xgr = load_xgrammar()
+        text = json.dumps(call.schema)
+        try:
+            body = xgr.Grammar.from_json_schema(text, any_whitespace=False, separators=(",", ":"), strict_mode=True)
+            opening = xgr.Grammar.from_ebnf(f'root ::= {json.dumps(call.open_tag)} "\\n"?')
+            closing = xgr.Grammar.from_ebnf(f'root ::= "\\n"? {json.dumps(call.close_tag)}')
+            compiled = self.compiler().compile_grammar(xgr.Grammar.concat(opening, body, closing))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarInputError(f"{field}: the grammar engine rejects the tools' parameter schemas: "
+                                    f"{engine_message(exc)}; fix the schema there", field) from None
+        return Grammar(compiled, self.vocab, f"{call.open_tag}{text}{call.close_tag}")
 
 
 def engine_message(exc: BaseException) -> str:

@@ -31,6 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..verify.grammar import GrammarMask
 from .engine import Completion, Engine, QueueFull, Ticket
 from .prediction import prediction_ids, prediction_text
 from .schemas import (
@@ -52,7 +53,7 @@ from .schemas import (
     validated,
 )
 from .scoring import TokenScore, reply_shape, scoring_fields, take, token_scores
-from .structured import constraint
+from .structured import constraint, tool_constraint
 from .text import ReplyText
 from .toolreply import ToolReply, tool_message
 from .tools import ToolError, ToolSettings, tool_parser, tool_settings
@@ -256,8 +257,9 @@ class Server:
 
     # ------------------------------------------------------------------ answering
     async def answer(self, request: Request, body: Common, prompt: list[int], kind: str,
-                     tools: ToolReply | None = None) -> Response:
-        """Submit the request and answer it, streamed or in one body (``tools``: the model's calls read back)."""
+                     tools: ToolReply | None = None, call: GrammarMask | None = None) -> Response:
+        """Submit the request and answer it, streamed or in one body (``tools``: the model's calls read back;
+        ``call``: the mask making the reply a tool call, tool_choice "required" or named)."""
         requested, name = max_tokens(body)
         stops = stop_strings(body.stop)
         check_sampling(body)
@@ -272,6 +274,11 @@ class Server:
         prediction = () if predicted is None else prediction_ids(self.tokenizer(), predicted, len(prompt),
                                                                    self.engine.context_length)
         constrained = constraint(self.engine.generator, body.response_format, len(prompt))  # (None: free text)
+        if call is not None and constrained is not None:
+            raise bad_request("'response_format' asks for JSON but 'tool_choice' asks for a tool call: send one of "
+                              "them (\"tool_choice\": \"auto\" with a response_format)", "response_format",
+                              "invalid_value")
+        constrained = call if call is not None else constrained
         completion = Completion(prompt=prompt, max_tokens=limit, temperature=body.temperature, top_p=body.top_p,
                                 seed=body.seed, stop=stops, prediction=prediction, constraint=constrained)
         completion = replace(completion, scoring=scoring)
@@ -541,7 +548,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, stop
         messages = chat_messages(body.messages)
         settings, tools = server.tool_reply(body, messages)
         prompt = server.render_chat(messages, settings)
-        return await server.answer(request, body, prompt, "chat", tools)
+        call = tool_constraint(server.engine.generator, settings, len(prompt))  # (None: no call forced)
+        return await server.answer(request, body, prompt, "chat", tools, call)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

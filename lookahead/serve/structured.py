@@ -8,22 +8,27 @@ false is constrained the same way (the output is then still valid for the schema
 the model's EOS once the grammar is complete. Every bad value is a 400 naming the field and the fix: a
 format this server does not know, a missing or non-object schema, a schema that is no JSON schema or
 that the grammar engine rejects, and a server without the grammar engine (the extra to install).
+
+``tool_choice`` "required" or a named function makes the reply one call in the ``<tool_call>`` format
+(``tool_constraint``), through the same grammar engine.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..call.grammar import GrammarInputError
+from ..call.grammar import GrammarInputError, TaggedCall
 from ..call.inputs import eos_ids
 from ..verify.grammar import GrammarMask, stop_tokens
 from .schemas import bad_request
 
 if TYPE_CHECKING:
     from ..generator import LookaheadGenerator
+    from .tools import ToolSettings
 
 FORMATS = ("text", "json_object", "json_schema")  # response_format.type values this server honours
 SCHEMA_FIELD = "response_format.json_schema.schema"
+CALL_TAGS = ("<tool_call>", "</tool_call>")  # the call format this server reads back (toolcalls.py: Qwen2.5 / Hermes)
 
 
 def read_format(value: Any) -> tuple[Any, str] | None:
@@ -72,3 +77,29 @@ def constraint(generator: LookaheadGenerator, value: Any, prompt_len: int) -> Gr
             else exc.field
         message = str(exc).replace("response_format", field, 1) if field != "response_format" else str(exc)
         raise bad_request(message, param, "invalid_value") from None
+
+
+def call_schema(settings: ToolSettings) -> dict[str, Any]:
+    """The JSON of one call the template's format holds, ``{"name": ..., "arguments": {...}}``: to the named
+    function, or to any of the tools (anyOf), its arguments valid for that tool's parameters."""
+    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                "properties": {"name": {"const": tool["function"]["name"]},
+                               "arguments": tool["function"].get("parameters") or {"type": "object"}}}
+               for tool in settings.tools if settings.function in (None, tool["function"]["name"])]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def tool_constraint(generator: LookaheadGenerator, settings: ToolSettings | None,
+                    prompt_len: int) -> GrammarMask | None:
+    """The mask making the reply one call (tool_choice "required" or a named function; None otherwise), in
+    the ``<tool_call>`` format; APIError 400 naming ``tools`` when the parameters cannot be compiled."""
+    if settings is None or not settings.forced:
+        return None
+    try:
+        grammar = generator.grammar(TaggedCall(call_schema(settings), *CALL_TAGS))
+        assert grammar is not None  # (a call is never None)
+        eos = eos_ids(None, generator.model.generation_config)
+        return GrammarMask(grammar, stop_tokens(eos, grammar.vocab), prompt_len)
+    except GrammarInputError as exc:
+        message = str(exc).replace("response_format", "tools", 1)
+        raise bad_request(message, "tools", "invalid_value") from None

@@ -9,7 +9,8 @@ A template takes tools when its source reads a ``tools`` variable (jinja's own a
 template, not a text search). ``tool_choice``: ``"auto"`` (the default with tools) renders the tools
 and parses the model's calls back; ``"none"`` renders the conversation without them (the model is
 not told of any tool, so it cannot call one) and parses nothing; ``"required"`` and a named function
-need decoding constrained to a call, which this server does not do: they are refused, not faked.
+render and parse like ``"auto"`` and constrain the reply to one call of a tool (of the named one) whose
+arguments follow its schema (serve/structured.py: a grammar over the template's call format).
 """
 
 from __future__ import annotations
@@ -23,10 +24,7 @@ from typing import Any
 from .toolcalls import FORMATS, ParserFactory, parser_for
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
-CHOICES = ("none", "auto")  # the tool_choice strings this server honours
-CONSTRAINED = ("required",)  # tool_choice strings that need constrained decoding (refused, see the docstring)
-NO_CONSTRAINT = ("this server does not constrain decoding to a tool call yet: send \"tool_choice\": \"auto\" "
-                 "(the model then decides whether to call) or leave it out")
+CHOICES = ("none", "auto", "required")  # the tool_choice strings this server honours (a named function: "required")
 
 
 class ToolError(ValueError):
@@ -43,12 +41,15 @@ class ToolSettings:
     entries), whether to render and parse them (``choice``), and how many calls a reply may hold."""
 
     tools: tuple[dict[str, Any], ...]
-    choice: str = "auto"  # "auto": rendered, calls parsed; "none": neither
+    choice: str = "auto"  # "auto": rendered, calls parsed; "none": neither; "required": as auto, the reply a call
     parallel: bool = True  # False: a reply holds one call at most (later ones are dropped)
+    function: str | None = None  # tool_choice naming a function (choice "required"): the call is to it
 
     def __post_init__(self) -> None:
         if self.choice not in CHOICES:
             raise ValueError(f"choice must be one of {CHOICES}, got {self.choice!r}")
+        if self.function is not None and (self.choice != "required" or self.function not in self.names):
+            raise ValueError(f"function {self.function!r} must be one of the tools' names, with choice 'required'")
         if not self.tools:
             raise ValueError("tools is empty: a request without tools has no ToolSettings")
 
@@ -60,7 +61,12 @@ class ToolSettings:
     @property
     def active(self) -> bool:
         """Whether the tools are rendered and the model's calls parsed back."""
-        return self.choice == "auto"
+        return self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """Whether the reply must be a call (tool_choice "required" or a named function)."""
+        return self.choice == "required"
 
 
 def tool_settings(tools: Any, choice: Any, parallel: Any) -> ToolSettings | None:
@@ -70,10 +76,10 @@ def tool_settings(tools: Any, choice: Any, parallel: Any) -> ToolSettings | None
         raise ToolError("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
     checked = read_tools(tools)
     names = frozenset(tool["function"]["name"] for tool in checked)
-    picked = read_tool_choice(choice, names)
+    picked, function = read_tool_choice(choice, names)
     if not checked:
         return None
-    return ToolSettings(tuple(checked), picked, parallel is not False)
+    return ToolSettings(tuple(checked), picked, parallel is not False, function)
 
 
 def read_tools(value: Any) -> list[dict[str, Any]]:
@@ -108,8 +114,9 @@ def read_tools(value: Any) -> list[dict[str, Any]]:
             entry["description"] = description
         if function.get("strict") not in (None, False):
             raise ToolError(f"'{where}.function.strict' asks for arguments that always match the schema, which "
-                            f"needs decoding constrained to it: this server does not constrain decoding yet; send "
-                            f"\"strict\": false or leave it out (the arguments are then the model's own)",
+                            f"needs decoding constrained to it: with \"tool_choice\": \"auto\" this server does not "
+                            f"constrain decoding; leave \"strict\" out and send \"tool_choice\": \"required\" (or name "
+                            f"the function) to constrain the call to its schema, or send \"strict\": false",
                             f"{where}.function.strict", "unsupported_parameter")
         parameters = function.get("parameters")
         if parameters is not None:
@@ -158,20 +165,18 @@ def check_schema(schema: Any, where: str) -> None:
                         f"define: define them or drop them from 'required'", f"{where}.required", "invalid_schema")
 
 
-def read_tool_choice(value: Any, names: frozenset[str]) -> str:
-    """``tool_choice`` as "none" or "auto" (the default: "auto" with tools); ToolError for an unknown value, a
-    choice that needs tools without them, and the choices that need constrained decoding."""
+def read_tool_choice(value: Any, names: frozenset[str]) -> tuple[str, str | None]:
+    """``tool_choice`` as (choice, the named function or None): "none", "auto" (the default with tools) or
+    "required" (also for a named function); ToolError for an unknown value and a choice that needs tools
+    without them."""
     if value is None:
-        return "auto"
+        return "auto", None
     if isinstance(value, str):
+        if value == "required" and not names:
+            raise ToolError("'tool_choice' is \"required\" but the request has no 'tools': send the tools",
+                            "tool_choice")
         if value in CHOICES:
-            return value
-        if value in CONSTRAINED:
-            if not names:
-                raise ToolError("'tool_choice' is \"required\" but the request has no 'tools': send the tools",
-                                "tool_choice")
-            raise ToolError(f"'tool_choice' \"required\" is not supported: {NO_CONSTRAINT}", "tool_choice",
-                            "unsupported_parameter")
+            return value, None
         raise ToolError(f"'tool_choice' is {json.dumps(value)}: send \"none\", \"auto\", \"required\" or "
                         f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", "tool_choice")
     if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
@@ -184,8 +189,7 @@ def read_tool_choice(value: Any, names: frozenset[str]) -> str:
     if name not in names:
         raise ToolError(f"'tool_choice.function.name' is {json.dumps(name)}, which no tool defines: name one of "
                         f"{', '.join(sorted(names))}", "tool_choice.function.name")
-    raise ToolError(f"'tool_choice' naming a function is not supported: {NO_CONSTRAINT}", "tool_choice",
-                    "unsupported_parameter")
+    return "required", str(name)
 
 
 # ------------------------------------------------------------------ the history
