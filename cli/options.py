@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from lookahead.config import CHOICES, ConfigError, LookaheadConfig, field_kind
+from lookahead.config import CHOICES, ConfigError, LookaheadConfig, field_kind, field_text
 from lookahead.errors import OptionFix, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])  # a command callback, its options added by the decorators below
@@ -25,9 +25,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def field_help(field: dataclasses.Field) -> str:
-    """A LookaheadConfig field's --help text: its documentation (``metadata["help"]``, lookahead/config.py),
+    """A LookaheadConfig field's --help text: its documentation and range (``field_text``, lookahead/config.py),
     the other fields it names spelled as flags (max_tree_nodes -> --max-tree-nodes)."""
-    text = field.metadata.get("help") or f"LookaheadConfig.{field.name} (undocumented)"
+    text = field_text(field.name) if field.metadata.get("help") else f"LookaheadConfig.{field.name} (undocumented)"
     for name in sorted(LookaheadConfig.field_names(), key=len, reverse=True):
         if name != field.name and "_" in name:
             text = re.sub(rf"\b{name}\b", f"--{name.replace('_', '-')}", text)

@@ -8,16 +8,18 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 
-CHOICES = {"budget": ("adaptive", "fixed"), "budget_curve": ("measured", "flat")}  # fields with fixed string values
 TRUE_WORDS = ("true", "1", "yes")  # a switch's value written as text (parse_value)
 FALSE_WORDS = ("false", "0", "no")
 T = TypeVar("T")
 
 
-def documented(default: T, help_text: str) -> T:
-    """A LookaheadConfig field with its default and its documentation, kept in ``metadata["help"]``
-    (``dataclasses.fields(LookaheadConfig)[i].metadata["help"]``: the one place the CLI's --help reads)."""
-    return field(default=default, metadata={"help": help_text})
+def documented(default: T, help_text: str, low: int | float | str | None = None, high: int | float | None = None,
+               choices: tuple[str, ...] | None = None) -> T:
+    """A LookaheadConfig field declared once: its default, its documentation (``metadata["help"]``), and for
+    a number the range it must lie in (``low``: a number or another field's name; ``high``: None for no
+    bound), for a string the values it may take (``choices``). The constructor checks every field from
+    this, the CLI's --help and docs/configuration.md render it (``field_text``)."""
+    return field(default=default, metadata={"help": help_text, "low": low, "high": high, "choices": choices})
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
@@ -27,6 +29,28 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> N
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"between {low} and {high}"
         raise ConfigError(f"{name} must be {bound}, got {value}")
+
+
+def _check_field(name: str, value: object, default: object, about: Mapping[str, Any], config: object) -> None:
+    """Raise ConfigError unless ``value`` is of its field's kind (the default's type) and within its declared
+    range or choices (``documented``)."""
+    low, high, choices = about.get("low"), about.get("high"), about.get("choices")
+    if isinstance(low, str):
+        low = getattr(config, low)  # (a bound set by another field)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True or False, got {value!r}")
+    elif isinstance(default, int):
+        _check_int(name, value, int(low if low is not None else -(1 << 63)), None if high is None else int(high))
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (low is not None and value < low) or (high is not None and value > high):
+            raise ConfigError(f"{name} must be a number between {low:g} and {high:g}, got {value!r}")
+    elif choices is not None:
+        if value not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ConfigError(f"{name} must be a path string ('' to keep nothing on disk), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -45,69 +69,72 @@ class LookaheadConfig:
     # class and depth, and feeds 0 to W of the window's columns. W=1 (x alone) leaves the window to
     # auto_window. Each field's help (metadata["help"], documented()) is its documentation: the CLI's
     # --help shows it (cli/options.py), docs/configuration.md's table says the same.
-    window: int = documented(1, "W: columns of the Jacobi lookahead window (1-64); the budget feeds 0 to W of "
-                                "them each step; 1: no window (see auto_window)")
-    ngram: int = documented(2, "N: n-gram size of the window's columns; the window has N-1 levels (2-16)")
-    pool_ngram: int = documented(2, "n-gram size of the pool fed by the prompt and the output, its own, not N (2-16)")
+    window: int = documented(1, "W: columns of the Jacobi lookahead window; the budget feeds 0 to W of "
+                                "them each step; 1: no window (see auto_window)", 1, 64)
+    ngram: int = documented(2, "N: n-gram size of the window's columns; the window has N-1 levels", 2, 16)
+    pool_ngram: int = documented(2, "n-gram size of the pool fed by the prompt and the output, its own, not N",
+                                 2, 16)
     # 1.3 is CHEAP_STEP (plan/window.py); why a CPU typically stays at x alone: docs/DESIGN.md.
     auto_window: bool = documented(True, "with window 1 and the adaptive budget, open a W=15, N=5 window where "
                                          "the measured cost curve says rows are nearly free (a step of "
                                          "1 + max_tree_nodes rows costs at most 1.3 one-row steps: a GPU at "
                                          "batch 1, or budget_curve flat); elsewhere, typically a CPU, no window")
-    candidates: int = documented(4, "G: most candidate continuations per source per step (0-256; 0: none)")
-    pool_capacity: int = documented(4, "n-grams kept per first token in the pool, least recently used dropped "
-                                       "(1-1024)")
-    pool_max_keys: int = documented(16384, "distinct first tokens kept in the pool, least recently used dropped "
-                                           "(>= 1)")
+    candidates: int = documented(4, "G: most candidate continuations per source per step (0: none)", 0, 256)
+    pool_capacity: int = documented(4, "n-grams kept per first token in the pool, least recently used dropped",
+                                    1, 1024)
+    pool_max_keys: int = documented(16384, "distinct first tokens kept in the pool, least recently used dropped",
+                                        1)
     ngram_pool: bool = documented(True, "propose the pool's n-grams that start with the last token")
     seed_from_prompt: bool = documented(True, "put every n-gram of the prompt into the pool")
     seed_from_output: bool = documented(True, "put every accepted n-gram into the pool")
     context_match: bool = documented(True, "propose what followed earlier occurrences of the current suffix in "
                                            "the prompt and the output")
-    match_min: int = documented(2, "shortest suffix that counts as a context match (1-64)")
-    match_max: int = documented(4, "longest suffix the context matcher tries (match_min to 64)")
-    match_length: int = documented(32, "most tokens proposed after a context match (1-256)")
+    match_min: int = documented(2, "shortest suffix that counts as a context match", 1, 64)
+    match_max: int = documented(4, "longest suffix the context matcher tries", "match_min", 64)
+    match_length: int = documented(32, "most tokens proposed after a context match", 1, 256)
     recycle: bool = documented(True, "token recycling: propose the model's own recent top-k successors")
-    recycle_width: int = documented(8, "R: successors remembered per token for recycling (1-64)")
-    draft_tokens: int = documented(8, "longest chain a draft model drafts per step, with a draft model only "
-                                      "(1-64)")
+    recycle_width: int = documented(8, "R: successors remembered per token for recycling", 1, 64)
+    draft_tokens: int = documented(8, "longest chain a draft model drafts per step, with a draft model only",
+                                   1, 64)
     draft_alternatives: int = documented(1, "greedy: the draft's runner-ups per chain depth, added as one-token "
-                                            "branches (0-8)")
+                                            "branches", 0, 8)
     draft_context: int = documented(64, "most tokens a draft model reads at once to catch up (the prompt, or "
                                         "text accepted while it was silent); past that it starts over on the "
-                                        "last that many tokens (0: it always reads everything)")
+                                        "last that many tokens (0: it always reads everything)", 0)
     memory_tokens: int = documented(262144, "memory across requests: tokens of earlier requests' text kept (for "
                                             "the generator's lifetime, or in a file with save_memory / --memory) "
                                             "and proposed from when the current text repeats them; oldest "
                                             "requests evicted first; about 76 bytes of host memory each (0: no "
-                                            "store, else >= 2)")
+                                            "store, else at least 2)", 0, 1 << 31)
     memory_prompts: bool = documented(False, "keep the requests' prompts in the memory store too, not only their "
                                              "outputs")
-    max_tree_nodes: int = documented(32, "cap on verification-tree nodes per step (0-4096)")
+    max_tree_nodes: int = documented(32, "cap on verification-tree nodes per step", 0, 4096)
     budget: str = documented("adaptive", "adaptive: size each step's tree and window by the cost curve; fixed: "
-                                         "always the whole window and up to max_tree_nodes")
+                                         "always the whole window and up to max_tree_nodes",
+                             choices=("adaptive", "fixed"))
     # "flat" is what a GPU at batch 1 does up to a few hundred rows.
     budget_curve: str = documented("measured", "measured: the budget prices a step by this machine's measured "
                                                "cost curve; flat: every step costs one row's whatever its rows (a "
-                                               "simulation of what the budget builds where rows are free)")
+                                               "simulation of what the budget builds where rows are free)",
+                                   choices=("measured", "flat"))
     check_speculation: bool = documented(True, "scale what the budget expects of speculative steps by what they "
                                                "really gave lately against their forecast, relative to plain "
                                                "steps (lookahead/plan/speculation.py); off: trust the forecast")
     fair_share: float = documented(0.0, "with several sequences in a batch (a server), admit a step shape only if "
                                         "every sequence is expected to decode at this fraction of a plain step's "
-                                        "rate or faster (0-1; 1: no request slower than without speculation, "
-                                        "0: the batch's total tokens per second alone decide)")
+                                        "rate or faster (1: no request slower than without speculation, "
+                                        "0: the batch's total tokens per second alone decide)", 0.0, 1.0)
     cost_cache_dir: str = documented("~/.cache/lookahead/costs", "where measured cost curves are kept "
                                                                  "('': keep nothing on disk)")
-    calibration_context: int = documented(256, "context tokens behind the cost measurement (1-65536)")
+    calibration_context: int = documented(256, "context tokens behind the cost measurement", 1, 65536)
     calibration_repeats: int = documented(5, "most timed passes per row count in the cost measurement (median; "
-                                             "stops once 3 agree; 1-100)")
+                                             "stops once 3 agree)", 1, 100)
     # Each curve is bounded on its own: the target's, a draft's, each batch size's (lookahead/cost/measure.py).
     calibration_seconds: int = documented(12, "wall-clock bound in seconds on one cost measurement, its prefill "
-                                              "included (1-3600); where the full one would not fit it times fewer "
+                                              "included; where the full one would not fit it times fewer "
                                               "row counts (the others interpolated) or fewer passes, and says "
                                               "which; only the coarsest (every route once at the smallest and "
-                                              "largest step) may take longer")
+                                              "largest step) may take longer", 1, 3600)
     # What a step costs under someone else's load is unknown, so by default such a curve is not kept.
     keep_busy_curve: bool = documented(False, "cache a cost curve measured while other processes kept a quarter "
                                               "core or more busy; by default it is used for that run only and "
@@ -156,49 +183,16 @@ class LookaheadConfig:
                                         "pages, so a step streams them with fewer TLB misses (`lookahead bench` "
                                         "with and without --huge-pages measures the gain); the copy is shared "
                                         "by every generator of the model")
-    window_seed: int = documented(0, "RNG seed of the window's initial guesses (>= 0; sampling draws from torch's "
-                                     "random generator)")
+    window_seed: int = documented(0, "RNG seed of the window's initial guesses (sampling draws from torch's "
+                                     "random generator)", 0)
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "
                                                     "UntestedModelWarning)")
 
     def __post_init__(self) -> None:
-        _check_int("window", self.window, 1, 64)
-        _check_int("ngram", self.ngram, 2, 16)
-        _check_int("pool_ngram", self.pool_ngram, 2, 16)
-        _check_int("candidates", self.candidates, 0, 256)
-        _check_int("pool_capacity", self.pool_capacity, 1, 1024)
-        _check_int("pool_max_keys", self.pool_max_keys, 1)
-        _check_int("match_min", self.match_min, 1, 64)
-        _check_int("match_max", self.match_max, self.match_min, 64)
-        _check_int("match_length", self.match_length, 1, 256)
-        _check_int("max_tree_nodes", self.max_tree_nodes, 0, 4096)
-        _check_int("draft_tokens", self.draft_tokens, 1, 64)
-        _check_int("draft_alternatives", self.draft_alternatives, 0, 8)
-        _check_int("draft_context", self.draft_context, 0)
-        _check_int("recycle_width", self.recycle_width, 1, 64)
-        _check_int("memory_tokens", self.memory_tokens, 0, 1 << 31)
+        for item in fields(self):
+            _check_field(item.name, getattr(self, item.name), item.default, item.metadata, self)
         if self.memory_tokens == 1:
             raise ConfigError("memory_tokens must be 0 (no memory across requests) or at least 2, got 1")
-        _check_int("calibration_context", self.calibration_context, 1, 65536)
-        _check_int("calibration_repeats", self.calibration_repeats, 1, 100)
-        _check_int("calibration_seconds", self.calibration_seconds, 1, 3600)
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}, "
-                                  f"got {getattr(self, name)!r}")
-        if not isinstance(self.cost_cache_dir, str):
-            raise ConfigError(f"cost_cache_dir must be a path string ('' to keep nothing on disk), "
-                              f"got {self.cost_cache_dir!r}")
-        _check_int("window_seed", self.window_seed, 0)
-        share = self.fair_share
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-            raise ConfigError(f"fair_share must be a number between 0 and 1, got {share!r}")
-        for name in ("ngram_pool", "seed_from_prompt", "seed_from_output", "context_match", "recycle",
-                     "auto_window", "few_row_matmul", "allow_untested_models", "memory_prompts",
-                     "keep_busy_curve", "check_speculation", "onednn_linear", "cuda_graphs",
-                     "traced_forward", "native_linear", "native_attention", "huge_pages"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     @property
     def lookahead_rows(self) -> int:
@@ -259,3 +253,29 @@ def parse_value(name: str, raw: str) -> bool | int | float | str:
         except ValueError:
             raise ConfigError(f"{name} must be a number, got {text!r}") from None
     return text
+
+
+CHOICES = {f.name: f.metadata["choices"] for f in fields(LookaheadConfig) if f.metadata.get("choices")}
+
+
+def field_text(name: str) -> str:
+    """A field's documentation with its declared range or choices: what --help and docs/configuration.md say.
+    Worked example: field_text("window") ends with "[1-64]"."""
+    about = next(f.metadata for f in fields(LookaheadConfig) if f.name == name)
+    low, high, choices = about.get("low"), about.get("high"), about.get("choices")
+    if choices:
+        return f"{about['help']} [{' | '.join(choices)}]"
+    if low is None:
+        return str(about["help"])
+    bound = f">= {low}" if high is None else f"{low} to {high}" if isinstance(low, str) else f"{low}-{high}"
+    return f"{about['help']} [{bound}]"
+
+
+def configuration_table() -> str:
+    """docs/configuration.md's table of every field (name, default, documentation), from the declarations."""
+    rows = ["| field | default | meaning |", "|---|---|---|"]
+    for item in fields(LookaheadConfig):
+        default = f"`{item.default!r}`" if isinstance(item.default, str) else str(item.default)
+        text = field_text(item.name).replace("|", "\\|")
+        rows.append(f"| `{item.name}` | {default} | {text} |")
+    return "\n".join(rows) + "\n"

@@ -109,3 +109,14 @@ def test_every_help_text_cites_no_run_cpu_or_date() -> None:
         assert "Usage:" in result.output, (path, result.output)
         cited += [f"lookahead {' '.join(path)} --help: {what}: {line}" for _, what, line in history_in(result.output)]
     assert not cited, "help texts state contracts:\n" + "\n".join(cited)
+
+
+def test_the_configuration_page_is_generated_from_the_fields():
+    """docs/configuration.md's table is configuration_table(): the fields' declarations, one place each
+    (regenerate with `python -c "from lookahead.config import configuration_table as t; print(t())"`)."""
+    from pathlib import Path
+
+    from lookahead.config import configuration_table
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert configuration_table() in page
