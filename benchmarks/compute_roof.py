@@ -81,6 +81,7 @@ def compute_throughput(model: torch.nn.Module, linears: object, routes: dict[str
     worth timing (roofline.py ``peak_routes``: those that run their own way at that row count, on all of
     torch's threads). Each route: one untimed pass over every layer, then ``repeats`` timed passes, the
     median's rate."""
+    from lookahead.model.quantized import kernel_only
     from lookahead.model.routing import route_mode
 
     layers = linear_layers(model)
@@ -95,7 +96,10 @@ def compute_throughput(model: torch.nn.Module, linears: object, routes: dict[str
               for size in sorted({layer_shape(m)[1] for m in layers})}
     rates = {}
     for label, route in routes.items():
-        with torch.inference_mode(), route_mode(route, rows, linears):  # type: ignore[arg-type]
+        # (GGUF blocks through their step kernel, in the products load_model chose, as a decode step runs them;
+        # a prefill's tiles are another path)
+        with torch.inference_mode(), route_mode(route, rows, linears), \
+                kernel_only([m for m in layers if isinstance(m, QuantizedLinear)]):  # type: ignore[arg-type]
             times = []
             for index in range(repeats + 1):
                 sync(device)
