@@ -1,7 +1,7 @@
 """Forced tokens: what a structured-output grammar forces next (a schema's keys, braces, quotes), proposed
 as candidates that cost no forward to make.
 
-The source follows the output with a matcher of its own (verify/grammar.py's ``GrammarFollower``) and
+The source follows the output with a matcher of its own (call/matcher.py's ``GrammarFollower``) and
 proposes one row: xgrammar's jump-forward tokens (the forced continuation, tokenized greedily by the
 longest vocabulary tokens), else the one token the grammar allows next when it allows only one (the
 EOS id once the grammar is complete and nothing may follow). The mask makes these the only tokens the
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..call.grammar import Grammar, load_xgrammar
-from ..verify.grammar import GrammarFollower
+from ..call.matcher import GrammarFollower
 from .base import Candidates, Source, StepContext, no_candidates, single_class
 
 FORCED_PRIORS = np.array([0.9, 0.98])  # class 0: jump-forward text; 1: the only token the grammar allows

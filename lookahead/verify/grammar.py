@@ -7,9 +7,8 @@ prompt is not constrained). So a row's masked scores are exactly those the plain
 reaches that prefix: greedy output with speculation equals the constrained plain loop token for token,
 and sampling draws from the masked distribution.
 
-``GrammarFollower`` keeps one xgrammar matcher on some token sequence and moves it to another by rolling
-back to their common prefix and accepting the rest: rows visited in sorted order (a depth's rows share
-long prefixes) cost one accept per tree node beyond what the previous row shared.
+Rows are visited in sorted order with one matcher (call/matcher.py's ``GrammarFollower``): a depth's rows
+share long prefixes, so each costs the accepts beyond what the previous row shared.
 """
 
 from __future__ import annotations
@@ -18,56 +17,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, cast
 
-import numpy as np
 import torch
 from transformers.generation import logits_process as lp
 
 from ..call.decoding import Decoding
-from ..call.grammar import Grammar, GrammarInputError, load_xgrammar
-
-
-class GrammarFollower:
-    """An xgrammar matcher on ``accepted`` (the tokens it took so far); ``goto`` moves it to any sequence."""
-
-    def __init__(self, grammar: Grammar, stop_tokens: Sequence[int]):
-        xgr = load_xgrammar()
-        self.matcher = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=list(stop_tokens),
-                                          max_rollback_tokens=-1)
-        self.accepted: list[int] = []
-
-    def goto(self, tokens: Sequence[int]) -> bool:
-        """Move to ``tokens``: True when the grammar accepts all of them (the matcher then stands after
-        them), False when it refuses one (the matcher stands after the longest accepted prefix)."""
-        common = 0
-        limit = min(len(tokens), len(self.accepted))
-        while common < limit and self.accepted[common] == tokens[common]:
-            common += 1
-        if common < len(self.accepted):
-            self.matcher.rollback(len(self.accepted) - common)
-            del self.accepted[common:]
-        for token in tokens[common:]:
-            if self.matcher.is_terminated() or not self.matcher.accept_token(int(token)):
-                return False
-            self.accepted.append(int(token))
-        return True
-
-    def fill(self, bitmask: torch.Tensor, row: int) -> bool:
-        """Write the allowed next tokens into bitmask[row] (False, nothing written, once terminated)."""
-        if self.matcher.is_terminated():
-            return False
-        self.matcher.fill_next_token_bitmask(bitmask, row)
-        return True
-
-
-def stop_tokens(eos: np.ndarray, vocab: int) -> list[int]:
-    """The call's EOS ids inside the vocabulary: what ends a constrained output once the grammar is done
-    (GrammarInputError when there is none: the output could never end)."""
-    ids = [int(t) for t in np.asarray(eos).reshape(-1) if 0 <= int(t) < vocab]
-    if not ids:
-        raise GrammarInputError("response_format needs an end-of-sequence token id inside the vocabulary "
-                                f"(got eos_token_id {np.asarray(eos).tolist()}): pass eos_token_id=<the "
-                                "tokenizer's eos id> so the output can end where the grammar is complete")
-    return ids
+from ..call.grammar import Grammar, load_xgrammar
+from ..call.matcher import GrammarFollower, stop_tokens
 
 
 class GrammarMask(lp.LogitsProcessor):
