@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -175,3 +176,39 @@ def test_forced_tokens_speed_up_the_constrained_decode_and_change_nothing():
     forced, stats = generated(ONLY_GRAMMAR)
     assert torch.equal(forced, plain)
     assert sum(stats.accepted) >= 2 * stats.steps, "the forced tokens were not accepted in long runs"
+
+
+def test_sampled_constrained_text_with_a_seed_is_the_same_with_speculation():
+    for seed in range(2):
+        settings = dict(do_sample=True, temperature=1.3)
+        torch.manual_seed(seed)
+        spec, _ = generated(SPECULATE, **settings)
+        torch.manual_seed(seed)
+        plain, _ = generated(PLAIN, **settings)
+        assert torch.equal(spec, plain)
+
+
+def test_a_batch_constrains_each_sequence_by_its_own_output():
+    """Left-padded prompts of different lengths: each row's grammar follows its own output (the verifier
+    gives each sequence a matcher of its own, from its own prompt length), as each prompt alone decodes."""
+    long, short = prompt(), torch.randint(3, 96, (1, 9), generator=torch.Generator().manual_seed(2))
+    pad = long.shape[1] - short.shape[1]
+    ids = torch.cat([long, torch.cat([torch.zeros((1, pad), dtype=torch.long), short], dim=1)])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    gen = LookaheadGenerator(model(), tokenizer(), SPECULATE)
+    batch = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=EOS, response_format=SCHEMA)
+    alones = []
+    for row, alone_prompt in enumerate((long, short)):
+        alone = LookaheadGenerator(model(), tokenizer(), PLAIN).generate(
+            alone_prompt, max_new_tokens=NEW, eos_token_id=EOS, response_format=SCHEMA)[0, alone_prompt.shape[1]:]
+        got = batch[row, ids.shape[1]:][:alone.shape[0]]
+        assert torch.equal(got, alone), f"row {row} differs from its prompt decoded alone"
+        alones.append(alone.tolist())
+    assert alones[0] != alones[1], "both prompts give the same output: a shared matcher would go unseen"
+
+
+def test_without_the_grammar_engine_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # (import xgrammar now raises ImportError)
+    with pytest.raises(GrammarInputError, match=r"lookahead-lm\[grammar\]"):
+        Grammars(tokenizer(), model().config.vocab_size).compile(SCHEMA)
