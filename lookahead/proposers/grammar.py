@@ -33,7 +33,6 @@ class ForcedTokens(Source):
         self.grammar, self.stop, self.length = grammar, list(stop), int(length)
         self.follower = GrammarFollower(grammar, self.stop)
         self.prompt_len = 0
-        self.proposed = 0  # tokens proposed so far (tests count them)
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         self.follower = GrammarFollower(self.grammar, self.stop)
@@ -48,7 +47,6 @@ class ForcedTokens(Source):
         if not tokens:
             return no_candidates()
         row = np.array(tokens[:length], dtype=np.int64)  # [L]
-        self.proposed += int(row.shape[0])
         return single_class(row[None], np.array([row.shape[0]], dtype=np.int64), np.array([label]))
 
     def forced(self) -> tuple[list[int], int]:

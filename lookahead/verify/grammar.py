@@ -36,7 +36,6 @@ class GrammarMask(lp.LogitsProcessor):
     def __init__(self, grammar: Grammar, stop: Sequence[int], start: int):
         self.grammar, self.stop, self.start = grammar, list(stop), int(start)
         self._follower: GrammarFollower | None = None  # made on first use (one per sequence: at_start)
-        self.masked_rows = 0  # rows masked so far (tests count them)
 
     def at_start(self, start: int) -> GrammarMask:
         """The same constraint over the output from column ``start`` on, with a fresh matcher."""
@@ -56,7 +55,6 @@ class GrammarMask(lp.LogitsProcessor):
         for row in sorted(range(len(outputs)), key=outputs.__getitem__):
             if not (follower.goto(outputs[row]) and follower.fill(bitmask, row)):
                 bitmask[row] = -1  # every bit set: the row is left as it is
-        self.masked_rows += len(outputs)
         masked = scores.float() if scores.dtype != torch.float32 else scores
         masked = masked if masked.is_contiguous() else masked.contiguous()
         xgr.apply_token_bitmask_inplace(masked, bitmask.to(masked.device))
