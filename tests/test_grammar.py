@@ -212,3 +212,14 @@ def test_without_the_grammar_engine_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # (import xgrammar now raises ImportError)
     with pytest.raises(GrammarInputError, match=r"lookahead-lm\[grammar\]"):
         Grammars(tokenizer(), model().config.vocab_size).compile(SCHEMA)
+
+
+@pytest.mark.parametrize("settings", [dict(top_k=5), dict(top_p=0.9), dict(top_k=3, top_p=0.5, min_p=0.05)])
+def test_sampling_warpers_after_the_mask_keep_the_grammar(settings):
+    """The warpers see the masked scores: top-k / top-p never bring back a token the grammar forbids, even
+    where it allows fewer tokens than k."""
+    for seed in range(2):
+        out, _ = generated(SPECULATE, do_sample=True, temperature=1.2, generator=torch.Generator().manual_seed(seed),
+                           **settings)
+        value = json.loads(text_of(out))
+        assert value["kind"] in ("red", "blue", "green") and isinstance(value["ok"], bool)
