@@ -10,9 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .call.grammar import Grammar, GrammarInputError, TaggedCall
+    from .call.logprobs import MAX_TOP_LOGPROBS, SequenceLogprobs, StepLogprobs
     from .call.result import LookaheadOutput
     from .call.stats import GenerationStats
     from .config import LookaheadConfig
+    from .decode.batch import BatchEvent, BatchHandle, OpenBatch
     from .errors import (
         ConfigError,
         ContextLimitWarning,
@@ -28,10 +31,13 @@ if TYPE_CHECKING:
     from .generator import Learned, LookaheadGenerator
     from .hf import CustomGenerate, custom_generate
     from .loading.models import DEFAULT_MODEL, load_model
+    from .verify.penalties import BIAS_RANGE, PENALTY_RANGE
 
 __all__ = [
     "LookaheadGenerator", "LookaheadConfig", "load_model", "DEFAULT_MODEL", "GenerationStats",
     "custom_generate", "CustomGenerate", "LookaheadOutput", "Learned",
+    "OpenBatch", "BatchHandle", "BatchEvent", "StepLogprobs", "SequenceLogprobs",
+    "MAX_TOP_LOGPROBS", "PENALTY_RANGE", "BIAS_RANGE", "Grammar", "GrammarInputError", "TaggedCall",
     "ConfigError", "GenerateInputError", "ModelLoadError", "UnsupportedModelError", "DeviceError",
     "DraftModelError", "ProcessorOutputError", "MemoryFileError",
     "UntestedModelWarning", "ContextLimitWarning",
@@ -42,6 +48,10 @@ _HOMES = {  # public name -> the module defining it
     "LookaheadOutput": ".call.result", "GenerationStats": ".call.stats", "LookaheadConfig": ".config",
     "Learned": ".generator", "LookaheadGenerator": ".generator", "CustomGenerate": ".hf", "custom_generate": ".hf",
     "DEFAULT_MODEL": ".loading.models", "load_model": ".loading.models",
+    "OpenBatch": ".decode.batch", "BatchHandle": ".decode.batch", "BatchEvent": ".decode.batch",
+    "StepLogprobs": ".call.logprobs", "SequenceLogprobs": ".call.logprobs", "MAX_TOP_LOGPROBS": ".call.logprobs",
+    "PENALTY_RANGE": ".verify.penalties", "BIAS_RANGE": ".verify.penalties",
+    **{name: ".call.grammar" for name in ("Grammar", "GrammarInputError", "TaggedCall")},
     **{name: ".errors" for name in ("ConfigError", "ContextLimitWarning", "DeviceError", "DraftModelError",
                                     "GenerateInputError", "MemoryFileError", "ModelLoadError", "ProcessorOutputError",
                                     "UnsupportedModelError", "UntestedModelWarning")},

@@ -31,6 +31,7 @@ from .call.stats import GenerationStats
 from .config import LookaheadConfig
 from .cost import CostModel
 from .cost.policy import CostPolicy, budgeted
+from .decode.batch import OpenBatch
 from .decode.context import DecodeContext
 from .decode.loop import DecodeRun
 from .decode.sequence import Sequence
@@ -302,14 +303,15 @@ class LookaheadGenerator:
                                               self.target.context)
                 warnings.warn(message, ContextLimitWarning, stacklevel=4)
 
-    def open_batch(self) -> DecodeRun:
-        """A decode that sequences join and leave between steps (``DecodeRun.join`` / ``leave`` /
-        ``step``: the server's loop), on this generator's learned state; every step priced by the
-        curve of the batch size it has (measured on first use of a size, cached on disk)."""
+    def open_batch(self) -> OpenBatch:
+        """A batch that requests join (each with its own settings, as ``generate`` takes them for one prompt),
+        step together and leave between steps (decode/batch.py: ``join`` / ``step`` / ``leave``; the server's
+        loop), on this generator's learned state; every step priced by the curve of the batch size it has
+        (measured on first use of a size, cached on disk)."""
         if self.draft is not None:
             raise GenerateInputError("a draft model drafts for one sequence: open a batch without draft_model")
         context = dataclasses.replace(self._context(1), cost_for=self._batch_cost)
-        return DecodeRun.open(context)
+        return OpenBatch(DecodeRun.open(context), self.model, self.tokenizer, self.grammar)
 
     def _batch_cost(self, batch: int) -> CostModel | None:
         """The budget's curve for a step over ``batch`` sequences."""

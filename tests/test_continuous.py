@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import RUN_ON, VOCAB, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead.call.decoding import resolve_decoding
 from lookahead.decode import loop
 from lookahead.model.cache import SlotCache, joined
 from lookahead.serve.engine import Completion, Engine, QueueFull
@@ -35,33 +33,36 @@ def alone(model, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def decoding(gen: LookaheadGenerator, prompt: list[int], new: int, **sampling):
-    return resolve_decoding(gen.model, len(prompt), gen.target.device, max_new_tokens=new,
-                            eos_token_id=NO_EOS, **sampling)
-
-
 def drive(gen: LookaheadGenerator, prompts: list[list[int]], join_at: list[int], new: list[int],
           leave_at: dict[int, int] | None = None, **sampling) -> dict[int, list[int]]:
-    """Run an open batch: prompt i joins before step join_at[i] (and leaves before step leave_at[i]);
-    every sequence's new tokens, by index."""
+    """Run an open batch (the public OpenBatch): prompt i joins before step join_at[i] (and leaves before
+    step leave_at[i]); every sequence's new tokens, by index, as its events streamed them."""
     leave_at = leave_at or {}
-    run = gen.open_batch()
-    seqs, out, step, widest = {}, {}, 0, 0
+    batch = gen.open_batch()
+    handles, streamed, out, step, widest = {}, {}, {}, 0, 0
     with torch.inference_mode():
         while len(out) < len(prompts):
             for i, at in enumerate(join_at):
                 if at == step:
-                    seqs[i] = run.join(np.array(prompts[i]), decoding(gen, prompts[i], new[i], **sampling))
+                    handles[i] = batch.join(prompts[i], max_new_tokens=new[i], eos_token_id=NO_EOS, **sampling)
+                    streamed[i] = []
             for i, at in leave_at.items():
-                if at == step and i in seqs and i not in out:
-                    run.leave(seqs[i])
-                    out[i] = seqs[i].finish()[len(prompts[i]):].tolist()
-            widest = max(widest, len(run.active))
-            for seq in (run.step() if run.active else []):
-                i = next(k for k, s in seqs.items() if s is seq)
-                out[i] = seq.finish()[len(prompts[i]):].tolist()
+                if at == step and i in handles and i not in out:
+                    batch.leave(handles[i])
+                    assert handles[i].finish_reason == "cancelled"
+                    out[i] = streamed[i]
+            widest = max(widest, len(batch.handles))
+            for event in batch.step():
+                i = next(k for k, h in handles.items() if h is event.handle)
+                streamed[i].extend(event.tokens)
+                if event.finish_reason is not None:
+                    assert event.finish_reason == "length" and event.handle.finish_reason == "length"
+                    out[i] = streamed[i]
             step += 1
             assert step < 500, "the batch never drained"
+    for i, handle in handles.items():
+        assert handle.output_ids.tolist() == out[i], f"sequence {i}: its events missed tokens"
+        assert handle.prompt_tokens == len(prompts[i]) and handle.new_tokens == len(out[i])
     assert widest >= min(3, len(prompts) - 1), "the sequences never decoded side by side: the test shows nothing"
     return out
 
@@ -95,11 +96,12 @@ def test_compaction_keeps_the_slots_each_sequence_sees():
     longest sequence needs plus the holes it tolerates."""
     model = tiny_model("llama")
     gen = LookaheadGenerator(model, config=LookaheadConfig(window=2, ngram=3))
-    run = gen.open_batch()
+    batch = gen.open_batch()
+    run = batch.run  # the decode loop underneath, whose slots are checked
     seen_compacted = False
     with torch.inference_mode():
         for i in range(4):
-            run.join(np.array(PROMPTS[i]), decoding(gen, PROMPTS[i], NEW[i]))
+            batch.join(PROMPTS[i], max_new_tokens=NEW[i], eos_token_id=NO_EOS)
         while run.active:
             past = run.past
             run.step()
@@ -141,20 +143,18 @@ def test_a_seeded_sampled_sequence_is_the_same_with_and_without_company():
     prompt = PROMPTS[0]
 
     def seeded(prompts, join_at, new):
-        run = gen.open_batch()
-        seqs, step = [], 0
+        batch = gen.open_batch()
+        handles, step = [], 0
         with torch.inference_mode():
             while True:
                 for i, at in enumerate(join_at):
                     if at == step:
-                        stream = torch.Generator(device=gen.target.device).manual_seed(1234 if i == 0 else i)
-                        seqs.append(run.join(np.array(prompts[i]), decoding(gen, prompts[i], new[i], generator=stream,
-                                                                             **sampling)))
-                if run.active:
-                    run.step()
+                        handles.append(batch.join(prompts[i], max_new_tokens=new[i], eos_token_id=NO_EOS,
+                                                  seed=1234 if i == 0 else i, **sampling))
+                batch.step()
                 step += 1
-                if step > max(join_at) and not run.active:
-                    return seqs[0].finish()[len(prompt):].tolist()
+                if step > max(join_at) and not batch.handles:
+                    return handles[0].output_ids.tolist()
 
     lone = seeded([prompt], [0], [30])
     crowded = seeded([prompt] + PROMPTS[1:5], [0, 0, 2, 5, 9], [30, 20, 25, 10, 30])
@@ -263,12 +263,13 @@ def test_an_open_batch_runs_outside_inference_mode_through_a_trace():
     gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True))
     assert gen.target.traced is not None
     gen.target.traced.patience = 0.0  # traced from the first step
-    run = gen.open_batch()
-    seqs = [run.join(np.array(p), decoding(gen, p, 16)) for p in PROMPTS[:2]]
+    batch = gen.open_batch()
+    handles = [batch.join(p, max_new_tokens=16, eos_token_id=NO_EOS) for p in PROMPTS[:2]]
     out = {}
-    while run.active:
-        for seq in run.step():
-            out[seqs.index(seq)] = seq.finish()[len(PROMPTS[seqs.index(seq)]):].tolist()
+    while batch.handles:
+        for event in batch.step():
+            if event.finish_reason is not None:
+                out[handles.index(event.handle)] = event.handle.output_ids.tolist()
     assert gen.target.traced.traces, "no trace was made: the test would show nothing"
-    assert any(route.endswith("traced") for route in run.stats.routes)
+    assert any(route.endswith("traced") for route in batch.stats.routes)
     assert out == {i: alone(gen.model, PROMPTS[i], 16) for i in range(2)}

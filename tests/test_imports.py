@@ -176,3 +176,56 @@ def test_public_names_load_on_first_use_and_every_one_resolves():
             "    raise SystemExit('an unknown name resolved')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def private_imports(known: dict[str, Path], prefix: str, public: set[str]) -> tuple[list[str], int]:
+    """Imports in the modules of ``known`` under ``prefix`` of the package's own code that are neither a
+    name of ``public`` from ``lookahead`` itself nor a module under ``prefix``; and how many imports of
+    the package's own code were looked at."""
+    allowed = prefix
+    wrong, seen = [], 0
+    for name, path in known.items():
+        if not (name == prefix or name.startswith(prefix + ".")):
+            continue
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "lookahead":
+                        seen += 1
+                        if not (alias.name == allowed or alias.name.startswith(allowed + ".")):
+                            wrong.append(f"{name}: import {alias.name}")
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                if module.split(".")[0] != "lookahead":
+                    continue
+                seen += 1
+                if module == allowed or module.startswith(allowed + "."):
+                    continue
+                names = [a.name for a in node.names]
+                if module != "lookahead" or not set(names) <= public:
+                    wrong.append(f"{name}: from {module} import {', '.join(names)}")
+    return wrong, seen
+
+
+def test_serve_imports_only_the_public_names_and_its_own_modules():
+    """The server stands on the package's public face (``lookahead.__all__``: the generator and its open
+    batch), as any other program serving a model would: nothing from the layers beneath."""
+    import lookahead
+
+    wrong, seen = private_imports(modules(), "lookahead.serve", set(lookahead.__all__))
+    assert seen >= 5, "serve/ imports nothing of the package: the check would show nothing"
+    assert wrong == [], f"serve/ reaches past the public names: {wrong}"
+
+
+def test_the_public_import_check_catches_a_private_import(tmp_path):
+    path = tmp_path / "fake.py"
+    path.write_text("from .. import LookaheadGenerator, OpenBatch\nfrom ..decode.loop import DecodeRun\n"
+                    "from .. import Sequence\nfrom .engine import Engine\n")
+    import lookahead
+
+    wrong, seen = private_imports({"lookahead.serve.fake": path}, "lookahead.serve", set(lookahead.__all__))
+    assert seen == 4
+    assert wrong == ["lookahead.serve.fake: from lookahead.decode.loop import DecodeRun",
+                     "lookahead.serve.fake: from lookahead import Sequence"]

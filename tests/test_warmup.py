@@ -8,7 +8,6 @@ from conftest import VOCAB, reference
 from test_traced import traced_generator
 
 from lookahead import LookaheadConfig
-from lookahead.call.decoding import resolve_decoding
 from lookahead.serve.warmup import warm_up
 
 NO_EOS = [VOCAB + 1000]
@@ -28,18 +27,15 @@ def test_warm_up_traces_every_first_shape_and_learns_nothing():
 
     # four requests at once after it: each exactly what model.generate gives on its prompt alone
     prompts = [torch.randint(3, VOCAB, (1, 6 + 3 * i), generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    run = gen.open_batch()
-    seqs = []
+    batch = gen.open_batch()
     with torch.inference_mode():
-        for ids in prompts:
-            decoding = resolve_decoding(gen.model, ids.shape[1], gen.target.device, max_new_tokens=12,
-                                        do_sample=False, eos_token_id=NO_EOS)
-            seqs.append(run.join(ids[0].numpy(), decoding))
-        while run.active:
-            run.step()
-    for ids, seq in zip(prompts, seqs):
-        assert torch.equal(torch.from_numpy(seq.finish())[None], reference(gen.model, ids, 12, eos_token_id=NO_EOS))
-    assert any(route.endswith("traced") for route in run.stats.routes)
+        handles = [batch.join(ids[0], max_new_tokens=12, do_sample=False, eos_token_id=NO_EOS) for ids in prompts]
+        while batch.handles:
+            batch.step()
+    for ids, handle in zip(prompts, handles):
+        out = torch.cat([ids[0], torch.from_numpy(handle.output_ids)])[None]
+        assert torch.equal(out, reference(gen.model, ids, 12, eos_token_id=NO_EOS))
+    assert any(route.endswith("traced") for route in batch.stats.routes)
 
 
 def test_a_server_of_one_sequence_warms_one_sequence():

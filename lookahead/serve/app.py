@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..verify.grammar import GrammarMask
+from .. import Grammar
 from .engine import Completion, Engine, QueueFull, Ticket
 from .prediction import prediction_ids, prediction_text
 from .schemas import (
@@ -257,7 +257,7 @@ class Server:
 
     # ------------------------------------------------------------------ answering
     async def answer(self, request: Request, body: Common, prompt: list[int], kind: str,
-                     tools: ToolReply | None = None, call: GrammarMask | None = None) -> Response:
+                     tools: ToolReply | None = None, call: Grammar | None = None) -> Response:
         """Submit the request and answer it, streamed or in one body (``tools``: the model's calls read back;
         ``call``: the mask making the reply a tool call, tool_choice "required" or named)."""
         requested, name = max_tokens(body)
@@ -273,7 +273,7 @@ class Server:
         predicted = prediction_text(body.prediction)
         prediction = () if predicted is None else prediction_ids(self.tokenizer(), predicted, len(prompt),
                                                                    self.engine.context_length)
-        constrained = constraint(self.engine.generator, body.response_format, len(prompt))  # (None: free text)
+        constrained = constraint(self.engine.generator, body.response_format)  # (None: free text)
         if call is not None and constrained is not None:
             raise bad_request("'response_format' asks for JSON but 'tool_choice' asks for a tool call: send one of "
                               "them (\"tool_choice\": \"auto\" with a response_format)", "response_format",
@@ -548,7 +548,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, stop
         messages = chat_messages(body.messages)
         settings, tools = server.tool_reply(body, messages)
         prompt = server.render_chat(messages, settings)
-        call = tool_constraint(server.engine.generator, settings, len(prompt))  # (None: no call forced)
+        call = tool_constraint(server.engine.generator, settings)  # (None: no call forced)
         return await server.answer(request, body, prompt, "chat", tools, call)
 
     @app.post("/v1/completions")

@@ -1,5 +1,5 @@
-"""The server's engine: one thread owns the model and runs one decode loop (decode/loop.py's
-``DecodeRun``, opened empty) that requests join and leave between steps. ``start`` runs it on a thread
+"""The server's engine: one thread owns the model and runs one open batch (``LookaheadGenerator.open_batch``,
+the public ``OpenBatch``) that requests join and leave between steps. ``start`` runs it on a thread
 of its own; ``start(thread=False)`` then ``run`` runs it in the caller's thread, which is what ``lookahead
 serve`` does from the process's main thread: on the CPU, the OpenMP parallel regions of the linear
 kernels (numba's and the C++ op's) run markedly slower when launched from any other thread
@@ -29,21 +29,12 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-from transformers.generation import LogitsProcessorList
 
-from ..call.decoding import Decoding, resolve_decoding
-from ..call.inputs import context_room
-from ..call.logprobs import StepLogprobs
-from ..decode.loop import DecodeRun
-from ..decode.sequence import Sequence
-from ..generator import LookaheadGenerator
-from ..proposers.memory import RequestMemory
-from ..verify.grammar import GrammarMask
+from .. import BatchHandle, Grammar, LookaheadGenerator, OpenBatch, StepLogprobs
 from .scoring import Scoring
 
 if TYPE_CHECKING:
@@ -65,7 +56,7 @@ class Completion:
     stop: tuple[str, ...] = ()  # stop strings: decoding ends at one (the tokens returned include it)
     scoring: Scoring = Scoring()  # penalties, logit_bias, logprobs (serve/scoring.py)
     prediction: tuple[int, ...] = ()  # the predicted output's token ids (Predicted Outputs; empty: none)
-    constraint: GrammarMask | None = None  # response_format's grammar mask (serve/structured.py; None: free text)
+    constraint: Grammar | None = None  # response_format's or a forced call's grammar (serve/structured.py; None: free)
 
     @property
     def sampled(self) -> bool:
@@ -137,32 +128,6 @@ class Ticket:
         self.send(Event([], reason, error, prompt_tokens, completion_tokens, prediction=prediction))
 
 
-class TicketStreamer:
-    """A streamer (transformers' put / end) that forwards a sequence's accepted tokens to its ticket.
-
-    The output buffer puts the prompt first (as ``model.generate`` streams): that one is skipped.
-    """
-
-    def __init__(self, ticket: Ticket):
-        self.ticket = ticket
-        self.prompt_seen = False
-        self.logprobs: StepLogprobs | None = None  # the next put's tokens' logprobs (when the request asks)
-
-    def put_logprobs(self, step: StepLogprobs) -> None:
-        """The logprobs of the tokens the next ``put`` brings (call/output.py calls it just before)."""
-        self.logprobs = step
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self.prompt_seen:
-            self.prompt_seen = True
-            return
-        step, self.logprobs = self.logprobs, None
-        self.ticket.send(Event(value.reshape(-1).tolist(), logprobs=step))
-
-    def end(self) -> None:
-        """The final event is the engine's (it knows the finish reason)."""
-
-
 @dataclass
 class Counters:
     """What /metrics reports (written by the decode thread, read by anyone)."""
@@ -189,7 +154,7 @@ class Engine:
             raise ValueError(f"save_every_s must be > 0, got {save_every_s}")
         if generator.draft_model is not None:
             raise ValueError("a draft model drafts for one sequence; serve without draft_model")
-        if memory_path is not None and not isinstance(generator.memory, RequestMemory):
+        if memory_path is not None and generator.learned.memory is None:
             raise ValueError("memory_path needs a memory: LookaheadConfig(memory_tokens=N) with N >= 2")
         self.generator = generator
         generator.target.long_lived()  # (a server pays for a traced forward's traces over all its requests)
@@ -198,7 +163,7 @@ class Engine:
         self.counters = Counters()
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
-        self._live: list[tuple[Sequence, Ticket]] = []
+        self._live: list[tuple[BatchHandle, Ticket]] = []
         self._running = False
         self._thread: threading.Thread | None = None  # the loop's own thread (``start``), if it has one
         self._looping: threading.Thread | None = None  # the thread running the loop now (None: none)
@@ -274,8 +239,8 @@ class Engine:
     def metrics(self) -> dict[str, float]:
         """Counters and gauges for /metrics."""
         c = self.counters
-        memory = self.generator.memory
-        fill = memory.store.tokens / memory.store.capacity if isinstance(memory, RequestMemory) else 0.0
+        memory = self.generator.learned.memory
+        fill = memory.store.tokens / memory.store.capacity if memory is not None else 0.0
         with self._cond:
             waiting, running = len(self._waiting), len(self._live)
         return {"requests_total": float(c.requests_total), "requests_running": float(running),
@@ -293,7 +258,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the decode thread
     def _loop(self) -> None:
-        run: DecodeRun | None = None
+        run: OpenBatch | None = None
         with torch.inference_mode():
             while True:
                 admitted = self._next()
@@ -322,59 +287,37 @@ class Engine:
             room = self.max_batch - len(self._live)
             return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
-    def _admit(self, run: DecodeRun, ticket: Ticket) -> None:
+    def _admit(self, run: OpenBatch, ticket: Ticket) -> None:
         """``ticket``'s request joins the batch (or is answered at once: cancelled, nothing to do, refused)."""
         completion = ticket.completion
-        prompt_tokens = len(completion.prompt)
         if ticket.cancelled.is_set():
-            ticket.close("cancelled", prompt_tokens, 0)
+            ticket.close("cancelled", len(completion.prompt), 0)
             return
         try:
-            prompt = np.asarray(completion.prompt, dtype=np.int64)
-            room = context_room(prompt.shape[0], self.context_length)
-            predicted = np.asarray(completion.prediction, dtype=np.int64) if completion.prediction else None
-            seq = run.join(prompt, self._decoding(completion), TicketStreamer(ticket), room, predicted)
+            handle = run.join(completion.prompt, **_settings(completion))
         except Exception as exc:  # this request alone fails
-            ticket.close("error", prompt_tokens, 0, _one_line(exc))
+            ticket.close("error", len(completion.prompt), 0, _one_line(exc))
             return
-        if seq.room() <= 0 or seq not in run.active:
-            self._end(seq, ticket)
+        if handle.finish_reason is not None:
+            self._end(handle, ticket)
             return
         with self._cond:
-            self._live.append((seq, ticket))
+            self._live.append((handle, ticket))
 
-    def _decoding(self, completion: Completion) -> Decoding:
-        """The request's settings as generate would resolve them (model's generation_config beneath)."""
-        gen = self.generator
-        generator = None
-        if completion.seed is not None:
-            generator = torch.Generator(device=gen.target.device).manual_seed(completion.seed)
-        sampling: dict[str, Any] = {}
-        if completion.sampled:
-            sampling = {"temperature": completion.temperature, "top_p": completion.top_p}
-        scoring = completion.scoring
-        decoding = resolve_decoding(gen.model, len(completion.prompt), gen.target.device,
-                                    max_new_tokens=completion.max_tokens, do_sample=completion.sampled,
-                                    stop_strings=list(completion.stop) or None, tokenizer=gen.tokenizer,
-                                    generator=generator,
-                                    logits_processor=_processors(completion, gen.vocab),
-                                    **sampling)
-        return replace(decoding, logprobs=scoring.logprobs)
-
-    def _cancel(self, run: DecodeRun) -> None:
+    def _cancel(self, run: OpenBatch) -> None:
         """Cancelled requests leave the batch."""
-        for seq, ticket in list(self._live):
+        for handle, ticket in list(self._live):
             if ticket.cancelled.is_set():
-                run.leave(seq)
-                self._end(seq, ticket, "cancelled")
+                run.leave(handle)
+                self._end(handle, ticket)
 
-    def _step(self, run: DecodeRun) -> bool:
-        """One step of the batch; the requests it finished end. False when the step failed."""
+    def _step(self, run: OpenBatch) -> bool:
+        """One step of the batch; its tokens go out, the requests it finished end. False when the step failed."""
         steps_before = run.stats.steps
         start = time.perf_counter()
-        before = {id(seq): seq.out.new_tokens for seq, _ in self._live}
+        tickets = {id(handle): ticket for handle, ticket in self._live}
         try:
-            finished = run.step()
+            events = run.step()
         except Exception as exc:  # the requests in this step fail; the server goes on
             self._fail_live(_one_line(exc))
             return False
@@ -384,32 +327,32 @@ class Engine:
         c.forward_seconds_total += sum(run.stats.forward_seconds[steps_before:])
         c.forwards_total += run.stats.steps - steps_before
         c.sequence_steps_total += len(self._live) * (run.stats.steps - steps_before)
-        c.tokens_generated_total += sum(seq.out.new_tokens - before[id(seq)] for seq, _ in self._live)
-        done = {id(seq) for seq in finished}
-        for seq, ticket in list(self._live):
-            if id(seq) in done:
-                self._end(seq, ticket)
+        c.tokens_generated_total += sum(len(event.tokens) for event in events)
+        for event in events:
+            ticket = tickets[id(event.handle)]
+            if event.tokens:
+                ticket.send(Event(event.tokens, logprobs=event.logprobs))
+            if event.finish_reason is not None:
+                self._end(event.handle, ticket)
         return True
 
-    def _end(self, seq: Sequence, ticket: Ticket, reason: str | None = None) -> None:
-        """``seq`` is done: its sources hear of it (the memory keeps it), the final event goes out."""
+    def _end(self, handle: BatchHandle, ticket: Ticket) -> None:
+        """``handle``'s request ended (the batch finished it: the memory kept it): the final event goes out."""
         with self._cond:
-            self._live = [(s, t) for s, t in self._live if s is not seq]
-        try:
-            if seq.begun:
-                seq.finish()
-        except Exception as exc:  # noqa: BLE001 - a source's bookkeeping must not take the server down
-            ticket.close("error", seq.out.prompt_len, seq.out.new_tokens, _one_line(exc))
+            self._live = [(h, t) for h, t in self._live if h is not handle]
+        if handle.finish_reason == "error":
+            error = _one_line(handle.error) if handle.error is not None else "the sequence failed"
+            ticket.close("error", handle.prompt_tokens, handle.new_tokens, error)
             return
-        ticket.close(reason or _finish_reason(seq), seq.out.prompt_len, seq.out.new_tokens,
-                     prediction=(seq.stats.accepted_prediction_tokens, seq.stats.rejected_prediction_tokens))
+        ticket.close(handle.finish_reason or "stop", handle.prompt_tokens, handle.new_tokens,
+                     prediction=handle.prediction_tokens)
 
     def _fail_live(self, message: str) -> None:
         """Every running request ends with an error event."""
         with self._cond:
             live, self._live = self._live, []
-        for seq, ticket in live:
-            ticket.close("error", seq.out.prompt_len, seq.out.new_tokens, message)
+        for handle, ticket in live:
+            ticket.close("error", handle.prompt_tokens, handle.new_tokens, message)
 
     def _fail_all(self, message: str) -> None:
         """Every running and waiting request ends with an error event (the engine stops)."""
@@ -427,12 +370,17 @@ class Engine:
             self.generator.save_memory(self.memory_path)
 
 
-def _finish_reason(seq: Sequence) -> str:
-    """'length' where the request used its max_tokens (or the model's context), else 'stop' (EOS, a stop string)."""
-    out = seq.out
-    if out.new_tokens > 0 and out.last in out.eos:
-        return "stop"
-    return "length" if out.new_tokens >= out.limit else "stop"
+def _settings(completion: Completion) -> dict[str, Any]:
+    """The request's settings as ``OpenBatch.join`` takes them (the model's generation_config beneath)."""
+    scoring = completion.scoring
+    sampling: dict[str, Any] = {}
+    if completion.sampled:
+        sampling = {"temperature": completion.temperature, "top_p": completion.top_p}
+    return {"max_new_tokens": completion.max_tokens, "do_sample": completion.sampled, "seed": completion.seed,
+            "stop_strings": list(completion.stop) or None, "presence_penalty": scoring.presence_penalty,
+            "frequency_penalty": scoring.frequency_penalty, "logit_bias": dict(scoring.logit_bias),
+            "logprobs": scoring.logprobs, "prediction": list(completion.prediction) or None,
+            "response_format": completion.constraint, **sampling}
 
 
 def _check(completion: Completion, vocab: int) -> None:
@@ -451,10 +399,3 @@ def _one_line(exc: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _processors(completion: Completion, vocab: int) -> LogitsProcessorList | None:
-    """The request's grammar mask (if any), then its penalties and bias (None: none of them)."""
-    procs = [*([completion.constraint] if completion.constraint is not None else []),
-             *(completion.scoring.processors(len(completion.prompt), vocab) or [])]
-    return LogitsProcessorList(procs) if procs else None

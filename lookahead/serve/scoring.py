@@ -22,10 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from transformers.generation import logits_process as lp
-
-from ..call.logprobs import MAX_TOP_LOGPROBS, StepLogprobs
-from ..verify.penalties import BIAS_RANGE, PENALTY_RANGE, Penalties
+from .. import BIAS_RANGE, MAX_TOP_LOGPROBS, PENALTY_RANGE, StepLogprobs
 from .schemas import ChatRequest, Common, bad_request
 
 if TYPE_CHECKING:
@@ -42,12 +39,6 @@ class Scoring:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     logprobs: int | None = None  # alternatives per token (0: the chosen token's alone); None: no logprobs
-
-    def processors(self, prompt_len: int, vocab: int) -> lp.LogitsProcessorList | None:
-        """The logits processors of the penalties and the bias (None: neither is asked for)."""
-        penalties = Penalties(self.presence_penalty, self.frequency_penalty, dict(self.logit_bias), vocab)
-        procs = penalties.processors(prompt_len)
-        return lp.LogitsProcessorList(procs) if procs else None
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..call.grammar import GrammarInputError, TaggedCall
-from ..call.inputs import eos_ids
-from ..verify.grammar import GrammarMask, stop_tokens
+from .. import Grammar, GrammarInputError, TaggedCall
 from .schemas import bad_request
 
 if TYPE_CHECKING:
-    from ..generator import LookaheadGenerator
+    from .. import LookaheadGenerator
     from .tools import ToolSettings
 
 FORMATS = ("text", "json_object", "json_schema")  # response_format.type values this server honours
@@ -60,7 +58,7 @@ def read_format(value: Any) -> tuple[Any, str] | None:
     return spec["schema"], SCHEMA_FIELD
 
 
-def constraint(generator: LookaheadGenerator, value: Any, prompt_len: int) -> GrammarMask | None:
+def constraint(generator: LookaheadGenerator, value: Any) -> Grammar | None:
     """The mask constraining a request's output as ``response_format`` asks (None: free text); APIError 400
     naming the field when it cannot be honoured."""
     read = read_format(value)
@@ -68,10 +66,7 @@ def constraint(generator: LookaheadGenerator, value: Any, prompt_len: int) -> Gr
         return None
     spec, field = read
     try:
-        grammar = generator.grammar(spec)
-        assert grammar is not None  # (spec is never None here)
-        eos = eos_ids(None, generator.model.generation_config)
-        return GrammarMask(grammar, stop_tokens(eos, grammar.vocab), prompt_len)
+        return generator.grammar(spec)  # (the decode masks by it, the model's EOS once it is complete)
     except GrammarInputError as exc:
         param = exc.field.replace("response_format", field, 1) if exc.field.startswith("response_format") \
             else exc.field
@@ -89,17 +84,13 @@ def call_schema(settings: ToolSettings) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def tool_constraint(generator: LookaheadGenerator, settings: ToolSettings | None,
-                    prompt_len: int) -> GrammarMask | None:
+def tool_constraint(generator: LookaheadGenerator, settings: ToolSettings | None) -> Grammar | None:
     """The mask making the reply one call (tool_choice "required" or a named function; None otherwise), in
     the ``<tool_call>`` format; APIError 400 naming ``tools`` when the parameters cannot be compiled."""
     if settings is None or not settings.forced:
         return None
     try:
-        grammar = generator.grammar(TaggedCall(call_schema(settings), *CALL_TAGS))
-        assert grammar is not None  # (a call is never None)
-        eos = eos_ids(None, generator.model.generation_config)
-        return GrammarMask(grammar, stop_tokens(eos, grammar.vocab), prompt_len)
+        return generator.grammar(TaggedCall(call_schema(settings), *CALL_TAGS))
     except GrammarInputError as exc:
         message = str(exc).replace("response_format", "tools", 1)
         raise bad_request(message, "tools", "invalid_value") from None

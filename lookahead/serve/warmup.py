@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..call.decoding import resolve_decoding
-from ..generator import LookaheadGenerator
+from .. import LookaheadGenerator
 
 PROMPT_TOKENS = 16  # a synthetic prompt's length
 BATCHES = 3  # batch sizes 1 .. BATCHES are warmed (fewer where max_batch is smaller)
@@ -55,12 +54,7 @@ def warm_up(generator: LookaheadGenerator, max_batch: int) -> WarmUp:
 
 def _step(generator: LookaheadGenerator, prompt: np.ndarray, count: int, rows: int) -> None:
     """``count`` sequences on ``prompt`` join a new batch; one step of ``rows`` rows each through the target."""
-    run = generator.open_batch()
-    decoding = resolve_decoding(generator.model, int(prompt.shape[0]), generator.target.device,
-                                max_new_tokens=rows + 1, do_sample=False)
+    batch = generator.open_batch()
     for _ in range(count):
-        run.join(prompt, decoding)
-    tokens = np.repeat(prompt[-rows:][None], count, axis=0)  # [A, Q]
-    positions = run.x_pos[:, None] + np.arange(rows)  # [A, Q]
-    local = np.repeat(np.tril(np.ones((rows, rows), dtype=bool))[None], count, axis=0)  # [A, Q, Q]: a chain
-    generator.target.step(run.cache, tokens, positions, local, np.arange(rows), run.past, run.slots)
+        batch.join(prompt, max_new_tokens=rows + 1, do_sample=False)
+    batch.trial_step(rows)  # a chain of each prompt's last ``rows`` tokens, nothing committed
