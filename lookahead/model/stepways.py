@@ -31,8 +31,11 @@ from .traced import TraceKey, row_class
 if TYPE_CHECKING:
     from transformers import Cache
 
+    from .attention import GroupedAttention
+    from .fewrows import FewRowLinear
+    from .graphs import StepGraphs
     from .mask import PastSlots
-    from .target import Target
+    from .traced import TracedForward
 
 
 @dataclass
@@ -60,6 +63,26 @@ class StepCall:
     def traced_mask(self) -> torch.Tensor | None:
         """The mask a trace takes (a dict of masks is never traced)."""
         return self.mask if isinstance(self.mask, torch.Tensor) else None
+
+
+class Target(Protocol):
+    """What the ways read and set of the target that owns them (model/target.py's ``Target``)."""
+
+    graphs: StepGraphs | None
+    traced: TracedForward | None
+    linears: FewRowLinear
+    attention: GroupedAttention
+    compile_seconds: float
+    last_route: str
+
+    def prepare(self, call: StepCall) -> None:
+        """Derive the call's mask, route and trace key (once)."""
+
+    def traced_step(self, call: StepCall, replay_only: bool) -> torch.Tensor | None:
+        """The step through its trace, or None."""
+
+    def forward(self, call: StepCall) -> torch.Tensor:
+        """The model's own forward's kept logits."""
 
 
 class StepWay(Protocol):
