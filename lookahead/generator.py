@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
-from .call.decoding import Decoding, prepared_decoding, resolve_decoding
+from .call.decoding import Decoding, prepared_decoding
 from .call.grammar import Grammar, Grammars
 from .call.inputs import (
     ContextLimitWarning,
@@ -24,7 +24,6 @@ from .call.inputs import (
     prompt_rows,
 )
 from .call.keywords import refuse_kwargs
-from .call.logprobs import with_logprobs
 from .call.prediction import prediction_rows
 from .call.result import LookaheadOutput, generate_output
 from .call.stats import GenerationStats
@@ -35,6 +34,7 @@ from .decode.batch import OpenBatch
 from .decode.context import DecodeContext
 from .decode.loop import DecodeRun
 from .decode.sequence import Sequence
+from .decode.settings import call_decoding
 from .decode.sources import DraftModel, SourceFactory
 from .kernels import warmup
 from .kernels.threads import start_numba_threads, usable_cores
@@ -49,8 +49,6 @@ from .proposers.draft.checks import check_draft
 from .proposers.memory import RequestMemory
 from .proposers.memory.file import vocabulary_key
 from .proposers.recycle import AdjacencyTable
-from .verify.grammar import constrained
-from .verify.penalties import Penalties, merged_processors
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -225,19 +223,16 @@ class LookaheadGenerator:
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab,
                                          self.model.generation_config)  # [B, T], [B, T], B prompts
         refuse_kwargs(kwargs, "LookaheadGenerator.generate", ids.shape[1], self.generate)
-        penalties = Penalties(presence_penalty or 0.0, frequency_penalty or 0.0,
-                              logit_bias if logit_bias is not None else {}, self.vocab)
-        logits_processor = cast(Any, merged_processors(logits_processor, penalties, ids.shape[1]))
-        decoding = resolve_decoding(
-            self.model, ids.shape[1], self.target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
-            eos_token_id=eos_token_id, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-            stop_strings=stop_strings, max_time=max_time,
-            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
-            return_dict_in_generate=return_dict_in_generate, generator=generator,
-            generation_config=generation_config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repetition_penalty=repetition_penalty)
-        decoding = with_logprobs(decoding, logprobs, return_dict_in_generate)
-        decoding = constrained(decoding, self.grammar(response_format, tokenizer), ids.shape[1])
+        decoding = call_decoding(  # (an open batch's join resolves its settings the same way)
+            self.model, ids.shape[1], self.target.device, self.vocab,
+            lambda spec: self.grammar(spec, tokenizer),
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+            logits_processor=logits_processor, logprobs=logprobs, response_format=response_format,
+            return_dict_in_generate=return_dict_in_generate, max_new_tokens=max_new_tokens, do_sample=do_sample,
+            eos_token_id=eos_token_id, stopping_criteria=stopping_criteria, stop_strings=stop_strings,
+            max_time=max_time, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            generator=generator, generation_config=generation_config, temperature=temperature, top_k=top_k,
+            top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
         rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
         predictions = prediction_rows(prediction, rooms, self.vocab, tokenizer if tokenizer is not None
                                       else self.tokenizer)  # Predicted Outputs: each row's [P] or None

@@ -1,11 +1,11 @@
 """An open batch: the public way to decode many requests together (``LookaheadGenerator.open_batch``).
 
 Requests ``join`` with their own settings (the arguments ``generate`` takes for one prompt, resolved by
-the same helpers over the model's generation_config), the batch ``step``s every running one together
-(decode/loop.py's ``DecodeRun``: one forward per step), and they leave between steps: finished (EOS,
-a stop string, max_new_tokens, the model's context) or cancelled (``leave``). Each sequence decodes
-exactly as ``generate`` decodes it alone: a greedy one gives model.generate's tokens on its prompt, a
-seeded sampled one the same text whatever else is in the batch.
+generate's own path over the model's generation_config: decode/settings.py), the batch ``step``s every
+running one together (decode/loop.py's ``DecodeRun``: one forward per step), and they leave between
+steps: finished (EOS, a stop string, max_new_tokens, the model's context) or cancelled (``leave``). Each
+sequence decodes exactly as ``generate`` decodes it alone: a greedy one gives model.generate's tokens on
+its prompt, a seeded sampled one the same text whatever else is in the batch.
 
 ``step`` returns one ``BatchEvent`` per sequence that gained tokens or ended in it: its new tokens (cut
 where generate cuts them), their logprobs when asked for, and on its last event the finish reason.
@@ -18,23 +18,21 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ..call.decoding import resolve_decoding
 from ..call.grammar import Grammar
 from ..call.inputs import context_room
-from ..call.logprobs import SequenceLogprobs, StepLogprobs, check_logprobs
+from ..call.logprobs import SequenceLogprobs, StepLogprobs
 from ..call.prediction import prediction_rows
 from ..call.stats import GenerationStats
 from ..errors import GenerateInputError
-from ..verify.grammar import constrained
-from ..verify.penalties import Penalties, merged_processors
 from .loop import DecodeRun
 from .sequence import Sequence
+from .settings import call_decoding
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -190,18 +188,15 @@ class OpenBatch:
         prompt = _prompt(prompt_ids, self.vocab)  # [T]
         target = self.run.target
         room = context_room(prompt.shape[0], target.context)  # refuses a prompt that fills the context
-        penalties = Penalties(presence_penalty or 0.0, frequency_penalty or 0.0,
-                              logit_bias if logit_bias is not None else {}, self.vocab)
         generator = torch.Generator(device=target.device).manual_seed(_seed(seed)) if seed is not None else None
-        processors = cast(Any, merged_processors(logits_processor, penalties, prompt.shape[0]))  # resolve checks it
-        decoding = resolve_decoding(
-            self.model, prompt.shape[0], target.device, max_new_tokens=max_new_tokens, do_sample=do_sample,
-            eos_token_id=eos_token_id, stop_strings=stop_strings, tokenizer=self.tokenizer, generator=generator,
-            logits_processor=processors,
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
-        decoding = replace(decoding, logprobs=check_logprobs(logprobs))
-        grammar = response_format if isinstance(response_format, Grammar) else self.grammar(response_format)
-        decoding = constrained(decoding, grammar, prompt.shape[0])  # (its mask first among the processors)
+        decoding = call_decoding(  # (generate's own path: decode/settings.py)
+            self.model, prompt.shape[0], target.device, self.vocab,
+            lambda spec: spec if isinstance(spec, Grammar) else self.grammar(spec),
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+            logits_processor=logits_processor, logprobs=logprobs, response_format=response_format,
+            max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=eos_token_id,
+            stop_strings=stop_strings, tokenizer=self.tokenizer, generator=generator, temperature=temperature,
+            top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
         rows = prediction_rows(prediction, [room], self.vocab, self.tokenizer)
         collector = _Collector()
         seq = self.run.join(prompt, decoding, collector, room, rows[0] if rows is not None else None)
