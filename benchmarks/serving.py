@@ -492,8 +492,9 @@ class Client:
 
 
 async def one_request(client: Any, spec: Client, messages: list[dict[str, Any]], max_tokens: int,
-                      clock: float) -> dict[str, Any]:
-    """Send one streamed greedy chat request; its record (times in seconds after ``clock``)."""
+                      clock: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Send one streamed greedy chat request (with the request fields ``extra``, such as a prediction); its
+    record (times in seconds after ``clock``)."""
     import openai
 
     sent = time.perf_counter()
@@ -505,7 +506,8 @@ async def one_request(client: Any, spec: Client, messages: list[dict[str, Any]],
     try:
         stream = await client.chat.completions.create(
             model=spec.model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
-            extra_body={"stream_options": {"include_usage": True}} if spec.stream_usage else None)
+            extra_body={**({"stream_options": {"include_usage": True}} if spec.stream_usage else {}), **(extra or {})}
+            or None)
         async for chunk in stream:
             if getattr(chunk, "usage", None) is not None:
                 usage = chunk.usage
@@ -531,16 +533,27 @@ async def one_request(client: Any, spec: Client, messages: list[dict[str, Any]],
     record = {"sent": sent - clock, "first": None if first is None else first - clock, "end": end - clock,
               "completion_tokens": tokens, "tokens_from": source,
               "prompt_tokens": getattr(usage, "prompt_tokens", None) if usage is not None else None,
+              "prediction_tokens": _prediction_counts(usage),
               "finish_reason": finish, "chunks": len(pieces), "text": text, "error": error}
     ttft, tpot = request_times(record)
     record["ttft_s"], record["tpot_s"] = ttft, tpot
     return record
 
 
-async def replay(spec: Client, prompts: Sequence[tuple[str, list[dict[str, Any]]]], concurrency: int,
+def _prediction_counts(usage: Any) -> dict[str, int] | None:
+    """usage.completion_tokens_details' accepted and rejected prediction tokens, where the server reports them."""
+    details = getattr(usage, "completion_tokens_details", None) if usage is not None else None
+    accepted = getattr(details, "accepted_prediction_tokens", None) if details is not None else None
+    if accepted is None:
+        return None
+    return {"accepted": int(accepted), "rejected": int(getattr(details, "rejected_prediction_tokens", 0) or 0)}
+
+
+async def replay(spec: Client, prompts: Sequence[tuple[Any, ...]], concurrency: int,
                  max_tokens: int | Sequence[int]) -> tuple[list[dict[str, Any]], float]:
-    """The prompts, in order, through ``concurrency`` clients (each sends its next prompt when its last
-    answer ended); (records in prompt order, wall seconds from the first sent to the last ended)."""
+    """The prompts ((id, chat messages) or (id, chat messages, request fields)), in order, through
+    ``concurrency`` clients (each sends its next prompt when its last answer ended); (records in prompt order,
+    wall seconds from the first sent to the last ended)."""
     import openai
 
     lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
@@ -552,8 +565,8 @@ async def replay(spec: Client, prompts: Sequence[tuple[str, list[dict[str, Any]]
 
     async def worker() -> None:
         while queue:
-            index, (ident, messages) = queue.popleft()
-            record = await one_request(client, spec, messages, lengths[index], clock)
+            index, (ident, messages, *fields) = queue.popleft()
+            record = await one_request(client, spec, messages, lengths[index], clock, fields[0] if fields else None)
             records[index] = {"index": index, "id": ident, **record}
 
     try:
@@ -583,7 +596,7 @@ class Settings:
 
     model: str  # the name lookahead serve loads (alias, directory, ...)
     model_dir: str  # the same model as a local directory (transformers serve's argument)
-    datasets: dict[str, list[tuple[str, list[dict[str, Any]]]]]  # name -> (prompt id, chat messages), in order
+    datasets: dict[str, list[tuple[Any, ...]]]  # name -> (prompt id, chat messages[, request fields]), in order
     servers: Sequence[str] = SERVERS
     concurrency: Sequence[int] = (1, 4)
     max_tokens: int = 96
@@ -665,7 +678,7 @@ def _results(settings: Settings, max_batch: int, started: str, servers: dict[str
             "servers": servers, "runs": runs, "ratios": ratio_rows(runs)}
 
 
-def _one_run(name: str, dataset: str, prompts: list[tuple[str, list[dict[str, Any]]]], concurrency: int,
+def _one_run(name: str, dataset: str, prompts: list[tuple[Any, ...]], concurrency: int,
              settings: Settings, max_batch: int, cb: bool, env: dict[str, str], log_dir: Path, label: str,
              log: Callable[[str], None], server_info: dict[str, Any]) -> dict[str, Any]:
     """Start server ``name``, warm it up, replay the prompts with ``concurrency`` clients, stop it."""

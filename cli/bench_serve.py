@@ -88,15 +88,15 @@ def bench_serve(model_name: str, datasets: tuple[str, ...], concurrency: str, ma
     click.echo(f"wrote {paths['json']}, {paths['markdown']}, {paths['figure']}")
 
 
-def chat_prompts(names: Iterable[str], limit: int) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
-    """Each data set's first ``limit`` prompts as (id, chat messages), in order; one line and exit 2 for a
-    data set of completion prompts (no chat messages to send)."""
-    from lookahead.benchmarks.datasets import chat_messages
+def chat_prompts(names: Iterable[str], limit: int) -> dict[str, list[tuple[str, list[dict[str, Any]], dict[str, Any]]]]:
+    """Each data set's first ``limit`` prompts as (id, chat messages, request fields such as a prediction), in
+    order; one line and exit 2 for a data set of completion prompts (no chat messages to send)."""
+    from lookahead.benchmarks.datasets import chat_requests
 
     prompts = {}
     for name in names:
         try:
-            prompts[name] = chat_messages(name, limit)
+            prompts[name] = chat_requests(name, limit)
         except ValueError as exc:
             fail(f"{exc}: pick a chat data set such as {' or '.join(DEFAULT_DATASETS)} (option --dataset)")
     return prompts
@@ -127,7 +127,7 @@ def token_counter(model_dir: str) -> Callable[[str], int] | None:
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _run(model_name: str, model_dir: str, prompts: dict[str, list[tuple[str, list[dict[str, Any]]]]],
+def _run(model_name: str, model_dir: str, prompts: dict[str, list[tuple[Any, ...]]],
          servers: list[str], levels: list[int], max_tokens: int, limit: int, threads: int | None,
          startup_timeout: float, request_timeout: float, lookahead_args: tuple[str, ...],
          out_dir: str) -> dict[str, Any]:

@@ -267,7 +267,8 @@ def test_a_server_that_does_not_come_up_ends_the_command_in_one_line(tmp_path, m
 def chat_prompts(name: str, limit: int | None) -> list[Prompt]:
     """Chat prompts the tiny word-level tokenizer reads (w0 .. w93), repetitive enough to speculate on."""
     texts = ["w5 w6 w7 w8 w5 w6 w7 w8 w5 w6", "w10 w11 w12 w10 w11 w12 w10", "w20 w21 w20 w21 w20 w21"]
-    prompts = [Prompt(name, str(i), [{"role": "user", "content": text}], None, None, None)
+    prompts = [Prompt(name, str(i), [{"role": "user", "content": text}], None, None, None,
+                      prediction=text if name == "humaneval-edit" else None)  # (an edit: the text as prediction)
                for i, text in enumerate(texts)]
     return prompts[:limit]
 
@@ -289,7 +290,7 @@ def test_end_to_end_against_real_lookahead_servers(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", lambda name, limit=None: chat_prompts(name, limit))
     directory = tiny_model_dir(tmp_path / "model")
     out = tmp_path / "out"
-    result = invoke("--model", directory, "--dataset", "tool-calls", "--server", "lookahead",
+    result = invoke("--model", directory, "--dataset", "humaneval-edit", "--server", "lookahead",
                     "--server", "lookahead-plain", "--concurrency", "2", "--limit", "2", "--max-tokens", "8",
                     "--threads", "1", "--startup-timeout", "120", "--lookahead-arg=--cost-cache-dir=",
                     "--out", str(out))
@@ -303,6 +304,10 @@ def test_end_to_end_against_real_lookahead_servers(tmp_path, monkeypatch):
         assert run["requests"] == 2 and run["errors"] == 0, run
         assert run["output_tokens"] > 0 and run["throughput_tok_s"] > 0 and run["requests_per_s"] > 0
         assert all(r["tokens_from"] == "usage" for r in run["records"])
+        counts = [r["prediction_tokens"] for r in run["records"]]  # (the prediction went with each request)
+        assert all(c is not None and c["accepted"] + c["rejected"] >= 0 for c in counts), counts
+        if server == "lookahead-plain":  # (no candidates: nothing of the prediction is proposed)
+            assert all(c["rejected"] == 0 for c in counts), counts
         assert run["tokens_per_forward"] is not None and run["ttft_p50_s"] is not None
         host, forward = run["step_parts"]  # the server's own seconds of its steps (/metrics)
         assert host > 0 and forward > 0
@@ -335,3 +340,19 @@ def test_lookahead_against_transformers_serve_on_the_default_model(tmp_path):
     anchor = data["servers"]["transformers"]
     assert anchor["continuous_batching"] is False and "--continuous-batching" not in anchor["commands"][-1]
     assert data["ratios"][0]["throughput_vs_transformers"] is not None
+
+
+def test_the_edit_workload_sends_the_file_as_its_prediction():
+    """humaneval-edit: a small change asked of a whole file, the file itself the prediction (what an editor
+    sends with OpenAI's Predicted Outputs), and its requests carry it as the request's field."""
+    from lookahead.benchmarks.datasets import chat_requests
+
+    requests = chat_requests("humaneval-edit", 2)
+    assert [ident for ident, _, _ in requests] == ["HumanEval/0", "HumanEval/1"]
+    (_, rename, fields), (_, add, _) = requests
+    assert "Rename the function `has_close_elements` to `has_close_elements_v2`" in rename[0]["content"]
+    assert "Add the line `# reviewed: HumanEval/1`" in add[0]["content"]
+    prediction = fields["prediction"]
+    assert prediction["type"] == "content" and prediction["content"].startswith("```python\nfrom typing import")
+    assert prediction["content"] in rename[0]["content"]  # (the file as the request quotes it)
+    assert serving._prediction_counts(None) is None

@@ -29,7 +29,7 @@ QUAC = FIXTURES / "quac_mini.jsonl"
 WRITING = FIXTURES / "longbench_write_mini.jsonl"
 NQ_OPEN = FIXTURES / "nq_open_mini.jsonl"
 TOOL_CALLS = FIXTURES / "bfcl_simple_mini.json"
-FIXTURE_OF = {"humaneval": HUMANEVAL, "humaneval-chat": HUMANEVAL, "humaneval-annotate": HUMANEVAL,
+FIXTURE_OF = {"humaneval": HUMANEVAL, "humaneval-chat": HUMANEVAL, "humaneval-annotate": HUMANEVAL, "humaneval-edit": HUMANEVAL,
               "mt-bench": MTBENCH, "gsm8k": GSM8K, "summarize": XSUM, "translate": TRANSLATION,
               "passage-qa": QUAC, "writing": WRITING, "mt-bench-1": MTBENCH, "open-qa": NQ_OPEN,
               "tool-calls": TOOL_CALLS}
