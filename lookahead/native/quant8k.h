@@ -320,8 +320,12 @@ struct SuperVnni {
           decode_vectors<F>(w + (o0 + o) * row_bytes + b * bytes, &v);
           for (int r = 0; r < RT; ++r) {
             const int64_t row = r0 + r;
-            acc[o][r] = super_step<F>(v, in.q.data() + row * stride + 256 * b, in.sums.data() + (row * in.blocks + b) * 16,
-                                      in.s[row * in.blocks + b], acc[o][r]);
+            const int8_t* x = in.q.data() + row * stride + 256 * b;
+            // (the input row read afresh for each weight row, straight into the products: kept in registers
+            // across the weight rows, eight rows' inputs would not fit and spill)
+            asm("" : "+r"(x));
+            acc[o][r] = super_step<F>(v, x, in.sums.data() + (row * in.blocks + b) * 16, in.s[row * in.blocks + b],
+                                      acc[o][r]);
           }
         }
       }
