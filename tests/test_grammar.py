@@ -223,3 +223,16 @@ def test_sampling_warpers_after_the_mask_keep_the_grammar(settings):
                            **settings)
         value = json.loads(text_of(out))
         assert value["kind"] in ("red", "blue", "green") and isinstance(value["ok"], bool)
+
+
+def test_free_and_constrained_calls_share_one_generator():
+    """A generator answers a free call, then a constrained one, then a free one again (the server's case):
+    every call has the forced-token source's place (inert without a grammar), so the estimate table the
+    earlier calls made fits the later ones; each output is what a fresh generator gives."""
+    gen = LookaheadGenerator(model(), tokenizer(), SPECULATE)
+    free = gen.generate(prompt(), max_new_tokens=NEW, eos_token_id=EOS)
+    constrained = gen.generate(prompt(), max_new_tokens=NEW, eos_token_id=EOS, response_format=SCHEMA)
+    again = gen.generate(prompt(), max_new_tokens=NEW, eos_token_id=EOS)
+    assert torch.equal(free, again)
+    assert torch.equal(constrained, generated(SPECULATE)[0])
+    assert not torch.equal(free, constrained)  # (the grammar changed the output: the comparison is not vacuous)

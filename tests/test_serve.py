@@ -336,7 +336,6 @@ def test_invalid_fields_are_400_naming_the_field(http, path, body, param, words)
     ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
     ("/v1/chat/completions", "functions", [{"name": "f"}]),
     ("/v1/chat/completions", "tool_choice", "required"),
-    ("/v1/chat/completions", "response_format", {"type": "json_object"}),
     ("/v1/chat/completions", "top_k", 5),
     ("/v1/completions", "n", 3),
     ("/v1/completions", "echo", True),

@@ -347,9 +347,9 @@ def test_the_proposer_drafts_through_the_engines_factory_and_planner():
     pool = NgramPool(VOCAB, config.pool_ngram, config.pool_capacity, config.pool_max_keys)
     engine = SourceFactory(config, proposer.memory, None).build(None, None, pool, None, 0).sources
     assert [type(s) for s in state.planner.proposers] == [type(s) for s in engine]
-    assert [s.name for s in state.planner.proposers] == ["prediction", "context", "memory", "ngram"]
+    assert [s.name for s in state.planner.proposers] == ["prediction", "context", "memory", "ngram", "grammar"]
     quiet = LookaheadProposer(_engine(lookahead={"context_match": False, "memory_tokens": 0}))
-    assert [s.name for s in quiet._new_state().planner.proposers] == ["prediction", "ngram"]
+    assert [s.name for s in quiet._new_state().planner.proposers] == ["prediction", "ngram", "grammar"]
     # the settings' values may be text, read by the config module's one parser
     assert settings_from({"lookahead": {"match_max": "6", "ngram_pool": "no"}}).config == LookaheadConfig(
         match_max=6, ngram_pool=False)

@@ -15,7 +15,7 @@ from ..proposers.base import Proposer
 from ..proposers.context import ContextMatcher
 from ..proposers.draft.drafter import Drafter
 from ..proposers.draft.proposer import DraftProposer
-from ..proposers.grammar import ForcedTokens
+from ..proposers.grammar import ForcedTokens, NoForcedTokens
 from ..proposers.memory import MemoryProposer, RequestMemory
 from ..proposers.ngram import NgramPool, NgramProposer, WindowProposer
 from ..proposers.prediction import NoPrediction, PredictionSource
@@ -81,8 +81,10 @@ class SourceFactory:
         if window_pool is not None:
             sources.append(WindowProposer(window_pool))
         mask = grammar_of(decoding.processors if decoding is not None else ())
-        if mask is not None:  # a constrained call: the tokens its grammar forces (last: the blocks above stay put)
-            sources.append(ForcedTokens(mask.grammar, mask.stop, cfg.max_tree_nodes + 1))
+        # the tokens a constrained call's grammar forces; for every other call an inert source in its place,
+        # so that the shared estimate table's blocks are the same for both
+        sources.append(ForcedTokens(mask.grammar, mask.stop, cfg.max_tree_nodes + 1) if mask is not None
+                       else NoForcedTokens())
         return SequenceSources(sources, draft, predicted)
 
 

@@ -23,11 +23,21 @@ from .base import Candidates, Source, StepContext, no_candidates, single_class
 FORCED_PRIORS = np.array([0.9, 0.98])  # class 0: jump-forward text; 1: the only token the grammar allows
 
 
-class ForcedTokens(Source):
-    """Proposes the tokens ``grammar`` forces after the output so far (one row of up to ``length``)."""
+class NoForcedTokens(Source):
+    """The forced tokens' place among the sources for a call without a grammar: it proposes nothing. Every
+    sequence has the source (one or the other), so the shared estimate table has the same blocks for a
+    constrained call as for the free calls before it."""
 
     name = "grammar"
     priors = FORCED_PRIORS
+
+    def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
+                step: StepContext | None = None) -> Candidates:
+        return no_candidates()
+
+
+class ForcedTokens(NoForcedTokens):
+    """Proposes the tokens ``grammar`` forces after the output so far (one row of up to ``length``)."""
 
     def __init__(self, grammar: Grammar, stop: Sequence[int], length: int):
         self.grammar, self.stop, self.length = grammar, list(stop), int(length)
