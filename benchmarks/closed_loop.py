@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from lookahead import LookaheadConfig, LookaheadGenerator, load_model
-from lookahead.call.decoding import resolve_decoding
 from lookahead.cost.measure import cpu_name
 from lookahead.plan.choice import StepChooser
 from lookahead.serve.defaults import SERVE_DEFAULTS
@@ -53,23 +52,21 @@ def serve(gen: LookaheadGenerator, prompts: list[np.ndarray], clients: int, new:
     (kind, sequences, tokens, seconds) as the chooser made it. The run's numbers and every request's tokens."""
     run = gen.open_batch()
     queue = list(range(len(prompts)))
-    seqs: dict[int, Any] = {}
+    handles: dict[int, Any] = {}
     joins = 0.0
     kinds.clear()
     began = time.perf_counter()
-    while queue or run.active:
-        while queue and len(run.active) < clients:
+    while queue or run.handles:
+        while queue and len(run.handles) < clients:
             i = queue.pop(0)
             start = time.perf_counter()
-            decoding = resolve_decoding(gen.model, len(prompts[i]), gen.target.device, max_new_tokens=new,
-                                        do_sample=False)
-            seqs[i] = run.join(prompts[i], decoding)
+            handles[i] = run.join(prompts[i], max_new_tokens=new, do_sample=False)
             joins += time.perf_counter() - start
-        if run.active:
+        if run.handles:
             run.step()
     wall = time.perf_counter() - began
     stats = run.stats
-    tokens = {i: seq.finish()[len(prompts[i]):].tolist() for i, seq in seqs.items()}
+    tokens = {i: handle.output_ids.tolist() for i, handle in handles.items()}
     steps = [(k[0], k[1], acc, sec, k[2], k[3], host)
              for k, acc, sec, host in zip(kinds, stats.accepted, stats.step_seconds, stats.host_seconds)]
     return {"tokens_per_s": sum(stats.accepted) / wall, "new_tokens": sum(stats.accepted), "steps": stats.steps,

@@ -30,8 +30,8 @@ from .machine import cpu_name, cpu_snapshot, others_busy
 from .quantized import FORMAT_NAMES, PRODUCTS, QuantizedLinear
 
 # int8 is kept where its time is at most this share of float32's: the float model's own numbers are worth a
-# little time (measured: Q4_K 0.60 and Q6_K 0.46 go int8; SmolLM2's Q8_0 head at 0.95 stays float32, where
-# int8 left transformers' greedy on the de-quantized model on 13 of 18 prompts for no measurable speed)
+# little time (the integer products' text leaves transformers' greedy on the de-quantized model at near-ties;
+# `python -m lookahead.benchmarks.llamacpp` reports how far each output follows it)
 INT8_MARGIN = 0.8
 ROWS = (1, 4)  # the step sizes timed: a plain step and a small tree
 PASSES = 7  # timed passes per product and row count (interleaved); the median counts
