@@ -33,6 +33,7 @@ import torch
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.model.graphs import StepGraphs
 from lookahead.model.support import attention_layout
+from lookahead.model.switches import ForwardSwitches
 from lookahead.model.target import Target
 
 from .shaped_model import SHAPES, shaped_config
@@ -69,7 +70,7 @@ def static_graphs(target: Target) -> StepGraphs:
 def target_for(model, mode: str) -> Target:
     """A Target running steps eagerly ("eager"), through captured graphs ("graphs") or through the graphs'
     static forward without a capture ("static")."""
-    target = Target(model, attention_layout(model.config), graphs=mode == "graphs")
+    target = Target(model, attention_layout(model.config), ForwardSwitches(graphs=mode == "graphs"))
     if mode == "static":
         target.graphs = static_graphs(target)
     if mode == "graphs" and target.graphs is None:

@@ -46,6 +46,7 @@ import torch
 
 from lookahead.model.hugepages import huge_bytes, move_to_huge_pages, on_huge_pages
 from lookahead.model.quantized import QuantizedLinear, embedding_facts, quantized_modules
+from lookahead.model.switches import ForwardSwitches
 
 from .compute_roof import PEAK_ROWS, compute_throughput, linear_macs, ridge_rows, roof_seconds, sync
 
@@ -508,7 +509,8 @@ def measure_roofline(model, tokenizer, rows: tuple[int, ...], context: int, repe
     timers: list = [None] * len(rows)
     trace_routes = traced_routes(seconds, by_label) if traced and cpu else []
     if traced and cpu and all(r is not None for r in trace_routes):
-        replayed, timers = traced_steps(time_one, lambda: decode_step_timer(model, layout, context, traced=True),
+        replayed, timers = traced_steps(time_one, lambda: decode_step_timer(model, layout, context,
+                                                                         switches=ForwardSwitches(traced=True)),
                                         rows, trace_routes, repeats)
     rates = compute_throughput(model, time_one.target.linears, peak_routes(routes, peak_rows, threads), peak_rows)
     macs = linear_macs(model)

@@ -178,6 +178,7 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
     from lookahead.kernels.threads import start_numba_threads, usable_cores
     from lookahead.model.hugepages import move_to_huge_pages
     from lookahead.model.support import check_model
+    from lookahead.model.switches import ForwardSwitches
     from lookahead.model.target import Target
     from lookahead.plan.window import auto_window
 
@@ -186,8 +187,7 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
     # (as LookaheadGenerator builds it: the weights where its would be, the same curves, the same cache keys)
     if config.huge_pages:
         move_to_huge_pages(model)
-    target = Target(model, check_model(model, config.allow_untested_models), config.cuda_graphs, config.traced_forward,
-                    config.native_linear, config.native_attention)
+    target = Target(model, check_model(model, config.allow_untested_models), ForwardSwitches.of(config))
     policy = CostPolicy(target, config)
     start_numba_threads()  # as a generator does before its measurement: the kernels compiled, not timed compiling
     warmup(workers=usable_cores())

@@ -42,6 +42,7 @@ from .model.fewrows import FewRowLinear
 from .model.hugepages import move_to_huge_pages
 from .model.routing import Routing
 from .model.support import check_model
+from .model.switches import ForwardSwitches
 from .model.target import Target
 from .plan.acceptance import AcceptanceStats
 from .plan.window import auto_window
@@ -101,9 +102,7 @@ class LookaheadGenerator:
         layout = check_model(model, self.config.allow_untested_models)
         if self.config.huge_pages:  # (before anything holds the weights: the trace, the kernels, a cost curve)
             move_to_huge_pages(model)
-        self.target = Target(model, layout, self.config.cuda_graphs,
-                             self.config.traced_forward, self.config.native_linear, self.config.native_attention,
-                             prefill_kernel=self.config.few_row_matmul)
+        self.target = Target(model, layout, ForwardSwitches.of(self.config))
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None
         self.costs = CostPolicy(self.target, self.config)  # which curve prices which step (cost/policy.py)

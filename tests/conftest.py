@@ -245,8 +245,8 @@ def synthetic_cost_curves():
     (lookahead/cost/policy.py is where generators call it)."""
     import lookahead.cost.policy as engine
 
-    def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, few_row_matmul=True, onednn=False, bound_s=12.0,
-             keep_busy=False, fresh=False, graphs=False, native=True, traced=False, attention=True):
+    def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, switches=None, bound_s=12.0,
+             keep_busy=False, fresh=False):
         rows = np.array(row_grid(max_rows), dtype=np.float64)
         return CostModel(rows, 0.01 * batch * (1.0 + 0.02 * (rows - 1)), smoothing=0.0)
 

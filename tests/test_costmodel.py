@@ -15,6 +15,7 @@ import torch
 import lookahead.cost.measure as measure
 import lookahead.cost.store as store
 from conftest import tiny_model
+from lookahead.model.switches import ForwardSwitches
 from lookahead.cost.curve import CONFIRM_STEPS, TRUST_MEASURED, TRUST_REPAIRED, CostModel, row_grid
 from lookahead.cost.measure import ATTEMPTS, MIN_PASSES, implausibility, measure_curve, repair, time_passes
 from lookahead.cost.store import load_cost_model
@@ -40,7 +41,7 @@ def fake_timer(times):
         fast = route is None or (route.linear == "kernel" and route.threads == torch.get_num_threads())
         return times(q) * (1.0 if fast else SLOWER)
 
-    return lambda model, layout, context, seed=0, batch=1, graphs=False, traced=False, native=True, attention=True: None if times is None else time_one
+    return lambda model, layout, context, seed=0, batch=1, switches=None: None if times is None else time_one
 
 
 def first_passes(model) -> int:
@@ -356,7 +357,7 @@ def test_load_cost_model_offers_the_onednn_route_only_when_asked(llama, tmp_path
 
     monkeypatch.setattr(store, "measured_routes", recording)
     load_cost_model(model, layout, 4, 8, 3, str(tmp_path / "default"))
-    load_cost_model(model, layout, 4, 8, 3, str(tmp_path / "asked"), onednn=True)
+    load_cost_model(model, layout, 4, 8, 3, str(tmp_path / "asked"), switches=ForwardSwitches(onednn=True))
     assert seen == [False, True]
 
 

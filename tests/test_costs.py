@@ -18,6 +18,7 @@ from test_costmodel import FakeClock, cpu_time, fake_timer, refine
 import lookahead.cost.measure as measure
 import lookahead.cost.policy as engine
 import lookahead.cost.store as store
+from lookahead.model.switches import ForwardSwitches
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.cli.main import main
 from lookahead.config import ConfigError
@@ -111,11 +112,11 @@ def test_the_config_fields_are_validated_and_reach_the_measurement(llama, tmp_pa
                          (dict(keep_busy_curve="yes"), "keep_busy_curve must be True or False")):
         with pytest.raises(ConfigError, match=message):
             LookaheadConfig(**bad)
-    assert engine.measuring(LookaheadConfig()) == {"bound_s": 12.0, "keep_busy": False, "fresh": False,
-                                                   "native": True, "attention": True}
-    assert engine.measuring(LookaheadConfig(calibration_seconds=5, keep_busy_curve=True, native_linear=False,
-                                            native_attention=False), fresh=True) == \
-        {"bound_s": 5.0, "keep_busy": True, "fresh": True, "native": False, "attention": False}
+    assert engine.measuring(LookaheadConfig()) == {"bound_s": 12.0, "keep_busy": False, "fresh": False}
+    assert engine.measuring(LookaheadConfig(calibration_seconds=5, keep_busy_curve=True), fresh=True) == \
+        {"bound_s": 5.0, "keep_busy": True, "fresh": True}
+    switches = ForwardSwitches.of(LookaheadConfig(native_linear=False, native_attention=False, cuda_graphs=False))
+    assert (switches.native, switches.attention, switches.graphs, switches.traced) == (False, False, False, True)
     model, _ = llama
     monkeypatch.setattr(engine, "load_cost_model", store.load_cost_model)  # measure (fakely) for real here
     monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))
@@ -182,7 +183,7 @@ def test_a_measurement_keeps_to_its_bound_and_says_what_it_cut(llama, tmp_path, 
     clock = FakeClock()
     slow = clock.forward(lambda q, route=None: 25 * cpu_time(q) * (1.0 if route is None or route.linear == "kernel"
                                                                    else 1.6))
-    monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1, graphs=False, traced=False, native=True, attention=True: slow)
+    monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1, switches=None: slow)
     monkeypatch.setattr(store, "others_busy", lambda before, after: 0.0)
     cost = load_cost_model(model, layout, 33, 8, 5, str(tmp_path), bound_s=20.0, clock=clock)
     before, after = lines(capsys)
@@ -313,9 +314,9 @@ def test_a_generator_measures_the_steps_it_runs_and_costs_measure_writes_its_cur
     seen: list[bool] = []
     timer = store.decode_step_timer
 
-    def recording(*args, traced=False, **kwargs):
-        seen.append(traced)
-        return timer(*args, traced=traced, **kwargs)
+    def recording(*args, switches=None, **kwargs):
+        seen.append(switches is not None and switches.traced)
+        return timer(*args, switches=switches, **kwargs)
 
     measured_fakely.setattr(store, "decode_step_timer", recording)
     cache = str(tmp_path / "costs")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import RUN_ON, VOCAB, record_compile_seconds, reference, tiny_model
+from lookahead.model.switches import ForwardSwitches
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.errors import ConfigError
 from lookahead.model.cache import arena_of
@@ -210,7 +211,7 @@ def test_the_cost_measurement_times_a_step_again_after_capturing_its_graph(monke
     from lookahead.model.support import attention_layout
 
     model = tiny_model("llama")
-    timer = decode_step_timer(model, attention_layout(model), context=20, graphs=True)  # (CUDA: captured)
+    timer = decode_step_timer(model, attention_layout(model), context=20, switches=ForwardSwitches(graphs=True))  # (CUDA: captured)
     cpu_graphs(timer.target)
     graphs = timer.target.graphs
     assert graphs is not None

@@ -11,6 +11,7 @@ import torch
 import transformers
 from click.testing import CliRunner
 
+from lookahead.model.switches import ForwardSwitches
 from lookahead.benchmarks import compute_roof as cr
 from lookahead.benchmarks import roofline as rl
 from lookahead.call.stats import PHASES
@@ -302,7 +303,7 @@ def test_measure_roofline_without_traces_times_none(llama):
 
 
 def test_a_traced_timer_replays_its_steps_through_the_route_given(llama):
-    time_traced = decode_step_timer(llama, check_model(llama, False), 16, traced=True)
+    time_traced = decode_step_timer(llama, check_model(llama, False), 16, switches=ForwardSwitches(traced=True))
     for q in (1, 3):
         for _ in range(2):  # the first step of a kind makes and checks its trace
             assert time_traced(q, Route(1, "kernel")) > 0
@@ -346,7 +347,7 @@ def test_traced_steps_pair_the_passes_and_say_why_no_trace_served():
 def test_traced_steps_time_both_in_every_pass(llama):
     layout = check_model(llama, False)
     time_eager = decode_step_timer(llama, layout, 16)
-    steps, timers = rl.traced_steps(time_eager, lambda: decode_step_timer(llama, layout, 16, traced=True), (1, 4),
+    steps, timers = rl.traced_steps(time_eager, lambda: decode_step_timer(llama, layout, 16, switches=ForwardSwitches(traced=True)), (1, 4),
                                     [Route(1, "kernel")] * 2, 2)
     assert all(s["why"] is None and s["seconds"] > 0 and s["eager_s"] > 0 for s in steps)
     assert [s["route"] for s in steps] == ["kernel x1", "kernel x1"]

@@ -29,7 +29,7 @@ def one_step(target: Target, ids: torch.Tensor) -> tuple[StepCall, torch.Tensor]
 
 def test_the_eager_way_runs_the_models_forward():
     model = tiny_model("llama")
-    target = Target(model, check_model(model, False), traced=False)
+    target = Target(model, check_model(model, False))
     call, expected = one_step(target, prompt(1))
     with torch.inference_mode():
         logits = EagerStep(target).run(call)
@@ -63,7 +63,7 @@ def test_the_replayed_way_serves_only_a_trace_made_and_checked_at_the_shape():
 
 def test_target_step_takes_the_first_way_that_runs():
     model = tiny_model("llama")
-    target = Target(model, check_model(model, False), traced=False)
+    target = Target(model, check_model(model, False))
     call, expected = one_step(target, prompt(1))
     offered = []
 

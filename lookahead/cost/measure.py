@@ -39,6 +39,7 @@ from ..model.mask import PastSlots
 from ..model.quantized import embedding_facts
 from ..model.routing import Route, Routing, candidate_routes, kernel_applies, onednn_applies, route_mode
 from ..model.support import AttentionLayout
+from ..model.switches import ForwardSwitches
 from ..model.target import Target, input_device
 
 if TYPE_CHECKING:
@@ -313,20 +314,18 @@ def interpolated(rows: tuple[int, ...], measured: tuple[int, ...], seconds: Arra
 
 # ---------------------------------------------------------------- one decode-shaped forward
 def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                      batch: int = 1, graphs: bool = False, traced: bool = False, native: bool = True,
-                      attention: bool = True) -> StepTimer:
+                      batch: int = 1, switches: ForwardSwitches | None = None) -> StepTimer:
     """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
     cached ones, run through ``route`` (model/routing.py; None: as torch is set).
 
     Each pass goes through ``Target.step`` exactly as a decode step does
     (for a batch of ``batch`` sequences of q tokens too), plus
     the step's host sync (an argmax read back), and is cropped away again. A
-    synthetic context of random tokens is prefilled here, once. ``traced``:
-    the target replays its steps from TorchScript traces (model/traced.py),
-    each kind traced on its first step (``StepTimer``). ``native``, ``attention``: the target's ``native`` and
-    ``native_attention`` (model/target.py).
+    synthetic context of random tokens is prefilled here, once. ``switches``: the target's
+    (model/switches.py); with ``traced`` it replays its steps from TorchScript traces (model/traced.py),
+    each kind traced on its first step (``StepTimer``).
     """
-    return StepTimer(model, layout, context, seed, batch, graphs, traced, native, attention)
+    return StepTimer(model, layout, context, seed, batch, switches)
 
 
 class StepTimer:
@@ -334,14 +333,12 @@ class StepTimer:
     whose ``last_route`` says how the latest step ran ("kernel x2", "kernel x2 traced", ...)."""
 
     def __init__(self, model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                 batch: int = 1, graphs: bool = False, traced: bool = False, native: bool = True,
-                 attention: bool = True):
-        # (graphs: model/graphs.py, where the target takes them; traced: model/traced.py, on the CPU;
-        # native: the C++ op and its tiled kernel, model/fewrows.py; attention: its attention kernel)
-        self.target = Target(model, layout, graphs, traced=traced, native=native, native_attention=attention)
-        if traced:
+                 batch: int = 1, switches: ForwardSwitches | None = None):
+        switches = switches or ForwardSwitches()
+        self.target = Target(model, layout, switches)
+        if switches.traced:
             self.target.long_lived()  # every kind traced on its first step
-        self.traced = traced
+        self.traced = switches.traced
         self.context, self.batch = context, batch
         self.rng = np.random.default_rng(seed)
         self.cache = self.target.new_cache()

@@ -8,10 +8,12 @@ measurement also chooses how each forward runs (its ``routing``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..config import LookaheadConfig
 from ..model.support import AttentionLayout, context_length
+from ..model.switches import ForwardSwitches
 from ..model.target import Target
 from .curve import CostModel, flat_curve
 from .store import load_cost_model
@@ -42,11 +44,9 @@ def fitted_context(context: int, limit: int | None) -> int:
 
 def measuring(config: LookaheadConfig, fresh: bool = False) -> dict[str, Any]:
     """``load_cost_model``'s keywords for how a curve is measured and kept: its time bound
-    (``calibration_seconds``), whether a curve measured under load is cached (``keep_busy_curve``),
-    ``fresh`` (measured whatever the cache holds), and whether its forwards run through the C++ op
-    (``native_linear``) and its attention kernel (``native_attention``), as the decode's do."""
-    return {"bound_s": float(config.calibration_seconds), "keep_busy": config.keep_busy_curve, "fresh": fresh,
-            "native": config.native_linear, "attention": config.native_attention}
+    (``calibration_seconds``), whether a curve measured under load is cached (``keep_busy_curve``) and
+    ``fresh`` (measured whatever the cache holds)."""
+    return {"bound_s": float(config.calibration_seconds), "keep_busy": config.keep_busy_curve, "fresh": fresh}
 
 
 class CostPolicy:
@@ -71,10 +71,10 @@ class CostPolicy:
         if not budgeted(config) and self.target.device.type != "cpu":
             return None
         context = fitted_context(config.calibration_context, self.target.context)
+        # (the forwards as the decode's run: the config's switches, traced where the target traces)
+        switches = dataclasses.replace(ForwardSwitches.of(config), traced=self.target.traced is not None)
         return load_cost_model(self.target.model, self.target.layout, largest_step(config), context,
-                               config.calibration_repeats, config.cost_cache_dir, batch,
-                               few_row_matmul=config.few_row_matmul, onednn=config.onednn_linear,
-                               graphs=config.cuda_graphs, traced=self.target.traced is not None,
+                               config.calibration_repeats, config.cost_cache_dir, batch, switches=switches,
                                **measuring(config, fresh))
 
     def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None) -> CostModel | None:
@@ -94,6 +94,7 @@ class CostPolicy:
         config = self.config
         rows = min(DRAFT_COST_ROWS, config.max_tree_nodes + 2)
         context = fitted_context(config.calibration_context, context_length(draft_model.config))
+        # (eager, with the draft's routes, drafter.py: no graphs, no trace)
+        switches = dataclasses.replace(ForwardSwitches.of(config), graphs=False, traced=False)
         return load_cost_model(draft_model, layout, rows, context, config.calibration_repeats, config.cost_cache_dir,
-                               few_row_matmul=config.few_row_matmul, onednn=config.onednn_linear,
-                               **measuring(config))  # with the draft's routes (drafter.py)
+                               switches=switches, **measuring(config))

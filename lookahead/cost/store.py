@@ -33,6 +33,7 @@ from ..model.hugepages import on_huge_pages
 from ..model.quantized import embedding_facts, weights_summary
 from ..model.routing import Routing
 from ..model.support import AttentionLayout
+from ..model.switches import ForwardSwitches
 from ..model.target import input_device
 from ..native.build import load_linear, sources_digest, tiled_width
 from .curve import TRUST_MEASURED, TRUST_REPAIRED, CostModel, row_grid
@@ -77,9 +78,8 @@ def say_on_stderr(line: str) -> None:
 
 
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
-                    cache_dir: str, batch: int = 1, say: Say = say_on_stderr, few_row_matmul: bool = True,
-                    onednn: bool = False, graphs: bool = False, native: bool = True, traced: bool = False,
-                    attention: bool = True, bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
+                    cache_dir: str, batch: int = 1, say: Say = say_on_stderr, switches: ForwardSwitches | None = None,
+                    bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
                     clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
     (or ``fresh``: measured whatever the cache holds, and written over it).
@@ -97,17 +97,19 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     again, refined, after CONFIRM_STEPS real steps; an implausible one
     (``measure_curve``), or one measured while other processes kept
     LOAD_LIMIT cores busy, is used for this run and not saved as measured.
-    ``cache_dir`` "" measures without reading or writing the disk. ``graphs``: one sequence's steps on a
-    CUDA device run as CUDA graphs (model/graphs.py), and are measured so. ``native``: the forwards run as
-    a generator with ``native_linear`` runs them (the C++ op and its tiled kernel, model/fewrows.py), and
-    ``attention``: their grouped-query attention through that op's kernel, as with ``native_attention``.
-    ``traced``: on the CPU, the steps are replayed from a trace (model/traced.py) as a generator with
-    ``traced_forward`` replays them, so the curve has their shape (an eager step's fixed Python costs made
-    more rows look cheaper relative to one than they are traced: `lookahead roofline` times both);
-    making the trace is part of the measurement's time.
+    ``cache_dir`` "" measures without reading or writing the disk. ``switches`` (model/switches.py; default
+    ForwardSwitches()): the forwards run as a generator with the same config fields runs them and are
+    measured so: ``graphs``, one sequence's steps on a CUDA device as CUDA graphs (model/graphs.py);
+    ``native``, the C++ op and its tiled kernel (model/fewrows.py), and ``attention``, their grouped-query
+    attention through that op's kernel; ``few_row_matmul`` and ``onednn``, the routes tried; ``traced``, on
+    the CPU, the steps replayed from a trace (model/traced.py), so the curve has their shape (an eager
+    step's fixed Python costs made more rows look cheaper relative to one than they are traced: `lookahead
+    roofline` times both); making the trace is part of the measurement's time.
     """
+    switches = switches or ForwardSwitches()
+    native, attention = switches.native, switches.attention
     rows = row_grid(max_rows)
-    routes = measured_routes(model, few_row_matmul, onednn)
+    routes = measured_routes(model, switches.few_row_matmul, switches.onednn)
     fingerprint = model_fingerprint(model, rows, context, repeats, routes)
     fingerprint["native_linear"] = native
     fingerprint["native_attention"] = native and attention
@@ -119,10 +121,10 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
         fingerprint["huge_pages"] = True  # (weights streamed from 2 MB pages: a faster curve)
     if batch > 1:
         fingerprint["batch"] = batch
-    graphed = graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as CUDA graphs
+    graphed = switches.graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as graphs
     if graphed:
         fingerprint["graphs"] = True
-    replayed = traced and input_device(model).type == "cpu"  # steps replayed from a trace
+    replayed = switches.traced and input_device(model).type == "cpu"  # steps replayed from a trace
     if replayed:
         fingerprint["traced"] = True
     store = None
@@ -135,8 +137,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
                              routing=_routing(rows, routes, saved[1]), cached=store.path)
     started, before = clock(), cpu_snapshot()
     # (prefills the synthetic context)
-    time_one = decode_step_timer(model, layout, context, batch=batch, graphs=graphed, traced=replayed,
-                                 native=native, attention=attention)
+    time_one = decode_step_timer(model, layout, context, batch=batch,
+                                 switches=dataclasses.replace(switches, graphs=graphed, traced=replayed))
     forwards = probe_forwards(time_one, rows, routes)
     plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
     say(announcement(fingerprint, rows, (clock() - started + plan.likely, clock() - started + plan.longest),

@@ -30,6 +30,7 @@ from .quantized import TILES_ROWS_MIN, embedding_facts, kernel_only, quantized_l
 from .routing import Route, Routing
 from .stepways import EagerStep, GraphedStep, ReplayedStep, StepCall, StepWay
 from .support import AttentionLayout, context_length
+from .switches import ForwardSwitches
 from .traced import TracedForward, TraceKey, trace_linear, traceable
 
 if TYPE_CHECKING:
@@ -89,16 +90,17 @@ def spans_devices(model: torch.nn.Module, main: torch.device) -> bool:
 class Target:
     """A stock transformers causal LM driven with custom masks and positions."""
 
-    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, graphs: bool = False, traced: bool = False,
-                 native: bool = True, native_attention: bool = True, prefill_kernel: bool = True):
-        """``graphs``: run one sequence's steps as CUDA graphs (graphs.py) where the model is on a CUDA
-        device, every layer attends fully and the layers sit on one device. ``traced``: on the CPU,
-        replay steps from checked TorchScript traces (traced.py) where every layer attends fully; ``native``:
-        their linear layers through the C++ op (native/) where it can be built, and the kernel route's
-        float32 products, eager or traced, through its tiled kernel (fewrows.py); ``native_attention``: with
-        that op's library loaded, a float32 step's grouped-query attention through its kernel (attention.py);
-        ``prefill_kernel``: prompts prefill through that op's tiled kernel where it measures faster than torch's
-        (prefill.py)."""
+    def __init__(self, model: PreTrainedModel, layout: AttentionLayout, switches: ForwardSwitches | None = None):
+        """``switches`` (switches.py; default: ForwardSwitches()): ``graphs``, run one sequence's steps as CUDA
+        graphs (graphs.py) where the model is on a CUDA device, every layer attends fully and the layers sit
+        on one device; ``traced``, on the CPU, replay steps from checked TorchScript traces (traced.py) where
+        every layer attends fully; ``native``, their linear layers through the C++ op (native/) where it can
+        be built, and the kernel route's float32 products, eager or traced, through its tiled kernel
+        (fewrows.py); ``attention``, with that op's library loaded, a float32 step's grouped-query attention
+        through its kernel (attention.py); ``few_row_matmul``, prompts prefill through that op's tiled kernel
+        where it measures faster than torch's (prefill.py)."""
+        switches = switches or ForwardSwitches()
+        graphs, traced, native = switches.graphs, switches.traced, switches.native
         self.model = model
         self.layout = layout
         self.cache_keyword = cache_keyword(model)  # how the forward takes the KV cache (transformers' version)
@@ -107,12 +109,12 @@ class Target:
         self.routings: dict[int, Routing] = {}
         self.linears = FewRowLinear(model, native)  # its linear layers, for the routes that reroute them
         # whose kernel prefills prompts: measured on the first ones, where the tiled kernel takes float32 weights
-        self.prefills = PrefillChoice(self.linears if prefill_kernel and self.linears.tiled is not None
+        self.prefills = PrefillChoice(self.linears if switches.few_row_matmul and self.linears.tiled is not None
                                       and input_device(model).type == "cpu" else None)
         text = model.config.get_text_config(decoder=True)
         self.layers = getattr(text, "num_hidden_layers", None)  # decoder layers: the KV cache's arena (cache.py)
         # grouped heads under a mask without copies (attention.py), through the C++ op's kernel where it is loaded
-        self.attention = GroupedAttention(model, native and native_attention)
+        self.attention = GroupedAttention(model, native and switches.attention)
         self.last_route = ""  # the label of the route the latest forward ran through ("": as torch is set)
         # seconds of the latest step spent compiling its forward (making or checking a trace, capturing a CUDA
         # graph), not the forward's own cost
