@@ -218,6 +218,21 @@ class LookaheadGenerator:
         ``response_format`` ("json_object", or a JSON schema dict) constrains the output by a grammar
         (call/grammar.py, verify/grammar.py: every tree row masked along its own path) until it is complete,
         then an EOS id ends it; greedy output equals the constrained plain loop token for token.
+
+        Args:
+            input_ids: [B, T] prompt token ids (left-padded for B > 1).
+            attention_mask: [B, T] 1 for a token, 0 for padding (None: every token real).
+            max_new_tokens, do_sample, temperature, top_k, top_p, min_p, repetition_penalty, eos_token_id,
+                logits_processor, stopping_criteria, stop_strings, max_time, streamer, generator,
+                generation_config: as ``model.generate`` takes them.
+            presence_penalty, frequency_penalty, logit_bias, logprobs: OpenAI's, as above.
+            prediction: the expected output (Predicted Outputs), or None.
+            response_format: "json_object", a JSON schema dict, or None.
+
+        Returns:
+            [B, T + N] the prompts followed by up to N = max_new_tokens new tokens each (rows that end early
+            padded with the pad token), or a ``LookaheadOutput`` (``.sequences`` [B, T + N], ``.stats``,
+            ``.logprobs``) with ``return_dict_in_generate`` or ``logprobs``.
         """
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab,
                                          self.model.generation_config)  # [B, T], [B, T], B prompts

@@ -183,7 +183,17 @@ class OpenBatch:
         Grammar the generator compiled already (``LookaheadGenerator.grammar``: a server compiles while it
         checks the request, not in its decode loop). A sequence with nothing to generate
         (max_new_tokens 0) never joins: its handle has ended already ("length"). Bad settings raise
-        GenerateInputError naming the argument, and nothing joins."""
+        GenerateInputError naming the argument, and nothing joins.
+
+        Args:
+            prompt_ids: [T] the prompt's token ids.
+            max_new_tokens ... response_format: as ``LookaheadGenerator.generate`` takes them, for this prompt.
+            seed: this sequence's own random stream when it samples (None: torch's default generator).
+
+        Returns:
+            The sequence's ``BatchHandle``: its new tokens so far (``output_ids`` [n]), logprobs, stats and,
+            once it ended, ``finish_reason``.
+        """
         self._check_usable()
         prompt = _prompt(prompt_ids, self.vocab)  # [T]
         target = self.run.target
@@ -208,7 +218,12 @@ class OpenBatch:
         return handle
 
     def step(self) -> list[BatchEvent]:
-        """One step of every running sequence; an event for each that gained tokens or ended in it."""
+        """One step of every running sequence (one forward for all of them).
+
+        Returns:
+            A ``BatchEvent`` (handle, its new tokens, their logprobs, the finish reason or None) for each
+            sequence that gained tokens or ended in this step, in the batch's order.
+        """
         self._check_usable()
         running = self.handles
         if not running:

@@ -453,6 +453,19 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
     Example: ``model, tokenizer = load_model("smollm2-135m")`` (the GGUF fetched on first use, its
     blocks kept); ``load_model("smollm2-135m", weights="dequantized")``;
     ``load_model("./my-model", device="cuda", dtype=torch.bfloat16)``.
+
+    Args:
+        name_or_path: an alias (``lookahead.loading.models.ALIASES``), a ``.gguf`` file, a local model
+            directory or a hub id.
+        device, dtype: where and in which float dtype the model runs.
+        cache_dir: lookahead's cache (default ``~/.cache/lookahead``: fetched files, converted models).
+        attn_implementation: "sdpa", "eager" or None (transformers' default).
+        trust_remote_code: let a checkpoint that ships its own modelling code run it.
+        weights, products: how a GGUF's weights are held and multiply (above).
+        cost_cache_dir: where the products' choice is kept ("" keeps nothing).
+
+    Returns:
+        (model, tokenizer): a transformers causal LM in eval mode on ``device`` and its tokenizer.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
