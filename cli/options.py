@@ -98,9 +98,9 @@ def weights_option(func: F) -> F:
 
     return click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
                         help="How a GGUF model (an alias or a .gguf file) holds its weights: 'quantized' keeps the "
-                             "file's block formats (about the file's size in memory; float32 products over the "
-                             "same de-quantized values), 'dequantized' widens them to float32, 'auto' is "
-                             "'quantized' on the CPU in float32, else 'dequantized'.")(func)
+                             "file's block formats (about the file's size in memory; see --products for how they "
+                             "multiply), 'dequantized' widens them to float32, 'auto' is 'quantized' on the CPU "
+                             "in float32, else 'dequantized'.")(func)
 
 
 def products_option(func: F) -> F:

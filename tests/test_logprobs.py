@@ -8,34 +8,16 @@ the penalties and biases, before temperature); a batch's rows each get their own
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
+from conftest import VOCAB
+from test_penalties import NEW, NO_EOS, PLAIN, SPECULATE, model_for, prompt
 
-from conftest import VOCAB, tiny_model
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.errors import GenerateInputError
 from lookahead.verify.logprobs import read_logprobs, stage_logprobs
 from lookahead.verify.penalties import OutputPenalty
-
-NEW = 40
-NO_EOS = [VOCAB + 1000]
-SPECULATE = LookaheadConfig(window=3, ngram=3, candidates=4, match_min=1, match_length=6,
-                            budget="fixed")  # trees every step, whatever the machine's load
-PLAIN = LookaheadConfig(window=1, ngram=2, candidates=0)
-
-
-@functools.lru_cache(maxsize=None)
-def model_for(arch: str):
-    return tiny_model(arch)
-
-
-def prompt() -> torch.Tensor:
-    gen = torch.Generator().manual_seed(7)
-    motif = torch.randint(3, VOCAB, (6,), generator=gen)
-    return torch.cat([motif, motif, motif, motif[:3]])[None]  # [1, 21]
 
 
 def generated(config: LookaheadConfig, arch: str = "llama", ids: torch.Tensor | None = None, **kwargs):

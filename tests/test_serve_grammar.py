@@ -36,17 +36,24 @@ JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema"
 MESSAGES = [{"role": "user", "content": 'Answer_in_JSON:{"ok":true,"kind":"blue","tags":["x"]}'}]
 
 
-@pytest.fixture(scope="module")
-def served():
+def serving(template: str):
+    """A tiny model served on a loopback port with ``template`` as its chat template, until the module ends:
+    yields its url, model, tokenizer, generator and an openai client."""
     model = tiny_model("llama")
     tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = template
     generator = LookaheadGenerator(model, tokenizer, LookaheadConfig())
     engine = Engine(generator, max_batch=2, max_queue=4)
     engine.start()
     server = ServerThread(create_app(engine, MODEL, api_key=KEY, stop_engine=True)).start()
-    yield {"url": server.url, "model": model, "tokenizer": tokenizer, "generator": generator}
+    yield {"url": server.url, "model": model, "tokenizer": tokenizer, "generator": generator,
+           "client": openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=WAIT_S)}
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def served():
+    yield from serving(TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -152,16 +159,7 @@ ASK = [{"role": "user", "content": "Weather?"}]
 
 @pytest.fixture(scope="module")
 def tooled():
-    model = tiny_model("llama")
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = QWEN
-    generator = LookaheadGenerator(model, tokenizer, LookaheadConfig())
-    engine = Engine(generator, max_batch=2, max_queue=4)
-    engine.start()
-    server = ServerThread(create_app(engine, MODEL, api_key=KEY, stop_engine=True)).start()
-    yield {"url": server.url, "model": model, "tokenizer": tokenizer, "generator": generator,
-           "client": openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=WAIT_S)}
-    server.stop()
+    yield from serving(QWEN)
 
 
 def forced_call_text(tooled, tools: list[dict], choice) -> str:

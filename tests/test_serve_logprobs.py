@@ -6,18 +6,14 @@ value is a 400 naming the field."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import httpx
 import openai
 import pytest
 import torch
-import uvicorn
+from conftest import VOCAB, tiny_model, tiny_tokenizer
+from test_serve import ServerThread
 from transformers.generation import LogitsProcessorList
 
-from conftest import VOCAB, tiny_model, tiny_tokenizer
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.serve.app import create_app
 from lookahead.serve.engine import Engine
@@ -28,35 +24,9 @@ MODEL = "tiny-llama"
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 WAIT_S = 20.0  # the longest any bounded wait in this file waits
-POLL_S = 0.02
 MESSAGES = [{"role": "user", "content": "abcabcabcabc"}]
 NEW = 24
 ATOL = 1e-5  # the server's rows run in other step shapes than the direct forward: float32 rounding apart
-
-
-class ServerThread:
-    """uvicorn serving ``app`` on a free loopback port, in a thread (as tests/test_serve.py starts it)."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def start(self) -> ServerThread:
-        self.thread.start()
-        for _ in range(int(WAIT_S / POLL_S)):
-            if self.server.started or not self.thread.is_alive():
-                break
-            time.sleep(POLL_S)
-        assert self.server.started and self.thread.is_alive(), "the server did not start"
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive(), "the server did not stop"
 
 
 @pytest.fixture(scope="module")

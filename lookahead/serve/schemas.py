@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .tools import ToolError, assistant_tool_calls, check_tool_turns, tool_result
+from .tools import ToolError, assistant_tool_calls, check_tool_turns, json_kind, tool_result
 
 MAX_STOPS = 16  # stop strings per request (OpenAI takes 4)
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
@@ -149,7 +149,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
                           f"send one JSON object", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got a JSON {_json_kind(body)}",
+        raise bad_request(f"the request body must be a JSON object, got a JSON {json_kind(body)}",
                           code="invalid_json")
     try:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -158,16 +158,6 @@ def parse_body(raw: bytes) -> dict[str, Any]:
                           "no character: send whole UTF-16 pairs or the characters themselves",
                           code="invalid_encoding") from None
     return body
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "null" if value is None else "number"
 
 
 R = TypeVar("R", bound=Common)

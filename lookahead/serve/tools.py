@@ -141,7 +141,7 @@ def check_schema(schema: Any, where: str) -> None:
     is given), its ``properties`` schemas, its ``required`` names among them."""
     if not isinstance(schema, dict):
         raise ToolError(f"'{where}' must be a JSON schema object such as {{\"type\": \"object\", \"properties\": "
-                        f"{{...}}}}, got a JSON {_kind(schema)}", where, "invalid_schema")
+                        f"{{...}}}}, got a JSON {json_kind(schema)}", where, "invalid_schema")
     kind = schema.get("type")
     if kind is not None and kind != "object":
         raise ToolError(f"'{where}.type' is {json.dumps(kind)}: a function's parameters are an object; send "
@@ -154,7 +154,7 @@ def check_schema(schema: Any, where: str) -> None:
     for key, sub in properties.items():
         if not isinstance(sub, (dict, bool)):
             raise ToolError(f"'{where}.properties.{key}' must be a JSON schema (an object), got a JSON "
-                            f"{_kind(sub)}", f"{where}.properties.{key}", "invalid_schema")
+                            f"{json_kind(sub)}", f"{where}.properties.{key}", "invalid_schema")
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise ToolError(f"'{where}.required' must be a list of argument names", f"{where}.required",
@@ -240,7 +240,7 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
         raise ToolError(f"'{where}' is not valid JSON ({exc.msg} at column {exc.colno}): send the arguments as a "
                         f"JSON object in a string", where) from None
     if not isinstance(parsed, dict):
-        raise ToolError(f"'{where}' is a JSON {_kind(parsed)}: send the arguments as a JSON object", where)
+        raise ToolError(f"'{where}' is a JSON {json_kind(parsed)}: send the arguments as a JSON object", where)
     return parsed
 
 
@@ -311,7 +311,8 @@ def template_takes_tools(source: str) -> bool:
     return "tools" in meta.find_undeclared_variables(parsed)
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s type, for messages about a value that is not an object."""
     if isinstance(value, list):
         return "array"
     if isinstance(value, str):
