@@ -287,6 +287,9 @@ def test_many_rows_go_through_tiles_except_in_decode_steps():
     torch.testing.assert_close(tiled, kernel, rtol=1e-3, atol=1e-3)
     assert not torch.equal(bits(tiled), bits(kernel))  # (another order: the test sees which path ran)
     assert torch.equal(bits(few), bits(kernel[:3]))
+    batch = x[:3 * 22].view(3, 22, 512)  # (66 rows in all, 22 a sequence: each takes its path alone, the kernel)
+    assert torch.equal(bits(layer(batch)), bits(torch.cat([layer(part) for part in batch]).view(3, 22, -1)))
+    assert torch.equal(bits(layer(batch)[0]), bits(kernel[:22]))
     layer.products = "int8"  # integer products never take tiles: their kernel serves a prefill
     assert torch.equal(layer(x), torch.ops.lookahead_native.qlinear_int8(x, blocks, int(Q.Q4_K), 512, layer.bias))
 

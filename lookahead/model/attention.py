@@ -34,6 +34,7 @@ the row count at run time.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -90,6 +91,7 @@ def grouped_native(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     return torch.ops.lookahead_native.attend(query, key, value, attention_mask, float(scale)), None
 
 
+@functools.lru_cache(maxsize=4)  # (every layer of one forward asks for the same mask; it is only read)
 def causal_mask(rows: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
     """The additive mask [1, 1, Q, S] of Q causal rows that are the last of S keys (row i sees keys up to
     S - Q + i): what transformers means by no mask and ``is_causal``, written out so that the call attends

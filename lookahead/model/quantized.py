@@ -41,7 +41,7 @@ FORMAT_NAMES = {code: name for name, code in FORMATS.items()}
 # native/quant8k.h). Either in one fixed order: a row's bits do not depend on the step's other rows.
 # model/products.py chooses between them per machine.
 PRODUCTS = ("float32", "int8")
-TILES_ROWS_MIN = 64  # rows from which a forward (a prefill) goes through de-quantized tiles (kernel_only)
+TILES_ROWS_MIN = 64  # a sequence's rows from which a forward (a prefill) goes through de-quantized tiles (kernel_only)
 TILE_OUTPUTS = 256  # weight rows de-quantized at a time there (1.5 MB at 1536 inputs)
 
 
@@ -91,7 +91,9 @@ class QuantizedLinear(torch.nn.Module):
         _cpu_only(self, x)
         dtype = x.dtype
         bias = self.bias.float() if self.bias is not None else None
-        if self.tiles and self.products == "float32" and x.numel() >= TILES_ROWS_MIN * self.in_features:
+        # (a sequence's own rows decide, x [..., T, I]: a prompt prefilled beside others takes the path it takes
+        # alone, not the batch's total)
+        if self.tiles and self.products == "float32" and x.dim() >= 2 and x.shape[-2] >= TILES_ROWS_MIN:
             out = self._through_tiles(x.float(), bias)
             return out if dtype == torch.float32 else out.to(dtype)
         product = torch.ops.lookahead_native.qlinear_int8 if self.products == "int8" else \
@@ -157,7 +159,7 @@ class QuantizedEmbedding(torch.nn.Module):
 def kernel_only(layers: list[QuantizedLinear]) -> Iterator[None]:
     """Inside, ``layers`` compute every row count through their kernel, never through tiles: lookahead's
     decode steps (``Target.step``), whose rows must get the bits a one-row step gives them. Outside, a
-    forward of TILES_ROWS_MIN rows or more with float32 products (a prompt's prefill, lookahead's or
+    forward of sequences of TILES_ROWS_MIN rows or more with float32 products (a prompt's prefill, lookahead's or
     ``model.generate``'s alike) goes through de-quantized tiles and torch's matrix product: compute-bound
     work, where the few-row kernel would de-quantize every weight again for every TILE rows. The tiles sum
     in another order than the kernel, the same in every prefill, so a prompt's cache holds the same bits

@@ -221,7 +221,7 @@ class Target:
         """
         self.compile_seconds, self.trying = 0.0, False
         call = StepCall(cache, tokens, positions, local, keep, past, slots)
-        with kernel_only(self.blocks) if self.blocks and tokens.size >= TILES_ROWS_MIN else nullcontext():
+        with kernel_only(self.blocks) if self.blocks and tokens.shape[1] >= TILES_ROWS_MIN else nullcontext():
             for way in self.ways:
                 logits = way.run(call)
                 if logits is not None:
