@@ -284,14 +284,14 @@ def settings_used(model: PreTrainedModel, sampling: dict[str, Any]) -> dict[str,
     return used
 
 
-def stop_reason(new: list[int], eos: set[int], max_new_tokens: int, room: int | None) -> str:
+def stop_reason(new: list[int], eos: set[int], max_new_tokens: int, context_left: int | None) -> str:
     """Why generation stopped: "eos" (the model ended its answer), "length" (cut at --max-new-tokens),
     "context" (the model's context is full), else "other" (a stopping criterion the CLI does not set)."""
     if new and new[-1] in eos:
         return "eos"
     if len(new) >= max_new_tokens:
         return "length"
-    if room is not None and len(new) >= room:
+    if context_left is not None and len(new) >= context_left:
         return "context"
     return "other"
 

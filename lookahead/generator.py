@@ -20,8 +20,8 @@ from .call.inputs import (
     ContextLimitWarning,
     GenerateInputError,
     context_cut_message,
-    context_room,
     prompt_rows,
+    tokens_left_in_context,
 )
 from .call.keywords import refuse_kwargs
 from .call.prediction import prediction_rows
@@ -247,8 +247,9 @@ class LookaheadGenerator:
             max_time=max_time, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
             generator=generator, generation_config=generation_config, temperature=temperature, top_k=top_k,
             top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
-        rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
-        predictions = prediction_rows(prediction, rooms, self.vocab, tokenizer if tokenizer is not None
+        # refuses a prompt that fills the context
+        contexts_left = [tokens_left_in_context(p.shape[0], self.target.context) for p in prompts]
+        predictions = prediction_rows(prediction, contexts_left, self.vocab, tokenizer if tokenizer is not None
                                       else self.tokenizer)  # Predicted Outputs: each row's [P] or None
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device, predictions)
 
@@ -274,8 +275,9 @@ class LookaheadGenerator:
         length = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         decoding = prepared_decoding(generation_config, logits_processor, stopping_criteria, length)  # settings first
         ids, mask, prompts = prompt_rows(input_ids, attention_mask, self.vocab)
-        rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
-        predictions = prediction_rows(prediction, rooms, self.vocab, self.tokenizer)
+        # refuses a prompt that fills the context
+        contexts_left = [tokens_left_in_context(p.shape[0], self.target.context) for p in prompts]
+        predictions = prediction_rows(prediction, contexts_left, self.vocab, self.tokenizer)
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device, predictions)
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
@@ -292,9 +294,11 @@ class LookaheadGenerator:
         if len(prompts) > 1 and streamer is not None:
             raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
                                      "or pass streamer=None for a batch")
-        rooms = [context_room(p.shape[0], self.target.context) for p in prompts]  # refuses prompts too long
+        # refuses a prompt that fills the context
+        contexts_left = [tokens_left_in_context(p.shape[0], self.target.context) for p in prompts]
         with torch.inference_mode():
-            run = DecodeRun(self._context(len(prompts)), ids, mask, prompts, decoding, streamer, rooms, predictions)
+            run = DecodeRun(self._context(len(prompts)), ids, mask, prompts, decoding, streamer, contexts_left,
+                            predictions)
             out = run.decode()
         self.last_stats = run.stats
         self._warn_context_cut(run.seqs)

@@ -369,9 +369,9 @@ def make_planner(config, proposers, acceptance, cost):
     return Planner(config, proposers, acceptance, StepChooser(config, cost, acceptance))
 
 
-def plan_step(planner, seq: np.ndarray, stop: int, room: int):
+def plan_step(planner, seq: np.ndarray, stop: int, tokens_left: int):
     """(tree, window width) of one sequence's step, as decode/loop.py plans it: rank, choose, cut."""
-    ranked = planner.rank(seq, stop, room)
+    ranked = planner.rank(seq, stop, tokens_left)
     width, size = planner.chooser.choose([ranked.probs], planner.column_worth(), ranked.seconds)
     return planner.cut(ranked, size), width
 

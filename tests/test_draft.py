@@ -388,15 +388,15 @@ class _CostlySource(DraftProposer):
 
     def __init__(self):
         super().__init__(None, SimpleNamespace(do_sample=False), 8, 0, lambda rows: 0.2, 0)
-        self.rates, self.rooms = [], []
+        self.rates, self.tokens_left = [], []
 
     def begin(self, seq, stop):
         pass
 
-    def draft(self, seq, stop, limit, estimates, covered=None, plain=(1.0, 1.0), rate=None, room=None):
+    def draft(self, seq, stop, limit, estimates, covered=None, plain=(1.0, 1.0), rate=None, tokens_left=None):
         from lookahead.proposers.base import Candidates
         self.rates.append(rate)
-        self.rooms.append(room)
+        self.tokens_left.append(tokens_left)
         return Candidates(np.array([[7, 8, 9]]), np.array([3]), np.zeros((1, 3), dtype=np.int64), seconds=0.6,
                           catch_up=0.1)
 
@@ -415,11 +415,11 @@ def test_the_draft_efficiency_is_measured_past_the_free_trie():
     planner = make_planner(config, [draft, matcher], stats, CostModel(np.array([1.0, 64.0]), np.array([0.2, 0.4])))
     seq = np.array([5, 7, 8, 3, 5], dtype=np.int64)  # x = 5 was followed by 7 8 before
     planner.begin(seq, 5)
-    tree, _ = plan_step(planner, seq, 5, room=16)
+    tree, _ = plan_step(planner, seq, 5, tokens_left=16)
     covered, plain = draft.asked.covered, draft.asked.plain
     efficiency = stats.state("draft", DraftEfficiency)  # the draft's own learner, kept in the regime's table
     assert draft.rates == [pytest.approx(DRAFT_PRIORS[efficiency.band(covered)] / 0.2)]  # the prior: one forward
-    assert draft.rooms == [16]  # the tokens still to come, over which a catch-up must pay
+    assert draft.tokens_left == [16]  # the tokens still to come, over which a catch-up must pay
     path = np.array([tree.tokens.tolist().index(t) for t in (7, 8, 9)])  # parents come first: 7 -> 8 -> 9
     assert tree.parents[path].tolist() == [-1, path[0], path[1]]
     planner.learn(tree, path)
@@ -479,9 +479,9 @@ def test_a_catch_up_is_paid_only_where_the_remaining_tokens_win_it_back(monkeypa
     seq = np.array([4, 8, 15, 16, 23, 42], dtype=np.int64)
     proposer.begin(seq, 6)
     estimates = np.full((12, 32), 0.9)
-    silent = proposer.draft(seq, 6, 4, estimates, rate=1.5, room=4)
+    silent = proposer.draft(seq, 6, 4, estimates, rate=1.5, tokens_left=4)
     assert silent.count == 0 and proposer.drafter.forwards == 0 and silent.catch_up == 0.0
-    found = proposer.draft(seq, 6, 4, estimates, rate=1.5, room=100)
+    found = proposer.draft(seq, 6, 4, estimates, rate=1.5, tokens_left=100)
     assert found.count >= 1 and proposer.drafter.forwards >= 1
     assert found.catch_up == pytest.approx(1.0 - 0.5 / 3.0)
     assert found.seconds > found.catch_up  # the chain's later forwards count as drafting

@@ -142,7 +142,7 @@ def test_batch_rows_stop_at_their_own_context():
     """Each row's positions count from its first real token: a short row may run further than a long one.
     GPT-2's learned positions would fail on any row fed past 39."""
     model = short_context("gpt2", 40)
-    prompts = [list(range(3, 27)), [5, 6, 7, 5, 6, 7, 5, 6]]  # 24 and 8 tokens: room for 16 and 32
+    prompts = [list(range(3, 27)), [5, 6, 7, 5, 6, 7, 5, 6]]  # 24 and 8 tokens: 16 and 32 left in the context
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -154,10 +154,10 @@ def test_batch_rows_stop_at_their_own_context():
                                                                        "generation stopped after 32"]
     assert out.shape == (2, width + 32)
     for row, prompt in enumerate(prompts):
-        room = 40 - len(prompt)
-        alone = reference(model, torch.tensor([prompt]), room, eos_token_id=NO_EOS)[0, len(prompt):]
-        assert torch.equal(out[row, width:width + room], alone)
-        assert bool((out[row, width + room:] == 0).all())  # the shorter row is padded like model.generate
+        context_left = 40 - len(prompt)
+        alone = reference(model, torch.tensor([prompt]), context_left, eos_token_id=NO_EOS)[0, len(prompt):]
+        assert torch.equal(out[row, width:width + context_left], alone)
+        assert bool((out[row, width + context_left:] == 0).all())  # the shorter row is padded like model.generate
 
 
 def test_batch_with_a_prompt_that_fills_the_context_is_refused():

@@ -416,7 +416,7 @@ def test_planner_scales_its_tree_by_the_calibration():
             for promised in GAIN_LEVELS:  # trees of every size
                 stats.observe_gain(predicted=promised, realised=0)
         planner = make_planner(config, [matcher], stats, cost)
-        sizes.append(plan_step(planner, seq, seq.shape[0], room=64)[0].size)
+        sizes.append(plan_step(planner, seq, seq.shape[0], tokens_left=64)[0].size)
     assert sizes[0] > sizes[1]  # the same candidates, trusted less after trees that never paid
 
 

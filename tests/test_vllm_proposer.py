@@ -321,7 +321,7 @@ def _copying_planner() -> tuple[Planner, np.ndarray]:
     return planner, seq
 
 
-def test_the_planners_chain_mode_proposes_the_best_path_cut_by_room_and_least():
+def test_the_planners_chain_mode_proposes_the_best_path_cut_by_tokens_left_and_least():
     planner, seq = _copying_planner()
     stop = seq.shape[0]
     chain = planner.chain(seq, stop, 3, 0.0)

@@ -138,7 +138,7 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: Any, vocab: int,
     return ids, mask, prompts
 
 
-def context_room(prompt_len: int, context: int | None) -> int | None:
+def tokens_left_in_context(prompt_len: int, context: int | None) -> int | None:
     """New tokens that fit in the model's context after a prompt (None: the model names no limit).
 
     The sequence never grows past max_position_embeddings (model.generate

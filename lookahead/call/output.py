@@ -52,7 +52,7 @@ class OutputBuffer:
         self.criteria, self.device = criteria, device  # stopping criteria, and where they get input_ids
         # the kept tokens' logprobs (k alternatives each), or None when the call asks for none
         self.log = LogprobLog(logprobs) if logprobs is not None else None
-        self.seq = np.zeros(self.prompt_len + min(limit, self.GROWTH) + 1, dtype=np.int64)  # [T + room]
+        self.seq = np.zeros(self.prompt_len + min(limit, self.GROWTH) + 1, dtype=np.int64)  # [T + headroom + 1]
         self.seq[:self.prompt_len] = prompt
         self.stop = self.prompt_len
         if streamer is not None:

@@ -57,9 +57,9 @@ def _one(value: Any, where: str, vocab: int, tokenizer: PreTrainedTokenizerBase 
     return ids
 
 
-def prediction_rows(prediction: Any, rooms: list[int | None], vocab: int,
+def prediction_rows(prediction: Any, contexts_left: list[int | None], vocab: int,
                     tokenizer: PreTrainedTokenizerBase | None) -> list[np.ndarray | None] | None:
-    """generate's ``prediction`` for a batch whose rows have ``rooms`` new tokens left in the model's context
+    """generate's ``prediction`` for a batch whose rows have ``contexts_left`` new tokens left in the model's context
     (None: no limit): per row, its predicted tokens [P] or None; None when no prediction was given.
 
     One prediction (text or ids) goes with a batch of one row; a batch takes a list of one entry per row.
@@ -67,7 +67,7 @@ def prediction_rows(prediction: Any, rooms: list[int | None], vocab: int,
     """
     if prediction is None:
         return None
-    batch = len(rooms)
+    batch = len(contexts_left)
     if isinstance(prediction, str) or _ids_like(prediction):
         if batch != 1:
             raise GenerateInputError(f"prediction: one prediction for a batch of {batch} rows; pass a list of "
@@ -85,15 +85,15 @@ def prediction_rows(prediction: Any, rooms: list[int | None], vocab: int,
         _one(prediction, "prediction", vocab, tokenizer)  # (raises: empty, or of a type no prediction has)
         raise AssertionError("unreachable: _one refuses what is neither text nor ids")
     rows: list[np.ndarray | None] = []
-    for b, (entry, room) in enumerate(zip(entries, rooms)):
+    for b, (entry, left) in enumerate(zip(entries, contexts_left)):
         where = "prediction" if batch == 1 and len(entries) == 1 and entry is prediction else f"prediction[{b}]"
         if entry is None:
             rows.append(None)
             continue
         ids = _one(entry, where, vocab, tokenizer)
-        if room is not None and ids.shape[0] > room:
+        if left is not None and ids.shape[0] > left:
             raise GenerateInputError(f"{where} has {ids.shape[0]} tokens but the model's context holds at most "
-                                     f"{room} new tokens after the prompt: shorten the prediction to at most "
-                                     f"{room} tokens")
+                                     f"{left} new tokens after the prompt: shorten the prediction to at most "
+                                     f"{left} tokens")
         rows.append(ids)
     return rows

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..call.grammar import Grammar
-from ..call.inputs import context_room
+from ..call.inputs import tokens_left_in_context
 from ..call.logprobs import SequenceLogprobs, StepLogprobs
 from ..call.prediction import prediction_rows
 from ..call.stats import GenerationStats
@@ -197,7 +197,7 @@ class OpenBatch:
         self._check_usable()
         prompt = _prompt(prompt_ids, self.vocab)  # [T]
         target = self.run.target
-        room = context_room(prompt.shape[0], target.context)  # refuses a prompt that fills the context
+        context_left = tokens_left_in_context(prompt.shape[0], target.context)  # refuses a prompt filling it
         generator = torch.Generator(device=target.device).manual_seed(_seed(seed)) if seed is not None else None
         decoding = call_decoding(  # (generate's own path: decode/settings.py)
             self.model, prompt.shape[0], target.device, self.vocab,
@@ -207,9 +207,9 @@ class OpenBatch:
             max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=eos_token_id,
             stop_strings=stop_strings, tokenizer=self.tokenizer, generator=generator, temperature=temperature,
             top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
-        rows = prediction_rows(prediction, [room], self.vocab, self.tokenizer)
+        rows = prediction_rows(prediction, [context_left], self.vocab, self.tokenizer)
         collector = _Collector()
-        seq = self.run.join(prompt, decoding, collector, room, rows[0] if rows is not None else None)
+        seq = self.run.join(prompt, decoding, collector, context_left, rows[0] if rows is not None else None)
         handle = BatchHandle(seq, collector)
         if seq in self.run.active:
             self._handles[id(seq)] = handle

@@ -107,9 +107,9 @@ class DecodeRun:
     and leave between steps."""
 
     def __init__(self, context: DecodeContext, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray],
-                 decoding: Decoding | None, streamer: Any = None, rooms: list[int | None] | None = None,
+                 decoding: Decoding | None, streamer: Any = None, contexts_left: list[int | None] | None = None,
                  predictions: list[np.ndarray | None] | None = None):
-        """ids, mask [B, T] on the CPU; prompts: each row without its padding; ``rooms``: per row, the new
+        """ids, mask [B, T] on the CPU; prompts: each row without its padding; ``contexts_left``: per row, the new
         tokens the model's context holds after its prompt (None: no limit); ``streamer``: one row only;
         ``predictions``: per row, its predicted output [P] (None: none; proposers/prediction.py)."""
         self.context = context
@@ -119,11 +119,11 @@ class DecodeRun:
         self.stats = GenerationStats(prompt_tokens=int(mask.sum()))
         self.memory = context.memory  # earlier requests' text (its host time goes into the stats)
         self.chooser: StepChooser | None = None  # the batch's one choice per step (made with the first sequence)
-        rooms = rooms if rooms is not None else [None] * len(prompts)
+        contexts_left = contexts_left if contexts_left is not None else [None] * len(prompts)
         predictions = predictions if predictions is not None else [None] * len(prompts)
         assert decoding is not None or not prompts, "prompts come with their decoding"
-        self.seqs = [] if decoding is None else [self._sequence(p, decoding, streamer, room, predicted)
-                                                 for p, room, predicted in zip(prompts, rooms, predictions)]
+        self.seqs = [] if decoding is None else [self._sequence(p, decoding, streamer, left, predicted)
+                                                 for p, left, predicted in zip(prompts, contexts_left, predictions)]
         self.cache = self.target.new_cache()
         self.active: list[Sequence] = list(self.seqs)  # sequences still decoding, in cache order
         self.past = 0  # cache slots P
@@ -136,11 +136,11 @@ class DecodeRun:
         empty = torch.zeros((0, 0), dtype=torch.long)
         return cls(context, empty, empty, [], None)
 
-    def _sequence(self, prompt: np.ndarray, decoding: Decoding, streamer: Any, room: int | None,
+    def _sequence(self, prompt: np.ndarray, decoding: Decoding, streamer: Any, context_left: int | None,
                   prediction: np.ndarray | None = None) -> Sequence:
         """A new sequence decoding ``prompt`` [T] under ``decoding`` (its regime's acceptance table)."""
         context = self.context
-        parts = sequence_parts(context, prompt, decoding, streamer, room, prediction)
+        parts = sequence_parts(context, prompt, decoding, streamer, context_left, prediction)
         acceptance = context.acceptance(decoding, parts.sources)
         if self.chooser is None:
             self.chooser = StepChooser(context.config, context.cost, acceptance)
@@ -281,19 +281,19 @@ class DecodeRun:
         return [host[bounds[a]:bounds[a + 1]] for a in range(len(seqs))]
 
     @torch.inference_mode()
-    def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, room: int | None = None,
+    def join(self, prompt: np.ndarray, decoding: Decoding, streamer: Any = None, context_left: int | None = None,
              prediction: np.ndarray | None = None) -> Sequence:
         """A sequence decoding ``prompt`` [T] joins the batch at the next step.
 
         Its prompt (all but the last token, the first step's x) is prefilled alone; its keys and
         values then sit beside the others' as one more batch row, left-padded to the longer past (or
-        the others' are), the padding hidden by the slots' mask. ``room``: the new tokens the
+        the others' are), the padding hidden by the slots' mask. ``context_left``: the new tokens the
         model's context holds after the prompt (None: no limit). A sequence with nothing to
-        generate (max_new_tokens or room 0) never joins: check ``Sequence.room()``. ``prediction``: its
-        predicted output [P] (None: none).
+        generate (max_new_tokens or context_left 0) never joins: check ``Sequence.tokens_left()``.
+        ``prediction``: its predicted output [P] (None: none).
         """
-        seq = self._sequence(prompt, decoding, streamer, room, prediction)
-        if seq.room() <= 0:
+        seq = self._sequence(prompt, decoding, streamer, context_left, prediction)
+        if seq.tokens_left() <= 0:
             return seq
         own = self.target.new_cache()
         self.target.prefill(own, prompt[None, :-1])

@@ -63,11 +63,12 @@ class SequenceParts:
 
 
 def sequence_parts(context: DecodeContext, prompt: np.ndarray, decoding: Decoding, streamer: Any,
-                   room: int | None, prediction: np.ndarray | None = None) -> SequenceParts:
-    """The parts of a sequence decoding ``prompt`` [T] under ``context``; ``room``: the new tokens the
+                   context_left: int | None, prediction: np.ndarray | None = None) -> SequenceParts:
+    """The parts of a sequence decoding ``prompt`` [T] under ``context``; ``context_left``: the new tokens the
     model's context holds after this prompt (None: no limit); ``prediction``: its predicted output [P]."""
     cfg, vocab = context.config, context.target.vocab
-    limit = decoding.max_new_tokens if room is None else min(decoding.max_new_tokens, room)  # never past the context
+    # never past the context
+    limit = decoding.max_new_tokens if context_left is None else min(decoding.max_new_tokens, context_left)
     out = OutputBuffer(prompt, limit, decoding.eos, streamer, decoding.criteria, context.target.device,
                        decoding.logprobs)
     window = JacobiWindow(cfg.window, cfg.ngram, cfg.window_seed)
@@ -146,13 +147,13 @@ class Sequence:
         return previous_tokens(plan.keep[:plan.rows.lead], plan.rows.window, plan.tokens, tree.parents, tree.tokens,
                                int(seq[stop - 1]), int(seq[stop - 2]) if stop >= 2 else -1)
 
-    def room(self) -> int:
+    def tokens_left(self) -> int:
         """Tokens this sequence may still append."""
         return self.out.limit - self.out.new_tokens
 
     def rank(self) -> RankedTree:
         """1. propose, 2. the scored trie in best-first order (a batch cuts every row at one width)."""
-        return self.planner.rank(self.out.seq, self.out.stop, self.room())
+        return self.planner.rank(self.out.seq, self.out.stop, self.tokens_left())
 
     def stage(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         """4. verify, device half: what the host needs from the kept rows' logits [K, V]."""

@@ -53,7 +53,7 @@ def trie_extend(nodes: np.ndarray, cond: np.ndarray, m: int, cands: np.ndarray, 
     depths, classes) and cond[S] (each node's chance given its parent), as ``build_scored_trie``
     merges them; returns the new node count (at most S: rows are cut where the trie is full).
 
-    Worked example: an empty trie of room 4, rows [[4 5]] class 0, then rows [[4 6]] class 1
+    Worked example: an empty trie of capacity 4 (S = 4), rows [[4 5]] class 0, then rows [[4 6]] class 1
     (offset 0), est [[.9 .5], [.8 .6]] -> m 2, then m 3: tokens [4 5 6], parents [-1 0 0],
     cond [.98 .5 .6] (the shared 4 is held if either class holds: 1 - .1 * .2).
     """

@@ -146,18 +146,18 @@ class Planner:
         """Tokens one window column fed for one step is worth, later, to all the sources together."""
         return sum(source.column_worth(state) for source, state in zip(self.proposers, self.states))
 
-    def rank(self, seq: np.ndarray, stop: int, room: int) -> RankedTree:
+    def rank(self, seq: np.ndarray, stop: int, tokens_left: int) -> RankedTree:
         """1. propose, 2. the scored trie in best-first order with path probabilities.
 
-        ``room`` is how many tokens may still be appended: a node at depth
-        >= room only decides tokens past the budget (or the model's context,
+        ``tokens_left`` is how many tokens may still be appended: a node at depth
+        >= tokens_left only decides tokens past the budget (or the model's context,
         whose positions must never be fed), so the trie is cut above it.
         """
         cap = self.config.max_tree_nodes
-        if self.config.candidates == 0 or cap == 0 or room <= 1:
+        if self.config.candidates == 0 or cap == 0 or tokens_left <= 1:
             return self.nothing()
         estimates = self.acceptance.estimates()  # [C, D]
-        chosen, drawn, seconds, built = self._propose(seq, stop, estimates, room)
+        chosen, drawn, seconds, built = self._propose(seq, stop, estimates, tokens_left)
         tree, prob = built if built is not None else scored_groups(chosen, estimates, BUILD_SLACK * cap)
         chain = None
         if drawn is not None:
@@ -172,31 +172,31 @@ class Planner:
             chain = DrawnChain(drawn.tokens[0, :length], nodes, drawn.q)
         if tree.size == 0:
             return RankedTree(tree, NO_ORDER, NO_PROBS, None, seconds)
-        deepest = min(room, cap + 1)  # no node deeper than cap survives anyway (a huge room stays an int64)
+        deepest = min(tokens_left, cap + 1)  # no node deeper than cap survives anyway (a huge budget stays an int64)
         order, probs = ranked_nodes(tree.parents, prob, tree.depths, deepest)  # [M]: probs as the estimates say
         # (the budget's forecast_step calibrates their sums)
         return RankedTree(tree, order, probs, chain, seconds)
 
-    def chain(self, seq: np.ndarray, stop: int, room: int, least: float,
+    def chain(self, seq: np.ndarray, stop: int, tokens_left: int, least: float,
               estimates: np.ndarray | None = None) -> TokenTree:
-        """Chain mode: 1. propose, 2. the scored trie's best path (chain.py) of at most ``room`` draft
+        """Chain mode: 1. propose, 2. the scored trie's best path (chain.py) of at most ``tokens_left`` draft
         tokens, cut where a token's path probability, scaled by how far the promises of recent chains held
         (the calibration), falls below ``least``; the chain as a tree (node d at depth d + 1), empty for
         none. ``estimates`` [C, D]: this step's, when the caller already has them (one table, many rows).
 
-        The trie holds up to max(max_tree_nodes, room) nodes, none deeper than ``room``, so that the first
+        The trie holds up to max(max_tree_nodes, tokens_left) nodes, none deeper than ``tokens_left``, so that the first
         source's long rows leave room for the others'. A drawn row (a sampling draft's, whose verification
         needs its q) is no chain's: chain mode proposes the chosen rows.
         """
         self.predicted = 0.0
-        if room <= 0:
+        if tokens_left <= 0:
             return empty_tree()
         estimates = self.acceptance.estimates() if estimates is None else estimates
-        chosen = self._propose(seq, stop, estimates, room)[0]
-        tree, prob = scored_groups(chosen, estimates, max(self.config.max_tree_nodes, room), deepest=room)
+        chosen = self._propose(seq, stop, estimates, tokens_left)[0]
+        tree, prob = scored_groups(chosen, estimates, max(self.config.max_tree_nodes, tokens_left), deepest=tokens_left)
         if not tree.size:
             return empty_tree()
-        nodes = best_chain(tree.parents, prob, room, 0.0)  # [L] the best path, uncut
+        nodes = best_chain(tree.parents, prob, tokens_left, 0.0)  # [L] the best path, uncut
         promised = float(prob[nodes].sum())
         if promised <= 0.0:
             return empty_tree()
@@ -217,7 +217,7 @@ class Planner:
         self.drawn = drawn_rows(ranked.drawn, np.sort(ranked.order[:size])) if ranked.drawn is not None else None
         return subtree(ranked.tree, ranked.order[:size])
 
-    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray, room: int):
+    def _propose(self, seq: np.ndarray, stop: int, estimates: np.ndarray, tokens_left: int):
         """Candidates from every source (at most G each): each source's chosen rows with its offset into
         the shared table (``_rows``), a drawn chain (or None), the seconds the sources spent, and their
         scored trie when it is already built (what the others reach, when the source that asked added
@@ -236,7 +236,7 @@ class Planner:
             if i in found or i in asking:
                 return
             asking.add(i)
-            step = StepContext(room, self.states[i], partial(others, i), self.chooser.unit)
+            step = StepContext(tokens_left, self.states[i], partial(others, i), self.chooser.unit)
             found[i] = self.proposers[i].propose(seq, stop, self.config.candidates,
                                                  self.acceptance.block(i, estimates), step)
             asking.discard(i)

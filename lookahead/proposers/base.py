@@ -88,7 +88,7 @@ class Others:
 class StepContext:
     """What a source is told when asked for this step's candidates, beside the sequence."""
 
-    room: int  # tokens that may still be appended (nothing deeper is ever verified)
+    tokens_left: int  # tokens that may still be appended (nothing deeper is ever verified)
     state: State  # this source's learned state, kept across generate calls
     others: Callable[[], Others]  # asks the other sources first (once) and says what they reach
     unit: Callable[[], float]  # seconds of a plain target step (x alone), the unit of every cost in

@@ -50,7 +50,7 @@ class ForcedTokens(NoForcedTokens):
 
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 step: StepContext | None = None) -> Candidates:
-        length = self.length if step is None else min(self.length, step.room)
+        length = self.length if step is None else min(self.length, step.tokens_left)
         if limit <= 0 or length <= 0 or not self.follower.goto(seq[self.prompt_len:stop].tolist()):
             return no_candidates()
         tokens, label = self.forced()

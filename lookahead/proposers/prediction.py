@@ -153,7 +153,7 @@ class PredictionSource(NoPrediction):
     def propose(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
                 step: StepContext | None = None) -> Candidates:
         self.follow(seq, stop)
-        length = self.length if step is None else min(self.length, step.room)
+        length = self.length if step is None else min(self.length, step.tokens_left)
         row = self.alignment.row(length)  # [L]
         if row.shape[0] == 0 or limit <= 0:
             self.proposed = (0, [])

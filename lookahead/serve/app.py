@@ -60,7 +60,7 @@ from .tools import ToolError, ToolSettings, tool_parser, tool_settings
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request body past this is refused (413) before it is parsed
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's default
-CHAT_DEFAULT_MAX_TOKENS = 4096  # chat without max_tokens on a model that names no context (else: the room left)
+CHAT_DEFAULT_MAX_TOKENS = 4096  # chat without max_tokens on a model that names no context (else: the context left)
 ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
 
 Scope = MutableMapping[str, Any]
@@ -238,7 +238,7 @@ class Server:
         return _ids(self.tokenizer()(prompt)["input_ids"])
 
     def budget(self, prompt: list[int], requested: int | None, name: str, prompt_field: str, default: int) -> int:
-        """max_tokens for the engine: ``requested``, or ``default`` cut to the room left; APIError 400 when the
+        """max_tokens for the engine: ``requested``, or ``default`` cut to the context left; APIError 400 when the
         prompt, or the prompt and the requested tokens, do not fit the model's context."""
         context, n = self.engine.context_length, len(prompt)
         if n == 0:

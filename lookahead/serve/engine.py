@@ -284,8 +284,8 @@ class Engine:
                     break
             if not self._running:
                 return None
-            room = self.max_batch - len(self._live)
-            return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            free_slots = self.max_batch - len(self._live)
+            return [self._waiting.popleft() for _ in range(min(free_slots, len(self._waiting)))]
 
     def _admit(self, run: OpenBatch, ticket: Ticket) -> None:
         """``ticket``'s request joins the batch (or is answered at once: cancelled, nothing to do, refused)."""

@@ -154,10 +154,10 @@ class LookaheadProposer:
         """1. propose and 2. build: the request's planner's chain (``Planner.chain``) under estimates [C, D]
         (maybe empty); ``offered`` (when given) gets each source's candidates."""
         state, planner = tracked.state, tracked.state.planner
-        room = min(self.k, self.max_len - tracked.length)
-        if room <= 0:
+        tokens_left = min(self.k, self.max_len - tracked.length)
+        if tokens_left <= 0:
             return []
-        chain = planner.chain(tracked.tokens, tracked.length, room, least, estimates)
+        chain = planner.chain(tracked.tokens, tracked.length, tokens_left, least, estimates)
         if offered is not None:
             offered.extend((source.name, found) for source, found in zip(planner.proposers, planner.offered))
         state.pending = chain if chain.size else None

@@ -124,7 +124,7 @@ class DraftProposer(Source):
         others = step.others()
         covered = float(others.covered[0])
         rate = step.state(DraftEfficiency).rate(covered, float(self.cost_ratio(1)))
-        found = self.draft(seq, stop, limit, estimates, others.covered, others.plain, rate, step.room)
+        found = self.draft(seq, stop, limit, estimates, others.covered, others.plain, rate, step.tokens_left)
         unit = step.unit()
         spent = (found.seconds - found.catch_up) / unit if unit else 0.0  # catch-ups aside
         self.asked = Drafted(others.tree, covered, spent, others.plain[1])
@@ -145,7 +145,7 @@ class DraftProposer(Source):
 
     def draft(self, seq: np.ndarray, stop: int, limit: int, estimates: np.ndarray,
               covered: np.ndarray | None = None, plain: tuple[float, float] = (1.0, 1.0),
-              rate: float | None = None, room: int | None = None) -> Candidates:
+              rate: float | None = None, tokens_left: int | None = None) -> Candidates:
         """The draft's chain after seq[:stop] (row 0), then runner-up branches (greedy only); none
         when drafting is expected to lower the step's tokens per second.
 
@@ -154,7 +154,7 @@ class DraftProposer(Source):
         plain (tokens, cost in plain target steps) of this step without the draft;
         rate: tokens draft steps added lately past the free trie at this coverage, per plain
         target step they cost, catch-ups aside (None: DraftEfficiency's prior);
-        room: tokens still to generate (None: no end in view), over which a catch-up must pay.
+        tokens_left: tokens still to generate (None: no end in view), over which a catch-up must pay.
         """
         began = time.perf_counter()
         ratio = self.cost_ratio(1)
@@ -167,7 +167,7 @@ class DraftProposer(Source):
         if ratio > 0 and rate * steps < tokens:  # a free draft (ratio 0: a fixed budget) always drafts
             return no_candidates()
         first_cost = self.cost_ratio(self.drafter.pending(seq, stop))  # also feeds what it has not seen
-        if first_cost > ratio and not _recoups(first_cost - ratio, ratio, rate, tokens, steps, room):
+        if first_cost > ratio and not _recoups(first_cost - ratio, ratio, rate, tokens, steps, tokens_left):
             return no_candidates()
         logits = self.drafter.sync(seq, stop)  # [V] (the prompt too, at first)
         chain: list[int] = []
@@ -238,19 +238,20 @@ def _pays(gain: float, cost: float, tokens: float, steps: float) -> bool:
     return gain > 0 and gain * steps >= cost * tokens
 
 
-def _recoups(extra: float, forward: float, rate: float, tokens: float, steps: float, room: int | None) -> bool:
+def _recoups(extra: float, forward: float, rate: float, tokens: float, steps: float,
+             tokens_left: int | None) -> bool:
     """Whether a catch-up costing ``extra`` plain steps beyond one draft forward (``forward``
-    plain steps) is won back: each step still to come (``room`` tokens at ``tokens`` per step
+    plain steps) is won back: each step still to come (``tokens_left`` tokens at ``tokens`` per step
     of ``steps`` plain steps) that drafts one forward adds ``rate * forward`` tokens, which
-    would otherwise take ``rate * forward * steps / tokens`` plain steps; room None: no end in view.
+    would otherwise take ``rate * forward * steps / tokens`` plain steps; tokens_left None: no end in view.
 
     _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 100) -> True (100 steps x 0.25 = 25 >= 2);
     _recoups(2.0, 0.5, 1.5, 1.0, 1.0, 5) -> False (1.25 < 2).
     """
-    if room is None:
+    if tokens_left is None:
         return True
     saved = forward * (rate * steps / tokens - 1.0)  # plain steps one drafting step saves
-    return saved * room / tokens >= extra
+    return saved * tokens_left / tokens >= extra
 
 
 def _candidates(rows: list[tuple[list[int], list[int]]], q: torch.Tensor | None, seconds: float,

@@ -110,7 +110,7 @@ class MemoryProposer(Source):
                 step: StepContext) -> Candidates:
         if limit <= 0:
             return no_candidates()
-        return self.memory.lookup(seq, stop, limit, self.length)  # the planner cuts what room leaves no place for
+        return self.memory.lookup(seq, stop, limit, self.length)  # the planner cuts rows past tokens_left
 
     def observe(self, seq: np.ndarray, start: int, stop: int) -> None:
         self.memory.observe(seq, start, stop)
