@@ -57,7 +57,8 @@ def environment(dtype: str = "float32") -> dict:
 
 
 def machine_line(env: dict, busy_cores: int = 0) -> str:
-    """'Measured on AMD EPYC (2 cores), torch on 2 threads, 1 core kept busy by another process.'"""
+    """'Measured on <CPU> (2 cores), torch on 2 threads, 1 core kept busy by other processes.': <CPU> is
+    ``env['cpu']``, the machine's own name as ``environment`` read it (lookahead.cost.cpu_name)."""
     busy = f", {busy_cores} core{'s' if busy_cores != 1 else ''} kept busy by other processes" if busy_cores else \
         ", nothing else running"
     return (f"Measured on {env['cpu']} ({env['cpu_count']} cores), torch on {env['torch_threads']} "
