@@ -3,8 +3,9 @@
 A run number ("run 118"), a CPU model name (AMD EPYC, Xeon, ...) or a date belongs in
 results/RESULTS.md, where the measurement lives; the code says what it guarantees and, where a
 number came from a measurement, which command measures it. These tests read every source file of
-lookahead/ and cli/ (.py, .cpp, .h) and the --help text of the `lookahead` command and of each of
-its subcommands, and name every line that cites one.
+lookahead/ and cli/ (.py, .cpp, .h), the reference docs (docs/DESIGN.md, docs/serve.md, docs/vllm.md)
+and the --help text of the `lookahead` command and of each of its subcommands, and name every line
+that cites one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lookahead.cli.main import main
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("lookahead", "cli")
 SOURCE_SUFFIXES = (".py", ".cpp", ".h")
+REFERENCE_DOCS = ("docs/DESIGN.md", "docs/serve.md", "docs/vllm.md")  # checked where they exist
 
 BREAK = r"(?:\s|#|//|\*)+"  # between two words: spaces, or a line break inside a comment
 HISTORY = {
@@ -87,6 +89,16 @@ def test_sources_cite_no_run_cpu_or_date() -> None:
                        "command that measures the number instead:\n" + "\n".join(cited))
 
 
+def test_reference_docs_cite_no_run_cpu_or_date() -> None:
+    docs = [ROOT / name for name in REFERENCE_DOCS if (ROOT / name).is_file()]
+    assert any(path.name == "DESIGN.md" for path in docs), \
+        f"docs/DESIGN.md not found among {REFERENCE_DOCS} (is the test reading the repository?)"
+    cited = [f"{path.relative_to(ROOT)}:{number}: {what}: {line}"
+             for path in docs for number, what, line in history_in(path.read_text(encoding="utf-8"))]
+    assert not cited, ("the reference docs state contracts and name the command that measures a number; move "
+                       "these to results/RESULTS.md and link it instead:\n" + "\n".join(cited))
+
+
 def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """The argument path of every command under ``group``, its subgroups' commands too, and the group's own."""
     paths = [prefix]
@@ -111,7 +123,7 @@ def test_every_help_text_cites_no_run_cpu_or_date() -> None:
     assert not cited, "help texts state contracts:\n" + "\n".join(cited)
 
 
-def test_the_configuration_page_is_generated_from_the_fields():
+def test_the_configuration_page_is_generated_from_the_fields() -> None:
     """docs/configuration.md's table is configuration_table(): the fields' declarations, one place each
     (regenerate with `python -c "from lookahead.config import configuration_table as t; print(t())"`)."""
     from pathlib import Path
