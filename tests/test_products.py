@@ -110,6 +110,8 @@ def test_a_kept_choice_follows_the_margin_from_its_times(model, tmp_path, monkey
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
     monkeypatch.setattr(chooser, "time_products", lambda layer: pytest.fail("measured again although kept"))
     layer = chooser._largest_per_format(model)[int(Q.Q4_K)]
-    key = f"{chooser.cpu_name()} | {torch.get_num_threads()} threads | Q4_K {layer.out_features}x{layer.in_features}"
+    key = chooser.choice_key(layer)
+    assert key.startswith(f"{chooser.cpu_name()} | {torch.get_num_threads()} threads | Q4_K "
+                          f"{layer.out_features}x{layer.in_features} | build ")
     (tmp_path / chooser.STORE).write_text(json.dumps({key: {"float32": 1.0, "int8": 0.9, "chosen": "int8"}}))
     assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "float32"}  # (0.9 > INT8_MARGIN)

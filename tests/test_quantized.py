@@ -388,3 +388,97 @@ def test_a_one_row_step_attends_as_a_multi_row_step_does(smollm2_both):
                                                       budget="fixed", traced_forward=False))
     assert one == 1 and rows > 1  # (else the comparison would be vacuous)
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(alone, in_tree))
+
+
+# ---- Q4_K / Q6_K repacked sixteen rows at a time (native/quant8x16.h) ----
+
+PACKED = [Q.Q4_K, Q.Q6_K]
+
+
+@pytest.mark.parametrize("kind", PACKED, ids=lambda k: k.name)
+def test_the_16_row_layout_gives_back_the_blocks_byte_for_byte(kind):
+    blocks = torch.from_numpy(random_blocks(kind, 48, 768, seed=11))
+    packed = ops.qpack16(blocks, int(kind), 768)
+    assert packed.shape[0] == 3 and packed.numel() >= blocks.numel()
+    assert torch.equal(ops.qunpack16(packed, int(kind), 768), blocks)
+
+
+@pytest.mark.parametrize("kind", PACKED, ids=lambda k: k.name)
+def test_16_row_products_have_one_order_at_every_row_count_and_instruction_set(kind):
+    blocks = torch.from_numpy(random_blocks(kind, 32, 768, seed=12))
+    packed = ops.qpack16(blocks, int(kind), 768)
+    x = torch.randn(70, 768, generator=torch.Generator().manual_seed(5))
+    alone = rows_alone_and_together(ops.qlinear_int8_x16, isas_int8(), packed, kind, x, (1, 2, 3, 4, 5, 9, 70))
+    # the same integers as the row-major integer products, their floats summed in another order: near, not equal
+    torch.testing.assert_close(alone, ops.qlinear_int8(x, blocks, int(kind), 768, None), rtol=1e-4, atol=1e-3)
+
+
+def test_16_row_worked_example():
+    """native/quant8x16.h's head: the Q4_K super-block of test_int8_k_worked_example in all 16 rows -> 512 each."""
+    block = np.zeros(144, dtype=np.uint8)
+    block[0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    block[4:8] = 1
+    block[12:16] = 1
+    block[16:] = 0x22
+    packed = ops.qpack16(torch.from_numpy(np.tile(block, (16, 1))), int(Q.Q4_K), 256)
+    for isa in isas_int8():
+        assert torch.equal(ops.qlinear_int8_x16(torch.ones(1, 256), packed, int(Q.Q4_K), 256, None, isa),
+                           torch.full((1, 16), 512.0))
+
+
+def test_a_constructed_near_tie_of_16_row_products_is_decided_the_same_at_every_row_count():
+    """Two outputs whose products differ only in the last float bits: every row count sees the same bits."""
+    blocks = random_blocks(Q.Q6_K, 16, 256, seed=13)
+    blocks[1] = blocks[0]
+    blocks[1, 192] = blocks[0, 192] ^ 1  # (one group's scale off by one: outputs 0 and 1 nearly tie)
+    packed = ops.qpack16(torch.from_numpy(blocks), int(Q.Q6_K), 256)
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(6))
+    x[:, 0:16] = 0.0
+    x[:, 0] = 0.05  # (that group's one input small: the scale's difference is a small part of the output)
+    together = ops.qlinear_int8_x16(x, packed, int(Q.Q6_K), 256, None)
+    for r in range(9):
+        assert torch.equal(bits(ops.qlinear_int8_x16(x[r:r + 1], packed, int(Q.Q6_K), 256, None)),
+                           bits(together[r:r + 1]))
+    gap = (together[:, 0] - together[:, 1]).abs()
+    assert (gap > 0).all() and (gap < 0.02 * together[:, 0].abs()).all()
+
+
+def test_an_int8_layer_holds_its_blocks_repacked_and_gives_them_back():
+    blocks = torch.from_numpy(random_blocks(Q.Q4_K, 32, 512, seed=14))
+    layer = QuantizedLinear(blocks.clone(), int(Q.Q4_K), 512, 32, bias=torch.randn(32))
+    x = torch.randn(3, 512)
+    layer.products = "int8"
+    assert layer.blocks is None and layer.packed is not None
+    assert "repacked by 16 rows" in weights_summary(layer)
+    assert torch.equal(layer(x), ops.qlinear_int8_x16(x, layer.packed, int(Q.Q4_K), 512, layer.bias))
+    assert torch.equal(layer.dequantized(), ops.qdequantize(blocks, int(Q.Q4_K), 512))
+    layer.products = "float32"
+    assert layer.packed is None and torch.equal(layer.blocks, blocks)
+    odd = QuantizedLinear(blocks[:24].clone(), int(Q.Q4_K), 512, 24, products="int8")  # (24 rows: not by 16)
+    assert odd.packed is None and torch.equal(odd(x), ops.qlinear_int8(x, blocks[:24], int(Q.Q4_K), 512, None))
+
+
+def test_bad_16_row_layouts_are_named():
+    with pytest.raises(RuntimeError, match="no 16-row layout"):
+        ops.qpack16(torch.zeros(16, 18, dtype=torch.uint8), int(Q.Q4_0), 32)
+    with pytest.raises(RuntimeError, match="multiple of 256 inputs and of 16 outputs"):
+        ops.qpack16(torch.zeros(8, 144, dtype=torch.uint8), int(Q.Q4_K), 256)
+    with pytest.raises(RuntimeError, match="qpack16's uint8 CPU tensor"):
+        ops.qlinear_int8_x16(torch.ones(1, 256), torch.zeros(1, 100, dtype=torch.uint8), int(Q.Q4_K), 256, None)
+
+
+def test_a_tied_head_repacked_for_int8_shares_its_layout_with_the_embedding():
+    from lookahead.model.products import set_products
+
+    blocks = torch.from_numpy(random_blocks(Q.Q6_K, 48, 256, seed=15))
+    model = torch.nn.Module()
+    model.embed = QuantizedEmbedding(blocks, int(Q.Q6_K), 48, 256)
+    model.head = QuantizedLinear(model.embed.blocks, int(Q.Q6_K), 256, 48)
+    ids = torch.tensor([[0, 47, 17, 17, 3]])
+    before = model.embed(ids)
+    set_products(model, "int8")
+    assert model.embed.blocks is None and model.embed.packed is model.head.packed  # (one copy of the table)
+    assert torch.equal(model.embed(ids), before)
+    assert model.embed(torch.zeros(0, dtype=torch.long)).shape == (0, 256)
+    with pytest.raises(RuntimeError, match="id 48 is out of range"):
+        model.embed(torch.tensor([1, 48]))

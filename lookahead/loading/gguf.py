@@ -178,7 +178,8 @@ def _tie_output(model: Any, config: Any, loaded: set[str], gguf: Path) -> None:
                   is head]
     if head_names and getattr(config, "tie_word_embeddings", False):
         parent, attribute, _ = _module_of(model, head_names[0])
-        if isinstance(embedding, QuantizedEmbedding) and isinstance(head, torch.nn.Linear):
+        if isinstance(embedding, QuantizedEmbedding) and embedding.blocks is not None and \
+                isinstance(head, torch.nn.Linear):
             setattr(parent, attribute, QuantizedLinear(embedding.blocks, embedding.format_code, embedding.embedding_dim,
                                                        embedding.num_embeddings))
         else:

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 
 from ..errors import ModelLoadError, one_line
 from ..model.attention import use_native
+from ..model.machine import give_back_freed_memory
 from ..model.support import MASKED_ATTENTION
 from .checkpoint import check_checkpoint, read_config_dict
 from .device import resolve_device
@@ -492,6 +493,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
                 model, tokenizer = _load_blocks(*source_gguf, cache, attn_implementation, refetch)
                 model.config._name_or_path = name_or_path  # (what messages and the cost store call it)
                 _choose_products(model, products, cost_cache_dir)
+                give_back_freed_memory()  # (what repacking the blocks for int8 products let go of)
                 use_native(model)  # (model.generate attends as lookahead's steps do: the same bits)
                 return model, tokenizer
             if weights != "auto":

@@ -9,7 +9,7 @@ CPU with AVX-512 VNNI several times less work per weight (native/quant8.cpp, nat
 
 ``choose_products`` times both on one layer of each format the model holds, at a decode step's row counts
 (1 and 4 rows, interleaved, the median of several passes), and keeps int8 only where it is faster by
-INT8_MARGIN. The choice is kept per machine (CPU model, thread count, format and shape) in a JSON file
+INT8_MARGIN. The choice is kept per machine (CPU model, thread count, format, shape and kernel build) in a JSON file
 beside the cost curves, so a machine decodes a model the same way every run; delete the file to measure
 again. A choice measured while other processes kept the cores busy (BUSY_LIMIT) is used for that run
 only, as the cost curves are. A CPU without VNNI runs the integer products in plain C++ (a reference,
@@ -26,8 +26,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..native.build import sources_digest
 from .machine import cpu_name, cpu_snapshot, others_busy
-from .quantized import FORMAT_NAMES, PRODUCTS, QuantizedLinear
+from .quantized import FORMAT_NAMES, PRODUCTS, QuantizedEmbedding, QuantizedLinear, packs
 
 # int8 is kept where its time is at most this share of float32's: the float model's own numbers are worth a
 # little time (the integer products' text leaves transformers' greedy on the de-quantized model at near-ties;
@@ -41,10 +42,17 @@ BUSY_LIMIT = 0.25  # cores other processes kept busy while timing from which a c
 
 def set_products(model: torch.nn.Module, products: str | dict[int, str]) -> None:
     """Every ``QuantizedLinear`` of the model multiplies with ``products`` ("float32" or "int8"), or, given
-    a {format code: products} map, with its format's entry (float32 where the map has none)."""
+    a {format code: products} map, with its format's entry (float32 where the map has none). An output head
+    tied to a ``QuantizedEmbedding`` that repacks for int8 hands the embedding its 16-row layout, so the
+    table is held once."""
+    tables = {m.blocks.data_ptr(): m for m in model.modules()
+              if isinstance(m, QuantizedEmbedding) and m.blocks is not None}
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
+            shared = tables.get(module.blocks.data_ptr()) if module.blocks is not None else None
             module.products = products if isinstance(products, str) else products.get(module.format_code, "float32")
+            if shared is not None and module.packed is not None:
+                shared.share_packed(module.packed)
 
 
 def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/costs",
@@ -64,8 +72,7 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
     chosen, measured = {}, []
     before = cpu_snapshot()
     for code, layer in layers.items():
-        key = f"{cpu_name()} | {torch.get_num_threads()} threads | {FORMAT_NAMES[code]} " \
-              f"{layer.out_features}x{layer.in_features}"
+        key = choice_key(layer)
         entry = kept.get(key)
         if entry is None or not _timed(entry):
             seconds = time_products(layer)
@@ -88,6 +95,13 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
     return chosen
 
 
+def choice_key(layer: QuantizedLinear) -> str:
+    """Where a layer's choice is kept in STORE: this CPU, thread count, the layer's format and shape, and the
+    kernels' build (a choice timed on other kernels is measured again)."""
+    return f"{cpu_name()} | {torch.get_num_threads()} threads | {FORMAT_NAMES[layer.format_code]} " \
+           f"{layer.out_features}x{layer.in_features} | build {sources_digest()}"
+
+
 def _timed(entry: dict) -> bool:
     """Whether a kept entry holds both products' times."""
     return isinstance(entry, dict) and all(isinstance(entry.get(name), float) and entry[name] > 0
@@ -105,7 +119,7 @@ def _largest_per_format(model: torch.nn.Module) -> dict[int, QuantizedLinear]:
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
             best = largest.get(module.format_code)
-            if best is None or module.blocks.numel() > best.blocks.numel():
+            if best is None or module.stored.numel() > best.stored.numel():
                 largest[module.format_code] = module
     return largest
 
@@ -114,7 +128,15 @@ def time_products(layer: QuantizedLinear) -> dict[str, float]:
     """Seconds per call of the layer's two products, summed over ROWS (the median of PASSES interleaved
     passes each)."""
     ops = torch.ops.lookahead_native
-    product = {"float32": ops.qlinear, "int8": ops.qlinear_int8}
+    blocks = layer.weight_blocks()
+    product: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "float32": lambda x: ops.qlinear(x, blocks, layer.format_code, layer.in_features, None)}
+    if packs(layer.format_code, layer.in_features, layer.out_features):  # (int8 runs on the 16-row layout)
+        packed = layer.packed if layer.packed is not None else \
+            ops.qpack16(blocks, layer.format_code, layer.in_features)
+        product["int8"] = lambda x: ops.qlinear_int8_x16(x, packed, layer.format_code, layer.in_features, None)
+    else:
+        product["int8"] = lambda x: ops.qlinear_int8(x, blocks, layer.format_code, layer.in_features, None)
     total = {name: 0.0 for name in product}
     for rows in ROWS:
         x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))  # [R, I]
@@ -122,7 +144,7 @@ def time_products(layer: QuantizedLinear) -> dict[str, float]:
         for _ in range(PASSES + 1):  # (the first pass warms the caches and is dropped)
             for name, op in product.items():
                 start = time.perf_counter()
-                op(x, layer.blocks, layer.format_code, layer.in_features, None)
+                op(x)
                 samples[name].append(time.perf_counter() - start)
         for name in product:
             total[name] += statistics.median(samples[name][1:])

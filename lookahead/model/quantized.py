@@ -41,6 +41,10 @@ FORMAT_NAMES = {code: name for name, code in FORMATS.items()}
 # native/quant8k.h). Either in one fixed order: a row's bits do not depend on the step's other rows.
 # model/products.py chooses between them per machine.
 PRODUCTS = ("float32", "int8")
+# Formats whose int8 products run on the weights repacked sixteen rows at a time (native/quant8x16.h): a layer of
+# one of them with a multiple of 16 outputs holds ``packed`` instead of ``blocks`` while it multiplies in int8
+# (the same bytes, rearranged losslessly; ``blocks`` comes back byte for byte when it multiplies in float32)
+PACKED_FORMATS = (12, 14)  # Q4_K, Q6_K
 TILES_ROWS_MIN = 64  # a sequence's rows from which a forward (a prefill) goes through de-quantized tiles (kernel_only)
 TILE_OUTPUTS = 256  # weight rows de-quantized at a time there (1.5 MB at 1536 inputs)
 
@@ -56,6 +60,11 @@ def takes(format_code: int, inputs: int) -> bool:
     return format_code in BLOCKS and inputs > 0 and inputs % BLOCKS[format_code][0] == 0
 
 
+def packs(format_code: int, in_features: int, out_features: int) -> bool:
+    """Whether int8 products of this layer run on the 16-row layout (PACKED_FORMATS)."""
+    return format_code in PACKED_FORMATS and in_features % 256 == 0 and out_features % 16 == 0
+
+
 def _cpu_only(module: torch.nn.Module, x: torch.Tensor) -> None:
     if x.device.type != "cpu":
         raise ModelLoadError(f"{type(module).__name__} holds GGUF blocks that lookahead's kernel reads on the CPU "
@@ -66,14 +75,12 @@ def _cpu_only(module: torch.nn.Module, x: torch.Tensor) -> None:
 class QuantizedLinear(torch.nn.Module):
     """An ``nn.Linear`` whose weight [O, I] is kept as GGUF blocks [O, row bytes]: y [..., O] = x [..., I] W^T + b."""
 
-    blocks: torch.Tensor  # [O, row bytes] uint8
+    blocks: torch.Tensor | None  # [O, row bytes] uint8 (None while ``packed`` holds them)
+    packed: torch.Tensor | None  # [O / 16, I / 256 * chunk bytes] uint8: int8 products of PACKED_FORMATS
 
     def __init__(self, blocks: torch.Tensor, format_code: int, in_features: int, out_features: int,
                  bias: torch.Tensor | None = None, products: str = "float32") -> None:
         super().__init__()
-        if products not in PRODUCTS:
-            raise ValueError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
-        self.products = products
         if not takes(format_code, in_features) or tuple(blocks.shape) != (out_features,
                                                                           row_bytes(format_code, in_features)):
             raise ValueError(f"blocks {tuple(blocks.shape)} do not hold a [{out_features}, {in_features}] weight "
@@ -81,7 +88,44 @@ class QuantizedLinear(torch.nn.Module):
         self.in_features, self.out_features, self.format_code = in_features, out_features, format_code
         self.tiles = True  # many rows through de-quantized tiles and torch's product (cleared by ``kernel_only``)
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.register_buffer("packed", None, persistent=False)
         self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self._products = "float32"
+        self.products = products
+
+    @property
+    def products(self) -> str:
+        """"float32" or "int8" (PRODUCTS); setting it to int8 repacks a PACKED_FORMATS layer's blocks, setting it
+        back restores them."""
+        return self._products
+
+    @products.setter
+    def products(self, value: str) -> None:
+        if value not in PRODUCTS:
+            raise ValueError(f"products must be one of {', '.join(PRODUCTS)}, got {value!r}")
+        self._products = value
+        if value == "int8" and packs(self.format_code, self.in_features, self.out_features):
+            if self.packed is None:
+                self.packed = torch.ops.lookahead_native.qpack16(self.weight_blocks(), self.format_code,
+                                                                  self.in_features)
+                self.blocks = None
+        elif self.packed is not None:
+            self.blocks = self.weight_blocks()
+            self.packed = None
+
+    def weight_blocks(self) -> torch.Tensor:
+        """The GGUF blocks [O, row bytes] (unpacked from ``packed`` where that holds them: a new tensor)."""
+        if self.blocks is not None:
+            return self.blocks
+        assert self.packed is not None
+        return torch.ops.lookahead_native.qunpack16(self.packed, self.format_code, self.in_features)
+
+    @property
+    def stored(self) -> torch.Tensor:
+        """The tensor that holds the weight's bytes (``blocks`` or ``packed``)."""
+        stored = self.blocks if self.blocks is not None else self.packed
+        assert stored is not None
+        return stored
 
     @property
     def format_name(self) -> str:
@@ -96,9 +140,13 @@ class QuantizedLinear(torch.nn.Module):
         if self.tiles and self.products == "float32" and x.dim() >= 2 and x.shape[-2] >= TILES_ROWS_MIN:
             out = self._through_tiles(x.float(), bias)
             return out if dtype == torch.float32 else out.to(dtype)
-        product = torch.ops.lookahead_native.qlinear_int8 if self.products == "int8" else \
-            torch.ops.lookahead_native.qlinear
-        out = product(x.float(), self.blocks, self.format_code, self.in_features, bias)
+        if self.packed is not None:
+            out = torch.ops.lookahead_native.qlinear_int8_x16(x.float(), self.packed, self.format_code,
+                                                              self.in_features, bias)
+        else:
+            product = torch.ops.lookahead_native.qlinear_int8 if self.products == "int8" else \
+                torch.ops.lookahead_native.qlinear
+            out = product(x.float(), self.blocks, self.format_code, self.in_features, bias)
         return out if dtype == torch.float32 else out.to(dtype)
 
     def _through_tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -107,8 +155,8 @@ class QuantizedLinear(torch.nn.Module):
         flat = x.reshape(-1, self.in_features)  # [R, I]
         out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)  # [R, O]
         for start in range(0, self.out_features, TILE_OUTPUTS):
-            tile = torch.ops.lookahead_native.qdequantize(self.blocks[start:start + TILE_OUTPUTS], self.format_code,
-                                                          self.in_features)  # [t, I]
+            tile = torch.ops.lookahead_native.qdequantize(self.stored[start:start + TILE_OUTPUTS], self.format_code,
+                                                          self.in_features)  # [t, I] (float32 products: blocks)
             out[:, start:start + tile.shape[0]] = flat @ tile.t()  # [R, t]
         if bias is not None:
             out += bias
@@ -116,7 +164,7 @@ class QuantizedLinear(torch.nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The weight [O, I] as float32 (a new tensor)."""
-        return torch.ops.lookahead_native.qdequantize(self.blocks, self.format_code, self.in_features)
+        return torch.ops.lookahead_native.qdequantize(self.weight_blocks(), self.format_code, self.in_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format_name}, " \
@@ -127,7 +175,8 @@ class QuantizedEmbedding(torch.nn.Module):
     """An ``nn.Embedding`` whose table [V, D] is kept as GGUF blocks: ids [...] -> float32 rows [..., D]
     (times ``embed_scale`` where the module it stands in for scaled its rows, as Gemma's does)."""
 
-    blocks: torch.Tensor  # [V, row bytes] uint8
+    blocks: torch.Tensor | None  # [V, row bytes] uint8 (None while ``packed`` holds them)
+    packed: torch.Tensor | None  # a tied output head's 16-row layout of the same table (``share_packed``)
 
     def __init__(self, blocks: torch.Tensor, format_code: int, num_embeddings: int, embedding_dim: int,
                  padding_idx: int | None = None, embed_scale: torch.Tensor | None = None) -> None:
@@ -139,6 +188,7 @@ class QuantizedEmbedding(torch.nn.Module):
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.format_code = format_code
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.register_buffer("packed", None, persistent=False)
         self.embed_scale: torch.Tensor | None
         self.register_buffer("embed_scale", embed_scale, persistent=False)
 
@@ -146,9 +196,33 @@ class QuantizedEmbedding(torch.nn.Module):
     def format_name(self) -> str:
         return FORMAT_NAMES[self.format_code]
 
+    @property
+    def stored(self) -> torch.Tensor:
+        """The tensor that holds the table's bytes (``blocks`` or ``packed``)."""
+        stored = self.blocks if self.blocks is not None else self.packed
+        assert stored is not None
+        return stored
+
+    def share_packed(self, packed: torch.Tensor) -> None:
+        """Read the table from a tied output head's 16-row layout of it (model/products.py's ``set_products``),
+        letting go of ``blocks``: one copy of the table in memory."""
+        self.packed, self.blocks = packed, None
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         _cpu_only(self, ids)
-        rows = torch.ops.lookahead_native.qrows(self.blocks, ids, self.format_code, self.embedding_dim)
+        ops = torch.ops.lookahead_native
+        if self.packed is None:
+            rows = ops.qrows(self.blocks, ids, self.format_code, self.embedding_dim)
+        else:  # (the groups of 16 rows the ids fall in, unpacked to blocks, then their rows as qrows reads them)
+            flat = ids.reshape(-1).long()  # [K]
+            if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+                bad = flat[(flat < 0) | (flat >= self.num_embeddings)][0]
+                raise RuntimeError(f"lookahead_native::qrows: id {int(bad)} is out of range [0, "
+                                   f"{self.num_embeddings})")
+            groups, where = torch.unique(flat // 16, return_inverse=True)  # [G], [K]
+            blocks = ops.qunpack16(self.packed[groups].contiguous(), self.format_code, self.embedding_dim)
+            rows = ops.qrows(blocks, where * 16 + flat % 16, self.format_code,
+                             self.embedding_dim).view(*ids.shape, self.embedding_dim)
         return rows if self.embed_scale is None else rows * self.embed_scale.to(torch.float32)
 
     def extra_repr(self) -> str:
@@ -191,20 +265,24 @@ def weights_summary(model: torch.nn.Module) -> str:
     counts: dict[str, int] = {}
     seen: set[int] = set()
     total = 0
+    packed = 0
     for module in modules:
         counts[module.format_name] = counts.get(module.format_name, 0) + 1
-        if module.blocks.data_ptr() not in seen:  # (a tied output head shares its embedding's blocks)
-            seen.add(module.blocks.data_ptr())
-            total += module.blocks.numel()
+        stored = module.stored
+        packed += isinstance(module, QuantizedLinear) and module.packed is not None
+        if stored.data_ptr() not in seen:  # (a tied output head shares its embedding's blocks)
+            seen.add(stored.data_ptr())
+            total += stored.numel()
     formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
     products = sorted({m.products for m in modules if isinstance(m, QuantizedLinear)})
-    return f"GGUF blocks as shipped ({formats}; {total / 1e6:.0f} MB; {'/'.join(products)} products)"
+    repacked = f", {packed} repacked by 16 rows" if packed else ""
+    return f"GGUF blocks as shipped ({formats}; {total / 1e6:.0f} MB; {'/'.join(products)} products{repacked})"
 
 
 def embedding_facts(model: torch.nn.Module) -> tuple[torch.device, torch.dtype, int]:
     """(device, dtype of what it returns, rows) of the model's input embedding, float or quantized."""
     embedding = model.get_input_embeddings()  # type: ignore[operator]
     if isinstance(embedding, QuantizedEmbedding):
-        return embedding.blocks.device, torch.float32, embedding.num_embeddings
+        return torch.device("cpu"), torch.float32, embedding.num_embeddings  # (the kernel's device)
     weight = cast(torch.Tensor, embedding.weight)  # [V, D]
     return weight.device, weight.dtype, int(weight.shape[0])

@@ -24,6 +24,7 @@
 
 #include "quant_formats.h"
 #include "quant8k.h"
+#include "quant8x16.h"
 
 #include <algorithm>
 #include <cmath>
@@ -412,10 +413,96 @@ at::Tensor qlinear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t f
 
 bool qint8_vnni() { return vnni_available(); }
 
+// ---- Q4_K / Q6_K repacked sixteen rows at a time (quant8x16.h) ----
+
+void check_x16(const char* name, int64_t format, int64_t inputs, int64_t outputs) {
+  TORCH_CHECK(x16_takes(format), "lookahead_native::", name, ": GGML type ", format,
+              " has no 16-row layout (Q4_K and Q6_K have one): keep its blocks as they are");
+  TORCH_CHECK(inputs > 0 && inputs % 256 == 0 && outputs > 0 && outputs % 16 == 0, "lookahead_native::", name,
+              ": the 16-row layout needs a multiple of 256 inputs and of 16 outputs, got [", outputs, ", ", inputs,
+              "]: keep its blocks as they are");
+}
+
+// blocks [O, row bytes] -> packed [O / 16, I / 256 * chunk bytes]
+at::Tensor qpack16(const at::Tensor& blocks, int64_t format, int64_t inputs) {
+  Layout layout{};
+  check_blocks(blocks, format, inputs, &layout);
+  const int64_t outputs = blocks.size(0), supers = inputs / 256;
+  check_x16("qpack16", format, inputs, outputs);
+  at::Tensor packed = at::empty({outputs / 16, supers * x16_chunk_bytes(format)}, blocks.options());
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, outputs / 16, 1, [&](int64_t begin, int64_t end) {
+    std::vector<PlainSuper> rows(16);
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t b = 0; b < supers; ++b) {
+        for (int n = 0; n < 16; ++n)
+          read_super(w + (16 * g + n) * blocks.size(1) + b * x16_block_bytes(format), format, &rows[static_cast<size_t>(n)]);
+        pack_chunk(rows.data(), format, out + g * packed.size(1) + b * x16_chunk_bytes(format));
+      }
+  });
+  return packed;
+}
+
+// packed [O / 16, ...] -> the GGUF blocks [O, row bytes] it was made from, byte for byte
+at::Tensor qunpack16(const at::Tensor& packed, int64_t format, int64_t inputs) {
+  check_x16("qunpack16", format, inputs, 16);
+  const int64_t supers = inputs / 256;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && packed.is_cpu() &&
+                  packed.size(1) == supers * x16_chunk_bytes(format),
+              "lookahead_native::qunpack16: packed must be a contiguous uint8 CPU tensor [O / 16, ",
+              supers * x16_chunk_bytes(format), "]");
+  const int64_t groups = packed.size(0), row = supers * x16_block_bytes(format);
+  at::Tensor blocks = at::empty({16 * groups, row}, packed.options());
+  const uint8_t* in = packed.data_ptr<uint8_t>();
+  uint8_t* out = blocks.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<PlainSuper> rows(16);
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t b = 0; b < supers; ++b) {
+        std::memset(rows.data(), 0, 16 * sizeof(PlainSuper));
+        unpack_chunk(in + g * packed.size(1) + b * x16_chunk_bytes(format), format, rows.data());
+        for (int n = 0; n < 16; ++n)
+          write_super(rows[static_cast<size_t>(n)], format, out + (16 * g + n) * row + b * x16_block_bytes(format));
+      }
+  });
+  return blocks;
+}
+
+// x [..., I] float32 by packed weights [O / 16, ...] (+ bias [O]) -> [..., O]; isa as qlinear_int8's
+at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64_t format, int64_t inputs,
+                            const std::optional<at::Tensor>& bias, int64_t isa) {
+  const bool vnni = isa < 0 ? vnni_available() : isa == 1;
+  TORCH_CHECK(!vnni || vnni_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX-512 VNNI");
+  const int64_t outputs = 16 * packed.size(0);
+  check_x16("qlinear_int8_x16", format, inputs, outputs);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && packed.is_cpu() &&
+                  packed.size(1) == inputs / 256 * x16_chunk_bytes(format),
+              "lookahead_native::qlinear_int8_x16: packed must be qpack16's uint8 CPU tensor [O / 16, ",
+              inputs / 256 * x16_chunk_bytes(format), "]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_cpu() && x.size(-1) == inputs,
+              "lookahead_native::qlinear_int8_x16: x must be a float32 CPU tensor [..., ", inputs, "]");
+  const at::Tensor flat = x.reshape({-1, inputs}).contiguous();  // [R, I]
+  const int64_t rows = flat.size(0);
+  at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
+  if (rows > 0) {
+    product_x16(packed.data_ptr<uint8_t>(), format, flat.data_ptr<float>(), out.data_ptr<float>(), rows, inputs,
+                outputs, vnni);
+  }
+  if (bias.has_value() && bias->defined()) out.add_(*bias);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = outputs;
+  return out.view(shape);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
   m.def("qlinear_int8(Tensor x, Tensor blocks, int format, int inputs, Tensor? bias, int isa=-1) -> Tensor");
   m.def("qint8_vnni() -> bool", &qint8_vnni);
   m.impl("qlinear_int8", c10::DispatchKey::CPU, TORCH_FN(qlinear_int8));
+  m.def("qpack16(Tensor blocks, int format, int inputs) -> Tensor", &qpack16);
+  m.def("qunpack16(Tensor packed, int format, int inputs) -> Tensor", &qunpack16);
+  m.def("qlinear_int8_x16(Tensor x, Tensor packed, int format, int inputs, Tensor? bias, int isa=-1) -> Tensor");
+  m.impl("qlinear_int8_x16", c10::DispatchKey::CPU, TORCH_FN(qlinear_int8_x16));
 }

@@ -1,0 +1,353 @@
+// Integer products of Q4_K and Q6_K weights repacked sixteen output rows at a time ("x16"): a 32-bit lane per
+// output row, so one byte-dot instruction multiplies four weights of sixteen rows by four inputs broadcast, and
+// a super-block's unpacking serves every input row. native/quant8.cpp's qpack16 / qunpack16 convert a GGUF
+// tensor [O, row bytes] (O a multiple of 16) to this layout and back, losslessly; qlinear_int8_x16 multiplies.
+//
+// Layout: groups of 16 rows (o = 16 g + n), each a run of super-blocks b, each super-block's chunk:
+//   Q4_K (2368 bytes): quants [32][64]: chunk c = 8 p + i, byte 4 n + e = q[n][64 p + 4 i + e] (low nibble) |
+//          q[n][64 p + 32 + 4 i + e] << 4; scales u8 [8][16] (sub-block j, row n); mins u8 [4][16][2] (t, n,
+//          sub-block 2 t + e); d f16 [16]; dmin f16 [16]
+//   Q6_K (3360 bytes, the rows' own size): low nibbles [32][64] as Q4_K's (of the six-bit q); high bits
+//          [16][64]: chunk h, byte 4 n + e = hb(A(2h)) | hb(B(2h)) << 2 | hb(A(2h + 1)) << 4 | hb(B(2h + 1)) << 6,
+//          A(c) / B(c) the quads of chunk c's low / high nibble; scales i8 [16][16] (group g, row n); d f16 [16]
+//
+// Inputs, per row and super-block (quantize_super in natural order): s = max |x| / 127, xq = rne(x / s), the
+// sums of xq per 16-weight group. Order, per output (r, o) over super-blocks in order, in exact integers then
+// two (Q6_K: one) float multiply-adds:
+//   Q4_K: I1 = sum_j sc_j dot_j, I2 = sum_j mn_j xsum_j (dot_j: sub-block j's weights by xq; xsum_j its xq sum)
+//         acc = fma(float(I1), d * s, acc); acc = fma(float(I2), -(dmin * s), acc)
+//   Q6_K: I1 = sum_g sc_g (dot_g - 32 xsum_g); acc = fma(float(I1), d * s, acc)
+//   out = acc (+ bias)
+// The integers are exact (no lane overflows: |I1| < 2^31), so their order is free; the float operations are
+// the same at any row count, thread count or instruction set (AVX-512 VNNI or plain C++): a row's output has
+// the same bits however many rows the step holds.
+//
+// Worked example (Q4_K, one super-block, one group): d = 1, dmin = 0, every scale 1 and every q = 2, x all 1 ->
+// s = 1/127, xq = 127; I1 = 8 * (32 * 2 * 127) = 65024; out = 65024 * (1/127) = 512 for each of the 16 rows.
+#pragma once
+
+#include "quant_formats.h"
+#include "quant8k.h"
+
+namespace {
+
+constexpr int64_t x16_chunk_bytes(int64_t format) { return format == Q4_K ? 2368 : 3360; }
+constexpr int64_t x16_block_bytes(int64_t format) { return format == Q4_K ? 144 : 210; }
+
+inline bool x16_takes(int64_t format) { return format == Q4_K || format == Q6_K; }
+
+// The quad (4 weights, 0..63) of a super-block chunk c's low (high = 0) or high (1) nibble holds
+inline int x16_quad(int c, int high) { return 16 * (c / 8) + 8 * high + c % 8; }
+
+// One row's super-block as plain numbers: q [256], scales and mins (Q4_K: 8 each; Q6_K: 16 scales), d, dmin halves
+struct PlainSuper {
+  uint8_t q[256];
+  int sc[16], mn[8];
+  uint16_t d, dmin;
+};
+
+inline void read_super(const uint8_t* block, int64_t format, PlainSuper* out) {
+  if (format == Q4_K) {
+    for (int j = 0; j < 8; ++j) {
+      scale_min_k4(block + 4, j, &out->sc[j], &out->mn[j]);
+      for (int i = 0; i < 32; ++i) out->q[32 * j + i] = static_cast<uint8_t>((block[16 + 32 * (j / 2) + i] >> (4 * (j % 2))) & 15);
+    }
+    std::memcpy(&out->d, block, 2);
+    std::memcpy(&out->dmin, block + 2, 2);
+  } else {
+    for (int h = 0; h < 2; ++h) {  // weights 128 h + 32 k + i: ql nibble, qh bits 2k
+      for (int k = 0; k < 4; ++k) {
+        for (int i = 0; i < 32; ++i) {
+          const int low = (block[64 * h + 32 * (k % 2) + i] >> (4 * (k / 2))) & 15;
+          const int top = (block[128 + 32 * h + i] >> (2 * k)) & 3;
+          out->q[128 * h + 32 * k + i] = static_cast<uint8_t>(low | top << 4);
+        }
+      }
+    }
+    for (int g = 0; g < 16; ++g) out->sc[g] = static_cast<int8_t>(block[192 + g]);
+    std::memcpy(&out->d, block + 208, 2);
+    out->dmin = 0;
+  }
+}
+
+// The inverse of read_super (Q4_K's six-bit scales and mins packed back as get_scale_min_k4 reads them)
+inline void write_super(const PlainSuper& in, int64_t format, uint8_t* block) {
+  if (format == Q4_K) {
+    std::memcpy(block, &in.d, 2);
+    std::memcpy(block + 2, &in.dmin, 2);
+    uint8_t* s = block + 4;
+    for (int j = 0; j < 4; ++j) {
+      s[j] = static_cast<uint8_t>((in.sc[j] & 63) | ((in.sc[j + 4] >> 4) << 6));
+      s[j + 4] = static_cast<uint8_t>((in.mn[j] & 63) | ((in.mn[j + 4] >> 4) << 6));
+      s[j + 8] = static_cast<uint8_t>((in.sc[j + 4] & 15) | ((in.mn[j + 4] & 15) << 4));
+    }
+    for (int j = 0; j < 8; j += 2)
+      for (int i = 0; i < 32; ++i) block[16 + 16 * j + i] = static_cast<uint8_t>(in.q[32 * j + i] | in.q[32 * (j + 1) + i] << 4);
+  } else {
+    std::memset(block, 0, 192);
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 4; ++k)
+        for (int i = 0; i < 32; ++i) {
+          const int v = in.q[128 * h + 32 * k + i];
+          block[64 * h + 32 * (k % 2) + i] |= static_cast<uint8_t>((v & 15) << (4 * (k / 2)));
+          block[128 + 32 * h + i] |= static_cast<uint8_t>((v >> 4) << (2 * k));
+        }
+    for (int g = 0; g < 16; ++g) block[192 + g] = static_cast<uint8_t>(static_cast<int8_t>(in.sc[g]));
+    std::memcpy(block + 208, &in.d, 2);
+  }
+}
+
+// Super-block b of 16 rows (rows[n]: row n's blocks) into its chunk, and back
+inline void pack_chunk(const PlainSuper* rows, int64_t format, uint8_t* chunk) {
+  for (int c = 0; c < 32; ++c)
+    for (int n = 0; n < 16; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int low = rows[n].q[4 * x16_quad(c, 0) + e], high = rows[n].q[4 * x16_quad(c, 1) + e];
+        chunk[64 * c + 4 * n + e] = static_cast<uint8_t>((low & 15) | (high & 15) << 4);
+      }
+  if (format == Q4_K) {
+    for (int j = 0; j < 8; ++j)
+      for (int n = 0; n < 16; ++n) chunk[2048 + 16 * j + n] = static_cast<uint8_t>(rows[n].sc[j]);
+    for (int t = 0; t < 4; ++t)
+      for (int n = 0; n < 16; ++n)
+        for (int e = 0; e < 2; ++e) chunk[2176 + 32 * t + 2 * n + e] = static_cast<uint8_t>(rows[n].mn[2 * t + e]);
+    for (int n = 0; n < 16; ++n) {
+      std::memcpy(chunk + 2304 + 2 * n, &rows[n].d, 2);
+      std::memcpy(chunk + 2336 + 2 * n, &rows[n].dmin, 2);
+    }
+  } else {
+    for (int h = 0; h < 16; ++h)
+      for (int n = 0; n < 16; ++n)
+        for (int e = 0; e < 4; ++e) {
+          int byte = 0;
+          for (int k = 0; k < 4; ++k) {  // A(2h), B(2h), A(2h + 1), B(2h + 1)
+            const int c = 2 * h + k / 2;
+            byte |= (rows[n].q[4 * x16_quad(c, k % 2) + e] >> 4) << (2 * k);
+          }
+          chunk[2048 + 64 * h + 4 * n + e] = static_cast<uint8_t>(byte);
+        }
+    for (int g = 0; g < 16; ++g)
+      for (int n = 0; n < 16; ++n) chunk[3072 + 16 * g + n] = static_cast<uint8_t>(static_cast<int8_t>(rows[n].sc[g]));
+    for (int n = 0; n < 16; ++n) std::memcpy(chunk + 3328 + 2 * n, &rows[n].d, 2);
+  }
+}
+
+inline void unpack_chunk(const uint8_t* chunk, int64_t format, PlainSuper* rows) {
+  for (int c = 0; c < 32; ++c)
+    for (int n = 0; n < 16; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const uint8_t byte = chunk[64 * c + 4 * n + e];
+        rows[n].q[4 * x16_quad(c, 0) + e] = byte & 15;
+        rows[n].q[4 * x16_quad(c, 1) + e] = byte >> 4;
+      }
+  if (format == Q4_K) {
+    for (int n = 0; n < 16; ++n) {
+      for (int j = 0; j < 8; ++j) rows[n].sc[j] = chunk[2048 + 16 * j + n];
+      for (int j = 0; j < 8; ++j) rows[n].mn[j] = chunk[2176 + 32 * (j / 2) + 2 * n + j % 2];
+      std::memcpy(&rows[n].d, chunk + 2304 + 2 * n, 2);
+      std::memcpy(&rows[n].dmin, chunk + 2336 + 2 * n, 2);
+    }
+  } else {
+    for (int h = 0; h < 16; ++h)
+      for (int n = 0; n < 16; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const int byte = chunk[2048 + 64 * h + 4 * n + e];
+          for (int k = 0; k < 4; ++k) rows[n].q[4 * x16_quad(2 * h + k / 2, k % 2) + e] |= static_cast<uint8_t>(((byte >> (2 * k)) & 3) << 4);
+        }
+    for (int n = 0; n < 16; ++n) {
+      for (int g = 0; g < 16; ++g) rows[n].sc[g] = static_cast<int8_t>(chunk[3072 + 16 * g + n]);
+      std::memcpy(&rows[n].d, chunk + 3328 + 2 * n, 2);
+      rows[n].dmin = 0;
+    }
+  }
+}
+
+// ---- the inputs: quantize_super's xq in natural order with the 16 group sums; Q4_K's sub-block sums as pairs ----
+
+struct X16Inputs {
+  SuperInputs super;           // xq [R, I] (natural order), s [R, blocks], sums [R, blocks, 16] (per 16 weights)
+  std::vector<int32_t> pairs;  // [R, blocks, 4]: Q4_K: (xsum_2t, xsum_2t+1) as two int16 in one int32
+};
+
+inline X16Inputs quantize_x16(const float* x, int64_t rows, int64_t inputs, int64_t format) {
+  X16Inputs in;
+  in.super = quantize_super(x, rows, inputs, Q6_K);  // (Q6_K's k_position is the identity)
+  const int64_t blocks = in.super.blocks;
+  if (format == Q4_K) {
+    in.pairs.resize(static_cast<size_t>(rows * blocks * 4));
+    for (int64_t rb = 0; rb < rows * blocks; ++rb) {
+      const int16_t* g = in.super.sums.data() + 16 * rb;
+      for (int t = 0; t < 4; ++t) {
+        const int16_t a = static_cast<int16_t>(g[4 * t] + g[4 * t + 1]), b = static_cast<int16_t>(g[4 * t + 2] + g[4 * t + 3]);
+        in.pairs[4 * rb + t] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a)) |
+                                                    static_cast<uint32_t>(static_cast<uint16_t>(b)) << 16);
+      }
+    }
+  }
+  return in;
+}
+
+// ---- out[r, 16 g + n] in plain C++: the reference ----
+
+inline void x16_plain(const uint8_t* group, int64_t format, const X16Inputs& in, int64_t r, float* out) {
+  const int64_t blocks = in.super.blocks;
+  float acc[16] = {};
+  PlainSuper rows[16];
+  for (int64_t b = 0; b < blocks; ++b) {
+    std::memset(rows, 0, sizeof rows);
+    unpack_chunk(group + b * x16_chunk_bytes(format), format, rows);
+    const int8_t* x = in.super.q.data() + r * 256 * blocks + 256 * b;
+    const int16_t* sums = in.super.sums.data() + (r * blocks + b) * 16;
+    const float s = in.super.s[r * blocks + b];
+    for (int n = 0; n < 16; ++n) {
+      int32_t i1 = 0, i2 = 0;
+      if (format == Q4_K) {
+        for (int j = 0; j < 8; ++j) {
+          int32_t dot = 0;
+          for (int i = 0; i < 32; ++i) dot += rows[n].q[32 * j + i] * x[32 * j + i];
+          i1 += rows[n].sc[j] * dot;
+          i2 += rows[n].mn[j] * (sums[2 * j] + sums[2 * j + 1]);
+        }
+      } else {
+        for (int g = 0; g < 16; ++g) {
+          int32_t dot = -32 * sums[g];
+          for (int i = 0; i < 16; ++i) dot += rows[n].q[16 * g + i] * x[16 * g + i];
+          i1 += rows[n].sc[g] * dot;
+        }
+      }
+      const float d = half_of(reinterpret_cast<const uint8_t*>(&rows[n].d));
+      acc[n] = std::fma(static_cast<float>(i1), d * s, acc[n]);
+      if (format == Q4_K) {
+        const float dmin = half_of(reinterpret_cast<const uint8_t*>(&rows[n].dmin));
+        acc[n] = std::fma(static_cast<float>(i2), -(dmin * s), acc[n]);
+      }
+    }
+  }
+  for (int n = 0; n < 16; ++n) out[n] = acc[n];
+}
+
+// ---- the same in AVX-512 VNNI: RT input rows against one group ----
+
+template <int64_t F, int RT>
+LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs) {
+  const int64_t blocks = in.super.blocks;
+  const __m512i fifteen = _mm512_set1_epi8(15);
+  __m512 acc[RT];
+  for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* chunk = group + b * x16_chunk_bytes(F);
+    const int8_t* x[RT];
+    for (int r = 0; r < RT; ++r) x[r] = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
+    __m512i i1[RT];
+    for (int r = 0; r < RT; ++r) i1[r] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      for (int half = 0; half < (F == Q6_K ? 2 : 1); ++half) {  // Q6_K: groups 4p + half (low) and 4p + 2 + half
+        __m512i a[RT], bq[RT];
+        for (int r = 0; r < RT; ++r) {
+          if constexpr (F == Q6_K) {
+            const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+            a[r] = _mm512_set1_epi32(-32 * sums[4 * p + half]);
+            bq[r] = _mm512_set1_epi32(-32 * sums[4 * p + 2 + half]);
+          } else {
+            a[r] = bq[r] = _mm512_setzero_si512();
+          }
+        }
+        const int first = F == Q6_K ? 4 * half : 0, last = F == Q6_K ? 4 * half + 4 : 8;
+        for (int i = first; i < last; ++i) {
+          const int c = 8 * p + i;
+          const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+          __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+          if constexpr (F == Q6_K) {
+            const __m512i hb = _mm512_loadu_si512(chunk + 2048 + 64 * (c / 2));
+            const __m512i bits = _mm512_set1_epi8(0x30);
+            if (c % 2 == 0) {
+              low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits));
+              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits));
+            } else {
+              low = _mm512_or_si512(low, _mm512_and_si512(hb, bits));
+              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits));
+            }
+          }
+          const int qa = x16_quad(c, 0), qb = x16_quad(c, 1);
+          for (int r = 0; r < RT; ++r) {
+            int32_t xa, xb;
+            std::memcpy(&xa, x[r] + 4 * qa, 4);
+            std::memcpy(&xb, x[r] + 4 * qb, 4);
+            a[r] = _mm512_dpbusd_epi32(a[r], low, _mm512_set1_epi32(xa));
+            bq[r] = _mm512_dpbusd_epi32(bq[r], high, _mm512_set1_epi32(xb));
+          }
+        }
+        __m512i sa, sb;
+        if constexpr (F == Q6_K) {
+          sa = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + half))));
+          sb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + 2 + half))));
+        } else {
+          sa = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p))));
+          sb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p + 1))));
+        }
+        for (int r = 0; r < RT; ++r)
+          i1[r] = _mm512_add_epi32(i1[r], _mm512_add_epi32(_mm512_mullo_epi32(a[r], sa), _mm512_mullo_epi32(bq[r], sb)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + (F == Q6_K ? 3328 : 2304))));
+    if constexpr (F == Q4_K) {
+      __m512i i2[RT];
+      for (int r = 0; r < RT; ++r) i2[r] = _mm512_setzero_si512();
+      for (int t = 0; t < 4; ++t) {
+        const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2176 + 32 * t)));
+        for (int r = 0; r < RT; ++r)
+          i2[r] = _mm512_dpwssd_epi32(i2[r], mn, _mm512_set1_epi32(in.pairs[4 * ((r0 + r) * blocks + b) + t]));
+      }
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2336)));
+      for (int r = 0; r < RT; ++r) {
+        const __m512 s = _mm512_set1_ps(in.super.s[(r0 + r) * blocks + b]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[r]), _mm512_mul_ps(d, s), acc[r]);
+        const __m512 ms = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, s)),
+                                                                _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2[r]), ms, acc[r]);
+      }
+    } else {
+      for (int r = 0; r < RT; ++r) {
+        const __m512 s = _mm512_set1_ps(in.super.s[(r0 + r) * blocks + b]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[r]), _mm512_mul_ps(d, s), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
+}
+
+constexpr int X16_ROWS = 4;  // input rows a pass over a group's super-blocks serves
+
+template <int64_t F>
+void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs) {
+  switch (count) {
+    case 4: x16_vnni<F, 4>(group, in, r0, out, outputs); break;
+    case 3: x16_vnni<F, 3>(group, in, r0, out, outputs); break;
+    case 2: x16_vnni<F, 2>(group, in, r0, out, outputs); break;
+    default: x16_vnni<F, 1>(group, in, r0, out, outputs); break;
+  }
+}
+
+// out [R, O] = x [R, I] by the packed weights, groups split between torch's threads
+inline void product_x16(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
+                        int64_t inputs, int64_t outputs, bool vnni) {
+  const X16Inputs in = quantize_x16(x, rows, inputs, format);
+  const int64_t group_bytes = in.super.blocks * x16_chunk_bytes(format), groups = outputs / 16;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const uint8_t* group = packed + g * group_bytes;
+      for (int64_t r0 = 0; r0 < rows; r0 += X16_ROWS) {
+        const int64_t count = std::min<int64_t>(X16_ROWS, rows - r0);
+        if (!vnni) {
+          for (int64_t r = r0; r < r0 + count; ++r) x16_plain(group, format, in, r, out + r * outputs + 16 * g);
+        } else if (format == Q4_K) {
+          x16_rows<Q4_K>(group, in, r0, count, out + 16 * g, outputs);
+        } else {
+          x16_rows<Q6_K>(group, in, r0, count, out + 16 * g, outputs);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
