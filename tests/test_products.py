@@ -115,3 +115,37 @@ def test_a_kept_choice_follows_the_margin_from_its_times(model, tmp_path, monkey
                           f"{layer.out_features}x{layer.in_features} | build ")
     (tmp_path / chooser.STORE).write_text(json.dumps({key: {"float32": 1.0, "int8": 0.9, "chosen": "int8"}}))
     assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "float32"}  # (0.9 > INT8_MARGIN)
+
+
+def test_where_packed_layers_run_on_amx_tiles_is_measured_kept_and_set(model, tmp_path, monkeypatch):
+    from lookahead.model.products import choose_tiles
+
+    set_products(model, "int8")
+    packed = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None]
+    assert packed  # (the tiny Q4_K model's layers repack for int8)
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_amx", lambda: False, raising=False)
+    assert choose_tiles(model, str(tmp_path)) == {} and {m.amx_rows for m in packed} == {0}
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_amx", lambda: True, raising=False)
+    monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)
+    timed = {"vnni": {"2": 1.0, "4": 2.0, "8": 4.0, "16": 8.0}, "amx": {"2": 2.0, "4": 1.5, "8": 2.0, "16": 3.0}}
+    monkeypatch.setattr(chooser, "time_tiles", lambda layers: timed)
+    lines: list[str] = []
+    assert choose_tiles(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): 4}
+    assert {m.amx_rows for m in packed} == {4} and "Q4_K int8 products run on AMX tiles from 4 rows" in lines[0]
+    monkeypatch.setattr(chooser, "time_tiles", lambda layers: pytest.fail("measured again although kept"))
+    for m in packed:
+        m.amx_rows = 0
+    assert choose_tiles(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): 4} and len(lines) == 1
+    assert {m.amx_rows for m in packed} == {4}
+    set_products(model, "float32")  # (nothing packed: nothing to choose)
+    assert choose_tiles(model, str(tmp_path)) == {}
+
+
+def test_time_tiles_times_both_paths_at_every_row_count(model):
+    if not torch.ops.lookahead_native.qint8_amx():
+        pytest.skip("this CPU or OS offers no AMX tiles")
+    set_products(model, "int8")
+    packed = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None]
+    times = chooser.time_tiles(packed)
+    assert set(times) == {"vnni", "amx"} and all(set(t) == {str(r) for r in chooser.AMX_ROWS} for t in times.values())
+    assert all(s > 0 for t in times.values() for s in t.values())

@@ -408,9 +408,41 @@ def test_16_row_products_have_one_order_at_every_row_count_and_instruction_set(k
     blocks = torch.from_numpy(random_blocks(kind, 32, 768, seed=12))
     packed = ops.qpack16(blocks, int(kind), 768)
     x = torch.randn(70, 768, generator=torch.Generator().manual_seed(5))
-    alone = rows_alone_and_together(ops.qlinear_int8_x16, isas_int8(), packed, kind, x, (1, 2, 3, 4, 5, 9, 70))
+    alone = rows_alone_and_together(ops.qlinear_int8_x16, isas_x16(), packed, kind, x, (1, 2, 3, 4, 5, 9, 16, 17, 70))
     # the same integers as the row-major integer products, their floats summed in another order: near, not equal
     torch.testing.assert_close(alone, ops.qlinear_int8(x, blocks, int(kind), 768, None), rtol=1e-4, atol=1e-3)
+
+
+def isas_x16() -> list[int]:
+    """The packed products' paths this CPU runs (0: plain C++; 1: AVX-512 VNNI; 2: AMX tiles)."""
+    return isas_int8() + ([2] if ops.qint8_amx() else [])
+
+
+def test_the_automatic_path_switches_to_tiles_from_amx_rows_with_the_same_bits():
+    blocks = torch.from_numpy(random_blocks(Q.Q4_K, 32, 512, seed=16))
+    packed = ops.qpack16(blocks, int(Q.Q4_K), 512)
+    x = torch.randn(20, 512, generator=torch.Generator().manual_seed(7))
+    plain = ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 0)
+    for rows in (1, 3, 8, 20):
+        for amx_rows in (0, 1, 4, 16):
+            got = ops.qlinear_int8_x16(x[:rows], packed, int(Q.Q4_K), 512, None, -1, amx_rows)
+            assert torch.equal(bits(got), bits(plain[:rows])), (rows, amx_rows)
+    if not ops.qint8_amx():
+        with pytest.raises(RuntimeError, match="no AMX tiles"):
+            ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 2)
+    with pytest.raises(RuntimeError, match="isa must be -1, 0, 1 or 2"):
+        ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 3)
+
+
+def test_amx_rows_is_where_tiles_win_from_there_on():
+    from lookahead.model.products import amx_rows
+
+    vnni = {"2": 1.0, "4": 2.0, "8": 4.0, "16": 8.0}
+    assert amx_rows({"vnni": vnni, "amx": {"2": 2.0, "4": 2.5, "8": 3.0, "16": 4.0}}) == 8  # (the docstring's)
+    assert amx_rows({"vnni": vnni, "amx": {"2": 0.5, "4": 2.5, "8": 3.0, "16": 4.0}}) == 8  # (not a lone win)
+    assert amx_rows({"vnni": vnni, "amx": {"2": 0.5, "4": 1.0, "8": 3.0, "16": 4.0}}) == 2
+    assert amx_rows({"vnni": vnni, "amx": {"2": 2.0, "4": 2.5, "8": 5.0, "16": 9.0}}) == 0
+    assert amx_rows({"vnni": vnni}) == 0 and amx_rows({}) == 0
 
 
 def test_16_row_worked_example():
@@ -421,7 +453,7 @@ def test_16_row_worked_example():
     block[12:16] = 1
     block[16:] = 0x22
     packed = ops.qpack16(torch.from_numpy(np.tile(block, (16, 1))), int(Q.Q4_K), 256)
-    for isa in isas_int8():
+    for isa in isas_x16():
         assert torch.equal(ops.qlinear_int8_x16(torch.ones(1, 256), packed, int(Q.Q4_K), 256, None, isa),
                            torch.full((1, 16), 512.0))
 

@@ -38,6 +38,8 @@ ROWS = (1, 4)  # the step sizes timed: a plain step and a small tree
 PASSES = 7  # timed passes per product and row count (interleaved); the median counts
 STORE = "products.json"  # in the cost cache directory
 BUSY_LIMIT = 0.25  # cores other processes kept busy while timing from which a choice is not kept
+AMX_ROWS = (2, 4, 8, 16)  # row counts at which the packed int8 products are timed on VNNI and on AMX tiles
+STREAM_BYTES = 256_000_000  # weight bytes a timed pass of them reads (more than a CPU's caches hold)
 
 
 def set_products(model: torch.nn.Module, products: str | dict[int, str]) -> None:
@@ -93,6 +95,90 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
         _write(path, kept)
     set_products(model, chosen)
     return chosen
+
+
+def choose_tiles(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/costs",
+                 say: Callable[[str], None] | None = None) -> dict[int, int]:
+    """{format code: rows} from which the model's packed int8 layers (``QuantizedLinear.packed``) run on AMX
+    tiles rather than VNNI, measured here on each format's largest layer (AMX_ROWS) or read from ``cache_dir``'s
+    STORE as ``choose_products`` keeps its choice, and set on the layers (``amx_rows``). Only the time depends on
+    it: both paths give the same bits. Empty where the CPU or OS offers no AMX tiles or nothing is packed."""
+    packed = {code: layer for code, layer in _largest_per_format(model).items() if layer.packed is not None}
+    by_format = {code: [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None and
+                        m.format_code == code] for code in packed}
+    if not packed or not torch.ops.lookahead_native.qint8_amx():
+        return {}
+    path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
+    kept = _read(path)
+    before, measured = cpu_snapshot(), []
+    for code, layer in packed.items():
+        key = f"{choice_key(layer)} | tiles"  # (its format's largest layer names the model's shapes)
+        if not _tiles_timed(kept.get(key, {})):
+            kept[key] = time_tiles(by_format[code])
+            measured.append(code)
+    busy = others_busy(before, cpu_snapshot()) if measured else 0.0
+    if path and measured and busy < BUSY_LIMIT:
+        _write(path, kept)
+    rows = {code: amx_rows(kept[f"{choice_key(layer)} | tiles"]) for code, layer in packed.items()}
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear) and module.packed is not None:
+            module.amx_rows = rows.get(module.format_code, 0)
+    for code in measured:
+        if say is not None:
+            where = "kept" if path and busy < BUSY_LIMIT else "not kept"
+            say(f"lookahead: {FORMAT_NAMES[code]} int8 products run on AMX tiles "
+                f"{f'from {rows[code]} rows' if rows[code] else 'never (VNNI was faster at every row count)'} "
+                f"on this CPU ({where})")
+    return rows
+
+
+def time_tiles(layers: list[QuantizedLinear]) -> dict[str, dict[str, float]]:
+    """Seconds per pass over ``layers`` (packed, of one format) of their int8 products on VNNI ("vnni") and on
+    AMX tiles ("amx") at each of AMX_ROWS row counts (the median of PASSES interleaved passes), keyed by the
+    count as text. The layers are taken until STREAM_BYTES: a decode step reads its weights from memory, not
+    from a cache one layer fits in, and the two paths compare differently there."""
+    ops = torch.ops.lookahead_native
+    chosen, total = [], 0
+    for layer in sorted(layers, key=lambda m: -m.stored.numel()):
+        if total >= STREAM_BYTES:
+            break
+        chosen.append(layer)
+        total += layer.stored.numel()
+    inputs = {rows: {layer.in_features: torch.randn(rows, layer.in_features,
+                                                    generator=torch.Generator().manual_seed(rows))
+                     for layer in chosen} for rows in AMX_ROWS}  # [R, I] per width
+    times: dict[str, dict[str, float]] = {"vnni": {}, "amx": {}}
+    for rows in AMX_ROWS:
+        samples: dict[str, list[float]] = {"vnni": [], "amx": []}
+        for _ in range(PASSES + 1):  # (the first pass warms what it can and is dropped)
+            for name, isa in (("vnni", 1), ("amx", 2)):
+                start = time.perf_counter()
+                for layer in chosen:
+                    ops.qlinear_int8_x16(inputs[rows][layer.in_features], layer.packed, layer.format_code,
+                                         layer.in_features, None, isa)
+                samples[name].append(time.perf_counter() - start)
+        for name in samples:
+            times[name][str(rows)] = statistics.median(samples[name][1:])
+    return times
+
+
+def _tiles_timed(entry: dict) -> bool:
+    """Whether a kept entry holds both paths' times at every row count of AMX_ROWS."""
+    return all(isinstance(entry.get(name), dict) and
+               all(isinstance(entry[name].get(str(rows)), float) for rows in AMX_ROWS) for name in ("vnni", "amx"))
+
+
+def amx_rows(entry: dict) -> int:
+    """The fewest rows from which AMX tiles were faster than VNNI at every timed count of AMX_ROWS (0: never, or
+    not timed). Worked example: VNNI {2: 1, 4: 2, 8: 4, 16: 8}, AMX {2: 2, 4: 2.5, 8: 3, 16: 4} -> 8."""
+    if not _tiles_timed(entry):
+        return 0
+    start = 0
+    for rows in reversed(AMX_ROWS):
+        if entry["amx"][str(rows)] >= entry["vnni"][str(rows)]:
+            break
+        start = rows
+    return start
 
 
 def choice_key(layer: QuantizedLinear) -> str:

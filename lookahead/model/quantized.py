@@ -87,6 +87,9 @@ class QuantizedLinear(torch.nn.Module):
                              f"in {FORMAT_NAMES.get(format_code, format_code)}")
         self.in_features, self.out_features, self.format_code = in_features, out_features, format_code
         self.tiles = True  # many rows through de-quantized tiles and torch's product (cleared by ``kernel_only``)
+        # the row count from which packed int8 products run on AMX tiles (0: never; model/products.py measures
+        # it): the same bits as the VNNI path, so only the time depends on it
+        self.amx_rows = 0
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.register_buffer("packed", None, persistent=False)
         self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
@@ -142,7 +145,7 @@ class QuantizedLinear(torch.nn.Module):
             return out if dtype == torch.float32 else out.to(dtype)
         if self.packed is not None:
             out = torch.ops.lookahead_native.qlinear_int8_x16(x.float(), self.packed, self.format_code,
-                                                              self.in_features, bias)
+                                                              self.in_features, bias, -1, self.amx_rows)
         else:
             product = torch.ops.lookahead_native.qlinear_int8 if self.products == "int8" else \
                 torch.ops.lookahead_native.qlinear

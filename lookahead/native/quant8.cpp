@@ -413,6 +413,8 @@ at::Tensor qlinear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t f
 
 bool qint8_vnni() { return vnni_available(); }
 
+bool qint8_amx() { return amx_available(); }
+
 // ---- Q4_K / Q6_K repacked sixteen rows at a time (quant8x16.h) ----
 
 void check_x16(const char* name, int64_t format, int64_t inputs, int64_t outputs) {
@@ -469,11 +471,13 @@ at::Tensor qunpack16(const at::Tensor& packed, int64_t format, int64_t inputs) {
   return blocks;
 }
 
-// x [..., I] float32 by packed weights [O / 16, ...] (+ bias [O]) -> [..., O]; isa as qlinear_int8's
+// x [..., I] float32 by packed weights [O / 16, ...] (+ bias [O]) -> [..., O]. isa: 0 plain C++, 1 AVX-512 VNNI,
+// 2 AMX tiles, -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never); the same bits every way
 at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64_t format, int64_t inputs,
-                            const std::optional<at::Tensor>& bias, int64_t isa) {
-  const bool vnni = isa < 0 ? vnni_available() : isa == 1;
-  TORCH_CHECK(!vnni || vnni_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX-512 VNNI");
+                            const std::optional<at::Tensor>& bias, int64_t isa, int64_t amx_rows) {
+  TORCH_CHECK(isa >= -1 && isa <= 2, "lookahead_native::qlinear_int8_x16: isa must be -1, 0, 1 or 2, got ", isa);
+  TORCH_CHECK(isa != 1 || vnni_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX-512 VNNI");
+  TORCH_CHECK(isa != 2 || amx_available(), "lookahead_native::qlinear_int8_x16: this CPU or OS offers no AMX tiles");
   const int64_t outputs = 16 * packed.size(0);
   check_x16("qlinear_int8_x16", format, inputs, outputs);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && packed.is_cpu() &&
@@ -484,10 +488,14 @@ at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64
               "lookahead_native::qlinear_int8_x16: x must be a float32 CPU tensor [..., ", inputs, "]");
   const at::Tensor flat = x.reshape({-1, inputs}).contiguous();  // [R, I]
   const int64_t rows = flat.size(0);
+  int64_t path = isa;
+  if (isa < 0) {
+    path = !vnni_available() ? X16_PLAIN : amx_rows > 0 && rows >= amx_rows && amx_available() ? X16_AMX : X16_VNNI;
+  }
   at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
   if (rows > 0) {
     product_x16(packed.data_ptr<uint8_t>(), format, flat.data_ptr<float>(), out.data_ptr<float>(), rows, inputs,
-                outputs, vnni);
+                outputs, path);
   }
   if (bias.has_value() && bias->defined()) out.add_(*bias);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -503,6 +511,8 @@ TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
   m.impl("qlinear_int8", c10::DispatchKey::CPU, TORCH_FN(qlinear_int8));
   m.def("qpack16(Tensor blocks, int format, int inputs) -> Tensor", &qpack16);
   m.def("qunpack16(Tensor packed, int format, int inputs) -> Tensor", &qunpack16);
-  m.def("qlinear_int8_x16(Tensor x, Tensor packed, int format, int inputs, Tensor? bias, int isa=-1) -> Tensor");
+  m.def("qlinear_int8_x16(Tensor x, Tensor packed, int format, int inputs, Tensor? bias, int isa=-1, "
+        "int amx_rows=0) -> Tensor");
+  m.def("qint8_amx() -> bool", &qint8_amx);
   m.impl("qlinear_int8_x16", c10::DispatchKey::CPU, TORCH_FN(qlinear_int8_x16));
 }

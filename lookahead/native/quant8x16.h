@@ -29,6 +29,10 @@
 #include "quant_formats.h"
 #include "quant8k.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace {
 
 constexpr int64_t x16_chunk_bytes(int64_t format) { return format == Q4_K ? 2368 : 3360; }
@@ -228,6 +232,29 @@ inline void x16_plain(const uint8_t* group, int64_t format, const X16Inputs& in,
 
 // ---- the same in AVX-512 VNNI: RT input rows against one group ----
 
+// acc + super-block b's terms of input row `row` for the group's 16 outputs, from its I1 (the scaled dots):
+// Q4_K's mins term I2, then the float operations of the order above (shared by the VNNI and AMX paths)
+template <int64_t F>
+LOOKAHEAD_VNNI_K inline __m512 x16_close(const uint8_t* chunk, const X16Inputs& in, int64_t row, int64_t b, __m512i i1,
+                                         __m512 acc) {
+  const int64_t at = row * in.super.blocks + b;
+  const __m512 s = _mm512_set1_ps(in.super.s[at]);
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + (F == Q6_K ? 3328 : 2304))));
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(d, s), acc);
+  if constexpr (F == Q4_K) {
+    __m512i i2 = _mm512_setzero_si512();
+    for (int t = 0; t < 4; ++t) {
+      const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2176 + 32 * t)));
+      i2 = _mm512_dpwssd_epi32(i2, mn, _mm512_set1_epi32(in.pairs[4 * at + t]));
+    }
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2336)));
+    const __m512 ms = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, s)),
+                                                            _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), ms, acc);
+  }
+  return acc;
+}
+
 template <int64_t F, int RT>
 LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs) {
   const int64_t blocks = in.super.blocks;
@@ -289,34 +316,127 @@ LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_
           i1[r] = _mm512_add_epi32(i1[r], _mm512_add_epi32(_mm512_mullo_epi32(a[r], sa), _mm512_mullo_epi32(bq[r], sb)));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + (F == Q6_K ? 3328 : 2304))));
-    if constexpr (F == Q4_K) {
-      __m512i i2[RT];
-      for (int r = 0; r < RT; ++r) i2[r] = _mm512_setzero_si512();
-      for (int t = 0; t < 4; ++t) {
-        const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2176 + 32 * t)));
-        for (int r = 0; r < RT; ++r)
-          i2[r] = _mm512_dpwssd_epi32(i2[r], mn, _mm512_set1_epi32(in.pairs[4 * ((r0 + r) * blocks + b) + t]));
-      }
-      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2336)));
-      for (int r = 0; r < RT; ++r) {
-        const __m512 s = _mm512_set1_ps(in.super.s[(r0 + r) * blocks + b]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[r]), _mm512_mul_ps(d, s), acc[r]);
-        const __m512 ms = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, s)),
-                                                                _mm512_set1_epi32(static_cast<int>(0x80000000u))));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2[r]), ms, acc[r]);
-      }
-    } else {
-      for (int r = 0; r < RT; ++r) {
-        const __m512 s = _mm512_set1_ps(in.super.s[(r0 + r) * blocks + b]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[r]), _mm512_mul_ps(d, s), acc[r]);
-      }
-    }
+    for (int r = 0; r < RT; ++r) acc[r] = x16_close<F>(chunk, in, r0 + r, b, i1[r], acc[r]);
   }
   for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
 }
 
-constexpr int X16_ROWS = 4;  // input rows a pass over a group's super-blocks serves
+// ---- the same with AMX tiles: up to 16 input rows against one group, a (sub-)block's dots per tile product ----
+
+#define LOOKAHEAD_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,amx-tile,amx-int8")))
+
+constexpr int AMX_ROWS = 16;  // input rows a tile holds
+
+inline bool vnni_k_available() {
+  static const bool available = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
+  return available;
+}
+
+// Whether this CPU has AMX-INT8 and the OS lets this process use the tiles (asked once)
+inline bool amx_available() {
+  static const bool available = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+    constexpr long request_permission = 0x1023, tile_data = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return tile && int8 && vnni_k_available() && syscall(SYS_arch_prctl, request_permission, tile_data) == 0;
+  }();
+  return available;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0, 1: dots [M, 16] int32; 2, 3: inputs [M, K]; 4, 5: weights [K / 4, 64] (K: 32 for Q4_K's sub-blocks,
+// 16 for Q6_K's groups)
+template <int64_t F>
+LOOKAHEAD_AMX inline void amx_configure(int m) {
+  constexpr int k = F == Q4_K ? 32 : 16;
+  TileConfig config;
+  for (int t = 0; t < 2; ++t) {
+    config.rows[t] = static_cast<uint8_t>(m);
+    config.colsb[t] = 64;
+    config.rows[2 + t] = static_cast<uint8_t>(m);
+    config.colsb[2 + t] = k;
+    config.rows[4 + t] = k / 4;
+    config.colsb[4 + t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// m (<= 16) input rows from r0 against one group, the tiles configured for m (amx_configure)
+template <int64_t F>
+LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out, int64_t outputs) {
+  constexpr int groups = F == Q4_K ? 8 : 16, k = F == Q4_K ? 32 : 16;  // scale groups of a super-block, their weights
+  const int64_t blocks = in.super.blocks, inputs = 256 * blocks;
+  const __m512i fifteen = _mm512_set1_epi8(15), bits = _mm512_set1_epi8(0x30);
+  alignas(64) uint8_t weights[2][8][64];          // the tile products' weights: low, high nibbles
+  alignas(64) int32_t dots[groups][AMX_ROWS][16];  // [scale group, row, output]
+  alignas(64) float acc[AMX_ROWS][16] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* chunk = group + b * x16_chunk_bytes(F);
+    const int8_t* x = in.super.q.data() + r0 * inputs + 256 * b;
+    for (int p = 0; p < 4; ++p) {
+      for (int half = 0; half < (F == Q6_K ? 2 : 1); ++half) {
+        const int first = F == Q6_K ? 4 * half : 0, count = F == Q6_K ? 4 : 8;
+        for (int i = 0; i < count; ++i) {
+          const int c = 8 * p + first + i;
+          const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+          __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+          if constexpr (F == Q6_K) {
+            const __m512i hb = _mm512_loadu_si512(chunk + 2048 + 64 * (c / 2));
+            if (c % 2 == 0) {
+              low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits));
+              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits));
+            } else {
+              low = _mm512_or_si512(low, _mm512_and_si512(hb, bits));
+              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits));
+            }
+          }
+          _mm512_store_si512(weights[0][i], low);
+          _mm512_store_si512(weights[1][i], high);
+        }
+        // scale groups ga (the low nibbles' quads) and gb (the high): Q4_K sub-blocks 2p, 2p + 1; Q6_K groups
+        // 4p + half, 4p + 2 + half; their inputs at 16 ga and 16 gb (Q6_K), 32 ga and 32 gb (Q4_K)
+        const int ga = F == Q4_K ? 2 * p : 4 * p + half, gb = F == Q4_K ? 2 * p + 1 : 4 * p + 2 + half;
+        _tile_loadd(2, x + k * ga, inputs);
+        _tile_loadd(3, x + k * gb, inputs);
+        _tile_loadd(4, weights[0], 64);
+        _tile_loadd(5, weights[1], 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_dpbsud(0, 2, 4);
+        _tile_dpbsud(1, 3, 5);
+        _tile_stored(0, dots[ga], 64);
+        _tile_stored(1, dots[gb], 64);
+      }
+    }
+    for (int r = 0; r < m; ++r) {
+      __m512i i1 = _mm512_setzero_si512();
+      const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+      for (int g = 0; g < groups; ++g) {
+        __m512i dot = _mm512_load_si512(dots[g][r]);
+        __m512i scale;
+        if constexpr (F == Q6_K) {
+          dot = _mm512_add_epi32(dot, _mm512_set1_epi32(-32 * sums[g]));
+          scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * g)));
+        } else {
+          scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * g)));
+        }
+        i1 = _mm512_add_epi32(i1, _mm512_mullo_epi32(dot, scale));
+      }
+      _mm512_store_ps(acc[r], x16_close<F>(chunk, in, r0 + r, b, i1, _mm512_load_ps(acc[r])));
+    }
+  }
+  for (int r = 0; r < m; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, _mm512_load_ps(acc[r]));
+}
+
+constexpr int X16_ROWS = 4;  // input rows a pass of the VNNI path over a group's super-blocks serves
 
 template <int64_t F>
 void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs) {
@@ -328,17 +448,43 @@ void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t cou
   }
 }
 
+template <int64_t F>
+LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const X16Inputs& in, int64_t rows,
+                              float* out, int64_t outputs, int64_t begin, int64_t end) {
+  int configured = 0;  // (the tiles' rows as configured in this thread; another op may have reconfigured them
+                       // before this call)
+  for (int64_t g = begin; g < end; ++g) {
+    for (int64_t r0 = 0; r0 < rows; r0 += AMX_ROWS) {
+      const int m = static_cast<int>(std::min<int64_t>(AMX_ROWS, rows - r0));
+      if (m != configured) {
+        amx_configure<F>(m);
+        configured = m;
+      }
+      x16_amx<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs);
+    }
+  }
+  _tile_release();
+}
+
+// How qlinear_int8_x16 computes: 0 plain C++, 1 AVX-512 VNNI, 2 AMX tiles (the same bits each way)
+enum X16Path : int64_t { X16_PLAIN = 0, X16_VNNI = 1, X16_AMX = 2 };
+
 // out [R, O] = x [R, I] by the packed weights, groups split between torch's threads
 inline void product_x16(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
-                        int64_t inputs, int64_t outputs, bool vnni) {
+                        int64_t inputs, int64_t outputs, int64_t path) {
   const X16Inputs in = quantize_x16(x, rows, inputs, format);
   const int64_t group_bytes = in.super.blocks * x16_chunk_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    if (path == X16_AMX) {
+      if (format == Q4_K) amx_groups<Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end);
+      else amx_groups<Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end);
+      return;
+    }
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
       for (int64_t r0 = 0; r0 < rows; r0 += X16_ROWS) {
         const int64_t count = std::min<int64_t>(X16_ROWS, rows - r0);
-        if (!vnni) {
+        if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (format == Q4_K) {
           x16_rows<Q4_K>(group, in, r0, count, out + 16 * g, outputs);
