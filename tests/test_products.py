@@ -117,35 +117,50 @@ def test_a_kept_choice_follows_the_margin_from_its_times(model, tmp_path, monkey
     assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "float32"}  # (0.9 > INT8_MARGIN)
 
 
-def test_where_packed_layers_run_on_amx_tiles_is_measured_kept_and_set(model, tmp_path, monkeypatch):
-    from lookahead.model.products import choose_tiles
+def test_the_packed_layers_paths_are_measured_kept_and_set(model, tmp_path, monkeypatch):
+    from lookahead.model.products import choose_paths
 
     set_products(model, "int8")
     packed = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None]
     assert packed  # (the tiny Q4_K model's layers repack for int8)
-    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_amx", lambda: False, raising=False)
-    assert choose_tiles(model, str(tmp_path)) == {} and {m.amx_rows for m in packed} == {0}
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: False, raising=False)
+    assert choose_paths(model, str(tmp_path)) == {} and {(m.amx_rows, m.prefetch) for m in packed} == {(0, 0)}
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_amx", lambda: True, raising=False)
     monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)
-    timed = {"vnni": {"2": 1.0, "4": 2.0, "8": 4.0, "16": 8.0}, "amx": {"2": 2.0, "4": 1.5, "8": 2.0, "16": 3.0}}
-    monkeypatch.setattr(chooser, "time_tiles", lambda layers: timed)
+    timed = {"prefetch": {"0": 2.0, "4096": 1.5},
+             "vnni": {"2": 1.0, "4": 2.0, "8": 4.0, "16": 8.0}, "amx": {"2": 2.0, "4": 1.5, "8": 2.0, "16": 3.0}}
+    monkeypatch.setattr(chooser, "time_paths", lambda layers, tiles: timed)
     lines: list[str] = []
-    assert choose_tiles(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): 4}
-    assert {m.amx_rows for m in packed} == {4} and "Q4_K int8 products run on AMX tiles from 4 rows" in lines[0]
-    monkeypatch.setattr(chooser, "time_tiles", lambda layers: pytest.fail("measured again although kept"))
+    assert choose_paths(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): (4, 4096)}
+    assert {(m.amx_rows, m.prefetch) for m in packed} == {(4, 4096)}
+    assert "Q4_K int8 products run on AMX tiles from 4 rows, weights asked for 4096 bytes ahead" in lines[0]
+    monkeypatch.setattr(chooser, "time_paths", lambda layers, tiles: pytest.fail("measured again although kept"))
     for m in packed:
-        m.amx_rows = 0
-    assert choose_tiles(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): 4} and len(lines) == 1
-    assert {m.amx_rows for m in packed} == {4}
+        m.amx_rows = m.prefetch = 0
+    assert choose_paths(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): (4, 4096)} and len(lines) == 1
+    assert {(m.amx_rows, m.prefetch) for m in packed} == {(4, 4096)}
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_amx", lambda: False, raising=False)  # (a CPU without)
+    monkeypatch.setattr(chooser, "time_paths", lambda layers, tiles: {"prefetch": {"0": 1.0, "4096": 1.2}})
+    assert choose_paths(model, str(tmp_path / "other")) == {int(Q.Q4_K): (0, 0)}
     set_products(model, "float32")  # (nothing packed: nothing to choose)
-    assert choose_tiles(model, str(tmp_path)) == {}
+    assert choose_paths(model, str(tmp_path)) == {}
 
 
-def test_time_tiles_times_both_paths_at_every_row_count(model):
-    if not torch.ops.lookahead_native.qint8_amx():
-        pytest.skip("this CPU or OS offers no AMX tiles")
+def test_prefetch_bytes_is_the_fastest_distance():
+    assert chooser.prefetch_bytes({"prefetch": {"0": 2.0, "4096": 1.5}}) == 4096  # (the docstring's)
+    assert chooser.prefetch_bytes({"prefetch": {"0": 1.0, "4096": 1.0}}) == 0  # (a tie: the hardware alone)
+    assert chooser.prefetch_bytes({}) == 0
+
+
+def test_time_paths_times_every_way(model):
     set_products(model, "int8")
     packed = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None]
-    times = chooser.time_tiles(packed)
-    assert set(times) == {"vnni", "amx"} and all(set(t) == {str(r) for r in chooser.AMX_ROWS} for t in times.values())
+    if not torch.ops.lookahead_native.qint8_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    tiles = bool(torch.ops.lookahead_native.qint8_amx())
+    times = chooser.time_paths(packed, tiles)
+    assert set(times["prefetch"]) == {str(ahead) for ahead in chooser.PREFETCH}
+    if tiles:
+        assert all(set(times[name]) == {str(r) for r in chooser.AMX_ROWS} for name in ("vnni", "amx"))
     assert all(s > 0 for t in times.values() for s in t.values())

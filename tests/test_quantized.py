@@ -427,9 +427,13 @@ def test_the_automatic_path_switches_to_tiles_from_amx_rows_with_the_same_bits()
         for amx_rows in (0, 1, 4, 16):
             got = ops.qlinear_int8_x16(x[:rows], packed, int(Q.Q4_K), 512, None, -1, amx_rows)
             assert torch.equal(bits(got), bits(plain[:rows])), (rows, amx_rows)
+    for ahead in (0, 64, 4096):  # (how far ahead the weights are asked for: the time only)
+        assert torch.equal(bits(ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, -1, 4, ahead)), bits(plain))
     if not ops.qint8_amx():
         with pytest.raises(RuntimeError, match="no AMX tiles"):
             ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 2)
+    with pytest.raises(RuntimeError, match="prefetch must be 0 to"):
+        ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, -1, 0, -1)
     with pytest.raises(RuntimeError, match="isa must be -1, 0, 1 or 2"):
         ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 3)
 

@@ -528,15 +528,15 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
 
 
 def _choose_products(model: PreTrainedModel, products: str, cost_cache_dir: str) -> None:
-    """The kept blocks' products: as asked, or measured per format; then where packed int8 products run on AMX
-    tiles (model/products.py)."""
-    from ..model.products import choose_products, choose_tiles, set_products
+    """The kept blocks' products: as asked, or measured per format; then the packed int8 products' paths
+    (model/products.py)."""
+    from ..model.products import choose_paths, choose_products, set_products
 
     if products == "auto":
         choose_products(model, cost_cache_dir, say=lambda line: print(line, file=sys.stderr))
     else:
         set_products(model, products)
-    choose_tiles(model, cost_cache_dir, say=lambda line: print(line, file=sys.stderr))
+    choose_paths(model, cost_cache_dir, say=lambda line: print(line, file=sys.stderr))
 
 
 def _in_cache(local: Path | None, cache: Path) -> bool:

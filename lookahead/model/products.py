@@ -40,6 +40,7 @@ STORE = "products.json"  # in the cost cache directory
 BUSY_LIMIT = 0.25  # cores other processes kept busy while timing from which a choice is not kept
 AMX_ROWS = (2, 4, 8, 16)  # row counts at which the packed int8 products are timed on VNNI and on AMX tiles
 STREAM_BYTES = 256_000_000  # weight bytes a timed pass of them reads (more than a CPU's caches hold)
+PREFETCH = (0, 4096)  # how far ahead packed products may ask for their weights (0: the hardware's prefetch alone)
 
 
 def set_products(model: torch.nn.Module, products: str | dict[int, str]) -> None:
@@ -97,46 +98,54 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
     return chosen
 
 
-def choose_tiles(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/costs",
-                 say: Callable[[str], None] | None = None) -> dict[int, int]:
-    """{format code: rows} from which the model's packed int8 layers (``QuantizedLinear.packed``) run on AMX
-    tiles rather than VNNI, measured here on each format's largest layer (AMX_ROWS) or read from ``cache_dir``'s
-    STORE as ``choose_products`` keeps its choice, and set on the layers (``amx_rows``). Only the time depends on
-    it: both paths give the same bits. Empty where the CPU or OS offers no AMX tiles or nothing is packed."""
+def choose_paths(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/costs",
+                 say: Callable[[str], None] | None = None) -> dict[int, tuple[int, int]]:
+    """{format code: (amx_rows, prefetch)} for the model's packed int8 layers (``QuantizedLinear.packed``): from
+    how many rows they run on AMX tiles rather than VNNI (0: never, or no AMX tiles here), and how far ahead
+    they ask for their weights (PREFETCH), each measured here streaming the format's layers (time_paths) or
+    read from ``cache_dir``'s STORE as ``choose_products`` keeps its choice, and set on the layers. Only the
+    time depends on them: every path gives the same bits. Empty where nothing is packed or the CPU has no
+    VNNI (the plain C++ path)."""
+    ops = torch.ops.lookahead_native
     packed = {code: layer for code, layer in _largest_per_format(model).items() if layer.packed is not None}
+    if not packed or not ops.qint8_vnni():
+        return {}
     by_format = {code: [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None and
                         m.format_code == code] for code in packed}
-    if not packed or not torch.ops.lookahead_native.qint8_amx():
-        return {}
     path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
     kept = _read(path)
+    tiles = bool(ops.qint8_amx())
     before, measured = cpu_snapshot(), []
     for code, layer in packed.items():
-        key = f"{choice_key(layer)} | tiles"  # (its format's largest layer names the model's shapes)
-        if not _tiles_timed(kept.get(key, {})):
-            kept[key] = time_tiles(by_format[code])
+        key = f"{choice_key(layer)} | paths"  # (its format's largest layer names the model's shapes)
+        if not _paths_timed(kept.get(key, {}), tiles):
+            kept[key] = time_paths(by_format[code], tiles)
             measured.append(code)
     busy = others_busy(before, cpu_snapshot()) if measured else 0.0
     if path and measured and busy < BUSY_LIMIT:
         _write(path, kept)
-    rows = {code: amx_rows(kept[f"{choice_key(layer)} | tiles"]) for code, layer in packed.items()}
+    chosen = {code: (amx_rows(kept[f"{choice_key(layer)} | paths"]),
+                     prefetch_bytes(kept[f"{choice_key(layer)} | paths"])) for code, layer in packed.items()}
     for module in model.modules():
         if isinstance(module, QuantizedLinear) and module.packed is not None:
-            module.amx_rows = rows.get(module.format_code, 0)
+            module.amx_rows, module.prefetch = chosen.get(module.format_code, (0, 0))
     for code in measured:
         if say is not None:
+            rows, ahead = chosen[code]
             where = "kept" if path and busy < BUSY_LIMIT else "not kept"
-            say(f"lookahead: {FORMAT_NAMES[code]} int8 products run on AMX tiles "
-                f"{f'from {rows[code]} rows' if rows[code] else 'never (VNNI was faster at every row count)'} "
-                f"on this CPU ({where})")
-    return rows
+            amx = f"on AMX tiles from {rows} rows" if rows else \
+                "never on AMX tiles (VNNI was faster at every row count)" if tiles else "on VNNI (no AMX tiles here)"
+            say(f"lookahead: {FORMAT_NAMES[code]} int8 products run {amx}, weights asked for "
+                f"{f'{ahead} bytes ahead' if ahead else 'by the hardware alone'} on this CPU ({where})")
+    return chosen
 
 
-def time_tiles(layers: list[QuantizedLinear]) -> dict[str, dict[str, float]]:
-    """Seconds per pass over ``layers`` (packed, of one format) of their int8 products on VNNI ("vnni") and on
-    AMX tiles ("amx") at each of AMX_ROWS row counts (the median of PASSES interleaved passes), keyed by the
-    count as text. The layers are taken until STREAM_BYTES: a decode step reads its weights from memory, not
-    from a cache one layer fits in, and the two paths compare differently there."""
+def time_paths(layers: list[QuantizedLinear], tiles: bool) -> dict[str, dict[str, float]]:
+    """Seconds per pass over ``layers`` (packed, of one format) of their int8 products: one row on VNNI with each
+    of PREFETCH ("prefetch"), and, where ``tiles``, VNNI ("vnni") against AMX tiles ("amx") at each of AMX_ROWS
+    row counts; the median of PASSES interleaved passes, keyed by the count as text. The layers are taken
+    until STREAM_BYTES: a decode step reads its weights from memory, not from a cache one layer fits in, and
+    the paths compare differently there."""
     ops = torch.ops.lookahead_native
     chosen, total = [], 0
     for layer in sorted(layers, key=lambda m: -m.stored.numel()):
@@ -144,22 +153,38 @@ def time_tiles(layers: list[QuantizedLinear]) -> dict[str, dict[str, float]]:
             break
         chosen.append(layer)
         total += layer.stored.numel()
-    inputs = {rows: {layer.in_features: torch.randn(rows, layer.in_features,
-                                                    generator=torch.Generator().manual_seed(rows))
-                     for layer in chosen} for rows in AMX_ROWS}  # [R, I] per width
-    times: dict[str, dict[str, float]] = {"vnni": {}, "amx": {}}
-    for rows in AMX_ROWS:
-        samples: dict[str, list[float]] = {"vnni": [], "amx": []}
+
+    def inputs(rows: int) -> dict[int, torch.Tensor]:  # [R, I] per width
+        return {layer.in_features: torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))
+                for layer in chosen}
+
+    def timed(rows: int, ways: dict[str, tuple[int, int]]) -> dict[str, float]:
+        x = inputs(rows)
+        samples: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(PASSES + 1):  # (the first pass warms what it can and is dropped)
-            for name, isa in (("vnni", 1), ("amx", 2)):
+            for name, (isa, ahead) in ways.items():
                 start = time.perf_counter()
                 for layer in chosen:
-                    ops.qlinear_int8_x16(inputs[rows][layer.in_features], layer.packed, layer.format_code,
-                                         layer.in_features, None, isa)
+                    ops.qlinear_int8_x16(x[layer.in_features], layer.packed, layer.format_code, layer.in_features,
+                                         None, isa, 0, ahead)
                 samples[name].append(time.perf_counter() - start)
-        for name in samples:
-            times[name][str(rows)] = statistics.median(samples[name][1:])
+        return {name: statistics.median(values[1:]) for name, values in samples.items()}
+
+    times: dict[str, dict[str, float]] = {"prefetch": timed(1, {str(ahead): (1, ahead) for ahead in PREFETCH})}
+    if tiles:
+        ahead = prefetch_bytes(times)
+        times["vnni"], times["amx"] = {}, {}
+        for rows in AMX_ROWS:
+            both = timed(rows, {"vnni": (1, ahead), "amx": (2, ahead)})
+            times["vnni"][str(rows)], times["amx"][str(rows)] = both["vnni"], both["amx"]
     return times
+
+
+def _paths_timed(entry: dict, tiles: bool) -> bool:
+    """Whether a kept entry holds the prefetch times and, where ``tiles``, both paths' at every AMX_ROWS count."""
+    prefetch = isinstance(entry.get("prefetch"), dict) and \
+        all(isinstance(entry["prefetch"].get(str(ahead)), float) for ahead in PREFETCH)
+    return prefetch and (not tiles or _tiles_timed(entry))
 
 
 def _tiles_timed(entry: dict) -> bool:
@@ -179,6 +204,15 @@ def amx_rows(entry: dict) -> int:
             break
         start = rows
     return start
+
+
+def prefetch_bytes(entry: dict) -> int:
+    """The PREFETCH distance whose one-row pass was fastest (0 where not timed). Worked example: {"0": 2.0,
+    "4096": 1.5} -> 4096."""
+    timed = entry.get("prefetch")
+    if not isinstance(timed, dict) or not timed:
+        return 0
+    return int(min(timed, key=lambda ahead: (timed[ahead], int(ahead))))
 
 
 def choice_key(layer: QuantizedLinear) -> str:

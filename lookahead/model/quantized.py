@@ -90,6 +90,7 @@ class QuantizedLinear(torch.nn.Module):
         # the row count from which packed int8 products run on AMX tiles (0: never; model/products.py measures
         # it): the same bits as the VNNI path, so only the time depends on it
         self.amx_rows = 0
+        self.prefetch = 0  # bytes ahead the packed products ask for their weights (measured as amx_rows is)
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.register_buffer("packed", None, persistent=False)
         self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
@@ -145,7 +146,8 @@ class QuantizedLinear(torch.nn.Module):
             return out if dtype == torch.float32 else out.to(dtype)
         if self.packed is not None:
             out = torch.ops.lookahead_native.qlinear_int8_x16(x.float(), self.packed, self.format_code,
-                                                              self.in_features, bias, -1, self.amx_rows)
+                                                              self.in_features, bias, -1, self.amx_rows,
+                                                              self.prefetch)
         else:
             product = torch.ops.lookahead_native.qlinear_int8 if self.products == "int8" else \
                 torch.ops.lookahead_native.qlinear

@@ -472,9 +472,12 @@ at::Tensor qunpack16(const at::Tensor& packed, int64_t format, int64_t inputs) {
 }
 
 // x [..., I] float32 by packed weights [O / 16, ...] (+ bias [O]) -> [..., O]. isa: 0 plain C++, 1 AVX-512 VNNI,
-// 2 AMX tiles, -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never); the same bits every way
+// 2 AMX tiles, -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never); the same bits every way.
+// prefetch: bytes ahead of its reads the weights are asked for (0: left to the hardware), a speed choice only.
 at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64_t format, int64_t inputs,
-                            const std::optional<at::Tensor>& bias, int64_t isa, int64_t amx_rows) {
+                            const std::optional<at::Tensor>& bias, int64_t isa, int64_t amx_rows, int64_t prefetch) {
+  TORCH_CHECK(prefetch >= 0 && prefetch <= (1 << 20), "lookahead_native::qlinear_int8_x16: prefetch must be 0 to ",
+              1 << 20, " bytes, got ", prefetch);
   TORCH_CHECK(isa >= -1 && isa <= 2, "lookahead_native::qlinear_int8_x16: isa must be -1, 0, 1 or 2, got ", isa);
   TORCH_CHECK(isa != 1 || vnni_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX-512 VNNI");
   TORCH_CHECK(isa != 2 || amx_available(), "lookahead_native::qlinear_int8_x16: this CPU or OS offers no AMX tiles");
@@ -495,7 +498,7 @@ at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64
   at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
   if (rows > 0) {
     product_x16(packed.data_ptr<uint8_t>(), format, flat.data_ptr<float>(), out.data_ptr<float>(), rows, inputs,
-                outputs, path);
+                outputs, path, prefetch);
   }
   if (bias.has_value() && bias->defined()) out.add_(*bias);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -512,7 +515,7 @@ TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
   m.def("qpack16(Tensor blocks, int format, int inputs) -> Tensor", &qpack16);
   m.def("qunpack16(Tensor packed, int format, int inputs) -> Tensor", &qunpack16);
   m.def("qlinear_int8_x16(Tensor x, Tensor packed, int format, int inputs, Tensor? bias, int isa=-1, "
-        "int amx_rows=0) -> Tensor");
+        "int amx_rows=0, int prefetch=0) -> Tensor");
   m.def("qint8_amx() -> bool", &qint8_amx);
   m.impl("qlinear_int8_x16", c10::DispatchKey::CPU, TORCH_FN(qlinear_int8_x16));
 }

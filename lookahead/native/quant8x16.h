@@ -255,8 +255,10 @@ LOOKAHEAD_VNNI_K inline __m512 x16_close(const uint8_t* chunk, const X16Inputs& 
   return acc;
 }
 
+// (prefetch: how far ahead of each 64 bytes of weights read their successors are asked for, 0 none)
 template <int64_t F, int RT>
-LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs) {
+LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs,
+                              int64_t prefetch) {
   const int64_t blocks = in.super.blocks;
   const __m512i fifteen = _mm512_set1_epi8(15);
   __m512 acc[RT];
@@ -283,9 +285,12 @@ LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_
         for (int i = first; i < last; ++i) {
           const int c = 8 * p + i;
           const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+          if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + 64 * c + prefetch), _MM_HINT_T0);
           __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
           if constexpr (F == Q6_K) {
             const __m512i hb = _mm512_loadu_si512(chunk + 2048 + 64 * (c / 2));
+            if (prefetch > 0 && c % 2 == 0)
+              _mm_prefetch(reinterpret_cast<const char*>(chunk + 2048 + 64 * (c / 2) + prefetch), _MM_HINT_T0);
             const __m512i bits = _mm512_set1_epi8(0x30);
             if (c % 2 == 0) {
               low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits));
@@ -371,7 +376,8 @@ LOOKAHEAD_AMX inline void amx_configure(int m) {
 
 // m (<= 16) input rows from r0 against one group, the tiles configured for m (amx_configure)
 template <int64_t F>
-LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out, int64_t outputs) {
+LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out, int64_t outputs,
+                           int64_t prefetch) {
   constexpr int groups = F == Q4_K ? 8 : 16, k = F == Q4_K ? 32 : 16;  // scale groups of a super-block, their weights
   const int64_t blocks = in.super.blocks, inputs = 256 * blocks;
   const __m512i fifteen = _mm512_set1_epi8(15), bits = _mm512_set1_epi8(0x30);
@@ -387,9 +393,12 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
         for (int i = 0; i < count; ++i) {
           const int c = 8 * p + first + i;
           const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+          if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + 64 * c + prefetch), _MM_HINT_T0);
           __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
           if constexpr (F == Q6_K) {
             const __m512i hb = _mm512_loadu_si512(chunk + 2048 + 64 * (c / 2));
+            if (prefetch > 0 && c % 2 == 0)
+              _mm_prefetch(reinterpret_cast<const char*>(chunk + 2048 + 64 * (c / 2) + prefetch), _MM_HINT_T0);
             if (c % 2 == 0) {
               low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits));
               high = _mm512_or_si512(high, _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits));
@@ -439,18 +448,19 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
 constexpr int X16_ROWS = 4;  // input rows a pass of the VNNI path over a group's super-blocks serves
 
 template <int64_t F>
-void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs) {
+void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
+              int64_t prefetch) {
   switch (count) {
-    case 4: x16_vnni<F, 4>(group, in, r0, out, outputs); break;
-    case 3: x16_vnni<F, 3>(group, in, r0, out, outputs); break;
-    case 2: x16_vnni<F, 2>(group, in, r0, out, outputs); break;
-    default: x16_vnni<F, 1>(group, in, r0, out, outputs); break;
+    case 4: x16_vnni<F, 4>(group, in, r0, out, outputs, prefetch); break;
+    case 3: x16_vnni<F, 3>(group, in, r0, out, outputs, prefetch); break;
+    case 2: x16_vnni<F, 2>(group, in, r0, out, outputs, prefetch); break;
+    default: x16_vnni<F, 1>(group, in, r0, out, outputs, prefetch); break;
   }
 }
 
 template <int64_t F>
 LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const X16Inputs& in, int64_t rows,
-                              float* out, int64_t outputs, int64_t begin, int64_t end) {
+                              float* out, int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
   int configured = 0;  // (the tiles' rows as configured in this thread; another op may have reconfigured them
                        // before this call)
   for (int64_t g = begin; g < end; ++g) {
@@ -460,7 +470,7 @@ LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const 
         amx_configure<F>(m);
         configured = m;
       }
-      x16_amx<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs);
+      x16_amx<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs, prefetch);
     }
   }
   _tile_release();
@@ -471,13 +481,13 @@ enum X16Path : int64_t { X16_PLAIN = 0, X16_VNNI = 1, X16_AMX = 2 };
 
 // out [R, O] = x [R, I] by the packed weights, groups split between torch's threads
 inline void product_x16(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
-                        int64_t inputs, int64_t outputs, int64_t path) {
+                        int64_t inputs, int64_t outputs, int64_t path, int64_t prefetch) {
   const X16Inputs in = quantize_x16(x, rows, inputs, format);
   const int64_t group_bytes = in.super.blocks * x16_chunk_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     if (path == X16_AMX) {
-      if (format == Q4_K) amx_groups<Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end);
-      else amx_groups<Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end);
+      if (format == Q4_K) amx_groups<Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      else amx_groups<Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
       return;
     }
     for (int64_t g = begin; g < end; ++g) {
@@ -487,9 +497,9 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
         if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (format == Q4_K) {
-          x16_rows<Q4_K>(group, in, r0, count, out + 16 * g, outputs);
+          x16_rows<Q4_K>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         } else {
-          x16_rows<Q6_K>(group, in, r0, count, out + 16 * g, outputs);
+          x16_rows<Q6_K>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         }
       }
     }
