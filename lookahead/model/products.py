@@ -14,6 +14,11 @@ beside the cost curves, so a machine decodes a model the same way every run; del
 again. A choice measured while other processes kept the cores busy (BUSY_LIMIT) is used for that run
 only, as the cost curves are. A CPU without VNNI runs the integer products in plain C++ (a reference,
 never faster): float32.
+
+``choose_paths`` then times the layers int8 repacks sixteen rows at a time (Q4_K, Q6_K: native/quant8x16.h)
+streaming from memory: whether asking for the weights PREFETCH bytes ahead pays, and from how many rows AMX
+tiles beat VNNI where the CPU and OS offer them. Every path gives the same bits; these choices set only the
+time, and are kept the same way.
 """
 
 from __future__ import annotations
