@@ -65,6 +65,16 @@ def packs(format_code: int, in_features: int, out_features: int) -> bool:
     return format_code in PACKED_FORMATS and in_features % 256 == 0 and out_features % 16 == 0
 
 
+def _load_native() -> None:
+    """Build or load lookahead's C++ ops (native/build.py) where this process has not yet, naming why not."""
+    from ..native.build import load_linear
+
+    op, failure = load_linear()
+    if op is None:
+        raise ModelLoadError(f"lookahead's C++ kernel, which GGUF blocks compute with, cannot be built here: "
+                             f"{failure}; load the model with weights='dequantized' (--weights dequantized)")
+
+
 def _cpu_only(module: torch.nn.Module, x: torch.Tensor) -> None:
     if x.device.type != "cpu":
         raise ModelLoadError(f"{type(module).__name__} holds GGUF blocks that lookahead's kernel reads on the CPU "
@@ -110,6 +120,7 @@ class QuantizedLinear(torch.nn.Module):
         self._products = value
         if value == "int8" and packs(self.format_code, self.in_features, self.out_features):
             if self.packed is None:
+                _load_native()
                 self.packed = torch.ops.lookahead_native.qpack16(self.weight_blocks(), self.format_code,
                                                                   self.in_features)
                 self.blocks = None
@@ -280,7 +291,11 @@ def weights_summary(model: torch.nn.Module) -> str:
             total += stored.numel()
     formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
     products = sorted({m.products for m in modules if isinstance(m, QuantizedLinear)})
-    repacked = f", {packed} repacked by 16 rows" if packed else ""
+    ways = sorted({(m.amx_rows, m.prefetch) for m in modules if isinstance(m, QuantizedLinear) and
+                   m.packed is not None})
+    how = "; ".join((f"AMX tiles from {rows} rows" if rows else "no AMX tiles") +
+                    (f", prefetch {ahead} B" if ahead else "") for rows, ahead in ways)
+    repacked = f", {packed} repacked by 16 rows ({how})" if packed else ""
     return f"GGUF blocks as shipped ({formats}; {total / 1e6:.0f} MB; {'/'.join(products)} products{repacked})"
 
 
