@@ -392,13 +392,14 @@ def test_a_one_row_step_attends_as_a_multi_row_step_does(smollm2_both):
 
 # ---- Q4_K / Q6_K repacked sixteen rows at a time (native/quant8x16.h) ----
 
-PACKED = [Q.Q4_K, Q.Q6_K]
+PACKED = [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
 
 
 @pytest.mark.parametrize("kind", PACKED, ids=lambda k: k.name)
 def test_the_16_row_layout_gives_back_the_blocks_byte_for_byte(kind):
     blocks = torch.from_numpy(random_blocks(kind, 48, 768, seed=11))
     packed = ops.qpack16(blocks, int(kind), 768)
+    assert packed.numel() == blocks.numel() + (64 * 3 * 3 if kind == Q.Q4_K else 0)  # (Q4_K: its scales as bytes)
     assert packed.shape[0] == 3 and packed.numel() >= blocks.numel()
     assert torch.equal(ops.qunpack16(packed, int(kind), 768), blocks)
 
@@ -408,14 +409,27 @@ def test_16_row_products_have_one_order_at_every_row_count_and_instruction_set(k
     blocks = torch.from_numpy(random_blocks(kind, 32, 768, seed=12))
     packed = ops.qpack16(blocks, int(kind), 768)
     x = torch.randn(70, 768, generator=torch.Generator().manual_seed(5))
-    alone = rows_alone_and_together(ops.qlinear_int8_x16, isas_x16(), packed, kind, x, (1, 2, 3, 4, 5, 9, 16, 17, 70))
+    alone = rows_alone_and_together(ops.qlinear_int8_x16, isas_x16(kind), packed, kind, x,
+                                    (1, 2, 3, 4, 5, 9, 16, 17, 70))
     # the same integers as the row-major integer products, their floats summed in another order: near, not equal
     torch.testing.assert_close(alone, ops.qlinear_int8(x, blocks, int(kind), 768, None), rtol=1e-4, atol=1e-3)
 
 
-def isas_x16() -> list[int]:
-    """The packed products' paths this CPU runs (0: plain C++; 1: AVX-512 VNNI; 2: AMX tiles)."""
-    return isas_int8() + ([2] if ops.qint8_amx() else [])
+def isas_x16(kind: Q = Q.Q4_K) -> list[int]:
+    """The packed products' paths this CPU runs for ``kind`` (0: plain C++; 1: AVX-512 VNNI; 2: AMX tiles, the K
+    formats)."""
+    return isas_int8() + ([2] if ops.qint8_amx() and kind in (Q.Q4_K, Q.Q6_K) else [])
+
+
+def test_16_row_worked_example_q8_0():
+    """native/quant8x16s.h's head: the Q8_0 block of test_int8_worked_example in all 16 rows -> -1 each."""
+    block, x = worked_example()
+    packed = ops.qpack16(torch.from_numpy(np.tile(block, (16, 1))), int(Q.Q8_0), 32)
+    for isa in isas_x16(Q.Q8_0):
+        out = ops.qlinear_int8_x16(x, packed, int(Q.Q8_0), 32, None, isa)
+        assert out.shape == (1, 16) and (out + 1.0).abs().max() < 1e-6
+    with pytest.raises(RuntimeError, match="AMX tiles take Q4_K and Q6_K"):
+        ops.qlinear_int8_x16(x, packed, int(Q.Q8_0), 32, None, 2)
 
 
 def test_the_automatic_path_switches_to_tiles_from_amx_rows_with_the_same_bits():
@@ -497,6 +511,8 @@ def test_an_int8_layer_holds_its_blocks_repacked_and_gives_them_back():
 def test_bad_16_row_layouts_are_named():
     with pytest.raises(RuntimeError, match="no 16-row layout"):
         ops.qpack16(torch.zeros(16, 18, dtype=torch.uint8), int(Q.Q4_0), 32)
+    with pytest.raises(RuntimeError, match="multiple of 32 inputs and of 16 outputs"):
+        ops.qpack16(torch.zeros(8, 20, dtype=torch.uint8), int(Q.Q4_1), 32)
     with pytest.raises(RuntimeError, match="multiple of 256 inputs and of 16 outputs"):
         ops.qpack16(torch.zeros(8, 144, dtype=torch.uint8), int(Q.Q4_K), 256)
     with pytest.raises(RuntimeError, match="qpack16's uint8 CPU tensor"):

@@ -15,7 +15,7 @@ again. A choice measured while other processes kept the cores busy (BUSY_LIMIT) 
 only, as the cost curves are. A CPU without VNNI runs the integer products in plain C++ (a reference,
 never faster): float32.
 
-``choose_paths`` then times the layers int8 repacks sixteen rows at a time (Q4_K, Q6_K: native/quant8x16.h)
+``choose_paths`` then times the layers int8 repacks sixteen rows at a time (Q4_1, Q8_0, Q4_K, Q6_K)
 streaming from memory: whether asking for the weights PREFETCH bytes ahead pays, and from how many rows AMX
 tiles beat VNNI where the CPU and OS offer them. Every path gives the same bits; these choices set only the
 time, and are kept the same way.
@@ -33,7 +33,7 @@ import torch
 
 from ..native.build import sources_digest
 from .machine import cpu_name, cpu_snapshot, others_busy
-from .quantized import FORMAT_NAMES, PRODUCTS, QuantizedEmbedding, QuantizedLinear, packs
+from .quantized import FORMAT_NAMES, PRODUCTS, TILE_FORMATS, QuantizedEmbedding, QuantizedLinear, packs
 
 # int8 is kept where its time is at most this share of float32's: the float model's own numbers are worth a
 # little time (the integer products' text leaves transformers' greedy on the de-quantized model at near-ties;
@@ -119,10 +119,11 @@ def choose_paths(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/co
                         m.format_code == code] for code in packed}
     path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
     kept = _read(path)
-    tiles = bool(ops.qint8_amx())
+    amx = bool(ops.qint8_amx())
     before, measured = cpu_snapshot(), []
     for code, layer in packed.items():
         key = f"{choice_key(layer)} | paths"  # (its format's largest layer names the model's shapes)
+        tiles = amx and code in TILE_FORMATS
         if not _paths_timed(kept.get(key, {}), tiles):
             kept[key] = time_paths(by_format[code], tiles)
             measured.append(code)
@@ -138,9 +139,10 @@ def choose_paths(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/co
         if say is not None:
             rows, ahead = chosen[code]
             where = "kept" if path and busy < BUSY_LIMIT else "not kept"
-            amx = f"on AMX tiles from {rows} rows" if rows else \
-                "never on AMX tiles (VNNI was faster at every row count)" if tiles else "on VNNI (no AMX tiles here)"
-            say(f"lookahead: {FORMAT_NAMES[code]} int8 products run {amx}, weights asked for "
+            way = f"on AMX tiles from {rows} rows" if rows else \
+                "never on AMX tiles (VNNI was faster at every row count)" if amx and code in TILE_FORMATS else \
+                "on VNNI"
+            say(f"lookahead: {FORMAT_NAMES[code]} int8 products run {way}, weights asked for "
                 f"{f'{ahead} bytes ahead' if ahead else 'by the hardware alone'} on this CPU ({where})")
     return chosen
 

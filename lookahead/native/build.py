@@ -30,7 +30,7 @@ from .entry import entry_points
 NAME = "lookahead_native"  # the library's name and its ops' namespace (linear.cpp's TORCH_LIBRARY)
 SOURCES = [Path(__file__).with_name(name) for name in ("linear.cpp", "fused.cpp", "quant.cpp", "quant8.cpp")]
 # included by the sources: part of a build's identity
-HEADERS = [Path(__file__).with_name(name) for name in ("quant_formats.h", "quant8k.h", "quant8x16.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("quant_formats.h", "quant8k.h", "quant8x16.h", "quant8x16s.h")]
 # -ffp-contract=off: no multiply and add fused unless written so (fused.cpp's ops round as torch's ops do)
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 

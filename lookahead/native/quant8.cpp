@@ -25,6 +25,7 @@
 #include "quant_formats.h"
 #include "quant8k.h"
 #include "quant8x16.h"
+#include "quant8x16s.h"
 
 #include <algorithm>
 #include <cmath>
@@ -415,32 +416,44 @@ bool qint8_vnni() { return vnni_available(); }
 
 bool qint8_amx() { return amx_available(); }
 
-// ---- Q4_K / Q6_K repacked sixteen rows at a time (quant8x16.h) ----
+// ---- Q4_K / Q6_K (quant8x16.h), Q4_1 / Q8_0 (quant8x16s.h) repacked sixteen rows at a time ----
+
+// Weights per block of the 16-row layout's formats, and a chunk's bytes (a block of 16 rows)
+int64_t x16_weights(int64_t format) { return x16_takes(format) ? 256 : 32; }
+int64_t x16_chunk(int64_t format) { return x16_takes(format) ? x16_chunk_bytes(format) : 16 * x16s_bytes(format); }
 
 void check_x16(const char* name, int64_t format, int64_t inputs, int64_t outputs) {
-  TORCH_CHECK(x16_takes(format), "lookahead_native::", name, ": GGML type ", format,
-              " has no 16-row layout (Q4_K and Q6_K have one): keep its blocks as they are");
-  TORCH_CHECK(inputs > 0 && inputs % 256 == 0 && outputs > 0 && outputs % 16 == 0, "lookahead_native::", name,
-              ": the 16-row layout needs a multiple of 256 inputs and of 16 outputs, got [", outputs, ", ", inputs,
-              "]: keep its blocks as they are");
+  TORCH_CHECK(x16_takes(format) || x16s_takes(format), "lookahead_native::", name, ": GGML type ", format,
+              " has no 16-row layout (Q4_1, Q8_0, Q4_K and Q6_K have one): keep its blocks as they are");
+  TORCH_CHECK(inputs > 0 && inputs % x16_weights(format) == 0 && outputs > 0 && outputs % 16 == 0,
+              "lookahead_native::", name, ": the 16-row layout needs a multiple of ", x16_weights(format),
+              " inputs and of 16 outputs, got [", outputs, ", ", inputs, "]: keep its blocks as they are");
 }
 
-// blocks [O, row bytes] -> packed [O / 16, I / 256 * chunk bytes]
+// blocks [O, row bytes] -> packed [O / 16, blocks per row * chunk bytes]
 at::Tensor qpack16(const at::Tensor& blocks, int64_t format, int64_t inputs) {
   Layout layout{};
   check_blocks(blocks, format, inputs, &layout);
-  const int64_t outputs = blocks.size(0), supers = inputs / 256;
+  const int64_t outputs = blocks.size(0);
   check_x16("qpack16", format, inputs, outputs);
-  at::Tensor packed = at::empty({outputs / 16, supers * x16_chunk_bytes(format)}, blocks.options());
+  const int64_t count = inputs / x16_weights(format), chunk = x16_chunk(format);
+  at::Tensor packed = at::empty({outputs / 16, count * chunk}, blocks.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   uint8_t* out = packed.data_ptr<uint8_t>();
   at::parallel_for(0, outputs / 16, 1, [&](int64_t begin, int64_t end) {
     std::vector<PlainSuper> rows(16);
     for (int64_t g = begin; g < end; ++g)
-      for (int64_t b = 0; b < supers; ++b) {
+      for (int64_t b = 0; b < count; ++b) {
+        uint8_t* target = out + g * packed.size(1) + b * chunk;
+        if (x16s_takes(format)) {
+          const uint8_t* sources[16];
+          for (int n = 0; n < 16; ++n) sources[n] = w + (16 * g + n) * blocks.size(1) + b * x16s_bytes(format);
+          pack_chunk32(sources, format, target);
+          continue;
+        }
         for (int n = 0; n < 16; ++n)
           read_super(w + (16 * g + n) * blocks.size(1) + b * x16_block_bytes(format), format, &rows[static_cast<size_t>(n)]);
-        pack_chunk(rows.data(), format, out + g * packed.size(1) + b * x16_chunk_bytes(format));
+        pack_chunk(rows.data(), format, target);
       }
   });
   return packed;
@@ -449,31 +462,38 @@ at::Tensor qpack16(const at::Tensor& blocks, int64_t format, int64_t inputs) {
 // packed [O / 16, ...] -> the GGUF blocks [O, row bytes] it was made from, byte for byte
 at::Tensor qunpack16(const at::Tensor& packed, int64_t format, int64_t inputs) {
   check_x16("qunpack16", format, inputs, 16);
-  const int64_t supers = inputs / 256;
+  const int64_t count = inputs / x16_weights(format), chunk = x16_chunk(format);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && packed.is_cpu() &&
-                  packed.size(1) == supers * x16_chunk_bytes(format),
-              "lookahead_native::qunpack16: packed must be a contiguous uint8 CPU tensor [O / 16, ",
-              supers * x16_chunk_bytes(format), "]");
-  const int64_t groups = packed.size(0), row = supers * x16_block_bytes(format);
+                  packed.size(1) == count * chunk,
+              "lookahead_native::qunpack16: packed must be a contiguous uint8 CPU tensor [O / 16, ", count * chunk, "]");
+  const int64_t groups = packed.size(0), row = count * (x16_takes(format) ? x16_block_bytes(format) : x16s_bytes(format));
+  const int64_t block = row / count;  // (a row's block bytes)
   at::Tensor blocks = at::empty({16 * groups, row}, packed.options());
   const uint8_t* in = packed.data_ptr<uint8_t>();
   uint8_t* out = blocks.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     std::vector<PlainSuper> rows(16);
     for (int64_t g = begin; g < end; ++g)
-      for (int64_t b = 0; b < supers; ++b) {
+      for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* source = in + g * packed.size(1) + b * chunk;
+        if (x16s_takes(format)) {
+          uint8_t* targets[16];
+          for (int n = 0; n < 16; ++n) targets[n] = out + (16 * g + n) * row + b * block;
+          unpack_chunk32(source, format, targets);
+          continue;
+        }
         std::memset(rows.data(), 0, 16 * sizeof(PlainSuper));
-        unpack_chunk(in + g * packed.size(1) + b * x16_chunk_bytes(format), format, rows.data());
-        for (int n = 0; n < 16; ++n)
-          write_super(rows[static_cast<size_t>(n)], format, out + (16 * g + n) * row + b * x16_block_bytes(format));
+        unpack_chunk(source, format, rows.data());
+        for (int n = 0; n < 16; ++n) write_super(rows[static_cast<size_t>(n)], format, out + (16 * g + n) * row + b * block);
       }
   });
   return blocks;
 }
 
 // x [..., I] float32 by packed weights [O / 16, ...] (+ bias [O]) -> [..., O]. isa: 0 plain C++, 1 AVX-512 VNNI,
-// 2 AMX tiles, -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never); the same bits every way.
-// prefetch: bytes ahead of its reads the weights are asked for (0: left to the hardware), a speed choice only.
+// 2 AMX tiles (Q4_K, Q6_K), -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never); the same bits
+// every way. prefetch: bytes ahead of its reads the weights are asked for (0: left to the hardware), a speed
+// choice only.
 at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64_t format, int64_t inputs,
                             const std::optional<at::Tensor>& bias, int64_t isa, int64_t amx_rows, int64_t prefetch) {
   TORCH_CHECK(prefetch >= 0 && prefetch <= (1 << 20), "lookahead_native::qlinear_int8_x16: prefetch must be 0 to ",
@@ -483,20 +503,26 @@ at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64
   TORCH_CHECK(isa != 2 || amx_available(), "lookahead_native::qlinear_int8_x16: this CPU or OS offers no AMX tiles");
   const int64_t outputs = 16 * packed.size(0);
   check_x16("qlinear_int8_x16", format, inputs, outputs);
+  TORCH_CHECK(isa != 2 || x16_takes(format), "lookahead_native::qlinear_int8_x16: AMX tiles take Q4_K and Q6_K, "
+              "not GGML type ", format);
+  const int64_t width = inputs / x16_weights(format) * x16_chunk(format);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && packed.is_cpu() &&
-                  packed.size(1) == inputs / 256 * x16_chunk_bytes(format),
-              "lookahead_native::qlinear_int8_x16: packed must be qpack16's uint8 CPU tensor [O / 16, ",
-              inputs / 256 * x16_chunk_bytes(format), "]");
+                  packed.size(1) == width,
+              "lookahead_native::qlinear_int8_x16: packed must be qpack16's uint8 CPU tensor [O / 16, ", width, "]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_cpu() && x.size(-1) == inputs,
               "lookahead_native::qlinear_int8_x16: x must be a float32 CPU tensor [..., ", inputs, "]");
   const at::Tensor flat = x.reshape({-1, inputs}).contiguous();  // [R, I]
   const int64_t rows = flat.size(0);
   int64_t path = isa;
   if (isa < 0) {
-    path = !vnni_available() ? X16_PLAIN : amx_rows > 0 && rows >= amx_rows && amx_available() ? X16_AMX : X16_VNNI;
+    path = !vnni_available() ? X16_PLAIN
+           : x16_takes(format) && amx_rows > 0 && rows >= amx_rows && amx_available() ? X16_AMX : X16_VNNI;
   }
   at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
-  if (rows > 0) {
+  if (rows > 0 && x16s_takes(format)) {
+    product_x16s(packed.data_ptr<uint8_t>(), format, flat.data_ptr<float>(), out.data_ptr<float>(), rows, inputs,
+                 outputs, path == X16_VNNI, prefetch);
+  } else if (rows > 0) {
     product_x16(packed.data_ptr<uint8_t>(), format, flat.data_ptr<float>(), out.data_ptr<float>(), rows, inputs,
                 outputs, path, prefetch);
   }

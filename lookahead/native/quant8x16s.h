@@ -1,0 +1,221 @@
+// Integer products of Q4_1 and Q8_0 weights repacked sixteen output rows at a time, as quant8x16.h does for
+// the K formats: a 32-bit lane per output row, one byte-dot per four weights of sixteen rows by four inputs
+// broadcast, a chunk's unpacking shared by every input row.
+//
+// Layout: groups of 16 rows (o = 16 g + n), each a run of 32-weight blocks j, each block's chunk:
+//   Q4_1 (320 bytes, the rows' own size): quants [4][64]: chunk c, byte 4 n + e = q[n][4 c + e] (low nibble) |
+//          q[n][16 + 4 c + e] << 4; d f16 [16]; m f16 [16]
+//   Q8_0 (544 bytes, the rows' own size): quants [8][64]: chunk c, byte 4 n + e = q[n][4 c + e] + 128 (the
+//          signed value as an offset byte); d f16 [16]
+//
+// Inputs, per row and block (as llama.cpp quantizes them for these formats): s = max |x| / 127, xq =
+// rne(x / s), xsum = the sum of the block's xq. Order, per output (r, o) over blocks in order:
+//   Q4_1: acc = fma(float(dot), d * s, acc); acc = fma(float(xsum), m * s, acc)   (dot = sum q xq, exact)
+//   Q8_0: acc = fma(float(dot), d * s, acc)   (dot = sum (q + 128) xq - 128 xsum = sum q xq, exact)
+//   out = acc (+ bias)
+// The same float operations at any row count, thread count or instruction set (AVX-512 VNNI or plain C++).
+//
+// Worked example (Q8_0, one block, 16 rows): d = 0.5, q = [2, -4, 0 ...]; x = [1, 1, 0 ...] -> s = 1/127,
+// xq = [127, 127, 0 ...]; dot = 2 * 127 - 4 * 127 = -254; out = -254 * (0.5 / 127) = -1 for every row.
+#pragma once
+
+#include "quant_formats.h"
+#include "quant8k.h"
+
+namespace {
+
+inline bool x16s_takes(int64_t format) { return format == Q4_1 || format == Q8_0; }
+constexpr int64_t x16s_bytes(int64_t format) { return format == Q4_1 ? 20 : 34; }  // a row's block; a chunk: x 16
+
+// Block j of 16 rows (rows[n]: row n's block bytes) into its chunk, and back, byte for byte
+inline void pack_chunk32(const uint8_t* const* rows, int64_t format, uint8_t* chunk) {
+  if (format == Q4_1) {
+    for (int c = 0; c < 4; ++c)
+      for (int n = 0; n < 16; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const uint8_t* qs = rows[n] + 4;
+          const int low = qs[4 * c + e] & 15, high = qs[4 * c + e] >> 4;  // weights 4c + e and 16 + 4c + e
+          chunk[64 * c + 4 * n + e] = static_cast<uint8_t>(low | high << 4);
+        }
+    for (int n = 0; n < 16; ++n) {
+      std::memcpy(chunk + 256 + 2 * n, rows[n], 2);
+      std::memcpy(chunk + 288 + 2 * n, rows[n] + 2, 2);
+    }
+  } else {
+    for (int c = 0; c < 8; ++c)
+      for (int n = 0; n < 16; ++n)
+        for (int e = 0; e < 4; ++e) chunk[64 * c + 4 * n + e] = static_cast<uint8_t>(rows[n][2 + 4 * c + e] ^ 0x80);
+    for (int n = 0; n < 16; ++n) std::memcpy(chunk + 512 + 2 * n, rows[n], 2);
+  }
+}
+
+inline void unpack_chunk32(const uint8_t* chunk, int64_t format, uint8_t* const* rows) {
+  if (format == Q4_1) {
+    for (int c = 0; c < 4; ++c)
+      for (int n = 0; n < 16; ++n)
+        for (int e = 0; e < 4; ++e) rows[n][4 + 4 * c + e] = chunk[64 * c + 4 * n + e];  // (the same nibble pair)
+    for (int n = 0; n < 16; ++n) {
+      std::memcpy(rows[n], chunk + 256 + 2 * n, 2);
+      std::memcpy(rows[n] + 2, chunk + 288 + 2 * n, 2);
+    }
+  } else {
+    for (int c = 0; c < 8; ++c)
+      for (int n = 0; n < 16; ++n)
+        for (int e = 0; e < 4; ++e) rows[n][2 + 4 * c + e] = static_cast<uint8_t>(chunk[64 * c + 4 * n + e] ^ 0x80);
+    for (int n = 0; n < 16; ++n) std::memcpy(rows[n], chunk + 512 + 2 * n, 2);
+  }
+}
+
+struct X16sInputs {
+  int64_t blocks = 0;         // blocks per row
+  std::vector<int8_t> q;      // [R, 32 * blocks]
+  std::vector<float> s;       // [R, blocks]
+  std::vector<int32_t> sums;  // [R, blocks]
+};
+
+inline X16sInputs quantize_x16s(const float* x, int64_t rows, int64_t inputs) {
+  X16sInputs in;
+  in.blocks = inputs / 32;
+  in.q.resize(static_cast<size_t>(rows * inputs));
+  in.s.resize(static_cast<size_t>(rows * in.blocks));
+  in.sums.resize(static_cast<size_t>(rows * in.blocks));
+  const bool wide = avx512_rounding();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t j = 0; j < in.blocks; ++j) {
+        const float* xb = x + r * inputs + 32 * j;
+        const float d = largest_abs(xb, 32, wide) / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        int8_t* qb = in.q.data() + r * inputs + 32 * j;
+        in.sums[r * in.blocks + j] = round_run16(xb, id, qb, wide) + round_run16(xb + 16, id, qb + 16, wide);
+        in.s[r * in.blocks + j] = d;
+      }
+    }
+  });
+  return in;
+}
+
+// ---- out[r, 16 g + n] in plain C++: the reference ----
+
+inline void x16s_plain(const uint8_t* group, int64_t format, const X16sInputs& in, int64_t r, float* out) {
+  float acc[16] = {};
+  const int64_t chunk_bytes = 16 * x16s_bytes(format);
+  for (int64_t j = 0; j < in.blocks; ++j) {
+    const uint8_t* chunk = group + j * chunk_bytes;
+    const int8_t* x = in.q.data() + r * 32 * in.blocks + 32 * j;
+    const float s = in.s[r * in.blocks + j];
+    const int32_t xsum = in.sums[r * in.blocks + j];
+    for (int n = 0; n < 16; ++n) {
+      int32_t dot = 0;
+      if (format == Q4_1) {
+        for (int c = 0; c < 4; ++c)
+          for (int e = 0; e < 4; ++e) {
+            const uint8_t byte = chunk[64 * c + 4 * n + e];
+            dot += (byte & 15) * x[4 * c + e] + (byte >> 4) * x[16 + 4 * c + e];
+          }
+        const float d = half_of(chunk + 256 + 2 * n), m = half_of(chunk + 288 + 2 * n);
+        acc[n] = std::fma(static_cast<float>(dot), d * s, acc[n]);
+        acc[n] = std::fma(static_cast<float>(xsum), m * s, acc[n]);
+      } else {
+        dot = -128 * xsum;
+        for (int c = 0; c < 8; ++c)
+          for (int e = 0; e < 4; ++e) dot += chunk[64 * c + 4 * n + e] * x[4 * c + e];
+        acc[n] = std::fma(static_cast<float>(dot), half_of(chunk + 512 + 2 * n) * s, acc[n]);
+      }
+    }
+  }
+  for (int n = 0; n < 16; ++n) out[n] = acc[n];
+}
+
+// ---- the same in AVX-512 VNNI: RT input rows against one group ----
+
+template <int64_t F, int RT>
+LOOKAHEAD_VNNI_K void x16s_vnni(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out, int64_t outputs,
+                               int64_t prefetch) {
+  constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
+  const __m512i fifteen = _mm512_set1_epi8(15);
+  __m512 acc[RT];
+  for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < in.blocks; ++j) {
+    const uint8_t* chunk = group + j * chunk_bytes;
+    if (prefetch > 0)
+      for (int64_t line = 0; line < chunk_bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+    const int8_t* x[RT];
+    __m512i dot[RT], other[RT];  // (two chains of sums, added after: the same exact total)
+    for (int r = 0; r < RT; ++r) {
+      x[r] = in.q.data() + (r0 + r) * 32 * in.blocks + 32 * j;
+      dot[r] = F == Q8_0 ? _mm512_set1_epi32(-128 * in.sums[(r0 + r) * in.blocks + j]) : _mm512_setzero_si512();
+      other[r] = _mm512_setzero_si512();
+    }
+    if constexpr (F == Q4_1) {
+      for (int c = 0; c < 4; ++c) {
+        const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+        const __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+        for (int r = 0; r < RT; ++r) {
+          int32_t xa, xb;
+          std::memcpy(&xa, x[r] + 4 * c, 4);
+          std::memcpy(&xb, x[r] + 16 + 4 * c, 4);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], low, _mm512_set1_epi32(xa));
+          other[r] = _mm512_dpbusd_epi32(other[r], high, _mm512_set1_epi32(xb));
+        }
+      }
+    } else {
+      for (int c = 0; c < 8; ++c) {
+        const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+        for (int r = 0; r < RT; ++r) {
+          int32_t xa;
+          std::memcpy(&xa, x[r] + 4 * c, 4);
+          if (c % 2 == 0) dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_set1_epi32(xa));
+          else other[r] = _mm512_dpbusd_epi32(other[r], w, _mm512_set1_epi32(xa));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + (F == Q4_1 ? 256 : 512))));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (F == Q4_1) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 288)));
+    for (int r = 0; r < RT; ++r) {
+      const int64_t at = (r0 + r) * in.blocks + j;
+      const __m512 s = _mm512_set1_ps(in.s[at]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[r], other[r])), _mm512_mul_ps(d, s), acc[r]);
+      if constexpr (F == Q4_1)
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(in.sums[at])), _mm512_mul_ps(m, s), acc[r]);
+    }
+  }
+  for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
+}
+
+template <int64_t F>
+void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
+               int64_t prefetch) {
+  switch (count) {
+    case 4: x16s_vnni<F, 4>(group, in, r0, out, outputs, prefetch); break;
+    case 3: x16s_vnni<F, 3>(group, in, r0, out, outputs, prefetch); break;
+    case 2: x16s_vnni<F, 2>(group, in, r0, out, outputs, prefetch); break;
+    default: x16s_vnni<F, 1>(group, in, r0, out, outputs, prefetch); break;
+  }
+}
+
+// out [R, O] = x [R, I] by the packed weights (vnni: the VNNI path, else plain C++), groups split between threads
+inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
+                         int64_t inputs, int64_t outputs, bool vnni, int64_t prefetch) {
+  const X16sInputs in = quantize_x16s(x, rows, inputs);
+  const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const uint8_t* group = packed + g * group_bytes;
+      for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        const int64_t count = std::min<int64_t>(4, rows - r0);
+        if (!vnni) {
+          for (int64_t r = r0; r < r0 + count; ++r) x16s_plain(group, format, in, r, out + r * outputs + 16 * g);
+        } else if (format == Q4_1) {
+          x16s_rows<Q4_1>(group, in, r0, count, out + 16 * g, outputs, prefetch);
+        } else {
+          x16s_rows<Q8_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
