@@ -293,10 +293,10 @@ def weights_summary(model: torch.nn.Module) -> str:
             total += stored.numel()
     formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
     products = sorted({m.products for m in modules if isinstance(m, QuantizedLinear)})
-    ways = sorted({(m.amx_rows, m.prefetch) for m in modules if isinstance(m, QuantizedLinear) and
+    ways = sorted({(m.format_code, m.amx_rows, m.prefetch) for m in modules if isinstance(m, QuantizedLinear) and
                    m.packed is not None})
-    how = "; ".join((f"AMX tiles from {rows} rows" if rows else "no AMX tiles") +
-                    (f", prefetch {ahead} B" if ahead else "") for rows, ahead in ways)
+    how = "; ".join(f"{FORMAT_NAMES[code]}" + (f" on AMX tiles from {rows} rows" if rows else "") +
+                    (f" prefetching {ahead} B" if ahead else "") for code, rows, ahead in ways)
     repacked = f", {packed} repacked by 16 rows ({how})" if packed else ""
     return f"GGUF blocks as shipped ({formats}; {total / 1e6:.0f} MB; {'/'.join(products)} products{repacked})"
 
