@@ -30,10 +30,10 @@ from .call.stats import GenerationStats
 from .config import LookaheadConfig
 from .cost import CostModel
 from .cost.policy import CostPolicy, budgeted
-from .decode.batch import OpenBatch
+from .decode.batch import BatchHandle, OpenBatch
 from .decode.context import DecodeContext
 from .decode.loop import DecodeRun
-from .decode.sequence import Sequence
+from .decode.padded import decode_padded
 from .decode.settings import call_decoding
 from .decode.sources import DraftModel, SourceFactory
 from .kernels import warmup
@@ -200,10 +200,11 @@ class LookaheadGenerator:
         from exactly the target's processed distribution, with random numbers
         from ``generator`` or torch's default generator (``torch.manual_seed``).
         A left-padded batch [B, T] with its attention_mask decodes every row at
-        once (decode/loop.py). Decoding stops where model.generate would: EOS,
-        max_new_tokens, ``stopping_criteria``, ``stop_strings`` (decoded with
-        ``tokenizer``, else the generator's) or ``max_time`` seconds, even inside
-        a multi-token step. With ``return_dict_in_generate`` the result is a
+        once, through the open batch the server steps (decode/padded.py).
+        Decoding stops where model.generate would: EOS, max_new_tokens,
+        ``stopping_criteria``, ``stop_strings`` (decoded with ``tokenizer``,
+        else the generator's) or ``max_time`` seconds, even inside a multi-token
+        step. With ``return_dict_in_generate`` the result is a
         LookaheadOutput (``.sequences``, ``.stats``). Any other keyword of ``model.generate`` is refused
         by name with what lookahead takes instead (GenerateInputError; beam search gets the refusal
         custom_generate gives it), save those that change nothing here (``use_cache``, ``num_beams=1``).
@@ -296,23 +297,24 @@ class LookaheadGenerator:
                                      "or pass streamer=None for a batch")
         # refuses a prompt that fills the context
         contexts_left = [tokens_left_in_context(p.shape[0], self.target.context) for p in prompts]
+        # the open batch the server steps (decode/batch.py), holding this call's rows alone, priced throughout
+        # by the curve of the call's batch size
+        batch = OpenBatch(DecodeRun.open(self._context(len(prompts))), self.model, self.tokenizer, self.grammar)
         with torch.inference_mode():
-            run = DecodeRun(self._context(len(prompts)), ids, mask, prompts, decoding, streamer, contexts_left,
-                            predictions)
-            out = run.decode()
-        self.last_stats = run.stats
-        self._warn_context_cut(run.seqs)
-        logprobs = [seq.out.log.result() for seq in run.seqs if seq.out.log is not None] \
+            out, handles = decode_padded(batch, ids, mask, prompts, decoding, streamer, contexts_left, predictions)
+        self.last_stats = batch.stats
+        self._warn_context_cut(handles)
+        logprobs = [log for log in (handle.logprobs for handle in handles) if log is not None] \
             if decoding.logprobs is not None else None
-        return generate_output(cast(torch.LongTensor, out.clone().to(device)), run.stats, decoding.return_dict,
+        return generate_output(cast(torch.LongTensor, out.clone().to(device)), batch.stats, decoding.return_dict,
                                logprobs)
 
-    def _warn_context_cut(self, seqs: list[Sequence]) -> None:
+    def _warn_context_cut(self, handles: list[BatchHandle]) -> None:
         """A ContextLimitWarning for every sequence that stopped at the model's context short of
         max_new_tokens (what model.generate warns about before failing or running past it)."""
-        for seq in seqs:
-            if seq.cut_by_context() and self.target.context is not None:
-                message = context_cut_message(seq.out.prompt_len, seq.out.new_tokens, seq.asked,
+        for handle in handles:
+            if handle.cut_by_context and self.target.context is not None:
+                message = context_cut_message(handle.prompt_tokens, handle.new_tokens, handle.max_new_tokens,
                                               self.target.context)
                 warnings.warn(message, ContextLimitWarning, stacklevel=4)
 

@@ -20,7 +20,9 @@ import transformers
 
 from conftest import reference
 from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.decode.batch import BatchHandle, OpenBatch
 from lookahead.decode.loop import DecodeRun
+from lookahead.decode.padded import decode_padded
 from lookahead.call.output import OutputBuffer
 from lookahead.call.decoding import resolve_decoding
 
@@ -53,33 +55,34 @@ def gen():
 PROMPT = np.array([11, 12, 13, 14, 15, 11, 12, 13], dtype=np.int64)
 
 
-def traced_run(gen: LookaheadGenerator, new: int) -> tuple[DecodeRun, int, int]:
-    """One greedy decode of ``new`` tokens (no EOS); traced host memory held at its end, and its peak."""
+def traced_run(gen: LookaheadGenerator, new: int) -> tuple[OpenBatch, BatchHandle, int, int]:
+    """One greedy decode of ``new`` tokens (no EOS), as generate runs it (decode/padded.py); traced host memory
+    held at its end, and its peak (with the batch and the sequence's handle)."""
     decoding = resolve_decoding(gen.model, PROMPT.shape[0], gen.target.device, max_new_tokens=new,
                                 do_sample=False, eos_token_id=[VOCAB + 1])
     tracemalloc.start()
     try:
         ids = torch.from_numpy(PROMPT)[None]
-        run = DecodeRun(gen._context(1), ids, torch.ones_like(ids), [PROMPT], decoding)
+        run = OpenBatch(DecodeRun.open(gen._context(1)), gen.model, gen.tokenizer, gen.grammar)
         with torch.inference_mode():
-            run.decode()
+            _, handles = decode_padded(run, ids, torch.ones_like(ids), [PROMPT], decoding)
         # what the run holds, not the garbage its steps left in reference cycles that the collector had not
         # reached yet (21 to 81 acceptance-estimate arrays of ~8 KB: held varied by 0.5 MB between alike runs)
         gc.collect()
         held, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    return run, held, peak
+    return run, handles[0], held, peak
 
 
 def test_long_generation_memory_is_linear_and_the_cache_holds_the_sequence(gen):
-    _, short_held, short_peak = traced_run(gen, SHORT)
-    run, long_held, long_peak = traced_run(gen, LONG)
-    out, stats = run.seqs[0].out, run.stats
+    _, _, short_held, short_peak = traced_run(gen, SHORT)
+    batch, handle, long_held, long_peak = traced_run(gen, LONG)
+    out, stats = handle._seq.out, batch.stats
     assert out.new_tokens == LONG
     # The sequence's rows (all but the last token's), plus at most the final step's rows (not cropped: the
     # call ends there): every earlier step's rejected rows were dropped.
-    assert out.stop - 1 <= run.cache.get_seq_length() <= out.stop - 1 + stats.rows_per_step[-1]
+    assert out.stop - 1 <= batch.run.cache.get_seq_length() <= out.stop - 1 + stats.rows_per_step[-1]
     assert out.seq.shape[0] <= out.stop + OutputBuffer.GROWTH + 1  # the buffer grew with the text, no further
     assert len(stats.rows_per_step) == len(stats.accepted) == stats.steps  # one stats entry per step, no more
     assert stats.steps > LONG // 8  # short steps: a per-step leak would be a per-token one

@@ -12,6 +12,9 @@ where generate cuts them), their logprobs when asked for, and on its last event 
 A sequence that ends is finished there: its sources hear of it (the generator's memory keeps its text).
 A failure in that bookkeeping ends that sequence alone with finish reason "error" (``BatchHandle.error``);
 an exception inside a step leaves the batch unusable: open a new one.
+
+``generate`` decodes through the same batch and steps (decode/padded.py): its left-padded prompts enter
+together (``admit``: one padded prefill, as model.generate's), then step until every one has ended.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..call.decoding import Decoding
 from ..call.grammar import Grammar
 from ..call.inputs import tokens_left_in_context
 from ..call.logprobs import SequenceLogprobs, StepLogprobs
@@ -37,6 +41,7 @@ from .settings import call_decoding
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from transformers.generation import LogitsProcessorList
+    from transformers.generation.streamers import BaseStreamer
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")  # a BatchHandle's finish_reason once it ended
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
@@ -45,24 +50,34 @@ SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
 class _Collector:
     """A streamer (transformers' put / end, and put_logprobs) gathering a sequence's tokens until drained.
 
-    The output buffer puts the prompt first (as ``model.generate`` streams): that one is skipped."""
+    The output buffer puts the prompt first (as ``model.generate`` streams): that one is skipped.
+    ``forward``: a user's streamer (generate's) that receives every call as it comes, the prompt included;
+    ``put_logprobs`` only where it has that method."""
 
-    def __init__(self) -> None:
+    def __init__(self, forward: BaseStreamer | None = None) -> None:
         self.prompt_seen = False
         self.tokens: list[int] = []
         self.logprobs: list[StepLogprobs] = []
+        self.forward = forward
 
     def put_logprobs(self, step: StepLogprobs) -> None:
         self.logprobs.append(step)
+        if self.forward is not None and hasattr(self.forward, "put_logprobs"):
+            self.forward.put_logprobs(step)
 
     def put(self, value: torch.Tensor) -> None:
+        if self.forward is not None:
+            self.forward.put(value)
         if not self.prompt_seen:
             self.prompt_seen = True
             return
         self.tokens.extend(value.reshape(-1).tolist())
 
     def end(self) -> None:
-        """Nothing: the final event is the batch's (it knows the finish reason)."""
+        """The forwarded streamer's end; nothing else: the final event is the batch's (it knows the finish
+        reason)."""
+        if self.forward is not None:
+            self.forward.end()
 
     def drain(self) -> tuple[list[int], StepLogprobs | None]:
         """The tokens put since the last drain and their logprobs (None: none asked for)."""
@@ -116,13 +131,23 @@ class BatchHandle:
         """This sequence's own stats (tokens accepted per step, predicted tokens)."""
         return self._seq.stats
 
+    @property
+    def max_new_tokens(self) -> int:
+        """max_new_tokens as asked (the sequence may stop sooner at the model's context)."""
+        return self._seq.asked
+
+    @property
+    def cut_by_context(self) -> bool:
+        """Whether the sequence stopped at the model's context short of max_new_tokens (not at an EOS)."""
+        return self._seq.cut_by_context()
+
     def _end(self, reason: str) -> None:
-        """The sequence ended: its sources hear of it (the memory keeps its text) unless it never began."""
+        """The sequence ended: its sources hear of it (the memory keeps its text) unless it never began; its
+        stream ends."""
         if self.finish_reason is not None:
             return
         try:
-            if self._seq.begun:
-                self._seq.finish()
+            self._seq.finish()  # (the sources hear of it only if it began: Sequence.finish)
         except Exception as exc:  # noqa: BLE001 - a source's bookkeeping fails this sequence alone
             self.finish_reason, self.error = "error", exc
             return
@@ -216,6 +241,41 @@ class OpenBatch:
         else:
             handle._end(handle._reason())  # nothing to generate
         return handle
+
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
+              streamer: BaseStreamer | None = None, contexts_left: list[int | None] | None = None,
+              predictions: list[np.ndarray | None] | None = None) -> list[BatchHandle]:
+        """``generate``'s way in: a left-padded batch joins a batch with no sequence running, every row under
+        the call's one ``decoding`` (resolved once over the padded width, as model.generate resolves a
+        batch's settings), prefilled together as model.generate prefills it (``DecodeRun.admit``). The rows
+        then step as joined ones do.
+
+        Args:
+            ids, mask: [B, T] on the CPU, left-padded; ``prompts``: B rows [T_b] without their padding.
+            decoding: the call's settings (call/decoding.py), checked already.
+            streamer: one row's (B = 1): it receives the prompt, every kept token, and ``end`` when the row ends.
+            contexts_left, predictions: per row, as ``join`` takes them (None: no limit, no prediction).
+
+        Returns:
+            The B rows' handles, in row order (every one ended already where there is nothing to generate).
+        """
+        self._check_usable()
+        count = len(prompts)
+        if streamer is not None and count != 1:
+            raise GenerateInputError("a streamer takes one sequence: stream batch size 1 only, "
+                                     "or pass streamer=None for a batch")
+        collectors = [_Collector(streamer) for _ in prompts]
+        seqs = self.run.admit(ids, mask, prompts, decoding, list(collectors),
+                              contexts_left if contexts_left is not None else [None] * count,
+                              predictions if predictions is not None else [None] * count)
+        handles = [BatchHandle(seq, collector) for seq, collector in zip(seqs, collectors)]
+        running = {id(seq) for seq in self.run.active}
+        for handle in handles:
+            if id(handle._seq) in running:
+                self._handles[id(handle._seq)] = handle
+            else:
+                handle._end(handle._reason())  # nothing to generate
+        return handles
 
     def step(self) -> list[BatchEvent]:
         """One step of every running sequence (one forward for all of them).

@@ -1,4 +1,6 @@
-"""The decode loop of one generate call, for A >= 1 sequences: plan -> forward -> verify -> commit -> learn.
+"""The decode loop for A >= 1 sequences: plan -> forward -> verify -> commit -> learn. Sequences enter a run
+by ``join`` (one prompt, prefilled alone: an open batch's requests) or ``admit`` (a generate call's
+left-padded batch, prefilled together as model.generate prefills it), step together and leave.
 
 Every sequence keeps its own ``Sequence`` (output, window, pool, planner,
 verifier); they share the forward, the KV cache and the step's one host
@@ -13,7 +15,7 @@ of each slot's token; each sequence's positions advance by its own accepted
 count. With one sequence there are no holes and no padding: every slot is
 seen and slot p holds position p, so nothing is tracked (``slots`` None).
 Sequences that finish (EOS or budget) leave the batch and stop costing
-work; the output pads them with ``pad_token_id`` like model.generate.
+work; generate's output pads them with ``pad_token_id`` like model.generate (decode/padded.py).
 Letters: B sequences asked, A still decoding, Q step rows (the longest
 sequence's; shorter ones are padded with rows that see only themselves),
 P cache slots, K kept rows, T prompt columns, V vocabulary.
@@ -103,38 +105,25 @@ def kept_slots(kept: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bool]:
 
 
 class DecodeRun:
-    """One generate call over B >= 1 left-padded prompts, or (``open``) a batch that sequences join
-    and leave between steps."""
+    """Sequences stepping together: they join (``join``, or a padded batch at once: ``admit``) and leave
+    between steps (the public face: decode/batch.py's ``OpenBatch``)."""
 
-    def __init__(self, context: DecodeContext, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray],
-                 decoding: Decoding | None, streamer: Any = None, contexts_left: list[int | None] | None = None,
-                 predictions: list[np.ndarray | None] | None = None):
-        """ids, mask [B, T] on the CPU; prompts: each row without its padding; ``contexts_left``: per row, the new
-        tokens the model's context holds after its prompt (None: no limit); ``streamer``: one row only;
-        ``predictions``: per row, its predicted output [P] (None: none; proposers/prediction.py)."""
+    def __init__(self, context: DecodeContext):
         self.context = context
         self.target = context.target
-        self.ids, self.mask = ids, mask
-        self.pad = decoding.pad_token_id if decoding is not None else None
-        self.stats = GenerationStats(prompt_tokens=int(mask.sum()))
+        self.stats = GenerationStats()
         self.memory = context.memory  # earlier requests' text (its host time goes into the stats)
         self.chooser: StepChooser | None = None  # the batch's one choice per step (made with the first sequence)
-        contexts_left = contexts_left if contexts_left is not None else [None] * len(prompts)
-        predictions = predictions if predictions is not None else [None] * len(prompts)
-        assert decoding is not None or not prompts, "prompts come with their decoding"
-        self.seqs = [] if decoding is None else [self._sequence(p, decoding, streamer, left, predicted)
-                                                 for p, left, predicted in zip(prompts, contexts_left, predictions)]
         self.cache = self.target.new_cache()
-        self.active: list[Sequence] = list(self.seqs)  # sequences still decoding, in cache order
+        self.active: list[Sequence] = []  # sequences still decoding, in cache order
         self.past = 0  # cache slots P
-        self.x_pos = np.zeros(len(prompts), dtype=np.int64)  # [A] position of each sequence's x
+        self.x_pos = np.zeros(0, dtype=np.int64)  # [A] position of each sequence's x
         self.slots: PastSlots | None = None  # with several sequences: which slots each sees (see above)
 
     @classmethod
     def open(cls, context: DecodeContext) -> DecodeRun:
-        """A run with no sequence yet: sequences ``join`` and ``leave`` it between ``step``s."""
-        empty = torch.zeros((0, 0), dtype=torch.long)
-        return cls(context, empty, empty, [], None)
+        """A run with no sequence yet: sequences ``join`` (or ``admit``) and ``leave`` it between ``step``s."""
+        return cls(context)
 
     def _sequence(self, prompt: np.ndarray, decoding: Decoding, streamer: Any, context_left: int | None,
                   prediction: np.ndarray | None = None) -> Sequence:
@@ -147,51 +136,56 @@ class DecodeRun:
         planner = Planner(context.config, parts.sources, acceptance, self.chooser)
         return Sequence(parts, planner, context.recycled, GenerationStats(prompt_tokens=int(prompt.shape[0])))
 
-    def decode(self) -> torch.Tensor:
-        """Prefill, then steps until every sequence is done; [B, T + new] like model.generate.
+    @torch.inference_mode()
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list[np.ndarray], decoding: Decoding,
+              streamers: list[Any], contexts_left: list[int | None],
+              predictions: list[np.ndarray | None]) -> list[Sequence]:
+        """A generate call's left-padded batch joins a run with no sequence running, every row under the call's
+        one ``decoding``, prefilled together as model.generate prefills it (``_prefill``).
 
-        The last prompt token is the first step's x, so the first new tokens
-        are already speculated (a copy from the prompt can arrive in one go).
+        Args:
+            ids, mask: [B, T] on the CPU, left-padded.
+            prompts: B rows [T_b], each without its padding.
+            streamers, contexts_left, predictions: one per row, as ``join`` takes them.
+
+        Returns:
+            The B sequences, in row order: all running, or (nothing to generate: max_new_tokens 0) none, and
+            then nothing is prefilled and none begins.
         """
+        if self.active:
+            raise RuntimeError("admit: a padded batch joins a run with no sequence running")
+        seqs = [self._sequence(p, decoding, streamer, left, predicted)
+                for p, streamer, left, predicted in zip(prompts, streamers, contexts_left, predictions)]
+        self.stats.prompt_tokens += int(mask.sum())
+        if max(seq.out.limit for seq in seqs) <= 0:
+            return seqs
         start = time.perf_counter()
-        memory_before = self.memory.seconds if self.memory is not None else 0.0
-        if max(seq.out.limit for seq in self.seqs) > 0:
-            self._prefill()
-            for seq in self.seqs:
-                seq.begin()
-        else:
-            self.active = []
-        self.stats.prefill_s = time.perf_counter() - start
-        while self.active:
-            self.step()
-        out = self._output()
-        self.stats.wall_time_s = time.perf_counter() - start
-        self.stats.new_tokens = sum(seq.out.new_tokens for seq in self.seqs)
-        for seq in self.seqs:
-            seq.count_draft()
-        self.stats.draft_forwards = sum(seq.stats.draft_forwards for seq in self.seqs)
-        self.stats.drafted = sum(seq.stats.drafted for seq in self.seqs)
-        self.stats.accepted_prediction_tokens = sum(seq.stats.accepted_prediction_tokens for seq in self.seqs)
-        self.stats.rejected_prediction_tokens = sum(seq.stats.rejected_prediction_tokens for seq in self.seqs)
-        if self.memory is not None:
-            self.stats.memory_s = self.memory.seconds - memory_before
-        return out
+        self.cache = self.target.new_cache()
+        self._prefill(ids, mask, seqs)
+        for seq in seqs:
+            seq.begin()
+        self.active = list(seqs)
+        self.stats.prefill_s += time.perf_counter() - start
+        self._recost()
+        return seqs
 
-    def _prefill(self) -> None:
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, seqs: list[Sequence]) -> None:
         """All prompt columns but the last through the model. One sequence: its prompt as it is.
-        Several: with the padding mask and each row's positions, which start the slots' bookkeeping."""
-        if len(self.seqs) == 1:
-            prompt = self.seqs[0].out.seq[:self.seqs[0].out.prompt_len]  # without its left padding
+        Several: ids, mask [B, T] with the padding mask and each row's positions, which start the slots'
+        bookkeeping."""
+        if len(seqs) == 1:
+            prompt = seqs[0].out.seq[:seqs[0].out.prompt_len]  # without its left padding
             self.target.prefill(self.cache, prompt[None, :-1])
             self.past = prompt.shape[0] - 1
-            self.x_pos[:] = self.past
+            self.x_pos = np.array([self.past], dtype=np.int64)
+            self.slots = None
             return
-        mask = self.mask.numpy()
-        positions = np.maximum(mask.cumsum(1) - 1, 0)  # [B, T]: each row counts from its first token
-        self.target.prefill(self.cache, self.ids.numpy()[:, :-1], mask[:, :-1], positions[:, :-1])
+        held = mask.numpy()  # [B, T]
+        positions = np.maximum(held.cumsum(1) - 1, 0)  # [B, T]: each row counts from its first token
+        self.target.prefill(self.cache, ids.numpy()[:, :-1], held[:, :-1], positions[:, :-1])
         dev = self.target.device
-        self.slots = PastSlots(to_device(mask[:, :-1].astype(bool), dev), to_device(positions[:, :-1], dev))
-        self.past = mask.shape[1] - 1
+        self.slots = PastSlots(to_device(held[:, :-1].astype(bool), dev), to_device(positions[:, :-1], dev))
+        self.past = held.shape[1] - 1
         self.x_pos = positions[:, -1].copy()  # [B]
 
     def step(self) -> list[Sequence]:
@@ -199,7 +193,7 @@ class DecodeRun:
         4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn.
 
         Returns the sequences that finished in it (they have left the batch; ``Sequence.finish``
-        is the caller's: ``decode`` finishes them all at the end). Runs in inference mode, entered
+        is the caller's: decode/batch.py's ``OpenBatch.step`` finishes each there). Runs in inference mode, entered
         here where the caller has not (a server's loop, generate: already in it)."""
         if torch.is_inference_mode_enabled():
             return self._step()
@@ -404,16 +398,3 @@ class DecodeRun:
         if self.slots is not None:
             index = torch.tensor(stay, device=self.target.device)
             self.slots = PastSlots(self.slots.valid[index], self.slots.positions[index])
-
-    def _output(self) -> torch.Tensor:
-        """[B, T + n]: each padded prompt, its new tokens, then pad_token_id up to the longest row
-        (every stream ended)."""
-        new = [seq.finish()[seq.out.prompt_len:] for seq in self.seqs]
-        longest = max(n.shape[0] for n in new)
-        if any(n.shape[0] < longest for n in new) and self.pad is None:
-            raise ValueError("rows finished at different lengths and the model has no pad_token_id (nor an "
-                             "eos_token_id): set model.generation_config.pad_token_id")
-        tail = np.full((len(new), longest), self.pad if self.pad is not None else 0, dtype=np.int64)
-        for b, n in enumerate(new):
-            tail[b, :n.shape[0]] = n
-        return torch.cat([self.ids, torch.from_numpy(tail)], dim=1)

@@ -105,12 +105,13 @@ class Sequence:
             self.stats.drafted = self.draft.drafted
 
     def finish(self) -> np.ndarray:
-        """The sequence is done: the sources hear of it (if it began), the stream ends; prompt + new
-        tokens [T + n]."""
+        """The sequence is done: the sources hear of it (if it began), its stats take the draft's and the
+        prediction's final counts, the stream ends; prompt + new tokens [T + n]."""
         if self.begun:
             self.planner.finish(self.out.seq, self.out.stop)
         if self.prediction is not None:  # (final once the sources heard of the end)
             self.stats.accepted_prediction_tokens, self.stats.rejected_prediction_tokens = self.prediction.counts
+        self.count_draft()
         return self.out.finish()
 
     def begin(self) -> None:
