@@ -9,10 +9,10 @@ import torch
 
 from conftest import VOCAB, tiny_model
 from lookahead import GenerateInputError, LookaheadConfig, LookaheadGenerator
-from lookahead.decode import batch as batch_module
 from lookahead.decode import sequence as sequence_module
 from lookahead.decode.batch import OpenBatch
 from lookahead.decode.loop import DecodeRun
+from lookahead.decode.settings import call_decoding
 
 MOTIF = [5, 9, 13, 17, 21]
 PROMPTS = [MOTIF * 3, [7, 8, 9], [40, 41] + MOTIF * 2 + [3]]  # ragged: lengths 15, 3, 13
@@ -127,7 +127,7 @@ def test_admit_refuses_a_batch_with_running_sequences_and_a_streamer_for_several
     gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(memory_tokens=0))
     batch = gen.open_batch()
     batch.join([5, 6, 7], max_new_tokens=4)
-    decoding = batch_module.call_decoding(gen.model, 3, gen.target.device, gen.vocab, gen.grammar, max_new_tokens=4)
+    decoding = call_decoding(gen.model, 3, gen.target.device, gen.vocab, gen.grammar, max_new_tokens=4)
     ids, mask = left_padded([[1, 2, 3]])
     with pytest.raises(RuntimeError, match="no sequence running"):
         batch.admit(ids, mask, [ids[0].numpy()], decoding)
