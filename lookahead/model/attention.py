@@ -23,13 +23,13 @@ the same numbers: both run torch's SDPA kernel over the same heads.
 
 With ``native`` (lookahead's C++ library loaded, native/build.py), float32
 steps on the CPU attend through ``lookahead_native::attend`` instead
-(``grouped_native``): the same attention for a step's 1-128 rows without
-SDPA's blocking for long queries, each row's keys split into chunks that
-both cores share, in the vector width the process's tiled kernel measured
-faster (8 lanes, or 16 with AVX-512F), each row's numbers computed the same way
-whatever the step's other rows (native/fused.cpp); more rows, or what it does
-not take, go to torch's SDPA inside the op, so a trace that records it follows
-the row count at run time.
+(``grouped_native``): the same attention for a step's rows and a prompt's
+prefill of any length without SDPA's blocking for long queries, each row's keys
+split into chunks that both cores share, in the vector width the process's tiled
+kernel measured faster (8 lanes, or 16 with AVX-512F), each row's numbers
+computed the same way whatever the forward's other rows (native/fused.cpp); what
+it does not take (another dtype, a head width not a multiple of 16) goes to
+torch's SDPA inside the op.
 """
 
 from __future__ import annotations

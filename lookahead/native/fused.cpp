@@ -206,8 +206,9 @@ std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& keys, const at::Te
 // [1 ...], [5 ...], [3 ...] and mask [0 -inf 0] -> [2 ... 2], the same bits as the first case.
 
 constexpr int QB = 4;  // query vectors attended together
-constexpr int64_t ATTEND_ROWS_MAX = 128;  // more query rows (a long prompt's prefill): torch's SDPA. Every decode step of up
-// to this many rows attends here, so its rows get the plain loop's bits (a step of more would not).
+constexpr int64_t ATTEND_ROWS_MAX = 1 << 20;  // (a bound on the shapes it takes, not a policy): a prompt's prefill of
+// any length attends here too, so a prompt's cache has the same bits however it is cut into forwards (lookahead's
+// prefill, model.generate's in one) -- integer products turn any last-bit difference into another 8-bit input.
 constexpr int64_t KEY_CHUNK = 256;  // keys a work item attends to: a row's keys are cut at multiples of this (128
 // and 512 measured no better over 1-16 rows and 256-1024 keys)
 constexpr int64_t ATTEND_PAIRS = 2048;  // query-key pairs a thread takes at least (16384 before the keys were
