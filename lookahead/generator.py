@@ -88,6 +88,17 @@ class LookaheadGenerator:
     it becomes one more candidate source in the same tree (proposers/draft/),
     its forwards counted by the budget. ``draft_tokenizer``, when given, is
     checked against ``tokenizer``.
+
+    Args:
+        model: the target, a transformers causal LM (checked: UnsupportedModelError where it cannot be driven
+            exactly).
+        tokenizer: its tokenizer (needed for stop strings, grammars, text predictions and memory).
+        config: the engine's settings (a validated LookaheadConfig; the defaults when None).
+        draft_model: an optional small causal LM drafting for the target (above).
+        learned: acceptance statistics learned earlier (``Learned``), to start from.
+        draft_tokenizer: the draft's tokenizer, checked against ``tokenizer``.
+        allow_draft_device: let the draft run on another device than the target.
+        memory: a memory of earlier requests to share (the server's); None builds one from ``config``.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
@@ -161,13 +172,25 @@ class LookaheadGenerator:
 
     def save_memory(self, path: str | os.PathLike[str]) -> None:
         """Write the text of this generator's earlier requests to ``path`` (atomically; a later
-        ``load_memory``, here or in another process, continues from it). The file holds users' text."""
+        ``load_memory``, here or in another process, continues from it). The file holds users' text.
+
+        Args:
+            path: the file to write (replaced atomically).
+
+        Raises:
+            GenerateInputError: the generator keeps no memory (``memory_tokens=0``); MemoryFileError: it
+                cannot be written.
+        """
         self._own_memory("save_memory").save(path)
 
     def load_memory(self, path: str | os.PathLike[str]) -> None:
         """Remember the requests saved at ``path`` (by ``save_memory`` or ``lookahead generate --memory``)
         instead of what this generator holds now. A truncated, damaged, other-version or other-vocabulary
-        file raises MemoryFileError and changes nothing."""
+        file raises MemoryFileError and changes nothing.
+
+        Args:
+            path: a file ``save_memory`` wrote.
+        """
         self._own_memory("load_memory").load(path)
 
     def _own_memory(self, what: str) -> RequestMemory:
@@ -255,7 +278,16 @@ class LookaheadGenerator:
         return self._run(ids, mask, prompts, decoding, streamer, input_ids.device, predictions)
 
     def grammar(self, response_format: Any, tokenizer: PreTrainedTokenizerBase | None = None) -> Grammar | None:
-        """``response_format`` compiled over ``tokenizer`` (else the generator's), None when None."""
+        """``response_format`` compiled over ``tokenizer`` (else the generator's), None when None.
+
+        Args:
+            response_format: an OpenAI ``response_format`` ({"type": "json_object"} or "json_schema" with its
+                schema), or None.
+            tokenizer: the vocabulary to compile over (the generator's when None).
+
+        Returns:
+            The compiled ``Grammar`` (compilers are reused across calls), or None.
+        """
         if response_format is None:
             return None
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
@@ -272,6 +304,17 @@ class LookaheadGenerator:
         prepared (what model.generate hands a custom_generate callable, see hf.py), used as they are.
 
         The streamer receives the prompt, then every kept token; ``prediction`` as ``generate`` takes it.
+
+        Args:
+            input_ids: [B, T] prompt ids (left-padded where B > 1).
+            attention_mask: [B, T], 0 on the padding, or None.
+            generation_config, logits_processor, stopping_criteria: what transformers prepared.
+            streamer: receives the prompt, then the kept tokens (B = 1).
+            prediction: expected output ids or text (Predicted Outputs), as ``generate`` takes it.
+
+        Returns:
+            [B, T + N] ids (padded after a row's end), or a LookaheadOutput with
+            ``return_dict_in_generate``.
         """
         length = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         decoding = prepared_decoding(generation_config, logits_processor, stopping_criteria, length)  # settings first

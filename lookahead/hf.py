@@ -103,7 +103,16 @@ class CustomGenerate:
 
     def generator(self, model: PreTrainedModel, config: LookaheadConfig | None = None,
                   tokenizer: PreTrainedTokenizerBase | None = None) -> LookaheadGenerator:
-        """A LookaheadGenerator for model and config that continues from what earlier calls learned."""
+        """A LookaheadGenerator for model and config that continues from what earlier calls learned.
+
+        Args:
+            model: the target causal LM.
+            config: the engine's settings (the defaults when None).
+            tokenizer: the model's tokenizer, for what needs text.
+
+        Returns:
+            A generator sharing this callable's learned statistics for (model, config).
+        """
         config = config if config is not None else LookaheadConfig()
         if not isinstance(config, LookaheadConfig):
             raise TypeError(f"lookahead_config must be a LookaheadConfig, got {type(config).__name__}")
@@ -122,7 +131,22 @@ class CustomGenerate:
                  stop_strings: str | list[str] | None = None, prediction: Any = None,
                  **model_kwargs: Any) -> torch.LongTensor | LookaheadOutput:
         """Decode as model.generate prepared it; ids [1, prompt + new], or a LookaheadOutput when the
-        config says return_dict_in_generate."""
+        config says return_dict_in_generate.
+
+        Args:
+            model: the model ``generate`` was called on.
+            input_ids: [1, T] the prompt.
+            logits_processor, stopping_criteria, generation_config: what transformers prepared.
+            lookahead_config: the engine's settings (the defaults when None).
+            lookahead_streamer: receives the prompt, then the kept tokens.
+            lookahead_tokenizer: the tokenizer, for stop strings and text predictions.
+            stop_strings: text that ends the output.
+            prediction: expected output ids or text (Predicted Outputs).
+            model_kwargs: refused where lookahead cannot honour them (named in the error).
+
+        Returns:
+            [1, T + N] ids, or a LookaheadOutput.
+        """
         if generation_config is None:
             raise GenerateInputError("custom_generate is called by model.generate(..., custom_generate=...); "
                                      "to decode directly, use LookaheadGenerator(model).generate")

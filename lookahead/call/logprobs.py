@@ -47,7 +47,14 @@ class StepLogprobs:
     top_logprobs: np.ndarray  # [n, k] float32: theirs
 
     def head(self, count: int) -> StepLogprobs:
-        """The first ``count`` tokens' (a step cut at EOS, the budget, a stop string)."""
+        """The first ``count`` tokens' (a step cut at EOS, the budget, a stop string).
+
+        Args:
+            count: how many of the step's tokens to keep (<= ``size``).
+
+        Returns:
+            A StepLogprobs of [count] logprobs and [count, k] top ids and logprobs.
+        """
         return StepLogprobs(self.logprobs[:count], self.top_ids[:count], self.top_logprobs[:count])
 
     @property

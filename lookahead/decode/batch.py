@@ -301,7 +301,11 @@ class OpenBatch:
 
     def leave(self, handle: BatchHandle) -> None:
         """``handle``'s sequence leaves before the next step (a cancelled request): finish reason
-        "cancelled"; the memory keeps what it produced. Nothing for a sequence that ended already."""
+        "cancelled"; the memory keeps what it produced. Nothing for a sequence that ended already.
+
+        Args:
+            handle: what ``join`` returned for the sequence.
+        """
         if handle.finish_reason is not None:
             return
         self._handles.pop(id(handle._seq), None)
@@ -312,7 +316,11 @@ class OpenBatch:
         """One forward of ``rows`` rows per running sequence (a chain of its last ``rows`` tokens) through the
         target, as a step of that shape runs, with nothing verified, committed or learned: what a server's
         warm-up runs to make each step shape's cost curve and trace before its first request. The batch is
-        spent after it (its cache holds the trial rows): ``join`` and ``step`` then raise; open a new one."""
+        spent after it (its cache holds the trial rows): ``join`` and ``step`` then raise; open a new one.
+
+        Args:
+            rows: rows per running sequence (>= 1).
+        """
         self._check_usable()
         run = self.run
         count = len(run.active)
