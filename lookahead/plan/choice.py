@@ -45,7 +45,7 @@ class StepChooser:
 
     def choose(self, probs: list[np.ndarray], column_gain: float, spent: float = 0.0) -> tuple[int, int]:
         """(window width, tree nodes) for sequences whose ranked path probabilities are ``probs``
-        (one array per sequence); ``worth``: tokens one window column fed is worth to the sources,
+        (one array per sequence); ``column_gain``: tokens one window column fed is worth to the sources,
         ``spent``: seconds the sources already spent on forwards of their own this step."""
         width, size, _ = self._forecast(probs, column_gain, spent)
         return width, size
