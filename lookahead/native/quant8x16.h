@@ -232,6 +232,29 @@ inline void x16_plain(const uint8_t* group, int64_t format, const X16Inputs& in,
 
 // ---- the same in AVX-512 VNNI: RT input rows against one group ----
 
+// Chunk c of a super-block's chunk as two registers of byte values: the quads A(c) (low) and B(c) (high), Q6_K's
+// two high bits joined on; the weights `prefetch` bytes ahead asked for (0: not)
+template <int64_t F>
+LOOKAHEAD_VNNI_K inline void chunk_values(const uint8_t* chunk, int c, int64_t prefetch, __m512i* low, __m512i* high) {
+  const __m512i fifteen = _mm512_set1_epi8(15);
+  const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+  if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + 64 * c + prefetch), _MM_HINT_T0);
+  *low = _mm512_and_si512(w, fifteen);
+  *high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+  if constexpr (F == Q6_K) {
+    const __m512i hb = _mm512_loadu_si512(chunk + 2048 + 64 * (c / 2)), bits = _mm512_set1_epi8(0x30);
+    if (prefetch > 0 && c % 2 == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + 2048 + 64 * (c / 2) + prefetch), _MM_HINT_T0);
+    if (c % 2 == 0) {  // (bits 0-1 and 2-3 of each byte to 4-5; chunk c + 1's at 4-5 and 6-7)
+      *low = _mm512_or_si512(*low, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits));
+      *high = _mm512_or_si512(*high, _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits));
+    } else {
+      *low = _mm512_or_si512(*low, _mm512_and_si512(hb, bits));
+      *high = _mm512_or_si512(*high, _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits));
+    }
+  }
+}
+
 // acc + super-block b's terms of input row `row` for the group's 16 outputs, from its I1 (the scaled dots):
 // Q4_K's mins term I2, then the float operations of the order above (shared by the VNNI and AMX paths)
 template <int64_t F>
@@ -260,7 +283,6 @@ template <int64_t F, int RT>
 LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs,
                               int64_t prefetch) {
   const int64_t blocks = in.super.blocks;
-  const __m512i fifteen = _mm512_set1_epi8(15);
   __m512 acc[RT];
   for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -284,22 +306,8 @@ LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_
         const int first = F == Q6_K ? 4 * half : 0, last = F == Q6_K ? 4 * half + 4 : 8;
         for (int i = first; i < last; ++i) {
           const int c = 8 * p + i;
-          const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
-          if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + 64 * c + prefetch), _MM_HINT_T0);
-          __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
-          if constexpr (F == Q6_K) {
-            const __m512i hb = _mm512_loadu_si512(chunk + 2048 + 64 * (c / 2));
-            if (prefetch > 0 && c % 2 == 0)
-              _mm_prefetch(reinterpret_cast<const char*>(chunk + 2048 + 64 * (c / 2) + prefetch), _MM_HINT_T0);
-            const __m512i bits = _mm512_set1_epi8(0x30);
-            if (c % 2 == 0) {
-              low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits));
-              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits));
-            } else {
-              low = _mm512_or_si512(low, _mm512_and_si512(hb, bits));
-              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits));
-            }
-          }
+          __m512i low, high;
+          chunk_values<F>(chunk, c, prefetch, &low, &high);
           const int qa = x16_quad(c, 0), qb = x16_quad(c, 1);
           for (int r = 0; r < RT; ++r) {
             int32_t xa, xb;
@@ -380,7 +388,6 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
                            int64_t prefetch) {
   constexpr int groups = F == Q4_K ? 8 : 16, k = F == Q4_K ? 32 : 16;  // scale groups of a super-block, their weights
   const int64_t blocks = in.super.blocks, inputs = 256 * blocks;
-  const __m512i fifteen = _mm512_set1_epi8(15), bits = _mm512_set1_epi8(0x30);
   alignas(64) uint8_t weights[2][8][64];          // the tile products' weights: low, high nibbles
   alignas(64) int32_t dots[groups][AMX_ROWS][16];  // [scale group, row, output]
   alignas(64) float acc[AMX_ROWS][16] = {};
@@ -392,21 +399,8 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
         const int first = F == Q6_K ? 4 * half : 0, count = F == Q6_K ? 4 : 8;
         for (int i = 0; i < count; ++i) {
           const int c = 8 * p + first + i;
-          const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
-          if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + 64 * c + prefetch), _MM_HINT_T0);
-          __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
-          if constexpr (F == Q6_K) {
-            const __m512i hb = _mm512_loadu_si512(chunk + 2048 + 64 * (c / 2));
-            if (prefetch > 0 && c % 2 == 0)
-              _mm_prefetch(reinterpret_cast<const char*>(chunk + 2048 + 64 * (c / 2) + prefetch), _MM_HINT_T0);
-            if (c % 2 == 0) {
-              low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits));
-              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits));
-            } else {
-              low = _mm512_or_si512(low, _mm512_and_si512(hb, bits));
-              high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits));
-            }
-          }
+          __m512i low, high;
+          chunk_values<F>(chunk, c, prefetch, &low, &high);
           _mm512_store_si512(weights[0][i], low);
           _mm512_store_si512(weights[1][i], high);
         }
