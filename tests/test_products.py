@@ -13,7 +13,7 @@ from lookahead.errors import ModelLoadError
 from lookahead.model import products as chooser
 from lookahead.model.products import choose_products, set_products
 from lookahead.model.quantized import QuantizedLinear
-from test_quantized import native, quantized_model  # noqa: F401 (the fixture builds the C++ op)
+from test_quantized import native, quantized_model, random_blocks  # noqa: F401 (the fixture builds the C++ op)
 
 
 @pytest.fixture
@@ -67,11 +67,28 @@ def test_int8_must_win_by_the_margin(model, tmp_path, monkeypatch):
     assert not (tmp_path / chooser.STORE).exists()
 
 
-def test_without_vnni_float32_and_nothing_timed(model, tmp_path, monkeypatch):
+def test_without_vnni_or_avx2_float32_and_nothing_timed(model, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: False, raising=False)
-    monkeypatch.setattr(chooser, "time_products", lambda layer: pytest.fail("timed without VNNI"))
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_avx2", lambda: False, raising=False)
+    monkeypatch.setattr(chooser, "time_products", lambda layer: pytest.fail("timed without VNNI or AVX2"))
     assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "float32"}
     assert products_of(model) == {"float32"}
+
+
+def test_with_avx2_alone_only_formats_that_all_repack_are_timed(model, tmp_path, monkeypatch):
+    """AVX2 runs the 16-row layout's integer products, not the row-major ones (plain C++ there): a format with a
+    layer that cannot repack keeps float32 untimed; the others are timed as with VNNI."""
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: False, raising=False)
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_avx2", lambda: True, raising=False)
+    monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)
+    timed: list[int] = []
+    monkeypatch.setattr(chooser, "time_products",
+                        lambda layer: timed.append(layer.format_code) or {"float32": 2.0, "int8": 1.0})
+    assert chooser.packed_isa() == chooser.AVX2
+    blocks = torch.from_numpy(random_blocks(Q.Q6_K, 24, 256, seed=3))  # (24 outputs: no 16-row layout)
+    model.odd = QuantizedLinear(blocks, int(Q.Q6_K), 256, 24)
+    assert choose_products(model, str(tmp_path)) == {int(Q.Q4_K): "int8", int(Q.Q6_K): "float32"}
+    assert timed == [int(Q.Q4_K)] and model.odd.products == "float32"
 
 
 def test_a_damaged_store_is_measured_again(model, tmp_path, monkeypatch):
@@ -124,14 +141,21 @@ def test_the_packed_layers_paths_are_measured_kept_and_set(model, tmp_path, monk
     packed = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None]
     assert packed  # (the tiny Q4_K model's layers repack for int8)
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: False, raising=False)
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_avx2", lambda: False, raising=False)
     assert choose_paths(model, str(tmp_path)) == {} and {(m.amx_rows, m.prefetch) for m in packed} == {(0, 0)}
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_avx2", lambda: True, raising=False)  # (AVX2 alone)
+    monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)
+    monkeypatch.setattr(chooser, "time_paths", lambda layers, tiles: {"prefetch": {"0": 2.0, "4096": 1.5}})
+    lines: list[str] = []
+    assert choose_paths(model, str(tmp_path / "avx2"), say=lines.append) == {int(Q.Q4_K): (0, 4096)}
+    assert "Q4_K int8 products run on AVX2, weights asked for 4096 bytes ahead" in lines[0]
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_vnni", lambda: True, raising=False)
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_amx", lambda: True, raising=False)
     monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)
     timed = {"prefetch": {"0": 2.0, "4096": 1.5},
              "vnni": {"2": 1.0, "4": 2.0, "8": 4.0, "16": 8.0}, "amx": {"2": 2.0, "4": 1.5, "8": 2.0, "16": 3.0}}
     monkeypatch.setattr(chooser, "time_paths", lambda layers, tiles: timed)
-    lines: list[str] = []
+    lines = []
     assert choose_paths(model, str(tmp_path), say=lines.append) == {int(Q.Q4_K): (4, 4096)}
     assert {(m.amx_rows, m.prefetch) for m in packed} == {(4, 4096)}
     assert "Q4_K int8 products run on AMX tiles from 4 rows, weights asked for 4096 bytes ahead" in lines[0]
@@ -156,8 +180,8 @@ def test_prefetch_bytes_is_the_fastest_distance():
 def test_time_paths_times_every_way(model):
     set_products(model, "int8")
     packed = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None]
-    if not torch.ops.lookahead_native.qint8_vnni():
-        pytest.skip("this CPU has no AVX-512 VNNI")
+    if not chooser.packed_isa():
+        pytest.skip("this CPU has neither AVX-512 VNNI nor AVX2: the packed products run in plain C++")
     tiles = bool(torch.ops.lookahead_native.qint8_amx())
     times = chooser.time_paths(packed, tiles)
     assert set(times["prefetch"]) == {str(ahead) for ahead in chooser.PREFETCH}

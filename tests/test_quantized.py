@@ -417,8 +417,9 @@ def test_16_row_products_have_one_order_at_every_row_count_and_instruction_set(k
 
 def isas_x16(kind: Q = Q.Q4_K) -> list[int]:
     """The packed products' paths this CPU runs for ``kind`` (0: plain C++; 1: AVX-512 VNNI; 2: AMX tiles, the K
-    formats)."""
-    return isas_int8() + ([2] if ops.qint8_amx() and kind in (Q.Q4_K, Q.Q6_K) else [])
+    formats; 3: AVX2)."""
+    return isas_int8() + ([2] if ops.qint8_amx() and kind in (Q.Q4_K, Q.Q6_K) else []) + \
+        ([3] if ops.qint8_avx2() else [])
 
 
 def test_16_row_worked_example_q8_0():
@@ -448,8 +449,11 @@ def test_the_automatic_path_switches_to_tiles_from_amx_rows_with_the_same_bits()
             ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 2)
     with pytest.raises(RuntimeError, match="prefetch must be 0 to"):
         ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, -1, 0, -1)
-    with pytest.raises(RuntimeError, match="isa must be -1, 0, 1 or 2"):
-        ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 3)
+    with pytest.raises(RuntimeError, match="isa must be -1, 0, 1, 2 or 3"):
+        ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 4)
+    if not ops.qint8_avx2():
+        with pytest.raises(RuntimeError, match="no AVX2, FMA and F16C"):
+            ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 3)
 
 
 def test_amx_rows_is_where_tiles_win_from_there_on():
@@ -534,3 +538,22 @@ def test_a_tied_head_repacked_for_int8_shares_its_layout_with_the_embedding():
     assert model.embed(torch.zeros(0, dtype=torch.long)).shape == (0, 256)
     with pytest.raises(RuntimeError, match="id 48 is out of range"):
         model.embed(torch.tensor([1, 48]))
+
+
+@pytest.mark.parametrize("kind", PACKED, ids=lambda k: k.name)
+def test_16_row_products_at_the_extremes_give_the_plain_paths_bits(kind):
+    """Every weight at its largest or smallest value (Q8_0's -128 too) by inputs all at +-127 after rounding: the
+    AVX2 path sums pairs of byte products in 16 bits (native/quant8x16.h), and none may saturate."""
+    weights, size = gguf.GGML_QUANT_SIZES[kind]
+    x = torch.cat([torch.ones(1, 512), -torch.ones(1, 512),
+                   torch.sign(torch.randn(2, 512, generator=torch.Generator().manual_seed(8))) + 0.0])
+    for fill in (0xFF, 0x80, 0x7F, 0x00):
+        blocks = np.full((32, 512 // weights, size), fill, dtype=np.uint8)
+        for offset in HALVES[kind]:
+            blocks[:, :, offset:offset + 2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+        packed = ops.qpack16(torch.from_numpy(blocks.reshape(32, -1)), int(kind), 512)
+        plain = ops.qlinear_int8_x16(x, packed, int(kind), 512, None, 0)
+        assert plain.abs().max() > 0 or fill == 0x00
+        for isa in isas_x16(kind):
+            assert torch.equal(bits(ops.qlinear_int8_x16(x, packed, int(kind), 512, None, isa)), bits(plain)), \
+                (hex(fill), isa)

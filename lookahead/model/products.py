@@ -5,19 +5,21 @@ row the same bits at every row count; they differ in what they compute. "float32
 de-quantized weights (the float model's values) by the inputs: the output follows transformers on the
 de-quantized model. "int8" rounds the inputs to 8 bits (per 256 inputs for the K formats, per 32 for the
 others) and sums exact integer products, as llama.cpp does: a little further from the float model, and on a
-CPU with AVX-512 VNNI several times less work per weight (native/quant8.cpp, native/quant8k.h).
+CPU with AVX-512 VNNI several times less work per weight (native/quant8.cpp, native/quant8k.h; with AVX2,
+native/quant8x16.h's byte products).
 
 ``choose_products`` times both on one layer of each format the model holds, at a decode step's row counts
 (1 and 4 rows, interleaved, the median of several passes), and keeps int8 only where it is faster by
 INT8_MARGIN. The choice is kept per machine (CPU model, thread count, format, shape and kernel build) in a JSON file
 beside the cost curves, so a machine decodes a model the same way every run; delete the file to measure
 again. A choice measured while other processes kept the cores busy (BUSY_LIMIT) is used for that run
-only, as the cost curves are. A CPU without VNNI runs the integer products in plain C++ (a reference,
-never faster): float32.
+only, as the cost curves are. A CPU with AVX2 but without VNNI runs the 16-row layout's integer products
+(PACKED_FORMATS) in AVX2 and the others in plain C++ (a reference, never faster): there int8 is timed only for
+a format every layer of which repacks, and the rest multiply in float32. Without AVX2 either: float32.
 
 ``choose_paths`` then times the layers int8 repacks sixteen rows at a time (Q4_1, Q8_0, Q4_K, Q6_K)
 streaming from memory: whether asking for the weights PREFETCH bytes ahead pays, and from how many rows AMX
-tiles beat VNNI where the CPU and OS offer them. Every path gives the same bits; these choices set only the
+tiles beat VNNI where the CPU and OS offer them (on an AVX2 CPU without VNNI, the prefetch alone). Every path gives the same bits; these choices set only the
 time, and are kept the same way.
 """
 
@@ -46,6 +48,7 @@ BUSY_LIMIT = 0.25  # cores other processes kept busy while timing from which a c
 AMX_ROWS = (2, 4, 8, 16)  # row counts at which the packed int8 products are timed on VNNI and on AMX tiles
 STREAM_BYTES = 256_000_000  # weight bytes a timed pass of them reads (more than a CPU's caches hold)
 PREFETCH = (0, 4096)  # how far ahead packed products may ask for their weights (0: the hardware's prefetch alone)
+VNNI, AVX2 = 1, 3  # qlinear_int8_x16's isa for the packed products' SIMD paths (packed_isa)
 
 
 def set_products(model: torch.nn.Module, products: str | dict[int, str]) -> None:
@@ -71,15 +74,18 @@ def choose_products(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead
     layers = _largest_per_format(model)
     if not layers:
         return {}
-    if not torch.ops.lookahead_native.qint8_vnni():
-        chosen = {code: "float32" for code in layers}
+    fast = _fast_int8_formats(model)
+    chosen: dict[int, str] = {code: "float32" for code in layers if code not in fast}
+    if not fast:
         set_products(model, chosen)
         return chosen
     path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
     kept = _read(path)
-    chosen, measured = {}, []
+    measured = []
     before = cpu_snapshot()
     for code, layer in layers.items():
+        if code not in fast:
+            continue
         key = choice_key(layer)
         entry = kept.get(key)
         if entry is None or not _timed(entry):
@@ -113,7 +119,7 @@ def choose_paths(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/co
     VNNI (the plain C++ path)."""
     ops = torch.ops.lookahead_native
     packed = {code: layer for code, layer in _largest_per_format(model).items() if layer.packed is not None}
-    if not packed or not ops.qint8_vnni():
+    if not packed or not packed_isa():
         return {}
     by_format = {code: [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed is not None and
                         m.format_code == code] for code in packed}
@@ -141,15 +147,35 @@ def choose_paths(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/co
             where = "kept" if path and busy < BUSY_LIMIT else "not kept"
             way = f"on AMX tiles from {rows} rows" if rows else \
                 "never on AMX tiles (VNNI was faster at every row count)" if amx and code in TILE_FORMATS else \
-                "on VNNI"
+                "on VNNI" if packed_isa() == VNNI else "on AVX2"
             say(f"lookahead: {FORMAT_NAMES[code]} int8 products run {way}, weights asked for "
                 f"{f'{ahead} bytes ahead' if ahead else 'by the hardware alone'} on this CPU ({where})")
     return chosen
 
 
+def packed_isa() -> int:
+    """The instruction set the 16-row layout's int8 products run in here, as qlinear_int8_x16's ``isa``: VNNI
+    (AVX-512 VNNI), AVX2 (AVX2, FMA and F16C), or 0 (neither: plain C++, never faster than float32)."""
+    ops = torch.ops.lookahead_native
+    return VNNI if ops.qint8_vnni() else AVX2 if ops.qint8_avx2() else 0
+
+
+def _fast_int8_formats(model: torch.nn.Module) -> set[int]:
+    """The block formats of the model's ``QuantizedLinear`` layers whose int8 products run in SIMD here: every
+    format with VNNI; with AVX2 alone, those every layer of which repacks by 16 rows (``packs``); else none."""
+    isa = packed_isa()
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    if isa == VNNI:
+        return {m.format_code for m in layers}
+    if isa == AVX2:
+        return {code for code in {m.format_code for m in layers}
+                if all(packs(m.format_code, m.in_features, m.out_features) for m in layers if m.format_code == code)}
+    return set()
+
+
 def time_paths(layers: list[QuantizedLinear], tiles: bool) -> dict[str, dict[str, float]]:
-    """Seconds per pass over ``layers`` (packed, of one format) of their int8 products: one row on VNNI with each
-    of PREFETCH ("prefetch"), and, where ``tiles``, VNNI ("vnni") against AMX tiles ("amx") at each of AMX_ROWS
+    """Seconds per pass over ``layers`` (packed, of one format) of their int8 products: one row on VNNI (AVX2
+    without it) with each of PREFETCH ("prefetch"), and, where ``tiles``, VNNI ("vnni") against AMX tiles ("amx") at each of AMX_ROWS
     row counts; the median of PASSES interleaved passes, keyed by the count as text. The layers are taken
     until STREAM_BYTES: a decode step reads its weights from memory, not from a cache one layer fits in, and
     the paths compare differently there."""
@@ -177,7 +203,8 @@ def time_paths(layers: list[QuantizedLinear], tiles: bool) -> dict[str, dict[str
                 samples[name].append(time.perf_counter() - start)
         return {name: statistics.median(values[1:]) for name, values in samples.items()}
 
-    times: dict[str, dict[str, float]] = {"prefetch": timed(1, {str(ahead): (1, ahead) for ahead in PREFETCH})}
+    isa = packed_isa()
+    times: dict[str, dict[str, float]] = {"prefetch": timed(1, {str(ahead): (isa, ahead) for ahead in PREFETCH})}
     if tiles:
         ahead = prefetch_bytes(times)
         times["vnni"], times["amx"] = {}, {}

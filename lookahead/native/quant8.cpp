@@ -416,6 +416,8 @@ bool qint8_vnni() { return vnni_available(); }
 
 bool qint8_amx() { return amx_available(); }
 
+bool qint8_avx2() { return avx2_int8_available(); }
+
 // ---- Q4_K / Q6_K (quant8x16.h), Q4_1 / Q8_0 (quant8x16s.h) repacked sixteen rows at a time ----
 
 // Weights per block of the 16-row layout's formats, and a chunk's bytes (a block of 16 rows)
@@ -491,20 +493,22 @@ at::Tensor qunpack16(const at::Tensor& packed, int64_t format, int64_t inputs) {
 }
 
 // x [..., I] float32 by packed weights [O / 16, ...] (+ bias [O]) -> [..., O]. isa: 0 plain C++, 1 AVX-512 VNNI,
-// 2 AMX tiles (Q4_K, Q6_K), -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never); the same bits
-// every way. prefetch: bytes ahead of its reads the weights are asked for (0: left to the hardware), a speed
+// 2 AMX tiles (Q4_K, Q6_K), 3 AVX2, -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never), else
+// AVX2, else plain C++; the same bits every way. prefetch: bytes ahead of its reads the weights are asked for (0: left to the hardware), a speed
 // choice only.
 at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64_t format, int64_t inputs,
                             const std::optional<at::Tensor>& bias, int64_t isa, int64_t amx_rows, int64_t prefetch) {
   TORCH_CHECK(prefetch >= 0 && prefetch <= (1 << 20), "lookahead_native::qlinear_int8_x16: prefetch must be 0 to ",
               1 << 20, " bytes, got ", prefetch);
-  TORCH_CHECK(isa >= -1 && isa <= 2, "lookahead_native::qlinear_int8_x16: isa must be -1, 0, 1 or 2, got ", isa);
-  TORCH_CHECK(isa != 1 || vnni_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX-512 VNNI");
-  TORCH_CHECK(isa != 2 || amx_available(), "lookahead_native::qlinear_int8_x16: this CPU or OS offers no AMX tiles");
+  TORCH_CHECK(isa >= -1 && isa <= 3, "lookahead_native::qlinear_int8_x16: isa must be -1, 0, 1, 2 or 3, got ", isa);
   const int64_t outputs = 16 * packed.size(0);
   check_x16("qlinear_int8_x16", format, inputs, outputs);
   TORCH_CHECK(isa != 2 || x16_takes(format), "lookahead_native::qlinear_int8_x16: AMX tiles take Q4_K and Q6_K, "
               "not GGML type ", format);
+  TORCH_CHECK(isa != 1 || vnni_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX-512 VNNI");
+  TORCH_CHECK(isa != 3 || avx2_int8_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX2, FMA "
+              "and F16C");
+  TORCH_CHECK(isa != 2 || amx_available(), "lookahead_native::qlinear_int8_x16: this CPU or OS offers no AMX tiles");
   const int64_t width = inputs / x16_weights(format) * x16_chunk(format);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && packed.is_cpu() &&
                   packed.size(1) == width,
@@ -515,13 +519,13 @@ at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64
   const int64_t rows = flat.size(0);
   int64_t path = isa;
   if (isa < 0) {
-    path = !vnni_available() ? X16_PLAIN
+    path = !vnni_available() ? (avx2_int8_available() ? X16_AVX2 : X16_PLAIN)
            : x16_takes(format) && amx_rows > 0 && rows >= amx_rows && amx_available() ? X16_AMX : X16_VNNI;
   }
   at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
   if (rows > 0 && x16s_takes(format)) {
     product_x16s(packed.data_ptr<uint8_t>(), format, flat.data_ptr<float>(), out.data_ptr<float>(), rows, inputs,
-                 outputs, path == X16_VNNI, prefetch);
+                 outputs, path, prefetch);
   } else if (rows > 0) {
     product_x16(packed.data_ptr<uint8_t>(), format, flat.data_ptr<float>(), out.data_ptr<float>(), rows, inputs,
                 outputs, path, prefetch);
@@ -543,5 +547,6 @@ TORCH_LIBRARY_FRAGMENT(lookahead_native, m) {
   m.def("qlinear_int8_x16(Tensor x, Tensor packed, int format, int inputs, Tensor? bias, int isa=-1, "
         "int amx_rows=0, int prefetch=0) -> Tensor");
   m.def("qint8_amx() -> bool", &qint8_amx);
+  m.def("qint8_avx2() -> bool", &qint8_avx2);
   m.impl("qlinear_int8_x16", c10::DispatchKey::CPU, TORCH_FN(qlinear_int8_x16));
 }

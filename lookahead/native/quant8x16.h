@@ -19,7 +19,7 @@
 //   Q6_K: I1 = sum_g sc_g (dot_g - 32 xsum_g); acc = fma(float(I1), d * s, acc)
 //   out = acc (+ bias)
 // The integers are exact (no lane overflows: |I1| < 2^31), so their order is free; the float operations are
-// the same at any row count, thread count or instruction set (AVX-512 VNNI or plain C++): a row's output has
+// the same at any row count, thread count or instruction set (AVX-512 VNNI, AMX, AVX2 or plain C++): a row's output has
 // the same bits however many rows the step holds.
 //
 // Worked example (Q4_K, one super-block, one group): d = 1, dmin = 0, every scale 1 and every q = 2, x all 1 ->
@@ -334,6 +334,155 @@ LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_
   for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
 }
 
+// ---- the same in AVX2: RT input rows against one group, the 16 rows' lanes in two 8-lane halves ----
+//
+// AVX2 has no byte-dot: vpmaddubsw multiplies the weight bytes (unsigned) by the input bytes (signed) and adds
+// neighbours into 16-bit lanes, which saturate past 32767. Q4_K's weights (0..15) by inputs (|xq| <= 127) add at
+// most 3810 per lane, so a sub-block's 8 chunks sum in 16 bits exactly (<= 30480); Q6_K's (0..63, <= 16002 a
+// lane) two chunks at a time. vpmaddwd by the scale (both halves of a 32-bit lane the row's scale) then gives
+// the scaled dots in 32 bits: the same integers as the VNNI path, so the same bits.
+
+#define LOOKAHEAD_AVX2_I __attribute__((target("avx2,fma,f16c")))
+
+inline bool avx2_int8_available() {
+  static const bool available =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return available;
+}
+
+// 8 rows' scales (bytes, signed or not) as one 32-bit lane per row holding the scale in both 16-bit halves
+template <bool Signed>
+LOOKAHEAD_AVX2_I inline __m256i scale_pairs(const uint8_t* bytes) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
+  const __m256i wide = Signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+  return _mm256_or_si256(_mm256_and_si256(wide, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(wide, 16));
+}
+
+// Half h (rows 8h..8h+7) of chunk c's quads A(c) (low) and B(c) (high), Q6_K's two high bits joined on
+template <int64_t F>
+LOOKAHEAD_AVX2_I inline void chunk_half(const uint8_t* chunk, int c, int h, int64_t prefetch, __m256i* low,
+                                        __m256i* high) {
+  const __m256i fifteen = _mm256_set1_epi8(15);
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h));
+  if (prefetch > 0 && h == 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + 64 * c + prefetch), _MM_HINT_T0);
+  *low = _mm256_and_si256(w, fifteen);
+  *high = _mm256_and_si256(_mm256_srli_epi16(w, 4), fifteen);
+  if constexpr (F == Q6_K) {
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2048 + 64 * (c / 2) + 32 * h));
+    const __m256i bits = _mm256_set1_epi8(0x30);
+    if (prefetch > 0 && h == 0 && c % 2 == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + 2048 + 64 * (c / 2) + prefetch), _MM_HINT_T0);
+    if (c % 2 == 0) {
+      *low = _mm256_or_si256(*low, _mm256_and_si256(_mm256_slli_epi16(hb, 4), bits));
+      *high = _mm256_or_si256(*high, _mm256_and_si256(_mm256_slli_epi16(hb, 2), bits));
+    } else {
+      *low = _mm256_or_si256(*low, _mm256_and_si256(hb, bits));
+      *high = _mm256_or_si256(*high, _mm256_and_si256(_mm256_srli_epi16(hb, 2), bits));
+    }
+  }
+}
+
+// acc (half h) + super-block b's float terms of input row `row` from its I1: as x16_close, 8 lanes
+template <int64_t F>
+LOOKAHEAD_AVX2_I inline __m256 x16_close8(const uint8_t* chunk, const X16Inputs& in, int64_t row, int64_t b, int h,
+                                          __m256i i1, __m256 acc) {
+  const int64_t at = row * in.super.blocks + b;
+  const __m256 s = _mm256_set1_ps(in.super.s[at]);
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + (F == Q6_K ? 3328 : 2304) + 16 * h)));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(d, s), acc);
+  if constexpr (F == Q4_K) {
+    __m256i i2 = _mm256_setzero_si256();
+    for (int t = 0; t < 4; ++t) {  // (mins of sub-blocks 2t, 2t + 1 by their input sums, as 16-bit pairs)
+      const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2176 + 32 * t + 16 * h)));
+      i2 = _mm256_add_epi32(i2, _mm256_madd_epi16(mn, _mm256_set1_epi32(in.pairs[4 * at + t])));
+    }
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2336 + 16 * h)));
+    const __m256 ms = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_mul_ps(dmin, s)),
+                                                           _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), ms, acc);
+  }
+  return acc;
+}
+
+template <int64_t F, int RT>
+LOOKAHEAD_AVX2_I void x16_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs,
+                               int64_t prefetch) {
+  const int64_t blocks = in.super.blocks;
+  __m256 acc[RT][2];
+  for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* chunk = group + b * x16_chunk_bytes(F);
+    const int8_t* x[RT];
+    __m256i i1[RT][2];
+    for (int r = 0; r < RT; ++r) {
+      x[r] = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
+      i1[r][0] = i1[r][1] = _mm256_setzero_si256();
+    }
+    // Q4_K: pass p covers sub-blocks 2p (the chunks' low quads) and 2p + 1 (high), 8 chunks summed in 16 bits;
+    // Q6_K: groups 4p + k (low) and 4p + 2 + k (high) over chunks 8p + 4k .. + 3, two chunks at a time
+    constexpr int run = F == Q4_K ? 8 : 2;
+    for (int p = 0; p < 4; ++p) {
+      for (int first = 0; first < 8; first += run) {
+        __m256i a[RT][2], bq[RT][2];
+        for (int r = 0; r < RT; ++r) a[r][0] = a[r][1] = bq[r][0] = bq[r][1] = _mm256_setzero_si256();
+        for (int i = first; i < first + run; ++i) {
+          const int c = 8 * p + i;
+          const int qa = x16_quad(c, 0), qb = x16_quad(c, 1);
+          for (int h = 0; h < 2; ++h) {
+            __m256i low, high;
+            chunk_half<F>(chunk, c, h, prefetch, &low, &high);
+            for (int r = 0; r < RT; ++r) {
+              int32_t xa, xb;
+              std::memcpy(&xa, x[r] + 4 * qa, 4);
+              std::memcpy(&xb, x[r] + 4 * qb, 4);
+              a[r][h] = _mm256_add_epi16(a[r][h], _mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)));
+              bq[r][h] = _mm256_add_epi16(bq[r][h], _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb)));
+            }
+          }
+        }
+        for (int h = 0; h < 2; ++h) {
+          __m256i sa, sb;
+          if constexpr (F == Q6_K) {
+            const int ga = 4 * p + first / 4, gb = 4 * p + 2 + first / 4;
+            sa = scale_pairs<true>(chunk + 3072 + 16 * ga + 8 * h);
+            sb = scale_pairs<true>(chunk + 3072 + 16 * gb + 8 * h);
+          } else {
+            sa = scale_pairs<false>(chunk + 2048 + 16 * (2 * p) + 8 * h);
+            sb = scale_pairs<false>(chunk + 2048 + 16 * (2 * p + 1) + 8 * h);
+          }
+          for (int r = 0; r < RT; ++r)
+            i1[r][h] = _mm256_add_epi32(i1[r][h], _mm256_add_epi32(_mm256_madd_epi16(a[r][h], sa),
+                                                                   _mm256_madd_epi16(bq[r][h], sb)));
+        }
+      }
+    }
+    if constexpr (F == Q6_K) {  // I1 -= 32 sum_g sc_g xsum_g (groups in pairs g, g + 1: 16-bit pairs both sides)
+      for (int h = 0; h < 2; ++h) {
+        __m256i pairs[8];
+        for (int k = 0; k < 8; ++k) {
+          const __m256i even = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k) + 8 * h)));
+          const __m256i odd = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k + 1) + 8 * h)));
+          pairs[k] = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(odd, 16));
+        }
+        for (int r = 0; r < RT; ++r) {
+          const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+          __m256i total = _mm256_setzero_si256();
+          for (int k = 0; k < 8; ++k) {
+            int32_t both;
+            std::memcpy(&both, sums + 2 * k, 4);
+            total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs[k], _mm256_set1_epi32(both)));
+          }
+          i1[r][h] = _mm256_sub_epi32(i1[r][h], _mm256_slli_epi32(total, 5));
+        }
+      }
+    }
+    for (int r = 0; r < RT; ++r)
+      for (int h = 0; h < 2; ++h) acc[r][h] = x16_close8<F>(chunk, in, r0 + r, b, h, i1[r][h], acc[r][h]);
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
+}
+
 // ---- the same with AMX tiles: up to 16 input rows against one group, a (sub-)block's dots per tile product ----
 
 #define LOOKAHEAD_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,amx-tile,amx-int8")))
@@ -453,6 +602,17 @@ void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t cou
 }
 
 template <int64_t F>
+void x16_rows_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
+                   int64_t prefetch) {
+  switch (count) {
+    case 4: x16_avx2<F, 4>(group, in, r0, out, outputs, prefetch); break;
+    case 3: x16_avx2<F, 3>(group, in, r0, out, outputs, prefetch); break;
+    case 2: x16_avx2<F, 2>(group, in, r0, out, outputs, prefetch); break;
+    default: x16_avx2<F, 1>(group, in, r0, out, outputs, prefetch); break;
+  }
+}
+
+template <int64_t F>
 LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const X16Inputs& in, int64_t rows,
                               float* out, int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
   int configured = 0;  // (the tiles' rows as configured in this thread; another op may have reconfigured them
@@ -470,8 +630,8 @@ LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const 
   _tile_release();
 }
 
-// How qlinear_int8_x16 computes: 0 plain C++, 1 AVX-512 VNNI, 2 AMX tiles (the same bits each way)
-enum X16Path : int64_t { X16_PLAIN = 0, X16_VNNI = 1, X16_AMX = 2 };
+// How qlinear_int8_x16 computes: 0 plain C++, 1 AVX-512 VNNI, 2 AMX tiles, 3 AVX2 (the same bits each way)
+enum X16Path : int64_t { X16_PLAIN = 0, X16_VNNI = 1, X16_AMX = 2, X16_AVX2 = 3 };
 
 // out [R, O] = x [R, I] by the packed weights, groups split between torch's threads
 inline void product_x16(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
@@ -490,6 +650,9 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
         const int64_t count = std::min<int64_t>(X16_ROWS, rows - r0);
         if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16_plain(group, format, in, r, out + r * outputs + 16 * g);
+        } else if (path == X16_AVX2) {
+          if (format == Q4_K) x16_rows_avx2<Q4_K>(group, in, r0, count, out + 16 * g, outputs, prefetch);
+          else x16_rows_avx2<Q6_K>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         } else if (format == Q4_K) {
           x16_rows<Q4_K>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         } else {

@@ -13,7 +13,7 @@
 //   Q4_1: acc = fma(float(dot), d * s, acc); acc = fma(float(xsum), m * s, acc)   (dot = sum q xq, exact)
 //   Q8_0: acc = fma(float(dot), d * s, acc)   (dot = sum (q + 128) xq - 128 xsum = sum q xq, exact)
 //   out = acc (+ bias)
-// The same float operations at any row count, thread count or instruction set (AVX-512 VNNI or plain C++).
+// The same float operations at any row count, thread count or instruction set (AVX-512 VNNI, AVX2 or plain C++).
 //
 // Worked example (Q8_0, one block, 16 rows): d = 0.5, q = [2, -4, 0 ...]; x = [1, 1, 0 ...] -> s = 1/127,
 // xq = [127, 127, 0 ...]; dot = 2 * 127 - 4 * 127 = -254; out = -254 * (0.5 / 127) = -1 for every row.
@@ -21,6 +21,7 @@
 
 #include "quant_formats.h"
 #include "quant8k.h"
+#include "quant8x16.h"
 
 namespace {
 
@@ -185,6 +186,87 @@ LOOKAHEAD_VNNI_K void x16s_vnni(const uint8_t* group, const X16sInputs& in, int6
   for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
 }
 
+// ---- the same in AVX2 (quant8x16.h's note): the 16 rows' lanes in two 8-lane halves ----
+// Q4_1's nibbles by |xq| <= 127 add at most 3810 per 16-bit lane, so a block's 8 products sum in 16 bits exactly
+// (<= 30480). Q8_0 takes the weights' signs onto the inputs (|q| <= 128 unsigned by +-xq: <= 32512 a lane), so
+// its dot is sum q xq directly: the integer the VNNI path reaches through the offset bytes.
+
+template <int64_t F, int RT>
+LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out, int64_t outputs,
+                               int64_t prefetch) {
+  constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
+  const __m256i fifteen = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[RT][2];
+  for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < in.blocks; ++j) {
+    const uint8_t* chunk = group + j * chunk_bytes;
+    if (prefetch > 0)
+      for (int64_t line = 0; line < chunk_bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+    const int8_t* x[RT];
+    __m256i dot[RT][2];
+    for (int r = 0; r < RT; ++r) {
+      x[r] = in.q.data() + (r0 + r) * 32 * in.blocks + 32 * j;
+      dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    }
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (F == Q4_1) {
+        __m256i sum[RT];
+        for (int r = 0; r < RT; ++r) sum[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h));
+          const __m256i low = _mm256_and_si256(w, fifteen), high = _mm256_and_si256(_mm256_srli_epi16(w, 4), fifteen);
+          for (int r = 0; r < RT; ++r) {
+            int32_t xa, xb;
+            std::memcpy(&xa, x[r] + 4 * c, 4);
+            std::memcpy(&xb, x[r] + 16 + 4 * c, 4);
+            sum[r] = _mm256_add_epi16(sum[r], _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)),
+                                                               _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb))));
+          }
+        }
+        for (int r = 0; r < RT; ++r) dot[r][h] = _mm256_madd_epi16(sum[r], ones);
+      } else {
+        for (int c = 0; c < 8; ++c) {
+          const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h)),
+                                             _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed weights
+          const __m256i size = _mm256_abs_epi8(q);  // (-128 -> 0x80: 128 unsigned)
+          for (int r = 0; r < RT; ++r) {
+            int32_t xa;
+            std::memcpy(&xa, x[r] + 4 * c, 4);
+            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xa), q);
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size, signed_x), ones));
+          }
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + (F == Q4_1 ? 256 : 512) + 16 * h)));
+      __m256 m = _mm256_setzero_ps();
+      if constexpr (F == Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 288 + 16 * h)));
+      for (int r = 0; r < RT; ++r) {
+        const int64_t at = (r0 + r) * in.blocks + j;
+        const __m256 s = _mm256_set1_ps(in.s[at]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_mul_ps(d, s), acc[r][h]);
+        if constexpr (F == Q4_1)
+          acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(in.sums[at])), _mm256_mul_ps(m, s), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
+}
+
+template <int64_t F>
+void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
+                    int64_t outputs, int64_t prefetch) {
+  switch (count) {
+    case 4: x16s_avx2<F, 4>(group, in, r0, out, outputs, prefetch); break;
+    case 3: x16s_avx2<F, 3>(group, in, r0, out, outputs, prefetch); break;
+    case 2: x16s_avx2<F, 2>(group, in, r0, out, outputs, prefetch); break;
+    default: x16s_avx2<F, 1>(group, in, r0, out, outputs, prefetch); break;
+  }
+}
+
 template <int64_t F>
 void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
                int64_t prefetch) {
@@ -196,9 +278,9 @@ void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t c
   }
 }
 
-// out [R, O] = x [R, I] by the packed weights (vnni: the VNNI path, else plain C++), groups split between threads
+// out [R, O] = x [R, I] by the packed weights (path: quant8x16.h's X16Path, AMX aside), groups split between threads
 inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
-                         int64_t inputs, int64_t outputs, bool vnni, int64_t prefetch) {
+                         int64_t inputs, int64_t outputs, int64_t path, int64_t prefetch) {
   const X16sInputs in = quantize_x16s(x, rows, inputs);
   const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
@@ -206,8 +288,11 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
       const uint8_t* group = packed + g * group_bytes;
       for (int64_t r0 = 0; r0 < rows; r0 += 4) {
         const int64_t count = std::min<int64_t>(4, rows - r0);
-        if (!vnni) {
+        if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16s_plain(group, format, in, r, out + r * outputs + 16 * g);
+        } else if (path == X16_AVX2) {
+          if (format == Q4_1) x16s_rows_avx2<Q4_1>(group, in, r0, count, out + 16 * g, outputs, prefetch);
+          else x16s_rows_avx2<Q8_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         } else if (format == Q4_1) {
           x16s_rows<Q4_1>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         } else {
