@@ -23,6 +23,7 @@ each and to the best of them. ``--gguf`` serves another file (an F32 requantizat
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -40,6 +41,25 @@ from .report import geomean
 
 DEFAULT_DATASETS = ("mt-bench-1", "translate", "summarize", "open-qa", "gsm8k", "passage-qa")
 START_TIMEOUT_S = 120
+SLOT_CONTEXT = 4096  # tokens of context per slot (-c is the slots' total)
+
+
+def file_problem(path: str, option: str, executable: bool = False) -> str | None:
+    """Why ``path``, given with ``option``, cannot be used ("OPTION PATH: no such file", "...: not executable"),
+    or None when it is a file (an executable one where ``executable``)."""
+    if not Path(path).is_file():
+        return f"{option} {path}: no such file"
+    if executable and not os.access(path, os.X_OK):
+        return f"{option} {path}: not executable (chmod +x it, or give the built llama-server binary)"
+    return None
+
+
+def server_command(binary: str, gguf: str, threads: int, port: int, extra: tuple[str, ...] = (), slots: int = 1,
+                   host: str = "127.0.0.1") -> list[str]:
+    """llama-server serving ``gguf`` on ``host``:``port`` with ``threads`` threads (prompt and batch alike),
+    ``slots`` parallel sequences of SLOT_CONTEXT tokens each, no web UI, then ``extra``."""
+    return [binary, "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c", str(SLOT_CONTEXT * slots),
+            "-np", str(slots), "--host", host, "--port", str(port), "--no-webui", *extra]
 
 
 @dataclass
@@ -84,10 +104,10 @@ class Server:
 
     def __init__(self, binary: str, gguf: str, threads: int, port: int, extra: tuple[str, ...], log: Path):
         for path, what in ((binary, "--server"), (gguf, "--gguf")):
-            if not Path(path).is_file():
-                raise click.BadParameter(f"{what} {path}: no such file", param_hint=what)
-        self.command = [binary, "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c", "4096", "-np", "1",
-                        "--host", "127.0.0.1", "--port", str(port), "--no-webui", *extra]
+            problem = file_problem(path, what)
+            if problem:
+                raise click.BadParameter(problem, param_hint=what)
+        self.command = server_command(binary, gguf, threads, port, extra)
         self.url, self.log = f"http://127.0.0.1:{port}", log
         self.process: subprocess.Popen | None = None
 

@@ -1,6 +1,6 @@
 """``lookahead bench-serve``: OpenAI-compatible servers measured side by side under concurrent clients.
 
-Three servers, each started here as a subprocess on a free loopback port, measured, and stopped:
+Up to four servers, each started here as a subprocess on a free loopback port, measured, and stopped:
 
     lookahead        ``lookahead serve`` with its defaults
     lookahead-plain  the same server and continuous-batching loop with speculation off (``PLAIN_OPTIONS``:
@@ -9,6 +9,10 @@ Three servers, each started here as a subprocess on a free loopback port, measur
                      (without continuous batching, which on 2 CPU cores answered one client slower: 6.9
                      against 8.0 tokens/s on the tool calls), with more clients with ``--continuous-batching``
                      where it answers on this machine (tried first), else without; the results say which
+    llama.cpp        llama.cpp's ``llama-server`` (a build given, ``LlamaServer``) on the model's GGUF file, the
+                     second anchor: ``--jinja`` (tools through the model's chat template, its own call parser),
+                     the same threads, one slot per client (``-np``, 4096 tokens of context each), greedy by
+                     the requests' temperature 0; the command benchmarks/llamacpp.py runs, plus those
 
 Every (server, data set, concurrency) runs on a freshly started server, so that what one level taught
 lookahead's memory across requests does not answer the next level's identical requests. After
@@ -16,7 +20,16 @@ lookahead's memory across requests does not answer the next level's identical re
 size from ``concurrency`` down to 1 is stepped once: lazily measured cost curves, a paged cache's set-up)
 go first and are not counted. Then the data set's chat prompts, in order, are replayed by
 ``concurrency`` clients (the official ``openai`` client, async), each sending its next prompt when its
-last answer ended: greedy (temperature 0), ``max_tokens`` each, streamed.
+last answer ended: greedy (temperature 0), ``max_tokens`` each, streamed. The ``agent`` data set
+(benchmarks/agent.py) is conversations instead of prompts: a client runs one conversation's turns one
+after another (benchmarks/conversation.py: each turn one request with the tools, its calls run by fake
+tools and sent back), and every turn is a request record like any other.
+
+A run in which a server refused every request (a 4xx answer other than 429: a request kind it does not
+take, such as tools on a template without them) is kept, marked ``unsupported`` with the first refusal,
+and named in the report; the run goes on to the next server. Where the requests carried a prediction
+(Predicted Outputs), the report sums the accepted and rejected prediction tokens each server reported, or
+says that it reported none (llama.cpp takes the field and ignores it).
 
 Per run: throughput (output tokens / wall time, first request sent to last answer ended), requests/s,
 time to first token (TTFT: request sent to its first streamed text) and time per output token (TPOT,
@@ -26,7 +39,10 @@ requests, and for the lookahead servers tokens per forward from ``/metrics`` (th
 the tokens each sequence gained per step it was in, 1.0 for plain decoding at any concurrency).
 Output tokens are the usage the server reports on its last chunk (``stream_options.include_usage``
 for lookahead; transformers sends it unasked and refuses the option), else the reply's text
-re-tokenized (recorded per request as ``tokens_from``).
+re-tokenized (recorded per request as ``tokens_from``). The same text check (``text_agreement``) compares
+lookahead's answer to each prompt with each other server's; a conversation's turns only while the two
+servers' turns agree (a later turn's prompt holds the earlier answers): the turns after the first that
+differs are counted apart as diverged.
 
 ``write_report`` writes bench-serve.json (every number, every request, every command line),
 bench-serve.md (the tables) and bench-serve.png.
@@ -52,7 +68,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SERVERS: tuple[str, ...] = ("lookahead", "lookahead-plain", "transformers")
+from lookahead.benchmarks.conversation import canonical_arguments, run_conversation
+
+SERVERS: tuple[str, ...] = ("lookahead", "lookahead-plain", "transformers", "llama.cpp")
+# the servers lookahead is compared with, and the label of their columns in the ratio rows
+OTHERS: tuple[tuple[str, str], ...] = (("lookahead-plain", "plain"), ("transformers", "transformers"),
+                                       ("llama.cpp", "llamacpp"))
 DEFAULT_DATASETS: tuple[str, ...] = ("tool-calls", "mt-bench-1")
 # lookahead serve's LookaheadConfig options that make it plain decoding in the same server and loop:
 # no candidates (nothing proposed, no tree: plan/planner.py), the window x alone (window 1, auto_window
@@ -201,33 +222,64 @@ def summarize_run(records: list[dict[str, Any]], wall_s: float) -> dict[str, Any
 
 
 def ratio_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (data set, concurrency): lookahead's throughput over lookahead-plain's and over transformers',
-    the other server's TPOT p50 over lookahead's (> 1: lookahead faster), and on how many prompts both
-    replied the same text ([same, compared]); None where a side is missing."""
+    """Per (data set, concurrency): lookahead's throughput over each other server's (OTHERS: lookahead-plain,
+    transformers, llama.cpp), the other server's TPOT p50 over lookahead's (> 1: lookahead faster), on how
+    many prompts (a conversation's turns) both replied the same text ([same, compared]), and how many of
+    lookahead's turns were not compared because an earlier turn of their conversation differed (``diverged``,
+    see text_agreement); None where a side is missing."""
     by_key = {(r["dataset"], r["concurrency"], r["server"]): r for r in runs}
     keys = list(dict.fromkeys((r["dataset"], r["concurrency"]) for r in runs))
     rows = []
     for dataset, concurrency in keys:
         ours = by_key.get((dataset, concurrency, "lookahead"))
         row: dict[str, Any] = {"dataset": dataset, "concurrency": concurrency}
-        for other, label in (("lookahead-plain", "plain"), ("transformers", "transformers")):
+        for other, label in OTHERS:
             theirs = by_key.get((dataset, concurrency, other))
             row[f"throughput_vs_{label}"] = _ratio(ours and ours.get("throughput_tok_s"),
                                                    theirs and theirs.get("throughput_tok_s"))
             row[f"tpot_vs_{label}"] = _ratio(theirs and theirs.get("tpot_p50_s"), ours and ours.get("tpot_p50_s"))
-            row[f"same_text_vs_{label}"] = same_text(ours, theirs)
+            agreement = text_agreement(ours, theirs)
+            row[f"same_text_vs_{label}"] = None if agreement is None else list(agreement[:2])
+            row[f"diverged_vs_{label}"] = None if agreement is None else agreement[2]
         rows.append(row)
     return rows
 
 
 def same_text(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> list[int] | None:
-    """[prompts both answered with the same text, prompts both answered] of two runs (None: a run missing)."""
+    """[prompts both answered with the same text, prompts compared] of two runs (None: a run missing); see
+    text_agreement."""
+    agreement = text_agreement(ours, theirs)
+    return None if agreement is None else list(agreement[:2])
+
+
+def text_agreement(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> tuple[int, int, int] | None:
+    """(same, compared, diverged) of two runs' answered records, matched by id (None: a run missing).
+
+    A prompt both answered is compared. A conversation's turns (records with ``conversation`` and ``turn``)
+    are compared in turn order only while the two servers' texts agree: the first turn that differs is
+    compared (and counts as not the same), and every later turn of that conversation in ``ours`` is not
+    compared (its prompt holds the differing answer, so the servers were asked different things): those
+    turns are counted as ``diverged``. A turn only one side answered is neither compared nor diverged."""
     if not ours or not theirs:
         return None
-    mine = {r.get("id"): r.get("text") for r in ours.get("records", []) if r and r.get("error") is None}
     other = {r.get("id"): r.get("text") for r in theirs.get("records", []) if r and r.get("error") is None}
-    both = [key for key in mine if key in other]
-    return [sum(mine[key] == other[key] for key in both), len(both)]
+    same = compared = diverged = 0
+    parted: set[Any] = set()  # conversations whose texts differed at some turn
+    for record in sorted((r for r in ours.get("records", []) if r and r.get("error") is None),
+                         key=lambda r: (str(r.get("conversation", "")), r.get("turn") or 0)):
+        conversation = record.get("conversation")
+        if conversation is not None and conversation in parted:
+            diverged += 1
+            continue
+        key = record.get("id")
+        if key not in other:
+            continue
+        compared += 1
+        if record.get("text") == other[key]:
+            same += 1
+        elif conversation is not None:
+            parted.add(conversation)
+    return same, compared, diverged
 
 
 def _ratio(top: float | None, bottom: float | None) -> float | None:
@@ -249,7 +301,7 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
              "| TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | tokens/forward | step host / forward ms |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
-        errors = f" ({r['errors']} failed)" if r.get("errors") else ""
+        errors = " (not supported)" if r.get("unsupported") else f" ({r['errors']} failed)" if r.get("errors") else ""
         tpf = r.get("tokens_per_forward")
         parts = r.get("step_parts")
         lines.append(f"| {r['dataset']} | {r['server']} | {r['concurrency']} | {r['requests']}{errors} "
@@ -260,21 +312,30 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _same(pair: list[int] | None) -> str:
-    return "-" if not pair else f"{pair[0]}/{pair[1]}"
+def _same(pair: list[int] | None, diverged: int | None = None) -> str:
+    if not pair:
+        return "-"
+    return f"{pair[0]}/{pair[1]}" + (f" (+{diverged} diverged)" if diverged else "")
 
 
 def ratio_table(rows: list[dict[str, Any]]) -> str:
-    """Lookahead against the plain server and transformers at each concurrency: throughput ratios and TPOT
-    (p50) ratios, both > 1 where lookahead is faster, and the prompts answered with the same text."""
-    lines = ["| data set | concurrency | tokens/s vs plain | tokens/s vs transformers | TPOT vs plain "
-             "| TPOT vs transformers | same text as plain | same text as transformers |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    """Lookahead against the plain server and transformers (and llama.cpp, where any row holds a number for
+    it) at each concurrency: throughput ratios and TPOT (p50) ratios, both > 1 where lookahead is faster, and
+    the prompts answered with the same text ("same/compared", "+N diverged": a conversation's turns after its
+    texts parted, not compared)."""
+    labels = ["plain", "transformers"] + [label for _, label in OTHERS[2:]
+                                          if any(r.get(f"throughput_vs_{label}") is not None
+                                                 or r.get(f"same_text_vs_{label}") is not None for r in rows)]
+    names = {label: other.replace("lookahead-", "") for other, label in OTHERS}
+    lines = ["| data set | concurrency | " + " | ".join(f"tokens/s vs {names[label]}" for label in labels) + " | "
+             + " | ".join(f"TPOT vs {names[label]}" for label in labels) + " | "
+             + " | ".join(f"same text as {names[label]}" for label in labels) + " |",
+             "|---|---:|" + "---:|" * (3 * len(labels))]
     for r in rows:
-        lines.append(f"| {r['dataset']} | {r['concurrency']} | {_x(r['throughput_vs_plain'])} "
-                     f"| {_x(r['throughput_vs_transformers'])} | {_x(r['tpot_vs_plain'])} "
-                     f"| {_x(r['tpot_vs_transformers'])} | {_same(r.get('same_text_vs_plain'))} "
-                     f"| {_same(r.get('same_text_vs_transformers'))} |")
+        cells = ([_x(r.get(f"throughput_vs_{label}")) for label in labels]
+                 + [_x(r.get(f"tpot_vs_{label}")) for label in labels]
+                 + [_same(r.get(f"same_text_vs_{label}"), r.get(f"diverged_vs_{label}")) for label in labels])
+        lines.append(f"| {r['dataset']} | {r['concurrency']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -307,12 +368,43 @@ def report_text(data: dict[str, Any]) -> str:
             extra = anchor_label(server, data["meta"].get("concurrency", ()))
         elif name == "lookahead-plain":
             extra = " (speculation off: " + " ".join(PLAIN_OPTIONS) + ")"
+        elif name == "llama.cpp":
+            extra = " (llama.cpp's llama-server on the model's GGUF file, --jinja, greedy by the requests)"
         # the first command of each kind, with and without continuous batching (they differ in ports too)
         firsts: dict[bool, list[str]] = {}
         for command in server.get("commands", []):
             firsts.setdefault("--continuous-batching" in command, command)
         lines += [f"- {name}{extra}: `{shlex.join(c)}`" for c in firsts.values()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + run_notes(data["runs"])) + "\n"
+
+
+def run_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """The report's lines on what the tables do not show: the runs a server refused (not supported), the
+    prediction tokens each server reported, the agent conversations' turns and calls."""
+    lines: list[str] = []
+    refused = [r for r in runs if r.get("unsupported")]
+    if refused:
+        lines += ["", "Not supported (every request refused; the run is kept, its numbers are zero):", ""]
+        lines += [f"- {r['server']} on {r['dataset']}, {r['concurrency']} client(s): {r['unsupported']}"
+                  for r in refused]
+    predicted = [r for r in runs if r.get("prediction")]
+    if predicted:
+        lines += ["", "Predicted Outputs (requests that sent a prediction):", ""]
+        for r in predicted:
+            counts = r["prediction"]
+            said = (f"{counts['accepted']} accepted, {counts['rejected']} rejected prediction tokens reported on "
+                    f"{counts['reported']} of {counts['requests']} requests" if counts["reported"] else
+                    f"no prediction tokens reported on its {counts['requests']} requests (it ignores the prediction "
+                    f"or does not report it)")
+            lines.append(f"- {r['server']} on {r['dataset']}, {r['concurrency']} client(s): {said}")
+    agents = [r for r in runs if r.get("agent")]
+    if agents:
+        lines += ["", "Agent conversations (a turn is a request; same text compared turn by turn while the texts "
+                      "agree, the turns after the first difference counted as diverged):", ""]
+        lines += [f"- {r['server']} on {r['dataset']}, {r['concurrency']} client(s): {a['conversations']} "
+                  f"conversations, {a['turns']} turns, {a['turns_with_calls']} with tool calls, {a['calls_run']} "
+                  f"calls run" for r in agents for a in (r["agent"],)]
+    return lines
 
 
 def anchor_label(server: dict[str, Any], levels: Sequence[int]) -> str:
@@ -380,9 +472,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class LlamaServer:
+    """llama.cpp's server as bench-serve runs it: the ``llama-server`` binary, the GGUF file it serves, and
+    extra arguments (``--spec-type ngram-mod``, say)."""
+
+    binary: str
+    gguf: str
+    args: tuple[str, ...] = ()
+
+
 def server_command(name: str, model: str, model_dir: str, port: int, max_batch: int,
-                   continuous_batching: bool = True, lookahead_args: Sequence[str] = ()) -> list[str]:
-    """The command line that starts server ``name`` on ``port`` (this Python's interpreter)."""
+                   continuous_batching: bool = True, lookahead_args: Sequence[str] = (),
+                   llama: LlamaServer | None = None, threads: int = 1) -> list[str]:
+    """The command line that starts server ``name`` on ``port`` (this Python's interpreter; for llama.cpp, its
+    binary on its GGUF file with ``--jinja``, ``threads`` threads and ``max_batch`` slots)."""
+    if name == "llama.cpp":
+        if llama is None:
+            raise ValueError("server llama.cpp needs its binary and GGUF file (a LlamaServer)")
+        from lookahead.benchmarks.llamacpp import server_command as llama_command
+
+        return llama_command(llama.binary, llama.gguf, threads, port, ("--jinja", *llama.args), slots=max_batch,
+                             host=HOST)
     if name in ("lookahead", "lookahead-plain"):
         plain = list(PLAIN_OPTIONS) if name == "lookahead-plain" else []
         return [sys.executable, "-m", "lookahead.cli.main", "serve", "--model", model, "--host", HOST,
@@ -500,9 +611,12 @@ async def one_request(client: Any, spec: Client, messages: list[dict[str, Any]],
     sent = time.perf_counter()
     first: float | None = None
     pieces: list[str] = []
+    content: list[str] = []
+    calls: dict[int, dict[str, str]] = {}  # the streamed tool calls by index: name, arguments joined
     usage: Any = None
     finish: str | None = None
     error: str | None = None
+    status: int | None = None
     try:
         stream = await client.chat.completions.create(
             model=spec.model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
@@ -514,17 +628,23 @@ async def one_request(client: Any, spec: Client, messages: list[dict[str, Any]],
             for choice in chunk.choices or ():
                 delta = choice.delta
                 piece = (delta.content or "") if delta is not None else ""
+                content.append(piece)
                 for call in (delta.tool_calls or ()) if delta is not None else ():
                     if call.function is not None:
-                        piece += (call.function.name or "") + (call.function.arguments or "")
+                        piece += _add_call(calls, call)
                 if piece:
                     first = first if first is not None else time.perf_counter()
                     pieces.append(piece)
                 finish = choice.finish_reason or finish
     except (openai.OpenAIError, OSError, ValueError) as exc:
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        status = getattr(exc, "status_code", None)
     end = time.perf_counter()
-    text = "".join(pieces)
+    tool_calls = [calls[i] for i in sorted(calls)]
+    # (with calls: the content, then each call's name and its arguments' canonical JSON, so that two servers
+    # making the same call with other spacing in its JSON answer the same text)
+    text = "".join(content) + "".join(c["name"] + canonical_arguments(c["arguments"]) for c in tool_calls) \
+        if tool_calls else "".join(pieces)
     tokens, source = 0, "none"
     if usage is not None and getattr(usage, "completion_tokens", None) is not None:
         tokens, source = int(usage.completion_tokens), "usage"
@@ -534,10 +654,21 @@ async def one_request(client: Any, spec: Client, messages: list[dict[str, Any]],
               "completion_tokens": tokens, "tokens_from": source,
               "prompt_tokens": getattr(usage, "prompt_tokens", None) if usage is not None else None,
               "prediction_tokens": _prediction_counts(usage),
-              "finish_reason": finish, "chunks": len(pieces), "text": text, "error": error}
+              "finish_reason": finish, "chunks": len(pieces), "text": text, "content": "".join(content),
+              "tool_calls": tool_calls, "error": error, "status": status}
     ttft, tpot = request_times(record)
     record["ttft_s"], record["tpot_s"] = ttft, tpot
     return record
+
+
+def _add_call(calls: dict[int, dict[str, str]], call: Any) -> str:
+    """Fold one streamed tool-call delta into ``calls`` (by its index: the name from the delta that first names
+    it, as OpenAI streams it once, the arguments' pieces joined); the text it added."""
+    entry = calls.setdefault(int(getattr(call, "index", 0) or 0), {"name": "", "arguments": ""})
+    name, arguments = call.function.name or "", call.function.arguments or ""
+    entry["name"] = entry["name"] or name
+    entry["arguments"] += arguments
+    return name + arguments
 
 
 def _prediction_counts(usage: Any) -> dict[str, int] | None:
@@ -551,31 +682,43 @@ def _prediction_counts(usage: Any) -> dict[str, int] | None:
 
 async def replay(spec: Client, prompts: Sequence[tuple[Any, ...]], concurrency: int,
                  max_tokens: int | Sequence[int]) -> tuple[list[dict[str, Any]], float]:
-    """The prompts ((id, chat messages) or (id, chat messages, request fields)), in order, through
-    ``concurrency`` clients (each sends its next prompt when its last answer ended); (records in prompt order,
-    wall seconds from the first sent to the last ended)."""
+    """The prompts ((id, chat messages), (id, chat messages, request fields), or (id, chat messages, request
+    fields, AgentPlan): a conversation of several requests, benchmarks/conversation.py), in order, through
+    ``concurrency`` clients (each sends its next prompt, or its conversation's next turn, when its last answer
+    ended); (records in prompt order, a conversation's turns in turn order; wall seconds from the first sent
+    to the last ended)."""
     import openai
 
     lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     client = openai.AsyncOpenAI(base_url=f"{spec.base_url}/v1", api_key="bench-serve", max_retries=0,
                                 timeout=spec.timeout)
     queue = collections.deque(enumerate(prompts))
-    records: list[dict[str, Any]] = [{} for _ in prompts]
+    records: list[list[dict[str, Any]]] = [[] for _ in prompts]
     clock = time.perf_counter()
 
     async def worker() -> None:
         while queue:
-            index, (ident, messages, *fields) = queue.popleft()
-            record = await one_request(client, spec, messages, lengths[index], clock, fields[0] if fields else None)
-            records[index] = {"index": index, "id": ident, **record}
+            index, (ident, messages, *rest) = queue.popleft()
+            fields = rest[0] if rest else None
+            plan = rest[1] if len(rest) > 1 else None
+
+            async def send(history: list[dict[str, Any]], extra: dict[str, Any] | None, limit: int = lengths[index]
+                           ) -> dict[str, Any]:
+                return await one_request(client, spec, history, limit, clock, extra)
+
+            if plan is None:
+                records[index] = [{"index": index, "id": ident, **await send(messages, fields)}]
+            else:
+                turns = await run_conversation(send, ident, messages, fields or {}, plan)
+                records[index] = [{"index": index, **turn} for turn in turns]
 
     try:
         await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(prompts))))))
     finally:
         await client.close()
-    done = [r for r in records if r]
+    done = [r for group in records for r in group]
     wall = (max(r["end"] for r in done) - min(r["sent"] for r in done)) if done else 0.0
-    return records, wall
+    return done, wall
 
 
 def warm_up(spec: Client, concurrency: int, max_tokens: int) -> tuple[float, list[str]]:
@@ -606,6 +749,7 @@ class Settings:
     request_timeout: float = 600.0
     lookahead_args: Sequence[str] = ()
     count_tokens: Callable[[str], int] | None = None
+    llama: LlamaServer | None = None  # llama.cpp's server, for the server "llama.cpp"
 
 
 def server_env(threads: int) -> dict[str, str]:
@@ -673,6 +817,9 @@ def _results(settings: Settings, max_batch: int, started: str, servers: dict[str
                      "limit": settings.limit, "max_tokens": settings.max_tokens,
                      "concurrency": list(settings.concurrency), "threads": settings.threads, "max_batch": max_batch,
                      "servers": list(settings.servers), "plain_options": list(PLAIN_OPTIONS),
+                     "llama": None if settings.llama is None else {"binary": settings.llama.binary,
+                                                                   "gguf": settings.llama.gguf,
+                                                                   "args": list(settings.llama.args)},
                      "warmup": {"prompt": WARMUP_PROMPT, "step": WARMUP_STEP}, "started": started,
                      "finished": _now()},
             "servers": servers, "runs": runs, "ratios": ratio_rows(runs)}
@@ -683,11 +830,13 @@ def _one_run(name: str, dataset: str, prompts: list[tuple[Any, ...]], concurrenc
              log: Callable[[str], None], server_info: dict[str, Any]) -> dict[str, Any]:
     """Start server ``name``, warm it up, replay the prompts with ``concurrency`` clients, stop it."""
     port = free_port()
-    command = server_command(name, settings.model, settings.model_dir, port, max_batch, cb, settings.lookahead_args)
+    command = server_command(name, settings.model, settings.model_dir, port, max_batch, cb, settings.lookahead_args,
+                             llama=settings.llama, threads=settings.threads)
     server_info["commands"].append(command)
     server = ServerProcess(name, command, port, log_dir, env, label)
-    lookahead = name != "transformers"
-    spec = Client(server.base, settings.model if lookahead else settings.model_dir, stream_usage=lookahead,
+    lookahead = name in ("lookahead", "lookahead-plain")  # (the servers with lookahead's /metrics)
+    anchor = name == "transformers"  # (serves its model directory; sends the usage unasked, refuses asking)
+    spec = Client(server.base, settings.model_dir if anchor else settings.model, stream_usage=not anchor,
                   count_tokens=settings.count_tokens, timeout=settings.request_timeout)
     log(f"[bench-serve] {label}: starting {shlex.join(command)}")
     try:
@@ -706,9 +855,40 @@ def _one_run(name: str, dataset: str, prompts: list[tuple[Any, ...]], concurrenc
     run = {"server": name, "dataset": dataset, "concurrency": concurrency, "command": command,
            "startup_s": startup_s, "warmup_s": warmup_s, **summarize_run(records, wall),
            "tokens_per_forward": tokens_per_forward(before, after), "step_parts": step_parts(before, after),
-           "metrics_before": before, "metrics_after": after,
+           "metrics_before": before, "metrics_after": after, "unsupported": refusal(records),
+           "prediction": prediction_summary(prompts, records), "agent": agent_summary(prompts, records),
            "records": records}
     log(f"[bench-serve] {label}: {run['throughput_tok_s']:.1f} tokens/s, {run['requests_per_s']:.2f} requests/s"
         + (f", {run['errors']} failed (first: {next(r['error'] for r in records if r.get('error'))})"
            if run["errors"] else ""))
     return run
+
+
+def refusal(records: list[dict[str, Any]]) -> str | None:
+    """The first error when the server refused every request with a 4xx answer other than 429 (a request kind
+    it does not take); None when it answered any, or failed otherwise."""
+    refused = [r for r in records if r.get("error") is not None and isinstance(r.get("status"), int)
+               and 400 <= r["status"] < 500 and r["status"] != 429]
+    return str(refused[0]["error"]) if records and len(refused) == len(records) else None
+
+
+def prediction_summary(prompts: Sequence[tuple[Any, ...]], records: list[dict[str, Any]]) -> dict[str, int] | None:
+    """Where the prompts carried a prediction: how many requests did, how many answers reported prediction
+    tokens, and the accepted and rejected tokens they reported; None where none carried one."""
+    carried = sum(1 for p in prompts if len(p) > 2 and isinstance(p[2], dict) and "prediction" in p[2])
+    if not carried:
+        return None
+    counts = [r["prediction_tokens"] for r in records if r.get("prediction_tokens")]
+    return {"requests": carried, "reported": len(counts), "accepted": sum(c["accepted"] for c in counts),
+            "rejected": sum(c["rejected"] for c in counts)}
+
+
+def agent_summary(prompts: Sequence[tuple[Any, ...]], records: list[dict[str, Any]]) -> dict[str, int] | None:
+    """Where the prompts are conversations: how many, the turns sent, the turns that called a tool, the calls
+    run; None otherwise."""
+    conversations = sum(1 for p in prompts if len(p) > 3 and p[3] is not None)
+    if not conversations:
+        return None
+    return {"conversations": conversations, "turns": len(records),
+            "turns_with_calls": sum(1 for r in records if r.get("tool_calls")),
+            "calls_run": sum(len(r.get("tool_results") or ()) for r in records)}

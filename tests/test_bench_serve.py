@@ -356,3 +356,296 @@ def test_the_edit_workload_sends_the_file_as_its_prediction():
     assert prediction["type"] == "content" and prediction["content"].startswith("```python\nfrom typing import")
     assert prediction["content"] in rename[0]["content"]  # (the file as the request quotes it)
     assert serving._prediction_counts(None) is None
+
+
+# ------------------------------------------------------------------ the agent workload and the llama.cpp anchor
+
+def test_the_fake_tools_answer_the_same_call_alike_and_every_schema_value():
+    """The agent's tools: the server's own checker takes their schemas; every value their enums allow gets an
+    answer (no error), the same one each time and whatever the spacing of the arguments' JSON; what the fake
+    world cannot answer is an error result, deterministically too."""
+    from lookahead.benchmarks.agent import FILES, TASKS, TOOLS, agent_requests, run_tool
+    from lookahead.serve.tools import read_tools
+
+    assert len(read_tools([json.loads(json.dumps(t)) for t in TOOLS])) == 4
+    for tool in TOOLS:
+        function = tool["function"]
+        (parameter, schema), = function["parameters"]["properties"].items()
+        for value in schema["enum"]:
+            answer = run_tool(function["name"], json.dumps({parameter: value}))
+            assert "error" not in json.loads(answer), (function["name"], value, answer)
+            assert run_tool(function["name"], json.dumps({parameter: value}, separators=(",", ":"))) == answer
+    assert json.loads(run_tool("read_file", '{"path": "tinycache/cache.py"}'))["content"] == FILES["tinycache/cache.py"]
+    matches = json.loads(run_tool("search_files", '{"pattern": "tests/test_*.py"}'))["matches"]
+    assert matches == ["tests/test_cache.py", "tests/test_parser.py", "tests/test_cli.py"]
+    for name, arguments in (("launch", "{}"), ("get_weather", "not json"), ("get_weather", "[1]"),
+                            ("get_weather", '{"town": "Paris"}'), ("read_file", '{"path": "/etc/passwd"}')):
+        answer = run_tool(name, arguments)
+        assert "error" in json.loads(answer) and run_tool(name, arguments) == answer
+    assert 8 <= len(TASKS) <= 16 and len({ident for ident, _ in TASKS}) == len(TASKS)
+    entries = agent_requests(3)
+    assert [e[0] for e in entries] == [ident for ident, _ in TASKS[:3]]
+    ident, messages, fields, plan = entries[0]
+    assert messages[-1] == {"role": "user", "content": TASKS[0][1]} and fields["tools"] == list(TOOLS)
+    assert plan.choices[0] == "required" and plan.max_turns == 4 and plan.execute is run_tool
+
+
+class ScriptedTurns:
+    """Stands in for the HTTP client: answers the conversation's turns from a script of (content, calls, error)
+    and keeps what each turn was sent."""
+
+    def __init__(self, script: list[tuple[str, list[dict], str | None]]) -> None:
+        self.script, self.sent = list(script), []
+
+    async def send(self, messages: list[dict], fields: dict) -> dict:
+        self.sent.append((json.loads(json.dumps(messages)), dict(fields)))
+        content, calls, error = self.script.pop(0)
+        return {"text": content + "".join(c["name"] for c in calls), "content": content, "tool_calls": calls,
+                "error": error, "completion_tokens": 3}
+
+
+def test_the_conversation_driver_runs_the_calls_and_sends_them_back():
+    import asyncio
+
+    from lookahead.benchmarks.agent import agent_plan, run_tool
+    from lookahead.benchmarks.conversation import run_conversation
+
+    start = [{"role": "user", "content": "Weather, then tests?"}]
+    weather = {"name": "get_weather", "arguments": '{"city":"Paris"}'}  # (no spaces: sent back canonical)
+    tests = {"name": "run_tests", "arguments": '{"module": "tests/test_cli.py"}'}
+    client = ScriptedTurns([("Let me look.", [weather], None), ("", [tests, weather], None), ("It is 14 C.", [], None)])
+    records = asyncio.run(run_conversation(client.send, "c1", start, {"tools": ["T"]}, agent_plan()))
+    assert [(r["id"], r["turn"], r["tool_choice"]) for r in records] == [
+        ("c1#0", 0, "required"), ("c1#1", 1, "auto"), ("c1#2", 2, "auto")]  # the third answered: the end
+    assert [fields["tool_choice"] for _, fields in client.sent] == ["required", "auto", "auto"]
+    assert all(fields["tools"] == ["T"] for _, fields in client.sent)
+    paris = run_tool("get_weather", '{"city": "Paris"}')
+    assert records[0]["tool_results"] == [paris]
+    assert records[1]["tool_results"] == [run_tool("run_tests", tests["arguments"]), paris]
+    assert "tool_results" not in records[2]
+    second, third = client.sent[1][0], client.sent[2][0]
+    assert second == start + [
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_0_0", "type": "function", "function": {"name": "get_weather",
+                                                                "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": paris}]
+    assert third[:len(second)] == second and [m["role"] for m in third[len(second):]] == ["assistant", "tool", "tool"]
+    assert third[len(second)]["content"] is None and [m["tool_call_id"] for m in third[-2:]] == ["call_1_0", "call_1_1"]
+
+    looping = ScriptedTurns([("", [weather], None)] * 4)  # calls every turn: bounded by the plan
+    records = asyncio.run(run_conversation(looping.send, "c2", start, {}, agent_plan()))
+    assert len(records) == 4 and "tool_results" not in records[-1] and len(looping.sent[-1][0]) == 1 + 2 * 3
+    failed = ScriptedTurns([("", [weather], "APIError: boom")])  # a failed turn ends its conversation
+    assert len(asyncio.run(run_conversation(failed.send, "c3", start, {}, agent_plan()))) == 1
+
+
+class Streamed:
+    """Stands in for openai.AsyncOpenAI: ``chat.completions.create`` streams the given chunks (or raises)."""
+
+    def __init__(self, chunks: list | Exception) -> None:
+        self.chunks, self.asked = chunks, []
+        self.chat = self
+        self.completions = self
+
+    async def create(self, **kwargs):  # noqa: ANN003, ANN201 (the client's own signature)
+        self.asked.append(kwargs)
+        if isinstance(self.chunks, Exception):
+            raise self.chunks
+
+        async def stream():  # noqa: ANN202
+            for chunk in self.chunks:
+                yield chunk
+        return stream()
+
+
+def delta_chunk(content: str | None = None, calls: list | None = None, finish: str | None = None):
+    from types import SimpleNamespace as NS
+
+    return NS(usage=None, choices=[NS(delta=NS(content=content, tool_calls=calls), finish_reason=finish)])
+
+
+def test_a_streamed_turns_tool_calls_are_gathered_and_compared_canonically():
+    import asyncio
+    from types import SimpleNamespace as NS
+
+    import httpx
+    import openai
+
+    def call(index: int, name: str | None, arguments: str):  # noqa: ANN202
+        return NS(index=index, function=NS(name=name, arguments=arguments))
+
+    chunks = [delta_chunk("Checking."), delta_chunk(calls=[call(0, "get_weather", "")]),
+              delta_chunk(calls=[call(0, None, '{"city":'), call(1, "run_tests", '{"module":')]),
+              delta_chunk(calls=[call(0, None, '"Oslo"}'), call(1, None, '"tests/test_cli.py"}')]),
+              delta_chunk(finish="tool_calls"), NS(usage=NS(completion_tokens=9, prompt_tokens=50), choices=[])]
+    spec = serving.Client("http://x", "m", stream_usage=True)
+    client = Streamed(chunks)
+    record = asyncio.run(serving.one_request(client, spec, [], 16, 0.0, {"tools": ["T"], "tool_choice": "auto"}))
+    assert client.asked[0]["extra_body"]["tools"] == ["T"] and client.asked[0]["extra_body"]["tool_choice"] == "auto"
+    assert record["tool_calls"] == [{"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                                    {"name": "run_tests", "arguments": '{"module":"tests/test_cli.py"}'}]
+    assert record["content"] == "Checking." and record["finish_reason"] == "tool_calls"
+    assert record["text"] == 'Checking.get_weather{"city": "Oslo"}run_tests{"module": "tests/test_cli.py"}'
+    assert record["completion_tokens"] == 9 and record["error"] is None and record["status"] is None
+    refused = openai.BadRequestError("tools are not supported", body=None, response=httpx.Response(
+        400, request=httpx.Request("POST", "http://x/v1/chat/completions")))
+    record = asyncio.run(serving.one_request(Streamed(refused), spec, [], 16, 0.0))
+    assert record["status"] == 400 and record["error"].startswith("BadRequestError")
+
+
+def turn(conversation: str, index: int, text: str) -> dict:
+    return {"id": f"{conversation}#{index}", "conversation": conversation, "turn": index, "text": text,
+            "error": None}
+
+
+def test_conversations_are_compared_turn_by_turn_while_their_texts_agree():
+    ours = {"records": [turn("a", 0, "x"), turn("a", 1, "y"), turn("b", 0, "p"), turn("b", 1, "q"),
+                        turn("b", 2, "r"), turn("b", 3, "s")]}
+    theirs = {"records": [turn("a", 0, "x"), turn("a", 1, "y"), turn("b", 0, "p"), turn("b", 1, "DIFFERENT"),
+                          turn("b", 2, "r")]}
+    # a0 a1 b0 the same; b1 differs (compared); b2 and b3 after it are not compared, whatever they say
+    assert serving.text_agreement(ours, theirs) == (3, 4, 2)
+    assert serving.same_text(ours, theirs) == [3, 4]
+    runs = [{**hand_made_runs()[0], "dataset": "agent", "server": server, "records": run["records"]}
+            for server, run in (("lookahead", ours), ("llama.cpp", theirs))]
+    row, = ratio_rows(runs)
+    assert row["same_text_vs_llamacpp"] == [3, 4] and row["diverged_vs_llamacpp"] == 2
+    assert row["same_text_vs_plain"] is None
+    assert "| 3/4 (+2 diverged) |" in ratio_table([row])
+
+
+def test_a_server_that_refuses_every_request_is_not_supported():
+    refused = {"error": "BadRequestError: no tools here", "status": 400}
+    assert serving.refusal([refused, {**refused, "error": "BadRequestError: again"}]) == refused["error"]
+    assert serving.refusal([refused, {"error": None, "status": None}]) is None  # it answered one
+    assert serving.refusal([{**refused, "status": 429}]) is None  # busy is no refusal
+    assert serving.refusal([{"error": "APIConnectionError: gone", "status": None}]) is None
+    assert serving.refusal([]) is None
+
+
+def test_the_llama_cpp_command_line():
+    anchor = serving.LlamaServer("/b/llama-server", "/m/model.gguf", ("--spec-type", "ngram-mod"))
+    command = server_command("llama.cpp", "m", "/dir", 4321, 4, lookahead_args=("--threads", "2"), llama=anchor,
+                             threads=3)
+    assert command[0] == "/b/llama-server" and command[command.index("-m") + 1] == "/m/model.gguf"
+    assert "--jinja" in command and command[-2:] == ["--spec-type", "ngram-mod"]
+    assert command[command.index("-t") + 1] == "3" and command[command.index("-tb") + 1] == "3"
+    assert command[command.index("-np") + 1] == "4" and command[command.index("-c") + 1] == str(4 * 4096)
+    assert command[command.index("--port") + 1] == "4321" and "--threads" not in command
+    with pytest.raises(ValueError, match="LlamaServer"):
+        server_command("llama.cpp", "m", "/dir", 1, 1)
+
+
+def test_the_report_holds_the_llama_cpp_anchor(tmp_path):
+    runs = hand_made_runs()
+    runs.append({**runs[0], "server": "llama.cpp", "throughput_tok_s": 40.0, "tpot_p50_s": 0.02,
+                 "tokens_per_forward": None, "step_parts": None, "command": ["llama-server", "--jinja"],
+                 "records": [{"id": "0", "text": "a", "error": None}, {"id": "1", "text": "z", "error": None}]})
+    edit = {**runs[0], "dataset": "humaneval-edit", "prediction": {"requests": 2, "reported": 2, "accepted": 30,
+                                                                   "rejected": 4}}
+    runs += [edit, {**edit, "server": "llama.cpp", "prediction": {"requests": 2, "reported": 0, "accepted": 0,
+                                                                  "rejected": 0}},
+             {**runs[0], "dataset": "agent", "server": "llama.cpp", "throughput_tok_s": 0.0, "errors": 2,
+              "unsupported": "BadRequestError: tools param requires --jinja flag"}]
+    rows = ratio_rows(runs)
+    assert rows[0]["throughput_vs_llamacpp"] == 1.5 and rows[0]["same_text_vs_llamacpp"] == [1, 2]
+    assert rows[0]["tpot_vs_llamacpp"] == pytest.approx(2.0)
+    table = ratio_table(rows)
+    assert "tokens/s vs llama.cpp" in table.splitlines()[0] and "same text as llama.cpp" in table.splitlines()[0]
+    assert "| tool-calls | 1 | 2.00x | 3.00x | 1.50x | 2.50x | 4.00x | 2.00x | 2/2 | 2/2 | 1/2 |" in table
+    data = {"meta": {"environment": {"cpu": "Test CPU", "cpu_count": 2}, "threads": 2, "model": "tiny",
+                     "max_tokens": 96, "limit": 2, "concurrency": [1, 4], "started": "s", "finished": "f"},
+            "servers": {"lookahead": {"commands": [["lookahead", "serve"]]},
+                        "llama.cpp": {"commands": [["/b/llama-server", "-m", "m.gguf", "--jinja"]]}},
+            "runs": runs, "ratios": rows}
+    text = Path(write_report(tmp_path / "out", data)["markdown"]).read_text()
+    assert "- llama.cpp (llama.cpp's llama-server on the model's GGUF file, --jinja" in text
+    assert "`/b/llama-server -m m.gguf --jinja`" in text
+    assert "| agent | llama.cpp | 1 | 2 (not supported) |" in text
+    assert "- llama.cpp on agent, 1 client(s): BadRequestError: tools param requires --jinja flag" in text
+    assert "- lookahead on humaneval-edit, 1 client(s): 30 accepted, 4 rejected prediction tokens" in text
+    assert "- llama.cpp on humaneval-edit, 1 client(s): no prediction tokens reported" in text
+
+
+def test_llama_server_options_are_checked_first(tmp_path):
+    for args, words in ((["--llama-server", str(tmp_path / "no-such-llama-server")], "--llama-server "),
+                        (["--server", "llama.cpp"], "--server llama.cpp needs --llama-server PATH"),
+                        (["--llama-server", __file__], "not executable"),
+                        (["--llama-server", sys.executable, "--llama-gguf", str(tmp_path / "none.gguf")],
+                         "--llama-gguf ")):
+        result = invoke(*args, "--out", str(tmp_path / "out"))
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("lookahead: error:") and words in lines[0], result.output
+    assert "no such file" in invoke("--llama-server", str(tmp_path / "nope"), "--out", str(tmp_path / "o")).output
+    from lookahead.cli.bench_serve import bench_serve_datasets, chosen_servers
+
+    assert chosen_servers((), "/b/llama-server") == ["lookahead", "lookahead-plain", "transformers", "llama.cpp"]
+    assert chosen_servers((), None) == ["lookahead", "lookahead-plain", "transformers"]
+    assert chosen_servers(("llama.cpp", "lookahead"), "/b") == ["lookahead", "llama.cpp"]
+    assert bench_serve_datasets(["Tool_Calls", "agent", "bfcl"]) == ("tool-calls", "agent", "tool-calls")
+
+
+def tool_model_dir(path: Path, template: str) -> str:
+    """A tiny random Llama saved with the character-level tokenizer and ``template`` as its chat template."""
+    from conftest import tiny_tokenizer
+
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = 2  # (the character-level tokenizer's </s>)
+    model.config.max_position_embeddings = 4096  # (the tools rendered a character a token: 2,300 tokens)
+    model.save_pretrained(path)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_agent_conversations_against_real_lookahead_servers(tmp_path):
+    """The agent workload on real servers (a tiny random model under Qwen2.5's chat template): the first
+    turn's call is constrained to the tools' schemas, so it parses into tool_calls; its fake result goes
+    back and the conversation goes on; speculation on and off answer every turn alike (greedy)."""
+    from lookahead.benchmarks.agent import TOOLS, run_tool
+
+    template = (Path(__file__).parent / "fixtures" / "qwen2.5_chat_template.jinja").read_text()
+    directory = tool_model_dir(tmp_path / "model", template)
+    out = tmp_path / "out"
+    result = invoke("--model", directory, "--dataset", "agent", "--server", "lookahead", "--server",
+                    "lookahead-plain", "--concurrency", "1", "--limit", "2", "--max-tokens", "160", "--threads", "1",
+                    "--startup-timeout", "120", "--lookahead-arg=--cost-cache-dir=", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "bench-serve.json").read_text())
+    assert [r["server"] for r in data["runs"]] == ["lookahead", "lookahead-plain"]
+    for run in data["runs"]:
+        records = run["records"]
+        assert run["errors"] == 0 and run["unsupported"] is None, records
+        assert {r["conversation"] for r in records} == {"weather-paris", "warmer-city"}
+        for first in (r for r in records if r["turn"] == 0):
+            call, = first["tool_calls"]  # tool_choice "required": one call, its arguments valid for the schema
+            # (length, not tool_calls, on this model: after the closed call the grammar lets it go on with tokens
+            # that decode to nothing until max_tokens; the server parses the call all the same)
+            assert first["finish_reason"] in ("tool_calls", "length") and first["tool_choice"] == "required"
+            assert call["name"] in {t["function"]["name"] for t in TOOLS}
+            assert first["tool_results"] == [run_tool(call["name"], call["arguments"])]
+            assert "error" not in json.loads(first["tool_results"][0])
+        assert len(records) >= 4 and all(r["completion_tokens"] > 0 for r in records)
+        assert run["agent"]["conversations"] == 2 and run["agent"]["turns"] == len(records)
+        assert run["agent"]["calls_run"] >= 2 and run["output_tokens"] > 0
+    row, = data["ratios"]
+    turns = len(data["runs"][0]["records"])
+    assert row["same_text_vs_plain"] == [turns, turns] and row["diverged_vs_plain"] == 0, row
+    assert "Agent conversations" in (out / "bench-serve.md").read_text()
+
+
+def test_a_server_without_tool_support_is_reported_not_supported(tmp_path):
+    """The agent workload on a model whose template takes no tools: the server refuses every first turn (400),
+    and the run is reported as not supported instead of failing the command."""
+    directory = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    result = invoke("--model", directory, "--dataset", "agent", "--server", "lookahead-plain", "--concurrency", "1",
+                    "--limit", "1", "--max-tokens", "8", "--threads", "1", "--startup-timeout", "120",
+                    "--lookahead-arg=--cost-cache-dir=", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run, = json.loads((out / "bench-serve.json").read_text())["runs"]
+    assert run["requests"] == 1 and run["errors"] == 1 and run["records"][0]["status"] == 400
+    assert "tool" in run["unsupported"], run["unsupported"]
+    assert "Not supported" in (out / "bench-serve.md").read_text()
