@@ -18,6 +18,9 @@ Run: ``python -m lookahead.benchmarks.llamacpp --server BUILD/bin/llama-server -
 lookahead (its defaults, on ``--weights``) once per prompt beside its plain loop and transformers greedy,
 then the server on the same GGUF file once per ``--spec-type`` (none and each n-gram type); the ratio to
 each and to the best of them. ``--gguf`` serves another file (an F32 requantization, say).
+
+``lookahead bench-serve --llama-server PATH`` starts the same server (``server_command``, with ``--jinja``
+and one slot per client) as one more OpenAI-compatible server in its comparison (benchmarks/serving.py).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ CLIENT_MODULES = ("openai", "fastapi", "uvicorn")  # the clients, and what both 
 @click.option("--max-tokens", type=int, default=96, show_default=True, help="max_tokens of every request.")
 @click.option("--limit", type=int, default=16, show_default=True, help="Prompts per data set, in its order.")
 @click.option("--server", "servers", multiple=True, type=click.Choice(SERVER_NAMES), default=(),
-              show_default="all three, and llama.cpp with --llama-server", help="Servers to measure (repeatable).")
+              show_default="all three", help="Servers to measure (repeatable); llama.cpp is added wherever "
+                                             "--llama-server is given.")
 @click.option("--llama-server", "llama_server", default=None, metavar="PATH",
               help="llama.cpp's llama-server binary: run it too (--jinja, the same threads, greedy) on the model's "
                    "GGUF file, as one more server in the comparison.")
@@ -113,12 +114,10 @@ def bench_serve_datasets(names: Iterable[str]) -> tuple[str, ...]:
 
 
 def chosen_servers(servers: tuple[str, ...], llama_server: str | None) -> list[str]:
-    """The servers to run, in SERVER_NAMES' order: those --server names, else DEFAULT_SERVERS and llama.cpp
-    where --llama-server is given; one line and exit 2 for llama.cpp without --llama-server."""
-    if servers:
-        chosen = [name for name in SERVER_NAMES if name in servers]
-    else:
-        chosen = [*DEFAULT_SERVERS, *(["llama.cpp"] if llama_server else [])]
+    """The servers to run, in SERVER_NAMES' order: those --server names (else DEFAULT_SERVERS), and llama.cpp
+    wherever --llama-server is given; one line and exit 2 for llama.cpp without --llama-server."""
+    named = set(servers or DEFAULT_SERVERS) | ({"llama.cpp"} if llama_server else set())
+    chosen = [name for name in SERVER_NAMES if name in named]
     if "llama.cpp" in chosen and not llama_server:
         fail("--server llama.cpp needs --llama-server PATH, the llama-server binary of a llama.cpp build "
              "(option --llama-server)")

@@ -583,6 +583,7 @@ def test_llama_server_options_are_checked_first(tmp_path):
     assert chosen_servers((), "/b/llama-server") == ["lookahead", "lookahead-plain", "transformers", "llama.cpp"]
     assert chosen_servers((), None) == ["lookahead", "lookahead-plain", "transformers"]
     assert chosen_servers(("llama.cpp", "lookahead"), "/b") == ["lookahead", "llama.cpp"]
+    assert chosen_servers(("lookahead-plain",), "/b") == ["lookahead-plain", "llama.cpp"]  # (the binary: run it)
     assert bench_serve_datasets(["Tool_Calls", "agent", "bfcl"]) == ("tool-calls", "agent", "tool-calls")
 
 
