@@ -25,8 +25,8 @@ last answer ended: greedy (temperature 0), ``max_tokens`` each, streamed. The ``
 after another (benchmarks/conversation.py: each turn one request with the tools, its calls run by fake
 tools and sent back), and every turn is a request record like any other.
 
-A run in which a server refused every request (a 4xx answer other than 429: a request kind it does not
-take, such as tools on a template without them) is kept, marked ``unsupported`` with the first refusal,
+A run in which a server refused every request (an HTTP error status other than 429 and 503: a request
+kind it does not take, such as tools on a template without them) is kept, marked ``unsupported`` with the first refusal,
 and named in the report; the run goes on to the next server. Where the requests carried a prediction
 (Predicted Outputs), the report sums the accepted and rejected prediction tokens each server reported, or
 says that it reported none (llama.cpp takes the field and ignores it).
@@ -865,10 +865,11 @@ def _one_run(name: str, dataset: str, prompts: list[tuple[Any, ...]], concurrenc
 
 
 def refusal(records: list[dict[str, Any]]) -> str | None:
-    """The first error when the server refused every request with a 4xx answer other than 429 (a request kind
-    it does not take); None when it answered any, or failed otherwise."""
+    """The first error when the server refused every request with an HTTP error status (a request kind it does
+    not take: 400, 422, llama.cpp's 501 "not supported" and the 500 it answers for some), other than busy (429,
+    503); None when it answered any, or failed without an answer (a connection lost, a timeout)."""
     refused = [r for r in records if r.get("error") is not None and isinstance(r.get("status"), int)
-               and 400 <= r["status"] < 500 and r["status"] != 429]
+               and 400 <= r["status"] < 600 and r["status"] not in (429, 503)]
     return str(refused[0]["error"]) if records and len(refused) == len(records) else None
 
 

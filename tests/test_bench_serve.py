@@ -519,6 +519,8 @@ def test_a_server_that_refuses_every_request_is_not_supported():
     assert serving.refusal([refused, {**refused, "error": "BadRequestError: again"}]) == refused["error"]
     assert serving.refusal([refused, {"error": None, "status": None}]) is None  # it answered one
     assert serving.refusal([{**refused, "status": 429}]) is None  # busy is no refusal
+    assert serving.refusal([{**refused, "status": 503}]) is None
+    assert serving.refusal([{**refused, "status": 501}]) == refused["error"]  # (llama.cpp's "not supported")
     assert serving.refusal([{"error": "APIConnectionError: gone", "status": None}]) is None
     assert serving.refusal([]) is None
 
