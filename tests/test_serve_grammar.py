@@ -2,8 +2,9 @@
 httpx: json_schema and json_object constrain chat and completions, with speculation, to exactly the
 constrained plain answer (model.generate with the same grammar mask), streamed or not; the output is
 JSON valid for the schema; every bad format is a 400 naming the field and the fix. tool_choice "required"
-or a named function makes the reply one call of a tool in Qwen2.5's <tool_call> format (its own chat
-template), equal to the constrained plain answer's call."""
+or a named function makes the reply calls of the tools in Qwen2.5's <tool_call> format (its own chat
+template): exactly one with parallel_tool_calls false, one or more with it true (the grammar tested on
+hand-written text; through the server, the calls equal the constrained plain answer's)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.call.grammar import TaggedCall
 from lookahead.serve.app import create_app
 from lookahead.serve.engine import Engine
-from lookahead.serve.structured import CALL_TAGS, call_schema
+from lookahead.serve.structured import CALL_TAGS, call_schema, tool_constraint
+from lookahead.serve.toolcalls import parser_for
+from lookahead.serve.toolreply import ToolReply, tool_message
 from lookahead.serve.tools import tool_settings
 from lookahead.verify.grammar import GrammarMask
 from test_serve import KEY, MODEL, TEMPLATE, WAIT_S, ServerThread, error_of
@@ -162,19 +165,21 @@ def tooled():
     yield from serving(QWEN)
 
 
-def forced_call_text(tooled, tools: list[dict], choice) -> str:
-    """The constrained plain answer (model.generate under the call's grammar) on the rendered prompt."""
-    settings = tool_settings(tools, choice, None)
+def forced_call_text(tooled, tools: list[dict], choice, parallel: bool | None = False, new: int = 120) -> str:
+    """The constrained plain answer (model.generate under the call's grammar: one call, or one or more with
+    ``parallel``) on the rendered prompt."""
+    settings = tool_settings(tools, choice, parallel)
     encoded = tooled["tokenizer"].apply_chat_template(ASK, tools=tools, add_generation_prompt=True, tokenize=True,
                                                       return_dict=True)
-    return constrained_text(tooled, list(encoded["input_ids"]), TaggedCall(call_schema(settings), *CALL_TAGS), 120)
+    call = TaggedCall(call_schema(settings), *CALL_TAGS, most=None if settings.parallel else 1)
+    return constrained_text(tooled, list(encoded["input_ids"]), call, new)
 
 
 def test_a_named_tool_choice_makes_the_reply_that_call(tooled):
     choice = {"type": "function", "function": {"name": "get_time"}}
     expected = forced_call_text(tooled, [CITY, CLOCK], choice)
     reply = tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[CITY, CLOCK],
-                                                     tool_choice=choice, max_tokens=120)
+                                                     tool_choice=choice, max_tokens=120, parallel_tool_calls=False)
     calls = reply.choices[0].message.tool_calls
     assert reply.choices[0].finish_reason == "tool_calls" and len(calls) == 1
     assert calls[0].function.name == "get_time" and json.loads(calls[0].function.arguments)["zone"] in ("UTC", "CET")
@@ -185,7 +190,8 @@ def test_a_named_tool_choice_makes_the_reply_that_call(tooled):
 def test_tool_choice_required_makes_the_reply_a_call_streamed_too(tooled):
     expected = json.loads(forced_call_text(tooled, [CITY, CLOCK], "required")[len("<tool_call>"):-len("</tool_call>")])
     stream = tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[CITY, CLOCK],
-                                                      tool_choice="required", max_tokens=120, stream=True)
+                                                      tool_choice="required", max_tokens=120, stream=True,
+                                                      parallel_tool_calls=False)
     names, arguments, finish = [], "", None
     for chunk in stream:
         for choice in chunk.choices:
@@ -202,3 +208,113 @@ def test_a_tool_call_and_a_response_format_together_are_a_400(tooled):
         tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[CITY], tool_choice="required",
                                                  response_format={"type": "json_object"}, max_tokens=4)
     assert caught.value.body["param"] == "response_format"
+
+
+# ------------------------------------------------------------------ tool_choice "required" with parallel calls
+
+WEATHER_CALL = '<tool_call>{"name":"get_weather","arguments":{"city":"Rome","days":true}}</tool_call>'
+TIME_CALL = '<tool_call>\n{"name":"get_time","arguments":{"zone":"UTC"}}\n</tool_call>'
+
+
+def accepts(grammar, text: str) -> bool:
+    """Whether ``text`` is a whole reply the grammar takes (accepted, and the grammar complete after it)."""
+    import xgrammar
+
+    matcher = xgrammar.GrammarMatcher(grammar.compiled)
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+@pytest.mark.parametrize("text, parallel, named", [  # (whether it takes it: in parallel; in one; named get_time)
+    (WEATHER_CALL, True, False),
+    (TIME_CALL, True, True),
+    (WEATHER_CALL + TIME_CALL, True, False),
+    (WEATHER_CALL + "\n" + TIME_CALL, True, False),
+    (TIME_CALL + "\n" + TIME_CALL + TIME_CALL, True, True),
+    ("", False, False),
+    ("Sure." + TIME_CALL, False, False),
+    (TIME_CALL + "\nDone.", False, False),
+    (TIME_CALL + "\n\n" + TIME_CALL, False, False),
+    (TIME_CALL + "\n", False, False),
+    ('<tool_call>{"name":"get_time","arguments":{"zone":"PST"}}</tool_call>', False, False),
+    ('<tool_call>{"name":"get_time","arguments":{"zone":"UTC"}}', False, False),
+])
+def test_the_required_grammar_takes_one_call_or_several_as_parallel_tool_calls_says(served, text, parallel, named):
+    """parallel_tool_calls true: one or more calls (an optional newline between two); false: exactly one; a
+    named function: one or more calls, each to it. Nothing else: no text around the calls, no bad argument."""
+    def grammar(choice, allowed):
+        return tool_constraint(served["generator"], tool_settings([CITY, CLOCK], choice, allowed))
+
+    single = text.count("<tool_call>") == 1
+    assert accepts(grammar("required", None), text) == parallel  # (parallel_tool_calls left out: true)
+    assert accepts(grammar("required", True), text) == parallel
+    assert accepts(grammar("required", False), text) == (parallel and single)
+    named_choice = {"type": "function", "function": {"name": "get_time"}}
+    assert accepts(grammar(named_choice, True), text) == named
+    assert accepts(grammar(named_choice, False), text) == (named and single)
+
+
+def test_parallel_calls_the_grammar_takes_are_read_back_each_with_its_id():
+    text = WEATHER_CALL + "\n" + TIME_CALL
+    factory = parser_for(QWEN)
+    assert factory is not None
+    names = frozenset({"get_weather", "get_time"})
+    message = tool_message(ToolReply(factory(names, None)), text)
+    assert message["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == \
+        [("get_weather", {"city": "Rome", "days": True}), ("get_time", {"zone": "UTC"})]
+    assert len({c["id"] for c in message["tool_calls"]}) == 2
+    one = tool_message(ToolReply(factory(names, 1)), text)  # parallel_tool_calls false: the first call only
+    assert [c["function"]["name"] for c in one["tool_calls"]] == ["get_weather"]
+
+
+SHORT = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+PICK = {"type": "function", "function": {"name": "g", "parameters": {
+    "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"]}}}
+NEW_CALLS = 190  # room for three such calls and the start of a fourth
+
+
+def reference_calls(text: str) -> tuple[str | None, list[tuple[str, dict]]]:
+    """(content, calls as (name, arguments)) of a reply's text, read by the server's own parser."""
+    factory = parser_for(QWEN)
+    assert factory is not None
+    message = tool_message(ToolReply(factory(frozenset({"f", "g"}), None)), text)
+    return message["content"], [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                for c in message.get("tool_calls", [])]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "g"}}])
+def test_required_with_parallel_calls_through_the_server_equals_the_constrained_plain_answer(tooled, choice):
+    """The tiny random model, constrained to calls, goes on calling until max_tokens (it never picks its EOS
+    after a call), so the reply holds several whole calls and the cut start of one more, as content, and
+    ends with "length"; it is the constrained plain answer's, whole and streamed, each call with its own id
+    and, streamed, its own index."""
+    expected_text = forced_call_text(tooled, [SHORT, PICK], choice, parallel=True, new=NEW_CALLS)
+    content, calls = reference_calls(expected_text)
+    assert len(calls) >= 2, expected_text  # (what this test is for: several calls in one reply)
+    if isinstance(choice, dict):
+        assert {name for name, _ in calls} == {"g"}
+    reply = tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[SHORT, PICK],
+                                                     tool_choice=choice, max_tokens=NEW_CALLS)
+    message = reply.choices[0].message
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+    assert got == calls and message.content == content
+    assert len({c.id for c in message.tool_calls}) == len(calls)
+    cut = len(tooled["tokenizer"](expected_text, add_special_tokens=False)["input_ids"]) == NEW_CALLS
+    assert reply.choices[0].finish_reason == ("length" if cut else "tool_calls")
+    stream = tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[SHORT, PICK],
+                                                      tool_choice=choice, max_tokens=NEW_CALLS, stream=True)
+    streamed: dict[int, dict] = {}
+    for chunk in stream:
+        for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            entry = streamed.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
+            entry["name"] += delta.function.name or ""
+            entry["arguments"] += delta.function.arguments or ""
+    assert sorted(streamed) == list(range(len(calls)))
+    assert [(streamed[i]["name"], json.loads(streamed[i]["arguments"])) for i in range(len(calls))] == calls
+    assert len({entry["id"] for entry in streamed.values()}) == len(calls)
+    two = tooled["client"].chat.completions.create(model=MODEL, messages=ASK, tools=[SHORT, PICK], n=2,
+                                                   tool_choice=choice, max_tokens=NEW_CALLS)  # (greedy: alike)
+    assert [c.index for c in two.choices] == [0, 1]
+    for each in two.choices:
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in each.message.tool_calls] == calls
+    assert len({c.id for each in two.choices for c in each.message.tool_calls}) == 2 * len(calls)

@@ -203,7 +203,7 @@ COMPLETIONS = "/v1/completions"
     (CHAT, {"logit_bias": {"-3": 1}}, "logit_bias", "no token id"),
     (CHAT, {"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
     (COMPLETIONS, {"logit_bias": [5, 1]}, "logit_bias", "object"),
-    (CHAT, {"n": 2}, "n", "n=1"),
+    (CHAT, {"n": 3}, "n", "1 to 2"),  # (n past the batch size of 2)
 ])
 def test_bad_values_are_400_naming_the_field(http, path, fields, param, words):
     body = {"messages": MESSAGES} if path == CHAT else {"prompt": "abc"}

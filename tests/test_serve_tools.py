@@ -500,12 +500,15 @@ class ScriptedEngine(Engine):
 
     script: list[int] = []
 
-    def submit(self, completion):  # noqa: ANN001, ANN201 (the engine's own signature)
-        ticket = Ticket("scripted", completion, asyncio.get_running_loop())
-        for token in self.script:
-            ticket.send(Event([token]))
-        ticket.close("stop", len(completion.prompt), len(self.script))
-        return ticket
+    def submit_all(self, completions):  # noqa: ANN001, ANN201 (the engine's own signature)
+        tickets = []
+        for completion in completions:  # (each of a request's n choices)
+            ticket = Ticket("scripted", completion, asyncio.get_running_loop())
+            for token in self.script:
+                ticket.send(Event([token]))
+            ticket.close("stop", len(completion.prompt), len(self.script))
+            tickets.append(ticket)
+        return tickets
 
 
 @pytest.fixture(scope="module")
@@ -546,6 +549,20 @@ def test_a_models_calls_reach_the_openai_client_whole_and_streamed(scripted):
     one = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME],
                                          parallel_tool_calls=False)
     assert [c.function.name for c in one.choices[0].message.tool_calls] == ["get_weather"]
+    two = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], n=2)
+    assert [(c.index, c.finish_reason, [t.function.name for t in c.message.tool_calls]) for c in two.choices] == \
+        [(i, "tool_calls", ["get_weather", "get_time"]) for i in range(2)]
+    assert len({t.id for c in two.choices for t in c.message.tool_calls}) == 4  # each call its own id
+    per_choice: dict[int, list] = {}
+    finishes: dict[int, list] = {}
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], n=2,
+                                                stream=True):
+        for choice in chunk.choices:
+            per_choice.setdefault(choice.index, []).extend((t.index, t.function.name) for t in
+                                                           choice.delta.tool_calls or [])
+            finishes.setdefault(choice.index, []).extend([choice.finish_reason] if choice.finish_reason else [])
+    assert per_choice == {i: [(0, "get_weather"), (1, "get_time")] for i in range(2)}
+    assert finishes == {0: ["tool_calls"], 1: ["tool_calls"]}
     plain = client.chat.completions.create(model=MODEL, messages=messages)  # no tools: the text as written
     assert plain.choices[0].message.content == text and plain.choices[0].finish_reason == "stop"
     assert plain.choices[0].message.tool_calls is None

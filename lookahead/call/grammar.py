@@ -44,12 +44,18 @@ def load_xgrammar() -> Any:
 
 @dataclass(frozen=True)
 class TaggedCall:
-    """A reply that is one tool call as a chat template writes it: ``open_tag``, a JSON value valid for
-    ``schema``, ``close_tag`` (a newline allowed after the open tag and before the close tag)."""
+    """A reply that is tool calls as a chat template writes them: each ``open_tag``, a JSON value valid for
+    ``schema``, ``close_tag`` (a newline allowed after the open tag and before the close tag). ``most``: 1,
+    exactly one call; None, one or more, a newline allowed between two (parallel calls)."""
 
     schema: dict
     open_tag: str  # e.g. "<tool_call>" (Qwen2.5 / Hermes)
     close_tag: str  # e.g. "</tool_call>"
+    most: int | None = 1  # 1: one call; None: one or more
+
+    def __post_init__(self) -> None:
+        if self.most not in (1, None):
+            raise ValueError(f"most must be 1 (one call) or None (one or more), got {self.most!r}")
 
 
 @dataclass(frozen=True)
@@ -134,11 +140,23 @@ class Grammars:
             body = xgr.Grammar.from_json_schema(text, any_whitespace=False, separators=(",", ":"), strict_mode=True)
             opening = xgr.Grammar.from_ebnf(f'root ::= {json.dumps(call.open_tag)} "\\n"?')
             closing = xgr.Grammar.from_ebnf(f'root ::= "\\n"? {json.dumps(call.close_tag)}')
-            compiled = self.compiler().compile_grammar(xgr.Grammar.concat(opening, body, closing))
+            one = xgr.Grammar.concat(opening, body, closing)
+            compiled = self.compiler().compile_grammar(one if call.most == 1 else _one_or_more(xgr, one))
         except (RuntimeError, ValueError, TypeError) as exc:
             raise GrammarInputError(f"{field}: the grammar engine rejects the tools' parameter schemas: "
                                     f"{engine_message(exc)}; fix the schema there", field) from None
-        return Grammar(compiled, self.vocab, f"{call.open_tag}{text}{call.close_tag}")
+        source = f"{call.open_tag}{text}{call.close_tag}"
+        return Grammar(compiled, self.vocab, source if call.most == 1 else f"({source})+")
+
+
+def _one_or_more(xgr: Any, one: Any) -> Any:
+    """The grammar ``one``, then ``one`` again any number of times, each after an optional newline (xgrammar's
+    structural tag: the same rules as ``one`` alone, so each call reads exactly as a single call does)."""
+    call = {"type": "grammar", "grammar": str(one)}
+    again = {"type": "sequence", "elements": [{"type": "optional", "content": {"type": "const_string",
+                                                                                 "value": "\n"}}, call]}
+    return xgr.Grammar.from_structural_tag({"type": "structural_tag", "format": {
+        "type": "sequence", "elements": [call, {"type": "star", "content": again}]}})
 
 
 def engine_message(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import Grammar
+from .choices import choice_seed, merged, summed_usage
 from .engine import Completion, Engine, QueueFull, Ticket
 from .prediction import prediction_ids, prediction_text
 from .schemas import (
@@ -45,6 +46,7 @@ from .schemas import (
     chat_messages,
     check_fields,
     check_sampling,
+    choice_count,
     field_path,
     max_tokens,
     parse_body,
@@ -52,7 +54,7 @@ from .schemas import (
     stop_strings,
     validated,
 )
-from .scoring import TokenScore, reply_shape, scoring_fields, take, token_scores
+from .scoring import LogprobShape, TokenScore, reply_shape, scoring_fields, take, token_scores
 from .structured import constraint, tool_constraint
 from .text import ReplyText
 from .toolreply import ToolReply, tool_message
@@ -65,6 +67,7 @@ ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
+ToolReplies = Callable[[], ToolReply]  # makes one choice's reader of the model's calls
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 METRIC_HELP = {
@@ -148,20 +151,41 @@ def sse(data: dict[str, Any] | str) -> bytes:
 
 
 class Guard:
-    """One request's answer in progress: cancels its ticket, once, when the client leaves before the end."""
+    """One request's answer in progress (its choices' tickets): cancels the tickets still decoding, once, when
+    the client leaves before the end, or when one choice failed and the answer ends with its error."""
 
-    def __init__(self, server: Server, ticket: Ticket) -> None:
-        self.server, self.ticket = server, ticket
-        self.finished = False  # the final step was read: nothing left to cancel
+    def __init__(self, server: Server, tickets: list[Ticket]) -> None:
+        self.server, self.tickets = server, tickets
+        self.unfinished = set(range(len(tickets)))  # choices whose final step was not read yet
         self.left = False
+
+    def finished(self, index: int) -> None:
+        """Choice ``index``'s final step was read: nothing left to cancel for it."""
+        self.unfinished.discard(index)
 
     def client_left(self) -> None:
         """The client disconnected (or its handler was cancelled): the request leaves the engine's batch."""
-        if self.finished or self.left:
+        if not self.unfinished or self.left:
             return
         self.left = True
         self.server.disconnects += 1
-        self.ticket.cancel()
+        self.abandon()
+
+    def abandon(self) -> None:
+        """The answer ends now (a choice failed): the other choices leave the batch."""
+        for index in sorted(self.unfinished):
+            self.tickets[index].cancel()
+        self.unfinished.clear()
+
+
+@dataclass
+class Choice:
+    """One of a request's ``n`` choices: its index, its ticket, its visible text, its calls read back."""
+
+    index: int
+    ticket: Ticket
+    reply: ReplyText
+    tools: ToolReply | None = None
 
 
 @dataclass
@@ -221,9 +245,9 @@ class Server:
         return _ids(encoded["input_ids"])
 
     def tool_reply(self, body: ChatRequest, messages: list[dict[str, Any]]) -> tuple[ToolSettings | None,
-                                                                                      ToolReply | None]:
-        """The request's tool settings and the reader of the model's calls (None, None: no tools); APIError 400
-        naming the tool field or message the server cannot take (tools.py)."""
+                                                                                      ToolReplies | None]:
+        """The request's tool settings and what makes each choice's reader of the model's calls (None, None: no
+        tools); APIError 400 naming the tool field or message the server cannot take (tools.py)."""
         try:
             settings = tool_settings(body.tools, body.tool_choice, body.parallel_tool_calls)
             factory = tool_parser(self.tokenizer(), settings, messages, self.model_name)
@@ -231,7 +255,8 @@ class Server:
             raise bad_request(exc.message, exc.param, exc.code) from None
         if factory is None or settings is None:
             return settings, None
-        return settings, ToolReply(factory(settings.names, None if settings.parallel else 1))
+        names, most = settings.names, None if settings.parallel else 1
+        return settings, lambda: ToolReply(factory(names, most))
 
     def encode(self, prompt: str) -> list[int]:
         """A completion prompt's token ids (with the special tokens the tokenizer adds, as a pipeline does)."""
@@ -257,12 +282,14 @@ class Server:
 
     # ------------------------------------------------------------------ answering
     async def answer(self, request: Request, body: Common, prompt: list[int], kind: str,
-                     tools: ToolReply | None = None, call: Grammar | None = None) -> Response:
-        """Submit the request and answer it, streamed or in one body (``tools``: the model's calls read back;
-        ``call``: the mask making the reply a tool call, tool_choice "required" or named)."""
+                     tools: ToolReplies | None = None, call: Grammar | None = None) -> Response:
+        """Submit the request's ``n`` choices and answer them, streamed or in one body (``tools``: makes each
+        choice's reader of the model's calls; ``call``: the mask making the reply tool calls, tool_choice
+        "required" or named)."""
         requested, name = max_tokens(body)
         stops = stop_strings(body.stop)
         check_sampling(body)
+        count = choice_count(body.n, self.engine.max_batch)
         chat = kind == "chat"
         scoring = scoring_fields(body, self.engine.generator.vocab)
         if body.stream_options is not None and not body.stream:
@@ -282,20 +309,22 @@ class Server:
         completion = Completion(prompt=prompt, max_tokens=limit, temperature=body.temperature, top_p=body.top_p,
                                 seed=body.seed, stop=stops, prediction=prediction, constraint=constrained)
         completion = replace(completion, scoring=scoring)
-        ticket = self.submit(completion)
-        reply = ReplyText(self.tokenizer(), prompt, stops)
+        tickets = self.submit([replace(completion, seed=choice_seed(body.seed, i)) for i in range(count)])
+        choices = [Choice(i, ticket, ReplyText(self.tokenizer(), prompt, stops), tools() if tools else None)
+                   for i, ticket in enumerate(tickets)]
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self.stream(request, ticket, reply, chat, usage, rid, tools),
+            return StreamingResponse(self.stream(request, choices, chat, usage, rid),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self.whole(request, ticket, reply, chat, rid, tools)
+        return await self.whole(request, choices, chat, rid)
 
-    def submit(self, completion: Completion) -> Ticket:
-        """The engine's ticket; APIError 429 (queue full, with Retry-After), 400 (refused), 503 (not running)."""
+    def submit(self, completions: list[Completion]) -> list[Ticket]:
+        """The engine's tickets, one per choice, all or none; APIError 429 (queue full, with Retry-After), 400
+        (refused), 503 (not running)."""
         try:
-            return self.engine.submit(completion)
+            return self.engine.submit_all(completions)
         except QueueFull as exc:
             wait = max(1, math.ceil(exc.retry_after))
             raise APIError(429, f"the server's queue is full: retry after {wait} s", "requests", None,
@@ -314,56 +343,55 @@ class Server:
                 guard.client_left()
                 return
 
-    async def whole(self, request: Request, ticket: Ticket, reply: ReplyText, chat: bool, rid: str,
-                    tools: ToolReply | None = None) -> Response:
-        """The answer in one JSON body (or the error the engine gave)."""
-        guard = Guard(self, ticket)
+    async def whole(self, request: Request, choices: list[Choice], chat: bool, rid: str) -> Response:
+        """The answer in one JSON body, its choices in index order (or the error the engine gave one)."""
+        guard = Guard(self, [c.ticket for c in choices])
         watcher = asyncio.create_task(self.watch(request, guard))
-        texts: list[str] = []
-        scores: list[TokenScore] = []
-        shape = reply_shape(self.tokenizer(), ticket.completion.scoring, chat)
+        texts: list[list[str]] = [[] for _ in choices]
+        scores: list[list[TokenScore]] = [[] for _ in choices]
+        done: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # index -> (choice, usage)
+        shape = reply_shape(self.tokenizer(), choices[0].ticket.completion.scoring, chat)
         try:
-            async for step in reply_steps(ticket, reply):
-                texts.append(step.text)
-                scores.extend(step.logprobs)
-                guard.finished = step.final
-                if step.error is not None:
-                    raise step.error
-                if step.final:
-                    text = "".join(texts)
-                    choice: dict[str, Any] = {"index": 0, "logprobs": shape.field(scores) if shape else None,
-                                              "finish_reason": step.finish_reason}
-                    if chat and tools is not None:
-                        choice["message"] = tool_message(tools, text)
-                        choice["finish_reason"] = tools.finish_reason(step.finish_reason or "stop")
-                    elif chat:
-                        choice["message"] = {"role": "assistant", "content": text}
-                    else:
-                        choice["text"] = text
-                    return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                         "created": int(time.time()), "model": self.model_name,
-                                         "system_fingerprint": None, "choices": [choice], "usage": step.usage})
-            raise RuntimeError("the reply ended without its final step")
+            async with aclosing(merged([reply_steps(c.ticket, c.reply) for c in choices])) as steps:
+                async for index, step in steps:
+                    texts[index].append(step.text)
+                    scores[index].extend(step.logprobs)
+                    if step.error is not None:
+                        guard.finished(index)
+                        guard.abandon()
+                        raise step.error
+                    if step.final:
+                        guard.finished(index)
+                        body = whole_choice(choices[index], "".join(texts[index]), scores[index], step, shape, chat)
+                        done[index] = body, step.usage or {}
+            if len(done) != len(choices):
+                raise RuntimeError("the reply ended without its final step")
+            return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
+                                 "created": int(time.time()), "model": self.model_name, "system_fingerprint": None,
+                                 "choices": [done[i][0] for i in range(len(choices))],
+                                 "usage": summed_usage([done[i][1] for i in range(len(choices))])})
         finally:
             watcher.cancel()
             guard.client_left()  # (nothing once the reply is complete; a cancelled handler leaves no request behind)
 
-    async def stream(self, request: Request, ticket: Ticket, reply: ReplyText, chat: bool, include_usage: bool,
-                     rid: str, tools: ToolReply | None = None) -> AsyncIterator[bytes]:
-        """The answer as server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``."""
-        guard = Guard(self, ticket)
+    async def stream(self, request: Request, choices: list[Choice], chat: bool, include_usage: bool,
+                     rid: str) -> AsyncIterator[bytes]:
+        """The answer as server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``: each chunk
+        holds one choice, its ``index`` saying which (OpenAI's format for n > 1); each choice ends with its
+        own finish_reason; the usage chunk (when asked for) comes after the last choice has ended."""
+        guard = Guard(self, [c.ticket for c in choices])
         watcher = asyncio.create_task(self.watch(request, guard))
         created = int(time.time())
         base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.model_name, "system_fingerprint": None}
         if include_usage:
             base["usage"] = None
-        shape = reply_shape(self.tokenizer(), ticket.completion.scoring, chat)
-        pending: list[TokenScore] = []  # logprobs for the next chunk
+        shape = reply_shape(self.tokenizer(), choices[0].ticket.completion.scoring, chat)
+        pending: list[list[TokenScore]] = [[] for _ in choices]  # each choice's logprobs for its next chunk
 
-        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False) -> bytes:
-            scored = shape.field(take(pending)) if shape is not None and pending else None
-            choice: dict[str, Any] = {"index": 0, "logprobs": scored, "finish_reason": finish_reason}
+        def chunk(index: int, text: str | None, finish_reason: str | None = None, role: bool = False) -> bytes:
+            scored = shape.field(take(pending[index])) if shape is not None and pending[index] else None
+            choice: dict[str, Any] = {"index": index, "logprobs": scored, "finish_reason": finish_reason}
             if chat:
                 delta: dict[str, Any] = {"role": "assistant"} if role else {}
                 if text is not None:
@@ -373,32 +401,41 @@ class Server:
                 choice["text"] = text or ""
             return sse({**base, "choices": [choice]})
 
-        def delta_chunk(delta: dict[str, Any]) -> bytes:  # (a tool reply's content, with the logprobs so far; a call)
-            scored = shape.field(take(pending)) if shape is not None and pending and "content" in delta else None
-            return sse({**base, "choices": [{"index": 0, "logprobs": scored, "finish_reason": None, "delta": delta}]})
+        def delta_chunk(index: int, delta: dict[str, Any]) -> bytes:  # (tool reply content with its logprobs; a call)
+            held = pending[index]
+            scored = shape.field(take(held)) if shape is not None and held and "content" in delta else None
+            return sse({**base, "choices": [{"index": index, "logprobs": scored, "finish_reason": None,
+                                             "delta": delta}]})
 
         try:
             if chat:
-                yield chunk("", role=True)
-            async for step in reply_steps(ticket, reply):
-                pending.extend(step.logprobs)
-                if step.text and tools is not None:
-                    for delta in tools.feed(step.text):
-                        yield delta_chunk(delta)
-                elif step.text:
-                    yield chunk(step.text)
-                guard.finished = step.final
-                if step.error is not None:
-                    yield sse(step.error.body())
-                    break
-                if step.final:
-                    for delta in tools.finish() if tools is not None else []:
-                        yield delta_chunk(delta)
-                    reason = step.finish_reason or "stop"
-                    yield chunk(None, tools.finish_reason(reason) if tools is not None else step.finish_reason)
-                    if include_usage:
-                        yield sse({**base, "choices": [], "usage": step.usage})
-                    break
+                for c in choices:
+                    yield chunk(c.index, "", role=True)
+            usages: dict[int, dict[str, Any]] = {}
+            async with aclosing(merged([reply_steps(c.ticket, c.reply) for c in choices])) as steps:
+                async for index, step in steps:
+                    tools = choices[index].tools
+                    pending[index].extend(step.logprobs)
+                    if step.text and tools is not None:
+                        for delta in tools.feed(step.text):
+                            yield delta_chunk(index, delta)
+                    elif step.text:
+                        yield chunk(index, step.text)
+                    if step.error is not None:
+                        guard.finished(index)
+                        guard.abandon()
+                        yield sse(step.error.body())
+                        break
+                    if step.final:
+                        guard.finished(index)
+                        for delta in tools.finish() if tools is not None else []:
+                            yield delta_chunk(index, delta)
+                        reason = step.finish_reason or "stop"
+                        yield chunk(index, None, tools.finish_reason(reason) if tools is not None
+                                    else step.finish_reason)
+                        usages[index] = step.usage or {}
+            if include_usage and len(usages) == len(choices):
+                yield sse({**base, "choices": [], "usage": summed_usage([usages[i] for i in range(len(choices))])})
             yield sse("[DONE]")
         finally:
             watcher.cancel()
@@ -425,6 +462,21 @@ class Server:
         for status, count in sorted(self.statuses.items()):
             metric("http_responses_total", count, {"status": str(status)})
         return "\n".join(lines) + "\n"
+
+
+def whole_choice(choice: Choice, text: str, scores: list[TokenScore], step: Step, shape: LogprobShape | None,
+                 chat: bool) -> dict[str, Any]:
+    """One choice of a whole (not streamed) answer: its message (or text), logprobs and finish reason."""
+    body: dict[str, Any] = {"index": choice.index, "logprobs": shape.field(scores) if shape else None,
+                            "finish_reason": step.finish_reason}
+    if chat and choice.tools is not None:
+        body["message"] = tool_message(choice.tools, text)
+        body["finish_reason"] = choice.tools.finish_reason(step.finish_reason or "stop")
+    elif chat:
+        body["message"] = {"role": "assistant", "content": text}
+    else:
+        body["text"] = text
+    return body
 
 
 def _metric_name(name: str) -> str:

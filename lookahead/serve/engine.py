@@ -6,7 +6,8 @@ kernels (numba's and the C++ op's) run markedly slower when launched from any ot
 (`lookahead bench-serve` shows the difference in its time per output token).
 
 A request (``Completion``: token ids and its sampling settings) is queued by ``Engine.submit``
-(bounded: ``QueueFull`` past ``max_queue``) and answered through its ``Ticket``: an asyncio stream
+(bounded: ``QueueFull`` past ``max_queue``; ``submit_all`` queues a request's ``n`` choices together, one
+sequence each) and answered through its ``Ticket``: an asyncio stream
 of ``Event``s, one per step that accepted tokens for it, the last with the finish reason and the
 usage. Before every step the engine lets waiting requests join (up to ``max_batch`` sequences),
 cancelled ones leave, and after it finishes the ones that ended. Each sequence decodes under its
@@ -223,18 +224,28 @@ class Engine:
 
     def submit(self, completion: Completion) -> Ticket:
         """Queue ``completion`` (from the event loop that will read its ticket); QueueFull past max_queue."""
-        _check(completion, self.generator.vocab)
+        return self.submit_all([completion])[0]
+
+    def submit_all(self, completions: list[Completion]) -> list[Ticket]:
+        """Queue all of ``completions`` or none (one request's ``n`` choices, each a sequence of its own);
+        QueueFull past max_queue: they count as that many waiting requests, except that a group larger than
+        the whole queue is taken when nothing else waits. ValueError for an empty list or a bad completion."""
+        if not completions:
+            raise ValueError("completions is empty: queue at least one")
+        for completion in completions:
+            _check(completion, self.generator.vocab)
         loop = asyncio.get_running_loop()
         with self._cond:
             if not self._running:
                 raise EngineStopped("the engine is not running")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(len(self._waiting), RETRY_PER_WAITING_S * (len(self._waiting) + 1))
-            ticket = Ticket(f"cmpl-{next(self._ids)}", completion, loop)
-            self._waiting.append(ticket)
+            waiting = len(self._waiting)
+            if waiting >= self.max_queue or (waiting and waiting + len(completions) > self.max_queue):
+                raise QueueFull(waiting, RETRY_PER_WAITING_S * (waiting + 1))
+            tickets = [Ticket(f"cmpl-{next(self._ids)}", completion, loop) for completion in completions]
+            self._waiting.extend(tickets)
             self.counters.requests_total += 1
             self._cond.notify_all()
-        return ticket
+        return tickets
 
     def metrics(self) -> dict[str, float]:
         """Counters and gauges for /metrics."""

@@ -3,9 +3,9 @@
 message, type, param, code), and the checks that name a bad field and its fix.
 
 A body is read as JSON (UTF-8), validated by the models, then checked field by field: a field this
-server does not implement is refused unless it holds its neutral value (``"n": 1``,
-``"logprobs": false``, ``"tools": []``, ...), a field no OpenAI endpoint names is refused as
-unrecognized, and numbers out of range are refused with the range.
+server does not implement is refused unless it holds its neutral value (``"functions": []``,
+``"echo": false``, ...), a field no OpenAI endpoint names is refused as unrecognized, and numbers out
+of range are refused with the range (``n``: 1 to the server's batch size).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Common(BaseModel):
     frequency_penalty: Any = None
     logit_bias: Any = None
     stop: Any = None  # a string or a list of strings (checked by stop_strings, which names the field)
-    n: int | None = None
+    n: Any = None  # choices: an integer in [1, the server's batch size] (checked by choice_count, naming the field)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
@@ -198,9 +198,22 @@ def check_fields(request: Common, unsupported: Mapping[str, Callable[[Any], bool
                               f"{', '.join(known_fields(type(request)))})", name, "unknown_parameter")
         if not neutral(value):
             raise bad_request(f"'{name}' is not supported by this server: leave it out", name, "unsupported_parameter")
-    if request.n is not None and request.n != 1:
-        raise bad_request(f"n={request.n} is not supported: this server returns one choice per request; "
-                          f"send n=1 (or leave it out) and repeat the request for more", "n", "unsupported_parameter")
+
+
+def choice_count(value: Any, most: int) -> int:
+    """``n``: how many choices to decode (1 when left out), an integer from 1 to ``most`` (the server's batch
+    size: each choice is a sequence of the batch); APIError 400 naming 'n' and the range otherwise."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        got = json.dumps(value, ensure_ascii=False, default=str)
+        raise bad_request(f"'n' must be an integer from 1 to {most} (the choices to return), got "
+                          f"{got if len(got) <= 60 else got[:57] + '...'}", "n", "invalid_value")
+    if not 1 <= value <= most:
+        raise bad_request(f"'n' is {value}: send an integer from 1 to {most} (this server decodes each choice as a "
+                          f"sequence of its batch, at most {most} at once; repeat the request for more)", "n",
+                          "invalid_value")
+    return value
 
 
 def known_fields(model: type[Common]) -> list[str]:

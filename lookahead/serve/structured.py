@@ -9,8 +9,10 @@ the model's EOS once the grammar is complete. Every bad value is a 400 naming th
 format this server does not know, a missing or non-object schema, a schema that is no JSON schema or
 that the grammar engine rejects, and a server without the grammar engine (the extra to install).
 
-``tool_choice`` "required" or a named function makes the reply one call in the ``<tool_call>`` format
-(``tool_constraint``), through the same grammar engine.
+``tool_choice`` "required" or a named function makes the reply calls in the ``<tool_call>`` format
+(``tool_constraint``), through the same grammar engine: one or more calls (each block after an optional
+newline, as Qwen2.5 writes parallel calls) while ``parallel_tool_calls`` is true (the default), exactly
+one when it is false; with a named function, every call is to it.
 """
 
 from __future__ import annotations
@@ -85,12 +87,14 @@ def call_schema(settings: ToolSettings) -> dict[str, Any]:
 
 
 def tool_constraint(generator: LookaheadGenerator, settings: ToolSettings | None) -> Grammar | None:
-    """The mask making the reply one call (tool_choice "required" or a named function; None otherwise), in
-    the ``<tool_call>`` format; APIError 400 naming ``tools`` when the parameters cannot be compiled."""
+    """The mask making the reply calls (tool_choice "required" or a named function; None otherwise) in the
+    ``<tool_call>`` format: one or more with ``parallel_tool_calls`` true, exactly one with it false;
+    APIError 400 naming ``tools`` when the parameters cannot be compiled."""
     if settings is None or not settings.forced:
         return None
     try:
-        return generator.grammar(TaggedCall(call_schema(settings), *CALL_TAGS))
+        most = None if settings.parallel else 1
+        return generator.grammar(TaggedCall(call_schema(settings), *CALL_TAGS, most=most))
     except GrammarInputError as exc:
         message = str(exc).replace("response_format", "tools", 1)
         raise bad_request(message, "tools", "invalid_value") from None

@@ -9,8 +9,9 @@ A template takes tools when its source reads a ``tools`` variable (jinja's own a
 template, not a text search). ``tool_choice``: ``"auto"`` (the default with tools) renders the tools
 and parses the model's calls back; ``"none"`` renders the conversation without them (the model is
 not told of any tool, so it cannot call one) and parses nothing; ``"required"`` and a named function
-render and parse like ``"auto"`` and constrain the reply to one call of a tool (of the named one) whose
-arguments follow its schema (serve/structured.py: a grammar over the template's call format).
+render and parse like ``"auto"`` and constrain the reply to calls of the tools (of the named one) whose
+arguments follow their schemas (serve/structured.py: a grammar over the template's call format): one or
+more calls while ``parallel_tool_calls`` is true (the default), exactly one when it is false.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class ToolSettings:
     entries), whether to render and parse them (``choice``), and how many calls a reply may hold."""
 
     tools: tuple[dict[str, Any], ...]
-    choice: str = "auto"  # "auto": rendered, calls parsed; "none": neither; "required": as auto, the reply a call
+    choice: str = "auto"  # "auto": rendered, calls parsed; "none": neither; "required": as auto, the reply calls
     parallel: bool = True  # False: a reply holds one call at most (later ones are dropped)
     function: str | None = None  # tool_choice naming a function (choice "required"): the call is to it
 
