@@ -405,17 +405,19 @@ def test_no_api_key_set_needs_none(served):
         server.stop()
 
 
-def test_an_engine_error_is_500_and_the_server_goes_on(served, client, http):
+@pytest.mark.parametrize("n", [1, 2])
+def test_an_engine_error_is_500_and_the_server_goes_on(served, client, http, n):
     fault, bad = served["fault"], "a|b"
     fault.fail_on = served["tokenizer"]("|")["input_ids"][0]
     try:
-        error = error_of(http.post("/v1/completions", json={"prompt": bad, "max_tokens": 4}), 500)
+        error = error_of(http.post("/v1/completions", json={"prompt": bad, "max_tokens": 4, "n": n}), 500)
         assert "injected fault" in error["message"] and error["type"] == "server_error"
         with pytest.raises(openai.APIError) as caught:
-            list(client.completions.create(model=MODEL, prompt=bad, max_tokens=4, stream=True))
+            list(client.completions.create(model=MODEL, prompt=bad, max_tokens=4, stream=True, n=n))
         assert "injected fault" in caught.value.message
     finally:
         fault.fail_on = None
+    wait_until(lambda: metrics(http)["lookahead_requests_running"] == 0, "a failed request's choice kept decoding")
     reply = client.completions.create(model=MODEL, prompt="abc", max_tokens=4)
     assert reply.choices[0].finish_reason in ("stop", "length")
 
@@ -450,10 +452,43 @@ def test_a_full_queue_is_429_with_retry_after(served, client, http):
     assert results == [200, 200, 200]
 
 
-def test_a_client_that_disconnects_cancels_its_request(served, client, http):
+def test_a_request_of_n_choices_queues_all_of_them_or_none(served, http):
+    """max_batch 2, max_queue 2: one request held inside its prefill and one waiting; n=2 would make three
+    waiting: 429, and none of its choices is queued. Once the queue has drained, n=2 is answered."""
+    fault = served["fault"]
+    fault.entered.clear()
+    fault.gate.clear()
+    results: list[int] = []
+
+    def send() -> None:
+        results.append(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3}).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    try:
+        threads[0].start()
+        assert fault.entered.wait(WAIT_S), "the first request never reached the model"
+        threads[1].start()
+        wait_until(lambda: metrics(http)["lookahead_queue_depth"] == 1, "the second request never queued")
+        before = metrics(http)["lookahead_requests_total"]
+        error = error_of(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "n": 2}), 429)
+        assert error["code"] == "rate_limit_exceeded"
+        now = metrics(http)
+        assert now["lookahead_queue_depth"] == 1 and now["lookahead_requests_total"] == before  # none queued
+    finally:
+        fault.gate.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+    assert results == [200, 200]
+    response = http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "n": 2})
+    assert response.status_code == 200 and [c["index"] for c in response.json()["choices"]] == [0, 1]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_client_that_disconnects_cancels_its_request(served, client, http, n):
     """Streamed: the client reads three chunks and leaves; whole: the client times out. Each request leaves the
-    batch long before its 900 tokens (at 50 ms a forward, the whole answer would take seconds)."""
-    fault, body = served["fault"], {"prompt": "hello", "max_tokens": 900}
+    batch long before its 900 tokens (at 50 ms a forward, the whole answer would take seconds); with n=2, both
+    of its choices leave."""
+    fault, body = served["fault"], {"prompt": "hello", "max_tokens": 900, "n": n}
     before = metrics(http)
     fault.delay = 0.05
     try:

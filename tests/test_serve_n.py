@@ -202,6 +202,19 @@ def test_logprobs_come_per_choice(servers):
         assert got == expected
 
 
+def test_streamed_logprobs_follow_their_choice(servers):
+    client = servers["speculate"]["client"]
+    whole = chat(client, n=2, logprobs=True, top_logprobs=1, temperature=1.0, seed=21)
+    streamed: dict[int, list] = defaultdict(list)
+    for chunk in chat(client, n=2, logprobs=True, top_logprobs=1, temperature=1.0, seed=21, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += [(t.token, t.logprob) for t in (choice.logprobs.content if choice.logprobs
+                                                                      else None) or []]
+    for choice in whole.choices:
+        assert streamed[choice.index] == [(t.token, t.logprob) for t in choice.logprobs.content]
+    assert streamed[0] != streamed[1], "the two sampled choices drew alike"
+
+
 def test_a_prediction_serves_every_choice_and_usage_sums_its_tokens(servers):
     client = servers["speculate"]["client"]
     answer = chat(client).choices[0].message.content

@@ -72,7 +72,7 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 
 METRIC_HELP = {
     "requests_total": "Requests the engine took.",
-    "requests_running": "Requests decoding in the batch now.",
+    "requests_running": "Sequences decoding in the batch now (a request's n choices are n sequences).",
     "queue_depth": "Requests waiting to join the batch.",
     "batch_size": "Sequences in the batch now.",
     "tokens_generated_total": "Tokens generated.",
