@@ -7,7 +7,8 @@
     GET  /metrics               the engine's counters and gauges in Prometheus' text format
 
 Both completion endpoints answer in one JSON body, or streamed as server-sent events in OpenAI's
-chunk format (``data: {...}`` ending with ``data: [DONE]``). Every error is OpenAI's shape,
+chunk format (``data: {...}`` ending with ``data: [DONE]``); a request's ``n`` choices (up to the engine's
+batch size) are n sequences of the batch, read together (choices.py). Every error is OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``, naming the field and the fix. A client that
 disconnects before its answer is complete cancels its request: it leaves the engine's batch.
 """
