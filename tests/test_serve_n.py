@@ -10,6 +10,8 @@ is a 400 naming 'n' and the range."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections import defaultdict
 
@@ -21,8 +23,8 @@ from test_serve import KEY, MODEL, TEMPLATE, WAIT_S, ServerThread, error_of, met
 
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.serve.app import create_app
-from lookahead.serve.choices import choice_seed, summed_usage
-from lookahead.serve.engine import Engine
+from lookahead.serve.choices import choice_seed, merged, summed_usage
+from lookahead.serve.engine import Completion, Engine, QueueFull
 
 BATCH = 3  # the servers' max_batch: n may be 1 to 3
 SPECULATE = LookaheadConfig(window=3, ngram=3, candidates=4, match_min=1, match_length=6,
@@ -263,3 +265,80 @@ def test_n_above_the_batch_through_the_client_too(servers):
 def test_n_1_and_n_left_out_are_one_choice(servers):
     client = servers["speculate"]["client"]
     assert len(chat(client, n=1).choices) == 1 and len(chat(client).choices) == 1
+
+
+# ------------------------------------------------------------------ the parts: queueing n, reading n streams
+
+
+def test_a_requests_choices_queue_together_all_or_none():
+    """max_queue 2 and no decode loop running (nothing leaves the queue): a group counts as that many waiting
+    requests; one larger than the whole queue is taken while nothing else waits."""
+    tokenizer = tiny_tokenizer()
+    completion = Completion(prompt=[5, 6, 7], max_tokens=2)
+
+    async def queue(groups: list[int]) -> list[str]:
+        engine = Engine(LookaheadGenerator(tiny_model("llama"), tokenizer, PLAIN), max_batch=BATCH, max_queue=2)
+        engine.start(thread=False)  # (running, with no loop: what is queued stays queued)
+        outcomes = []
+        try:
+            for size in groups:
+                try:
+                    outcomes.append(f"queued {len(engine.submit_all([completion] * size))}")
+                except QueueFull:
+                    outcomes.append("full")
+            outcomes.append(f"waiting {engine.metrics()['queue_depth']:.0f}")
+        finally:
+            engine.stop()
+        return outcomes
+
+    assert asyncio.run(queue([1, 2, 1, 1])) == ["queued 1", "full", "queued 1", "full", "waiting 2"]
+    assert asyncio.run(queue([3, 1])) == ["queued 3", "full", "waiting 3"]
+    with pytest.raises(ValueError, match="empty"):
+        asyncio.run(queue([0]))
+
+
+def test_merged_reads_every_stream_in_its_own_order_and_raises_a_streams_error():
+    async def stream(name: str, pauses: list[float], fail: bool = False):
+        for i, pause in enumerate(pauses):
+            await asyncio.sleep(pause)
+            yield f"{name}{i}"
+        if fail:
+            raise RuntimeError(f"{name} failed")
+
+    async def read(streams) -> list[tuple[int, str]]:
+        return [item async for item in merged(streams)]
+
+    got = asyncio.run(read([stream("a", [0.03, 0.0, 0.03]), stream("b", [0.0, 0.05]), stream("c", [])]))
+    assert sorted(got) == [(0, "a0"), (0, "a1"), (0, "a2"), (1, "b0"), (1, "b1")]
+    assert [item for index, item in got if index == 0] == ["a0", "a1", "a2"]
+    assert got[0] == (1, "b0"), "items come as they arrive, not stream by stream"
+    with pytest.raises(RuntimeError, match="b failed"):
+        asyncio.run(read([stream("a", [0.01] * 5), stream("b", [0.0], fail=True)]))
+
+
+def test_closing_merged_early_stops_reading_every_stream():
+    stopped: list[str] = []
+
+    async def endless(name: str):
+        try:
+            while True:
+                await asyncio.sleep(0.001)
+                yield name
+        finally:
+            stopped.append(name)
+
+    async def read_three() -> list[str]:
+        seen = []
+        async with contextlib.aclosing(merged([endless("a"), endless("b")])) as items:
+            async for _, item in items:
+                seen.append(item)
+                if len(seen) == 3:
+                    break
+        for _ in range(10):  # (bounded: the cancelled readers end within a few turns of the loop)
+            if len(stopped) == 2:
+                break
+            await asyncio.sleep(0.001)
+        return seen
+
+    assert len(asyncio.run(read_three())) == 3
+    assert sorted(stopped) == ["a", "b"], "a stream was still being read after the reader closed"
