@@ -404,70 +404,83 @@ LOOKAHEAD_AVX2_I inline __m256 x16_close8(const uint8_t* chunk, const X16Inputs&
   return acc;
 }
 
-// Half h (outputs 8h .. 8h + 7) of the group for RT input rows: one half at a time keeps a pass's accumulators
-// within AVX2's sixteen registers (the second half reads the group's bytes again, from the cache)
 template <int64_t F, int RT>
-LOOKAHEAD_AVX2_I void x16_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, int h, float* out,
-                               int64_t outputs, int64_t prefetch) {
+LOOKAHEAD_AVX2_I void x16_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs,
+                               int64_t prefetch) {
   const int64_t blocks = in.super.blocks;
-  __m256 acc[RT];
-  for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[RT][2];
+  for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* chunk = group + b * x16_chunk_bytes(F);
     const int8_t* x[RT];
-    __m256i i1[RT];
+    __m256i i1[RT][2];
     for (int r = 0; r < RT; ++r) {
       x[r] = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
-      i1[r] = _mm256_setzero_si256();
+      i1[r][0] = i1[r][1] = _mm256_setzero_si256();
     }
     // Q4_K: pass p covers sub-blocks 2p (the chunks' low quads) and 2p + 1 (high), 8 chunks summed in 16 bits;
     // Q6_K: groups 4p + k (low) and 4p + 2 + k (high) over chunks 8p + 4k .. + 3, two chunks at a time
     constexpr int run = F == Q4_K ? 8 : 2;
     for (int p = 0; p < 4; ++p) {
       for (int first = 0; first < 8; first += run) {
-        __m256i a[RT], bq[RT];
-        for (int r = 0; r < RT; ++r) a[r] = bq[r] = _mm256_setzero_si256();
+        __m256i a[RT][2], bq[RT][2];
+        for (int r = 0; r < RT; ++r) a[r][0] = a[r][1] = bq[r][0] = bq[r][1] = _mm256_setzero_si256();
         for (int i = first; i < first + run; ++i) {
           const int c = 8 * p + i;
           const int qa = x16_quad(c, 0), qb = x16_quad(c, 1);
-          __m256i low, high;
-          chunk_half<F>(chunk, c, h, prefetch, &low, &high);
-          for (int r = 0; r < RT; ++r) {
-            int32_t xa, xb;
-            std::memcpy(&xa, x[r] + 4 * qa, 4);
-            std::memcpy(&xb, x[r] + 4 * qb, 4);
-            a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)));
-            bq[r] = _mm256_add_epi16(bq[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb)));
+          for (int h = 0; h < 2; ++h) {
+            __m256i low, high;
+            chunk_half<F>(chunk, c, h, prefetch, &low, &high);
+            for (int r = 0; r < RT; ++r) {
+              int32_t xa, xb;
+              std::memcpy(&xa, x[r] + 4 * qa, 4);
+              std::memcpy(&xb, x[r] + 4 * qb, 4);
+              a[r][h] = _mm256_add_epi16(a[r][h], _mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)));
+              bq[r][h] = _mm256_add_epi16(bq[r][h], _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb)));
+            }
           }
         }
-        __m256i sa, sb;
-        if constexpr (F == Q6_K) {
-          const int ga = 4 * p + first / 4, gb = 4 * p + 2 + first / 4;
-          sa = scale_pairs<true>(chunk + 3072 + 16 * ga + 8 * h);
-          sb = scale_pairs<true>(chunk + 3072 + 16 * gb + 8 * h);
-        } else {
-          sa = scale_pairs<false>(chunk + 2048 + 16 * (2 * p) + 8 * h);
-          sb = scale_pairs<false>(chunk + 2048 + 16 * (2 * p + 1) + 8 * h);
+        for (int h = 0; h < 2; ++h) {
+          __m256i sa, sb;
+          if constexpr (F == Q6_K) {
+            const int ga = 4 * p + first / 4, gb = 4 * p + 2 + first / 4;
+            sa = scale_pairs<true>(chunk + 3072 + 16 * ga + 8 * h);
+            sb = scale_pairs<true>(chunk + 3072 + 16 * gb + 8 * h);
+          } else {
+            sa = scale_pairs<false>(chunk + 2048 + 16 * (2 * p) + 8 * h);
+            sb = scale_pairs<false>(chunk + 2048 + 16 * (2 * p + 1) + 8 * h);
+          }
+          for (int r = 0; r < RT; ++r)
+            i1[r][h] = _mm256_add_epi32(i1[r][h], _mm256_add_epi32(_mm256_madd_epi16(a[r][h], sa),
+                                                                   _mm256_madd_epi16(bq[r][h], sb)));
         }
-        for (int r = 0; r < RT; ++r)
-          i1[r] = _mm256_add_epi32(i1[r], _mm256_add_epi32(_mm256_madd_epi16(a[r], sa), _mm256_madd_epi16(bq[r], sb)));
       }
     }
     if constexpr (F == Q6_K) {  // I1 -= 32 sum_g sc_g xsum_g (groups in pairs g, g + 1: 16-bit pairs both sides)
-      for (int k = 0; k < 8; ++k) {
-        const __m256i even = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k) + 8 * h)));
-        const __m256i odd = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k + 1) + 8 * h)));
-        const __m256i pair = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(odd, 16));
+      for (int h = 0; h < 2; ++h) {
+        __m256i pairs[8];
+        for (int k = 0; k < 8; ++k) {
+          const __m256i even = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k) + 8 * h)));
+          const __m256i odd = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k + 1) + 8 * h)));
+          pairs[k] = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(odd, 16));
+        }
         for (int r = 0; r < RT; ++r) {
-          int32_t both;
-          std::memcpy(&both, in.super.sums.data() + ((r0 + r) * blocks + b) * 16 + 2 * k, 4);
-          i1[r] = _mm256_sub_epi32(i1[r], _mm256_slli_epi32(_mm256_madd_epi16(pair, _mm256_set1_epi32(both)), 5));
+          const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+          __m256i total = _mm256_setzero_si256();
+          for (int k = 0; k < 8; ++k) {
+            int32_t both;
+            std::memcpy(&both, sums + 2 * k, 4);
+            total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs[k], _mm256_set1_epi32(both)));
+          }
+          i1[r][h] = _mm256_sub_epi32(i1[r][h], _mm256_slli_epi32(total, 5));
         }
       }
     }
-    for (int r = 0; r < RT; ++r) acc[r] = x16_close8<F>(chunk, in, r0 + r, b, h, i1[r], acc[r]);
+    for (int r = 0; r < RT; ++r)
+      for (int h = 0; h < 2; ++h) acc[r][h] = x16_close8<F>(chunk, in, r0 + r, b, h, i1[r][h], acc[r][h]);
   }
-  for (int r = 0; r < RT; ++r) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r]);
+  for (int r = 0; r < RT; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
 }
 
 // ---- the same with AMX tiles: up to 16 input rows against one group, a (sub-)block's dots per tile product ----
@@ -591,13 +604,11 @@ void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t cou
 template <int64_t F>
 void x16_rows_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
                    int64_t prefetch) {
-  for (int h = 0; h < 2; ++h) {
-    switch (count) {
-      case 4: x16_avx2<F, 4>(group, in, r0, h, out, outputs, prefetch); break;
-      case 3: x16_avx2<F, 3>(group, in, r0, h, out, outputs, prefetch); break;
-      case 2: x16_avx2<F, 2>(group, in, r0, h, out, outputs, prefetch); break;
-      default: x16_avx2<F, 1>(group, in, r0, h, out, outputs, prefetch); break;
-    }
+  switch (count) {
+    case 4: x16_avx2<F, 4>(group, in, r0, out, outputs, prefetch); break;
+    case 3: x16_avx2<F, 3>(group, in, r0, out, outputs, prefetch); break;
+    case 2: x16_avx2<F, 2>(group, in, r0, out, outputs, prefetch); break;
+    default: x16_avx2<F, 1>(group, in, r0, out, outputs, prefetch); break;
   }
 }
 

@@ -191,75 +191,79 @@ LOOKAHEAD_VNNI_K void x16s_vnni(const uint8_t* group, const X16sInputs& in, int6
 // (<= 30480). Q8_0 takes the weights' signs onto the inputs (|q| <= 128 unsigned by +-xq: <= 32512 a lane), so
 // its dot is sum q xq directly: the integer the VNNI path reaches through the offset bytes.
 
-// Half h (outputs 8h .. 8h + 7) of the group for RT input rows (one half at a time: quant8x16.h's x16_avx2)
 template <int64_t F, int RT>
-LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int h, float* out,
-                                int64_t outputs, int64_t prefetch) {
+LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out, int64_t outputs,
+                               int64_t prefetch) {
   constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
   const __m256i fifteen = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  __m256 acc[RT];
-  for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[RT][2];
+  for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t j = 0; j < in.blocks; ++j) {
     const uint8_t* chunk = group + j * chunk_bytes;
-    if (prefetch > 0 && h == 0)
+    if (prefetch > 0)
       for (int64_t line = 0; line < chunk_bytes; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
     const int8_t* x[RT];
-    __m256i dot[RT];
+    __m256i dot[RT][2];
     for (int r = 0; r < RT; ++r) {
       x[r] = in.q.data() + (r0 + r) * 32 * in.blocks + 32 * j;
-      dot[r] = _mm256_setzero_si256();
+      dot[r][0] = dot[r][1] = _mm256_setzero_si256();
     }
-    if constexpr (F == Q4_1) {
-      for (int c = 0; c < 4; ++c) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h));
-        const __m256i low = _mm256_and_si256(w, fifteen), high = _mm256_and_si256(_mm256_srli_epi16(w, 4), fifteen);
-        for (int r = 0; r < RT; ++r) {
-          int32_t xa, xb;
-          std::memcpy(&xa, x[r] + 4 * c, 4);
-          std::memcpy(&xb, x[r] + 16 + 4 * c, 4);
-          dot[r] = _mm256_add_epi16(dot[r], _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)),
-                                                             _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb))));
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (F == Q4_1) {
+        __m256i sum[RT];
+        for (int r = 0; r < RT; ++r) sum[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h));
+          const __m256i low = _mm256_and_si256(w, fifteen), high = _mm256_and_si256(_mm256_srli_epi16(w, 4), fifteen);
+          for (int r = 0; r < RT; ++r) {
+            int32_t xa, xb;
+            std::memcpy(&xa, x[r] + 4 * c, 4);
+            std::memcpy(&xb, x[r] + 16 + 4 * c, 4);
+            sum[r] = _mm256_add_epi16(sum[r], _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)),
+                                                               _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb))));
+          }
+        }
+        for (int r = 0; r < RT; ++r) dot[r][h] = _mm256_madd_epi16(sum[r], ones);
+      } else {
+        for (int c = 0; c < 8; ++c) {
+          const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h)),
+                                             _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed weights
+          const __m256i size = _mm256_abs_epi8(q);  // (-128 -> 0x80: 128 unsigned)
+          for (int r = 0; r < RT; ++r) {
+            int32_t xa;
+            std::memcpy(&xa, x[r] + 4 * c, 4);
+            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xa), q);
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size, signed_x), ones));
+          }
         }
       }
-      for (int r = 0; r < RT; ++r) dot[r] = _mm256_madd_epi16(dot[r], ones);  // (the 16-bit sums to 32 bits)
-    } else {
-      for (int c = 0; c < 8; ++c) {
-        const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h)),
-                                           _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed weights
-        const __m256i size = _mm256_abs_epi8(q);  // (-128 -> 0x80: 128 unsigned)
-        for (int r = 0; r < RT; ++r) {
-          int32_t xa;
-          std::memcpy(&xa, x[r] + 4 * c, 4);
-          const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xa), q);
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(size, signed_x), ones));
-        }
-      }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + (F == Q4_1 ? 256 : 512) + 16 * h)));
-    __m256 m = _mm256_setzero_ps();
-    if constexpr (F == Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 288 + 16 * h)));
-    for (int r = 0; r < RT; ++r) {
-      const int64_t at = (r0 + r) * in.blocks + j;
-      const __m256 s = _mm256_set1_ps(in.s[at]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, s), acc[r]);
-      if constexpr (F == Q4_1)
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(in.sums[at])), _mm256_mul_ps(m, s), acc[r]);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + (F == Q4_1 ? 256 : 512) + 16 * h)));
+      __m256 m = _mm256_setzero_ps();
+      if constexpr (F == Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 288 + 16 * h)));
+      for (int r = 0; r < RT; ++r) {
+        const int64_t at = (r0 + r) * in.blocks + j;
+        const __m256 s = _mm256_set1_ps(in.s[at]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_mul_ps(d, s), acc[r][h]);
+        if constexpr (F == Q4_1)
+          acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(in.sums[at])), _mm256_mul_ps(m, s), acc[r][h]);
+      }
     }
   }
-  for (int r = 0; r < RT; ++r) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r]);
+  for (int r = 0; r < RT; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
 }
 
 template <int64_t F>
 void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
                     int64_t outputs, int64_t prefetch) {
-  for (int h = 0; h < 2; ++h) {
-    switch (count) {
-      case 4: x16s_avx2<F, 4>(group, in, r0, h, out, outputs, prefetch); break;
-      case 3: x16s_avx2<F, 3>(group, in, r0, h, out, outputs, prefetch); break;
-      case 2: x16s_avx2<F, 2>(group, in, r0, h, out, outputs, prefetch); break;
-      default: x16s_avx2<F, 1>(group, in, r0, h, out, outputs, prefetch); break;
-    }
+  switch (count) {
+    case 4: x16s_avx2<F, 4>(group, in, r0, out, outputs, prefetch); break;
+    case 3: x16s_avx2<F, 3>(group, in, r0, out, outputs, prefetch); break;
+    case 2: x16s_avx2<F, 2>(group, in, r0, out, outputs, prefetch); break;
+    default: x16s_avx2<F, 1>(group, in, r0, out, outputs, prefetch); break;
   }
 }
 
