@@ -64,9 +64,11 @@ def is_loopback(host: str) -> bool:
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port to listen on (0: any free one, printed at start).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Requests decoded together at most; more wait in the queue.")
+              help="Sequences decoded together at most (a request with n choices takes n); more wait in the "
+                   "queue, and the largest n a request may ask for.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
-              help="Requests waiting at most; past that a request gets 429 with Retry-After.")
+              help="Sequences waiting at most (a request with n choices counts n); past that a request gets 429 "
+                   "with Retry-After.")
 @click.option("--memory", "memory_path", default=None, metavar="PATH",
               help="Keep the memory of earlier requests in this file: read at start (when it exists), written "
                    "back every --save-every seconds and at shutdown. It holds your users' text.")
