@@ -120,6 +120,10 @@ class LookaheadConfig:
     check_speculation: bool = documented(True, "scale what the budget expects of speculative steps by what they "
                                                "really gave lately against their forecast, relative to plain "
                                                "steps (lookahead/plan/speculation.py); off: trust the forecast")
+    pause_plain_batches: bool = documented(True, "with several sequences in a batch, stop proposing for a while "
+                                                 "after a run of steps the budget took plain (proposing is host "
+                                                 "work every sequence pays each step), longer each time it stays "
+                                                 "plain (lookahead/plan/pause.py); off: propose every step")
     fair_share: float = documented(0.0, "with several sequences in a batch (a server), admit a step shape only if "
                                         "every sequence is expected to decode at this fraction of a plain step's "
                                         "rate or faster (1: no request slower than without speculation, "

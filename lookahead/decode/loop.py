@@ -206,7 +206,8 @@ class DecodeRun:
         marks = [clock()]  # the end of each phase (stats.PHASES)
         seqs = list(self.active)
         assert self.chooser is not None, "a run with sequences has its chooser"
-        ranked = [seq.rank() for seq in seqs]  # 1. propose: every sequence's scored trie
+        proposing = self.chooser.proposing(len(seqs))  # (not while a batch's budget keeps taking plain steps)
+        ranked = [seq.rank() if proposing else Planner.nothing() for seq in seqs]  # 1. propose: scored tries
         marks.append(clock())
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
         column_gain = sum(seq.planner.column_worth() for seq in seqs) / len(seqs)  # a window column, to the sources

@@ -19,8 +19,8 @@ a format every layer of which repacks, and the rest multiply in float32. Without
 
 ``choose_paths`` then times the layers int8 repacks sixteen rows at a time (Q4_1, Q8_0, Q4_K, Q6_K)
 streaming from memory: whether asking for the weights PREFETCH bytes ahead pays, and from how many rows AMX
-tiles beat VNNI where the CPU and OS offer them (on an AVX2 CPU without VNNI, the prefetch alone). Every path gives the same bits; these choices set only the
-time, and are kept the same way.
+tiles beat VNNI where the CPU and OS offer them (on an AVX2 CPU without VNNI, the prefetch alone). Every path
+gives the same bits; these choices set only the time, and are kept the same way.
 """
 
 from __future__ import annotations
@@ -175,10 +175,10 @@ def _fast_int8_formats(model: torch.nn.Module) -> set[int]:
 
 def time_paths(layers: list[QuantizedLinear], tiles: bool) -> dict[str, dict[str, float]]:
     """Seconds per pass over ``layers`` (packed, of one format) of their int8 products: one row on VNNI (AVX2
-    without it) with each of PREFETCH ("prefetch"), and, where ``tiles``, VNNI ("vnni") against AMX tiles ("amx") at each of AMX_ROWS
-    row counts; the median of PASSES interleaved passes, keyed by the count as text. The layers are taken
-    until STREAM_BYTES: a decode step reads its weights from memory, not from a cache one layer fits in, and
-    the paths compare differently there."""
+    without it) with each of PREFETCH ("prefetch"), and, where ``tiles``, VNNI ("vnni") against AMX tiles ("amx")
+    at each of AMX_ROWS row counts; the median of PASSES interleaved passes, keyed by the count as text. The
+    layers are taken until STREAM_BYTES: a decode step reads its weights from memory, not from a cache one layer
+    fits in, and the paths compare differently there."""
     ops = torch.ops.lookahead_native
     chosen, total = [], 0
     for layer in sorted(layers, key=lambda m: -m.stored.numel()):

@@ -13,6 +13,7 @@ from ..config import LookaheadConfig
 from ..cost import CostModel
 from .acceptance import AcceptanceStats
 from .budget import forecast_step
+from .pause import ProposalPause
 from .speculation import SpeculationCheck
 from .window import window_rows
 
@@ -40,6 +41,8 @@ class StepChooser:
         self.widths = window_widths(config, cost is not None)  # [O] the window's options, x alone first
         self.window_rows = np.array([window_rows(w, config.ngram) for w in self.widths])  # [O]
         self.check = SpeculationCheck()  # what speculative steps gave against their forecasts
+        self.pause = ProposalPause(config.pause_plain_batches)  # whether a batch's step proposes at all
+        self.paused = False  # the step about to run proposes nothing (``proposing``)
         self.forecast: tuple[str, int, float, float] | None = None  # the loop's step: (kind, sequences, tokens,
         # seconds) as forecast
 
@@ -55,10 +58,20 @@ class StepChooser:
         (SpeculationCheck; (1, 1) with the check off)."""
         return (self.check.extra(), self.check.cost_correction()) if self.config.check_speculation else (1.0, 1.0)
 
+    def proposing(self, sequences: int) -> bool:
+        """Whether the step about to run, of ``sequences`` sequences, proposes (1. propose); one that does not is
+        a plain step (``decide``), where a batch's budget has been taking plain steps lately (pause.py)."""
+        self.paused = not self.pause.proposing(sequences)
+        return not self.paused
+
     def decide(self, probs: list[np.ndarray], column_gain: float, spent: float = 0.0) -> tuple[int, int]:
-        """``choose`` for the step about to run, remembering what it expects of it for ``record_outcome``."""
-        width, size, expected = self._forecast(probs, column_gain, spent)
+        """``choose`` for the step about to run, remembering what it expects of it for ``record_outcome``;
+        (0, 0), a plain step, where ``proposing`` said it proposes nothing."""
         self.forecast = None
+        if self.paused:
+            return 0, 0
+        width, size, expected = self._forecast(probs, column_gain, spent)
+        self.pause.decided(len(probs), width > 0 or size > 0)
         if expected is not None:
             kind = "window" if width > 0 else ("tree" if size > 0 else "plain")
             self.forecast = (kind, len(probs), expected[0], expected[1])
