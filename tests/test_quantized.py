@@ -392,7 +392,7 @@ def test_a_one_row_step_attends_as_a_multi_row_step_does(smollm2_both):
 
 # ---- Q4_K / Q6_K repacked sixteen rows at a time (native/quant8x16.h) ----
 
-PACKED = [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+PACKED = [Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K]
 
 
 @pytest.mark.parametrize("kind", PACKED, ids=lambda k: k.name)

@@ -17,7 +17,7 @@ only, as the cost curves are. A CPU with AVX2 but without VNNI runs the 16-row l
 (PACKED_FORMATS) in AVX2 and the others in plain C++ (a reference, never faster): there int8 is timed only for
 a format every layer of which repacks, and the rest multiply in float32. Without AVX2 either: float32.
 
-``choose_paths`` then times the layers int8 repacks sixteen rows at a time (Q4_1, Q8_0, Q4_K, Q6_K)
+``choose_paths`` then times the layers int8 repacks sixteen rows at a time (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)
 streaming from memory: whether asking for the weights PREFETCH bytes ahead pays, and from how many rows AMX
 tiles beat VNNI where the CPU and OS offer them (on an AVX2 CPU without VNNI, the prefetch alone). Every path
 gives the same bits; these choices set only the time, and are kept the same way.

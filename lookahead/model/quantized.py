@@ -42,10 +42,9 @@ FORMAT_NAMES = {code: name for name, code in FORMATS.items()}
 # model/products.py chooses between them per machine.
 PRODUCTS = ("float32", "int8")
 # Formats whose int8 products run on the weights repacked sixteen rows at a time (native/quant8x16.h, quant8x16s.h):
-# a layer of
-# one of them with a multiple of 16 outputs holds ``packed`` instead of ``blocks`` while it multiplies in int8
-# (the same bytes, rearranged losslessly; ``blocks`` comes back byte for byte when it multiplies in float32)
-PACKED_FORMATS = (3, 8, 12, 14)  # Q4_1, Q8_0 (native/quant8x16s.h), Q4_K, Q6_K (native/quant8x16.h)
+# a layer of one of them with a multiple of 16 outputs holds ``packed`` instead of ``blocks`` while it multiplies
+# in int8 (the same bytes, rearranged losslessly; ``blocks`` comes back byte for byte when it multiplies in float32)
+PACKED_FORMATS = (3, 6, 8, 12, 14)  # Q4_1, Q5_0, Q8_0 (native/quant8x16s.h), Q4_K, Q6_K (native/quant8x16.h)
 TILE_FORMATS = (12, 14)  # the packed formats whose int8 products also run on AMX tiles
 TILES_ROWS_MIN = 64  # a sequence's rows from which a forward (a prefill) goes through de-quantized tiles (kernel_only)
 TILE_OUTPUTS = 256  # weight rows de-quantized at a time there (1.5 MB at 1536 inputs)

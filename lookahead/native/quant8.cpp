@@ -418,7 +418,7 @@ bool qint8_amx() { return amx_available(); }
 
 bool qint8_avx2() { return avx2_int8_available(); }
 
-// ---- Q4_K / Q6_K (quant8x16.h), Q4_1 / Q8_0 (quant8x16s.h) repacked sixteen rows at a time ----
+// ---- Q4_K / Q6_K (quant8x16.h), Q4_1 / Q5_0 / Q8_0 (quant8x16s.h) repacked sixteen rows at a time ----
 
 // Weights per block of the 16-row layout's formats, and a chunk's bytes (a block of 16 rows)
 int64_t x16_weights(int64_t format) { return x16_takes(format) ? 256 : 32; }
@@ -426,7 +426,7 @@ int64_t x16_chunk(int64_t format) { return x16_takes(format) ? x16_chunk_bytes(f
 
 void check_x16(const char* name, int64_t format, int64_t inputs, int64_t outputs) {
   TORCH_CHECK(x16_takes(format) || x16s_takes(format), "lookahead_native::", name, ": GGML type ", format,
-              " has no 16-row layout (Q4_1, Q8_0, Q4_K and Q6_K have one): keep its blocks as they are");
+              " has no 16-row layout (Q4_1, Q5_0, Q8_0, Q4_K and Q6_K have one): keep its blocks as they are");
   TORCH_CHECK(inputs > 0 && inputs % x16_weights(format) == 0 && outputs > 0 && outputs % 16 == 0,
               "lookahead_native::", name, ": the 16-row layout needs a multiple of ", x16_weights(format),
               " inputs and of 16 outputs, got [", outputs, ", ", inputs, "]: keep its blocks as they are");

@@ -1,4 +1,4 @@
-// Integer products of Q4_1 and Q8_0 weights repacked sixteen output rows at a time, as quant8x16.h does for
+// Integer products of Q4_1, Q5_0 and Q8_0 weights repacked sixteen output rows at a time, as quant8x16.h does for
 // the K formats: a 32-bit lane per output row, one byte-dot per four weights of sixteen rows by four inputs
 // broadcast, a chunk's unpacking shared by every input row.
 //
@@ -7,13 +7,18 @@
 //          q[n][16 + 4 c + e] << 4; d f16 [16]; m f16 [16]
 //   Q8_0 (544 bytes, the rows' own size): quants [8][64]: chunk c, byte 4 n + e = q[n][4 c + e] + 128 (the
 //          signed value as an offset byte); d f16 [16]
+//   Q5_0 (352 bytes, the rows' own size): low nibbles [4][64] as Q4_1's (q's bits 0-3); high bits [64]: byte
+//          4 n + e holds bit 4 of q[n][4 c + e] at bit 2 c and of q[n][16 + 4 c + e] at bit 2 c + 1 (c = 0..3);
+//          d f16 [16] (q = 0..31, the weight (q - 16) d)
 //
 // Inputs, per row and block (as llama.cpp quantizes them for these formats): s = max |x| / 127, xq =
 // rne(x / s), xsum = the sum of the block's xq. Order, per output (r, o) over blocks in order:
 //   Q4_1: acc = fma(float(dot), d * s, acc); acc = fma(float(xsum), m * s, acc)   (dot = sum q xq, exact)
 //   Q8_0: acc = fma(float(dot), d * s, acc)   (dot = sum (q + 128) xq - 128 xsum = sum q xq, exact)
+//   Q5_0: acc = fma(float(dot), d * s, acc)   (dot = sum q xq - 16 xsum, exact)
 //   out = acc (+ bias)
 // The same float operations at any row count, thread count or instruction set (AVX-512 VNNI, AVX2 or plain C++).
+// Q5_0 has an AVX2 kernel and plain C++ only: a VNNI CPU runs the AVX2 one.
 //
 // Worked example (Q8_0, one block, 16 rows): d = 0.5, q = [2, -4, 0 ...]; x = [1, 1, 0 ...] -> s = 1/127,
 // xq = [127, 127, 0 ...]; dot = 2 * 127 - 4 * 127 = -254; out = -254 * (0.5 / 127) = -1 for every row.
@@ -25,8 +30,12 @@
 
 namespace {
 
-inline bool x16s_takes(int64_t format) { return format == Q4_1 || format == Q8_0; }
-constexpr int64_t x16s_bytes(int64_t format) { return format == Q4_1 ? 20 : 34; }  // a row's block; a chunk: x 16
+inline bool x16s_takes(int64_t format) { return format == Q4_1 || format == Q8_0 || format == Q5_0; }
+constexpr int64_t x16s_bytes(int64_t format) { return format == Q4_1 ? 20 : format == Q5_0 ? 22 : 34; }  // a row's
+// block; a chunk: x 16
+
+// Where a chunk's 16 scales d (f16) begin
+constexpr int64_t x16s_d(int64_t format) { return format == Q4_1 ? 256 : format == Q5_0 ? 320 : 512; }
 
 // Block j of 16 rows (rows[n]: row n's block bytes) into its chunk, and back, byte for byte
 inline void pack_chunk32(const uint8_t* const* rows, int64_t format, uint8_t* chunk) {
@@ -41,6 +50,20 @@ inline void pack_chunk32(const uint8_t* const* rows, int64_t format, uint8_t* ch
     for (int n = 0; n < 16; ++n) {
       std::memcpy(chunk + 256 + 2 * n, rows[n], 2);
       std::memcpy(chunk + 288 + 2 * n, rows[n] + 2, 2);
+    }
+  } else if (format == Q5_0) {
+    for (int n = 0; n < 16; ++n) {
+      uint32_t qh;
+      std::memcpy(&qh, rows[n] + 2, 4);
+      for (int c = 0; c < 4; ++c)
+        for (int e = 0; e < 4; ++e) {
+          chunk[64 * c + 4 * n + e] = rows[n][6 + 4 * c + e];  // (the nibble pair as it is)
+          const int j = 4 * c + e;
+          uint8_t& bits = chunk[256 + 4 * n + e];
+          if (c == 0) bits = 0;
+          bits = static_cast<uint8_t>(bits | ((qh >> j) & 1) << (2 * c) | ((qh >> (16 + j)) & 1) << (2 * c + 1));
+        }
+      std::memcpy(chunk + 320 + 2 * n, rows[n], 2);
     }
   } else {
     for (int c = 0; c < 8; ++c)
@@ -58,6 +81,18 @@ inline void unpack_chunk32(const uint8_t* chunk, int64_t format, uint8_t* const*
     for (int n = 0; n < 16; ++n) {
       std::memcpy(rows[n], chunk + 256 + 2 * n, 2);
       std::memcpy(rows[n] + 2, chunk + 288 + 2 * n, 2);
+    }
+  } else if (format == Q5_0) {
+    for (int n = 0; n < 16; ++n) {
+      uint32_t qh = 0;
+      for (int c = 0; c < 4; ++c)
+        for (int e = 0; e < 4; ++e) {
+          rows[n][6 + 4 * c + e] = chunk[64 * c + 4 * n + e];
+          const uint32_t bits = chunk[256 + 4 * n + e];
+          qh |= ((bits >> (2 * c)) & 1u) << (4 * c + e) | ((bits >> (2 * c + 1)) & 1u) << (16 + 4 * c + e);
+        }
+      std::memcpy(rows[n] + 2, &qh, 4);
+      std::memcpy(rows[n], chunk + 320 + 2 * n, 2);
     }
   } else {
     for (int c = 0; c < 8; ++c)
@@ -117,6 +152,15 @@ inline void x16s_plain(const uint8_t* group, int64_t format, const X16sInputs& i
         const float d = half_of(chunk + 256 + 2 * n), m = half_of(chunk + 288 + 2 * n);
         acc[n] = std::fma(static_cast<float>(dot), d * s, acc[n]);
         acc[n] = std::fma(static_cast<float>(xsum), m * s, acc[n]);
+      } else if (format == Q5_0) {
+        dot = -16 * xsum;
+        for (int c = 0; c < 4; ++c)
+          for (int e = 0; e < 4; ++e) {
+            const uint8_t byte = chunk[64 * c + 4 * n + e], bits = chunk[256 + 4 * n + e];
+            const int low = (byte & 15) | ((bits >> (2 * c)) & 1) << 4, high = (byte >> 4) | ((bits >> (2 * c + 1)) & 1) << 4;
+            dot += low * x[4 * c + e] + high * x[16 + 4 * c + e];
+          }
+        acc[n] = std::fma(static_cast<float>(dot), half_of(chunk + 320 + 2 * n) * s, acc[n]);
       } else {
         dot = -128 * xsum;
         for (int c = 0; c < 8; ++c)
@@ -172,7 +216,7 @@ LOOKAHEAD_VNNI_K void x16s_vnni(const uint8_t* group, const X16sInputs& in, int6
         }
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + (F == Q4_1 ? 256 : 512))));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + x16s_d(F))));
     __m512 m = _mm512_setzero_ps();
     if constexpr (F == Q4_1) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 288)));
     for (int r = 0; r < RT; ++r) {
@@ -225,6 +269,28 @@ LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int6
           }
         }
         for (int r = 0; r < RT; ++r) dot[r][h] = _mm256_madd_epi16(sum[r], ones);
+      } else if constexpr (F == Q5_0) {  // (q <= 31: 7874 a 16-bit lane, four chunks of each nibble summed apart)
+        const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 256 + 32 * h));
+        const __m256i one = _mm256_set1_epi8(1);
+        __m256i lows[RT], highs[RT];
+        for (int r = 0; r < RT; ++r) lows[r] = highs[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h));
+          const __m256i low = _mm256_or_si256(_mm256_and_si256(w, fifteen),
+              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), one), 4));
+          const __m256i high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), fifteen),
+              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c + 1), one), 4));
+          for (int r = 0; r < RT; ++r) {
+            int32_t xa, xb;
+            std::memcpy(&xa, x[r] + 4 * c, 4);
+            std::memcpy(&xb, x[r] + 16 + 4 * c, 4);
+            lows[r] = _mm256_add_epi16(lows[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)));
+            highs[r] = _mm256_add_epi16(highs[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb)));
+          }
+        }
+        for (int r = 0; r < RT; ++r)
+          dot[r][h] = _mm256_add_epi32(_mm256_set1_epi32(-16 * in.sums[(r0 + r) * in.blocks + j]),
+                                       _mm256_add_epi32(_mm256_madd_epi16(lows[r], ones), _mm256_madd_epi16(highs[r], ones)));
       } else {
         for (int c = 0; c < 8; ++c) {
           const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h)),
@@ -240,7 +306,7 @@ LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int6
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + (F == Q4_1 ? 256 : 512) + 16 * h)));
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + x16s_d(F) + 16 * h)));
       __m256 m = _mm256_setzero_ps();
       if constexpr (F == Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 288 + 16 * h)));
       for (int r = 0; r < RT; ++r) {
@@ -292,9 +358,12 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
           for (int64_t r = r0; r < r0 + count; ++r) x16s_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (path == X16_AVX2) {
           if (format == Q4_1) x16s_rows_avx2<Q4_1>(group, in, r0, count, out + 16 * g, outputs, prefetch);
+          else if (format == Q5_0) x16s_rows_avx2<Q5_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
           else x16s_rows_avx2<Q8_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         } else if (format == Q4_1) {
           x16s_rows<Q4_1>(group, in, r0, count, out + 16 * g, outputs, prefetch);
+        } else if (format == Q5_0) {  // (no AVX-512 VNNI kernel for Q5_0: its AVX2 one, the same bits)
+          x16s_rows_avx2<Q5_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         } else {
           x16s_rows<Q8_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         }
