@@ -253,7 +253,7 @@ def isas_int8() -> list[int]:
     return [0, 1] if ops.qint8_vnni() else [0]
 
 
-@pytest.mark.parametrize("arch, kind", [("llama", Q.Q4_1), ("qwen2", Q.Q4_K), ("llama", Q.Q6_K)],
+@pytest.mark.parametrize("arch, kind", [("llama", Q.Q4_1), ("qwen2", Q.Q4_K), ("llama", Q.Q6_K), ("qwen2", Q.Q5_0)],
                          ids=lambda v: getattr(v, "name", v))
 def test_int8_model_greedy_equals_generate_and_the_plain_loop(arch, kind):
     model = quantized_model(arch, kind)
