@@ -144,6 +144,7 @@ def test_the_packed_layers_paths_are_measured_kept_and_set(model, tmp_path, monk
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_avx2", lambda: False, raising=False)
     assert choose_paths(model, str(tmp_path)) == {} and {(m.amx_rows, m.prefetch) for m in packed} == {(0, 0)}
     monkeypatch.setattr(torch.ops.lookahead_native, "qint8_avx2", lambda: True, raising=False)  # (AVX2 alone)
+    monkeypatch.setattr(torch.ops.lookahead_native, "qint8_amx", lambda: True, raising=False)  # (unused without VNNI)
     monkeypatch.setattr(chooser, "others_busy", lambda before, after: 0.0)
     monkeypatch.setattr(chooser, "time_paths", lambda layers, tiles: {"prefetch": {"0": 2.0, "4096": 1.5}})
     lines: list[str] = []

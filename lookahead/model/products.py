@@ -125,7 +125,7 @@ def choose_paths(model: torch.nn.Module, cache_dir: str = "~/.cache/lookahead/co
                         m.format_code == code] for code in packed}
     path = os.path.join(os.path.expanduser(cache_dir), STORE) if cache_dir else ""
     kept = _read(path)
-    amx = bool(ops.qint8_amx())
+    amx = bool(ops.qint8_amx()) and packed_isa() == VNNI  # (tiles are timed against the VNNI path)
     before, measured = cpu_snapshot(), []
     for code, layer in packed.items():
         key = f"{choice_key(layer)} | paths"  # (its format's largest layer names the model's shapes)
