@@ -74,6 +74,8 @@ CASES = [  # (model text, content, calls as (name, arguments))
      '</tool_call>', "", [("get_time", {}), ("get_weather", {"city": "Oslo"})]),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n',  # the end came before the close tag
      "", [("get_weather", {"city": "Rome"})]),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_cal',  # the end cut the close tag
+     "", [("get_time", {})]),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro', '<tool_call>\n{"name": "get_weather", '
      '"arguments": {"city": "Ro', []),  # cut inside the JSON: content, as written
     ('<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>',  # no tool of that name: content

@@ -93,7 +93,8 @@ class TaggedJsonCalls:
                 self.inside = True
 
     def finish(self) -> list[Piece]:
-        """The rest at the end of the reply (a block left open is read as it stands)."""
+        """The rest at the end of the reply (a block left open is read as it stands, less any start of its
+        closing tag it ends in)."""
         out: list[Piece] = []
         if self.inside:
             self._block(self.buffer, False, out)
@@ -119,7 +120,8 @@ class TaggedJsonCalls:
             out.append(body)
 
     def _block(self, body: str, closed: bool, out: list[Piece]) -> None:
-        calls = self._calls(body)
+        # a block the reply's end left open may end in part of its closing tag (max_tokens cut it there)
+        calls = self._calls(body if closed else body[:len(body) - _partial(body, self.close)])
         if calls is None:  # not a call: the block is content as the model wrote it
             self._text(self.open + body + (self.close if closed else ""), out)
             return
