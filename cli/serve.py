@@ -1,6 +1,7 @@
 """``lookahead serve``: an OpenAI-compatible HTTP server (lookahead/serve/app.py under uvicorn) over one
 continuous-batching engine (lookahead/serve/engine.py). SIGTERM or Ctrl-C stops it cleanly: requests
-in flight get up to GRACEFUL_SHUTDOWN_S to finish, then the engine stops and saves its memory file."""
+in flight get up to GRACEFUL_SHUTDOWN_S - STREAMS_END_S to finish, then the engine ends those still running
+(each with its error event and [DONE]), stops and saves its memory file."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from .options import (
 DISTRIBUTION = "lookahead-lm"  # pyproject.toml [project] name
 SERVE_MODULES = ("fastapi", "uvicorn", "pydantic")  # what the [serve] extra installs that serving imports
 GRACEFUL_SHUTDOWN_S = 10  # on SIGTERM / Ctrl-C: how long requests in flight may take to finish
+STREAMS_END_S = 2  # that long before the grace ends, the engine ends the requests still running (error event, [DONE])
 
 
 def require_serve_extra() -> None:
@@ -67,8 +69,9 @@ def is_loopback(host: str) -> bool:
               help="Sequences decoded together at most (a request with n choices takes n); more wait in the "
                    "queue, and the largest n a request may ask for.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
-              help="Sequences waiting at most (a request with n choices counts n); past that a request gets 429 "
-                   "with Retry-After.")
+              help="Sequences waiting at most beyond those the batch's free slots take next (a request with n "
+                   "choices counts n); past that a request gets 429 with Retry-After, the wait at the pace the "
+                   "latest requests left the batch.")
 @click.option("--memory", "memory_path", default=None, metavar="PATH",
               help="Keep the memory of earlier requests in this file: read at start (when it exists), written "
                    "back every --save-every seconds and at shutdown. It holds your users' text.")
@@ -109,6 +112,10 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
             engine.start(thread=False)  # reads --memory: a damaged file stops here, before the port opens
     except CLI_ERRORS as exc:
         fail(cli_message(exc))
+    if engine.memory_path is not None:
+        where = (f"read {engine.memory_tokens} tokens of earlier requests from {engine.memory_path}"
+                 if engine.memory_loaded else f"{engine.memory_path} does not exist yet: a new memory")
+        click.echo(f"lookahead: memory: {where}; saved there every {save_every:g} s and on stop", err=True)
     _warm_up(engine)
     _run(engine, name, host, port, api_key)
 
@@ -169,7 +176,8 @@ def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> N
     The decode loop keeps the main thread because the linear kernels' OpenMP parallel regions ran 1.5-2x
     slower when launched from any other thread (lookahead/serve/engine.py). On SIGTERM or Ctrl-C uvicorn
     stops taking requests, lets those in flight finish (they still decode here, for up to
-    GRACEFUL_SHUTDOWN_S), then its shutdown stops the engine; a second Ctrl-C does not wait for them."""
+    GRACEFUL_SHUTDOWN_S - STREAMS_END_S), then the engine ends those still running, each with its error event
+    and [DONE], and stops; a second Ctrl-C does not wait for them."""
     import threading
 
     import uvicorn
@@ -191,9 +199,16 @@ def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> N
             except CLI_ERRORS as exc:
                 failed.append(exc)
 
+    # requests still running near the grace's end are ended by the engine, each with its error event and (streamed)
+    # [DONE], before uvicorn would cut their connections mid-body
+    ending = threading.Timer(GRACEFUL_SHUTDOWN_S - STREAMS_END_S, engine.stop)
+    ending.daemon = True
+
     def shut(signum: int, frame: Any) -> None:
         server.force_exit = server.should_exit  # the second signal: no waiting for requests in flight
         server.should_exit = True
+        if not ending.is_alive() and not ending.finished.is_set():
+            ending.start()
 
     http = threading.Thread(target=serve_http, name="lookahead-http", daemon=True)
     previous = {sig: signal.signal(sig, shut) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -205,6 +220,7 @@ def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> N
     finally:
         server.should_exit = True
         http.join()
+        ending.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         try:

@@ -238,12 +238,14 @@ def test_the_engine_answers_requests_in_flight_together():
 
 
 def test_the_engine_refuses_past_its_queue_and_bad_requests():
+    """max_batch 1, max_queue 0, no decode loop running: the free slot's request is queued, the next refused."""
     gen = LookaheadGenerator(tiny_model("llama"))
     engine = Engine(gen, max_batch=1, max_queue=0)
 
     async def main():
-        engine.start()
+        engine.start(thread=False)  # (running, with no loop: what is queued stays queued)
         try:
+            engine.submit(Completion([5, 6], 4))
             with pytest.raises(QueueFull):
                 engine.submit(Completion([5, 6], 4))
             with pytest.raises(ValueError, match="max_tokens"):

@@ -423,7 +423,40 @@ def test_an_engine_error_is_500_and_the_server_goes_on(served, client, http, n):
 
 
 def test_a_full_queue_is_429_with_retry_after(served, client, http):
-    """max_batch 2, max_queue 2: one request held inside its prefill, two waiting, the next one refused."""
+    """max_batch 2, max_queue 2: one request held inside its prefill, three waiting (one for the batch's free
+    slot, two in the queue), the next one refused."""
+    fault = served["fault"]
+    fault.entered.clear()
+    fault.gate.clear()
+    results: list[int] = []
+
+    def send() -> None:
+        results.append(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3}).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    try:
+        threads[0].start()
+        assert fault.entered.wait(WAIT_S), "the first request never reached the model"
+        for thread in threads[1:]:
+            thread.start()
+        wait_until(lambda: metrics(http)["lookahead_queue_depth"] >= 3, "the three requests never queued")
+        response = http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3})
+        error = error_of(response, 429)
+        assert error["code"] == "rate_limit_exceeded"
+        assert int(response.headers["Retry-After"]) >= 1
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model=MODEL, prompt="abc", max_tokens=3)
+    finally:
+        fault.gate.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+    assert results == [200, 200, 200, 200]
+
+
+def test_a_request_of_n_choices_queues_all_of_them_or_none(served, http):
+    """max_batch 2, max_queue 2: one request held inside its prefill and two waiting (room for three: the free
+    slot's and the queue's); n=2 would make four waiting: 429, and none of its choices is queued. Once the
+    queue has drained, n=2 is answered."""
     fault = served["fault"]
     fault.entered.clear()
     fault.gate.clear()
@@ -438,47 +471,17 @@ def test_a_full_queue_is_429_with_retry_after(served, client, http):
         assert fault.entered.wait(WAIT_S), "the first request never reached the model"
         for thread in threads[1:]:
             thread.start()
-        wait_until(lambda: metrics(http)["lookahead_queue_depth"] >= 2, "the two requests never queued")
-        response = http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3})
-        error = error_of(response, 429)
+        wait_until(lambda: metrics(http)["lookahead_queue_depth"] == 2, "the two requests never queued")
+        before = metrics(http)["lookahead_requests_total"]
+        error = error_of(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "n": 2}), 429)
         assert error["code"] == "rate_limit_exceeded"
-        assert int(response.headers["Retry-After"]) >= 1
-        with pytest.raises(openai.RateLimitError):
-            client.completions.create(model=MODEL, prompt="abc", max_tokens=3)
+        now = metrics(http)
+        assert now["lookahead_queue_depth"] == 2 and now["lookahead_requests_total"] == before  # none queued
     finally:
         fault.gate.set()
         for thread in threads:
             thread.join(WAIT_S)
     assert results == [200, 200, 200]
-
-
-def test_a_request_of_n_choices_queues_all_of_them_or_none(served, http):
-    """max_batch 2, max_queue 2: one request held inside its prefill and one waiting; n=2 would make three
-    waiting: 429, and none of its choices is queued. Once the queue has drained, n=2 is answered."""
-    fault = served["fault"]
-    fault.entered.clear()
-    fault.gate.clear()
-    results: list[int] = []
-
-    def send() -> None:
-        results.append(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3}).status_code)
-
-    threads = [threading.Thread(target=send) for _ in range(2)]
-    try:
-        threads[0].start()
-        assert fault.entered.wait(WAIT_S), "the first request never reached the model"
-        threads[1].start()
-        wait_until(lambda: metrics(http)["lookahead_queue_depth"] == 1, "the second request never queued")
-        before = metrics(http)["lookahead_requests_total"]
-        error = error_of(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "n": 2}), 429)
-        assert error["code"] == "rate_limit_exceeded"
-        now = metrics(http)
-        assert now["lookahead_queue_depth"] == 1 and now["lookahead_requests_total"] == before  # none queued
-    finally:
-        fault.gate.set()
-        for thread in threads:
-            thread.join(WAIT_S)
-    assert results == [200, 200]
     response = http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "n": 2})
     assert response.status_code == 200 and [c["index"] for c in response.json()["choices"]] == [0, 1]
 
@@ -608,8 +611,30 @@ def _start_command(directory: str, memory: Path) -> tuple[subprocess.Popen, list
     return process, lines
 
 
+def _stream_through(url: str, signal_it: Callable[[], None]) -> tuple[threading.Thread, list[str]]:
+    """A long streamed completion (EOS banned) read in a thread to its end; ``signal_it`` is called once its
+    first chunk has come. (The thread, the stream's lines as they come.)"""
+    seen: list[str] = []
+
+    def read() -> None:
+        body = {"prompt": "w1 w2", "max_tokens": 900, "stream": True, "logit_bias": {"2": -100}}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line:
+                    seen.append(line)
+                    if len(seen) == 1:
+                        signal_it()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, seen
+
+
 def test_serve_command_stops_cleanly_on_sigterm_and_sigint_and_saves_memory(tmp_path):
+    """Also with a stream running at SIGTERM: it ends (by itself, or by the engine near the grace's end) with
+    [DONE], not cut mid-body."""
     directory = save_model_dir(tmp_path / "model", tiny_model("llama"))
+    streams: list[tuple[threading.Thread, list[str]]] = []
     started = {sig: _start_command(directory, tmp_path / f"memory-{sig.name}.lkm")
                for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -626,7 +651,13 @@ def test_serve_command_stops_cleanly_on_sigterm_and_sigint_and_saves_memory(tmp_
                                   timeout=WAIT_S)
             assert response.status_code == 200, response.text
             assert response.json()["usage"]["prompt_tokens"] == 5
-            process.send_signal(sig)
+            if sig == signal.SIGTERM:  # a stream running when the signal comes still ends with [DONE]
+                streams.append(_stream_through(url, lambda p=process, s=sig: p.send_signal(s)))
+            else:
+                process.send_signal(sig)
+        for thread, seen in streams:
+            thread.join(60)
+            assert seen and seen[-1] == "data: [DONE]", seen[-3:]
         for sig, (process, lines) in started.items():
             assert process.wait(60) == 0, "".join(lines)
             memory = tmp_path / f"memory-{sig.name}.lkm"

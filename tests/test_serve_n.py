@@ -271,8 +271,9 @@ def test_n_1_and_n_left_out_are_one_choice(servers):
 
 
 def test_a_requests_choices_queue_together_all_or_none():
-    """max_queue 2 and no decode loop running (nothing leaves the queue): a group counts as that many waiting
-    requests; one larger than the whole queue is taken while nothing else waits."""
+    """max_batch 3, max_queue 2 and no decode loop running (nothing leaves the queue): room for 5 waiting (the
+    3 free slots' and the queue's); a group counts as that many waiting requests; one larger than the whole
+    room is taken while nothing else waits."""
     tokenizer = tiny_tokenizer()
     completion = Completion(prompt=[5, 6, 7], max_tokens=2)
 
@@ -291,8 +292,8 @@ def test_a_requests_choices_queue_together_all_or_none():
             engine.stop()
         return outcomes
 
-    assert asyncio.run(queue([1, 2, 1, 1])) == ["queued 1", "full", "queued 1", "full", "waiting 2"]
-    assert asyncio.run(queue([3, 1])) == ["queued 3", "full", "waiting 3"]
+    assert asyncio.run(queue([3, 3, 2, 1])) == ["queued 3", "full", "queued 2", "full", "waiting 5"]
+    assert asyncio.run(queue([6, 1])) == ["queued 6", "full", "waiting 6"]
     with pytest.raises(ValueError, match="empty"):
         asyncio.run(queue([0]))
 

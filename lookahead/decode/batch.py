@@ -40,7 +40,7 @@ from .settings import call_decoding
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-    from transformers.generation import LogitsProcessorList
+    from transformers.generation import LogitsProcessorList, StoppingCriteriaList
     from transformers.generation.streamers import BaseStreamer
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")  # a BatchHandle's finish_reason once it ended
@@ -201,7 +201,7 @@ class OpenBatch:
              presence_penalty: float | None = None, frequency_penalty: float | None = None,
              logit_bias: dict[int, float] | None = None, logprobs: bool | int | None = None,
              prediction: Any = None, logits_processor: LogitsProcessorList | None = None,
-             response_format: Any = None) -> BatchHandle:
+             stopping_criteria: StoppingCriteriaList | None = None, response_format: Any = None) -> BatchHandle:
         """``prompt_ids`` ([T] token ids, at least one) joins the batch at the next step, decoded under the
         settings ``generate`` takes for one prompt (each None: the model's generation_config value);
         ``seed``: a sampled sequence's own random stream; ``response_format`` as generate takes it, or a
@@ -212,7 +212,9 @@ class OpenBatch:
 
         Args:
             prompt_ids: [T] the prompt's token ids.
-            max_new_tokens ... response_format: as ``LookaheadGenerator.generate`` takes them, for this prompt.
+            max_new_tokens ... response_format: as ``LookaheadGenerator.generate`` takes them, for this prompt
+                (``stopping_criteria``: objects of their own for this sequence: a stateful criterion is called
+                with its prefix one token longer each time).
             seed: this sequence's own random stream when it samples (None: torch's default generator).
 
         Returns:
@@ -229,9 +231,9 @@ class OpenBatch:
             lambda spec: spec if isinstance(spec, Grammar) else self.grammar(spec),
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             logits_processor=logits_processor, logprobs=logprobs, response_format=response_format,
-            max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=eos_token_id,
-            stop_strings=stop_strings, tokenizer=self.tokenizer, generator=generator, temperature=temperature,
-            top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
+            stopping_criteria=stopping_criteria, max_new_tokens=max_new_tokens, do_sample=do_sample,
+            eos_token_id=eos_token_id, stop_strings=stop_strings, tokenizer=self.tokenizer, generator=generator,
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
         rows = prediction_rows(prediction, [context_left], self.vocab, self.tokenizer)
         collector = _Collector()
         seq = self.run.join(prompt, decoding, collector, context_left, rows[0] if rows is not None else None)

@@ -6,7 +6,8 @@ kernels (numba's and the C++ op's) run markedly slower when launched from any ot
 (`lookahead bench-serve` shows the difference in its time per output token).
 
 A request (``Completion``: token ids and its sampling settings) is queued by ``Engine.submit``
-(bounded: ``QueueFull`` past ``max_queue``; ``submit_all`` queues a request's ``n`` choices together, one
+(bounded: ``QueueFull`` past ``max_queue`` waiting beyond the batch's free slots, with a wait to advise at the
+pace the latest requests left the batch; ``submit_all`` queues a request's ``n`` choices together, one
 sequence each) and answered through its ``Ticket``: an asyncio stream
 of ``Event``s, one per step that accepted tokens for it, the last with the finish reason and the
 usage. Before every step the engine lets waiting requests join (up to ``max_batch`` sequences),
@@ -34,15 +35,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from .. import BatchHandle, Grammar, LookaheadGenerator, OpenBatch, StepLogprobs
 from .scoring import Scoring
+from .stops import ReplyStops
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 IDLE_WAIT_S = 1.0  # how long the idle decode thread sleeps between looks at the clock (periodic saves, stop)
-RETRY_PER_WAITING_S = 0.5  # a full queue's Retry-After: this many seconds per request ahead
+RETRY_PER_WAITING_S = 0.5  # a full queue's Retry-After per request that must leave first, until requests have ended
+PACE_REQUESTS = 32  # the latest requests whose time in the batch gives the pace a full queue's Retry-After follows
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class Ticket:
         self.loop = loop
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.started: float | None = None  # when it began to join the batch (time.monotonic; None: not yet)
         self.closed = False  # the final event was sent (decode thread only)
 
     async def events(self) -> AsyncIterator[Event]:
@@ -171,6 +176,15 @@ class Engine:
         self._done = threading.Event()  # the loop has ended (set by ``run`` on its way out)
         self._ids = itertools.count(1)
         self._saved_at = time.monotonic()
+        self._joining = 0  # requests taken from the queue that have not yet joined the batch (or ended)
+        self._durations: collections.deque[float] = collections.deque(maxlen=PACE_REQUESTS)  # seconds in the batch
+        self.memory_loaded = False  # ``start`` read memory_path (it existed)
+
+    @property
+    def memory_tokens(self) -> int:
+        """Tokens of earlier requests the memory holds now (0 without a memory)."""
+        memory = self.generator.learned.memory
+        return int(memory.store.tokens) if memory is not None else 0
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase | None:
@@ -190,6 +204,7 @@ class Engine:
             return
         if self.memory_path is not None and os.path.exists(self.memory_path):
             self.generator.load_memory(self.memory_path)
+            self.memory_loaded = True
         self._running = True
         self._saved_at = time.monotonic()
         self._done.clear()
@@ -228,8 +243,9 @@ class Engine:
 
     def submit_all(self, completions: list[Completion]) -> list[Ticket]:
         """Queue all of ``completions`` or none (one request's ``n`` choices, each a sequence of its own);
-        QueueFull past max_queue: they count as that many waiting requests, except that a group larger than
-        the whole queue is taken when nothing else waits. ValueError for an empty list or a bad completion."""
+        QueueFull past max_queue waiting beyond the batch's free slots: they count as that many waiting
+        requests, except that a group larger than all of that room is taken when nothing else waits.
+        ValueError for an empty list or a bad completion."""
         if not completions:
             raise ValueError("completions is empty: queue at least one")
         for completion in completions:
@@ -239,19 +255,29 @@ class Engine:
             if not self._running:
                 raise EngineStopped("the engine is not running")
             waiting = len(self._waiting)
-            if waiting >= self.max_queue or (waiting and waiting + len(completions) > self.max_queue):
-                raise QueueFull(waiting, RETRY_PER_WAITING_S * (waiting + 1))
+            # the queue holds max_queue requests beyond those the batch's free slots take next
+            room = self.max_queue + max(0, self.max_batch - len(self._live) - self._joining)
+            if waiting >= room or (waiting and waiting + len(completions) > room):
+                raise QueueFull(waiting, self._retry_after(waiting + len(completions) - room))
             tickets = [Ticket(f"cmpl-{next(self._ids)}", completion, loop) for completion in completions]
             self._waiting.extend(tickets)
             self.counters.requests_total += 1
             self._cond.notify_all()
         return tickets
 
+    def _retry_after(self, leaving: int) -> float:
+        """Seconds until ``leaving`` (>= 1 counted) requests have left the batch, at the pace of the latest ones
+        (their mean time in the batch over max_batch slots); RETRY_PER_WAITING_S each before any has ended."""
+        leaving = max(leaving, 1)
+        if not self._durations:
+            return RETRY_PER_WAITING_S * leaving
+        return leaving * sum(self._durations) / len(self._durations) / self.max_batch
+
     def metrics(self) -> dict[str, float]:
         """Counters and gauges for /metrics."""
         c = self.counters
         memory = self.generator.learned.memory
-        fill = memory.store.tokens / memory.store.capacity if memory is not None else 0.0
+        fill = self.memory_tokens / memory.store.capacity if memory is not None else 0.0
         with self._cond:
             waiting, running = len(self._waiting), len(self._live)
         return {"requests_total": float(c.requests_total), "requests_running": float(running),
@@ -296,16 +322,26 @@ class Engine:
             if not self._running:
                 return None
             free_slots = self.max_batch - len(self._live)
-            return [self._waiting.popleft() for _ in range(min(free_slots, len(self._waiting)))]
+            admitted = [self._waiting.popleft() for _ in range(min(free_slots, len(self._waiting)))]
+            self._joining += len(admitted)
+            return admitted
 
     def _admit(self, run: OpenBatch, ticket: Ticket) -> None:
         """``ticket``'s request joins the batch (or is answered at once: cancelled, nothing to do, refused)."""
+        try:
+            self._join(run, ticket)
+        finally:
+            with self._cond:
+                self._joining -= 1
+
+    def _join(self, run: OpenBatch, ticket: Ticket) -> None:
         completion = ticket.completion
         if ticket.cancelled.is_set():
             ticket.close("cancelled", len(completion.prompt), 0)
             return
+        ticket.started = time.monotonic()
         try:
-            handle = run.join(completion.prompt, **_settings(completion))
+            handle = run.join(completion.prompt, **_settings(completion, self.generator.tokenizer))
         except Exception as exc:  # this request alone fails
             ticket.close("error", len(completion.prompt), 0, _one_line(exc))
             return
@@ -351,6 +387,8 @@ class Engine:
         """``handle``'s request ended (the batch finished it: the memory kept it): the final event goes out."""
         with self._cond:
             self._live = [(h, t) for h, t in self._live if h is not handle]
+            if ticket.started is not None:
+                self._durations.append(time.monotonic() - ticket.started)
         if handle.finish_reason == "error":
             error = _one_line(handle.error) if handle.error is not None else "the sequence failed"
             ticket.close("error", handle.prompt_tokens, handle.new_tokens, error)
@@ -381,14 +419,17 @@ class Engine:
             self.generator.save_memory(self.memory_path)
 
 
-def _settings(completion: Completion) -> dict[str, Any]:
-    """The request's settings as ``OpenBatch.join`` takes them (the model's generation_config beneath)."""
+def _settings(completion: Completion, tokenizer: Any) -> dict[str, Any]:
+    """The request's settings as ``OpenBatch.join`` takes them (the model's generation_config beneath); its
+    stop strings read on the reply's text as the server shows it (stops.py: nothing built ahead)."""
     scoring = completion.scoring
+    stops = StoppingCriteriaList([ReplyStops(tokenizer, completion.prompt, completion.stop)]) if completion.stop \
+        else None
     sampling: dict[str, Any] = {}
     if completion.sampled:
         sampling = {"temperature": completion.temperature, "top_p": completion.top_p}
     return {"max_new_tokens": completion.max_tokens, "do_sample": completion.sampled, "seed": completion.seed,
-            "stop_strings": list(completion.stop) or None, "presence_penalty": scoring.presence_penalty,
+            "stopping_criteria": stops, "presence_penalty": scoring.presence_penalty,
             "frequency_penalty": scoring.frequency_penalty, "logit_bias": dict(scoring.logit_bias),
             "logprobs": scoring.logprobs, "prediction": list(completion.prediction) or None,
             "response_format": completion.constraint, **sampling}

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .tools import ToolError, assistant_tool_calls, check_tool_turns, json_kind, tool_result
 
 MAX_STOPS = 16  # stop strings per request (OpenAI takes 4)
+MAX_DEPTH = 64  # arrays and objects nested in a request body (a tool's JSON schema nests a few levels)
+MAX_STOP_CHARS = 512  # characters of one stop string (the text held back while a reply may be starting one)
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
 ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer" is rendered as "system"
 
@@ -134,6 +136,21 @@ UNSUPPORTED_COMPLETION: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def nesting(value: Any) -> int:
+    """How deep arrays and objects nest in a parsed JSON value (a scalar: 0), without recursing.
+
+    {"a": [1, {"b": []}]} -> 4."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object of a request body; APIError 400 when it is not UTF-8, not JSON or not an object."""
     try:
@@ -143,11 +160,17 @@ def parse_body(raw: bytes) -> dict[str, Any]:
                           f"send the JSON encoded as UTF-8", code="invalid_encoding") from None
     if not text.strip():
         raise bad_request("the request body is empty: send a JSON object", code="invalid_json")
+    too_deep = bad_request(f"the request body nests arrays and objects more than {MAX_DEPTH} deep: send a flatter "
+                           f"JSON object", code="invalid_json")
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad_request(f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
                           f"send one JSON object", code="invalid_json") from None
+    except RecursionError:  # nested past what the parser reads
+        raise too_deep from None
+    if nesting(body) > MAX_DEPTH:
+        raise too_deep
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got a JSON {json_kind(body)}",
                           code="invalid_json")
@@ -222,7 +245,8 @@ def known_fields(model: type[Common]) -> list[str]:
 
 
 def stop_strings(value: Any) -> tuple[str, ...]:
-    """``stop``: a string or a list of strings (up to MAX_STOPS, none empty) as a tuple."""
+    """``stop``: a string or a list of strings (up to MAX_STOPS, none empty or longer than MAX_STOP_CHARS) as a
+    tuple."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
@@ -233,6 +257,11 @@ def stop_strings(value: Any) -> tuple[str, ...]:
     if any(s == "" for s in stops):
         raise bad_request("'stop' holds an empty string, which would stop before the first token: remove it",
                           "stop", "invalid_value")
+    for index, stop in enumerate(stops):
+        if len(stop) > MAX_STOP_CHARS:
+            where = "stop" if isinstance(value, str) else f"stop[{index}]"
+            raise bad_request(f"'{where}' is {len(stop)} characters long: send stop strings of at most "
+                              f"{MAX_STOP_CHARS} characters", where, "invalid_value")
     return tuple(dict.fromkeys(stops))
 
 

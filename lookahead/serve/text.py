@@ -79,13 +79,19 @@ class StopScanner:
         return buffer[:len(buffer) - keep], False
 
     def _partial(self, text: str) -> int:
-        """The length of the longest tail of ``text`` that a stop string starts with (shorter than it)."""
+        """The length of the longest tail of ``text`` that a stop string starts with (shorter than it).
+
+        Only the tails that begin with a stop string's first character are compared: text "ab<st", stops
+        ["<stop>"] -> 3 ("<st")."""
         longest = 0
         for stop in self.stops:
-            for size in range(min(len(stop) - 1, len(text)), longest, -1):
-                if stop.startswith(text[len(text) - size:]):
-                    longest = size
+            tail = text[len(text) - min(len(stop) - 1, len(text)):]
+            at = tail.find(stop[0])
+            while at >= 0 and len(tail) - at > longest:
+                if stop.startswith(tail[at:]):
+                    longest = len(tail) - at
                     break
+                at = tail.find(stop[0], at + 1)
         return longest
 
     def finish(self) -> str:
