@@ -221,6 +221,8 @@ def _run(engine: Any, name: str, host: str, port: int, api_key: str | None) -> N
         server.should_exit = True
         http.join()
         ending.cancel()
+        if ending.is_alive():
+            ending.join()  # the engine it stopped is saving its memory file: let it finish
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         try:
