@@ -52,6 +52,7 @@ def test_smollm2_stops_on_its_eos(smollm2):
     assert out[0, -1].item() == model.generation_config.eos_token_id
 
 
+NEW_BATCH = 24  # new tokens a row of the left-padded batch test (float32 products of its tree steps are slow on AVX2)
 BATCH_PROMPTS = [
     "Name three primary colours.",
     "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples.",
@@ -76,13 +77,14 @@ def test_smollm2_left_padded_batch_rows_equal_generate_alone(smollm2):
     # test workers keep busy, so the rows are checked while speculating, every run; 8 nodes a row keep the
     # steps small where float32 products are slow, as on a CPU without AVX-512)
     gen = LookaheadGenerator(model, tokenizer, LookaheadConfig(budget_curve="flat", max_tree_nodes=8))
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=40)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_BATCH)
     width = ids.shape[1]
     longest = 0
     for i, prompt in enumerate(prompts):
         alone = torch.tensor([prompt])
         with torch.inference_mode():
-            ref = model.generate(alone, attention_mask=torch.ones_like(alone), max_new_tokens=40, do_sample=False)
+            ref = model.generate(alone, attention_mask=torch.ones_like(alone), max_new_tokens=NEW_BATCH,
+                                 do_sample=False)
         new_ref = ref[0, len(prompt):].tolist()
         longest = max(longest, len(new_ref))
         new_out = out[i, width:width + len(new_ref)].tolist()
