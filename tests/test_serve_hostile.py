@@ -185,3 +185,11 @@ def test_the_advised_wait_follows_the_pace_of_the_batch():
     engine._durations.extend([2.0, 6.0])  # noqa: SLF001 (as two ended requests leave them)
     assert engine._retry_after(2) == pytest.approx(2 * 4.0 / 4)  # noqa: SLF001
     assert engine._retry_after(0) == pytest.approx(4.0 / 4)  # noqa: SLF001 (at least one must leave)
+
+
+def test_partial_tail_compares_only_tails_that_begin_like_the_tag():
+    from lookahead.serve.text import partial_tail
+
+    assert partial_tail("ab<st", "<stop>") == 3 and partial_tail("ab", "<stop>") == 0
+    assert partial_tail("<stop", "<stop>") == 5 and partial_tail("x<stop>", "<stop>") == 0  # (shorter than it)
+    assert partial_tail("a<<", "<<x") == 2 and partial_tail("", "<") == 0

@@ -151,6 +151,11 @@ def nesting(value: Any) -> int:
     return deepest
 
 
+def _too_deep() -> APIError:
+    return bad_request(f"the request body nests arrays and objects more than {MAX_DEPTH} deep: send a flatter JSON "
+                       f"object", code="invalid_json")
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object of a request body; APIError 400 when it is not UTF-8, not JSON or not an object."""
     try:
@@ -160,17 +165,15 @@ def parse_body(raw: bytes) -> dict[str, Any]:
                           f"send the JSON encoded as UTF-8", code="invalid_encoding") from None
     if not text.strip():
         raise bad_request("the request body is empty: send a JSON object", code="invalid_json")
-    too_deep = bad_request(f"the request body nests arrays and objects more than {MAX_DEPTH} deep: send a flatter "
-                           f"JSON object", code="invalid_json")
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad_request(f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
                           f"send one JSON object", code="invalid_json") from None
     except RecursionError:  # nested past what the parser reads
-        raise too_deep from None
+        raise _too_deep() from None
     if nesting(body) > MAX_DEPTH:
-        raise too_deep
+        raise _too_deep()
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got a JSON {json_kind(body)}",
                           code="invalid_json")

@@ -57,6 +57,20 @@ class IncrementalDecoder:
         return text[len(before):]  # (a tokenizer whose text is not prefix-stable: its best guess)
 
 
+def partial_tail(text: str, tag: str) -> int:
+    """The length of the longest tail of ``text`` that ``tag`` starts with (shorter than ``tag``).
+
+    Only the tails that begin with the tag's first character are compared: text "ab<st", tag "<stop>" -> 3
+    ("<st"); text "ab", tag "<stop>" -> 0."""
+    tail = text[len(text) - min(len(tag) - 1, len(text)):]
+    at = tail.find(tag[0]) if tag else -1
+    while at >= 0:
+        if tag.startswith(tail[at:]):
+            return len(tail) - at
+        at = tail.find(tag[0], at + 1)
+    return 0
+
+
 class StopScanner:
     """Cuts text at the first of ``stops``; until it is found, holds back a tail that may start one."""
 
@@ -79,20 +93,8 @@ class StopScanner:
         return buffer[:len(buffer) - keep], False
 
     def _partial(self, text: str) -> int:
-        """The length of the longest tail of ``text`` that a stop string starts with (shorter than it).
-
-        Only the tails that begin with a stop string's first character are compared: text "ab<st", stops
-        ["<stop>"] -> 3 ("<st")."""
-        longest = 0
-        for stop in self.stops:
-            tail = text[len(text) - min(len(stop) - 1, len(text)):]
-            at = tail.find(stop[0])
-            while at >= 0 and len(tail) - at > longest:
-                if stop.startswith(tail[at:]):
-                    longest = len(tail) - at
-                    break
-                at = tail.find(stop[0], at + 1)
-        return longest
+        """The length of the longest tail of ``text`` that a stop string starts with (shorter than it)."""
+        return max((partial_tail(text, stop) for stop in self.stops), default=0)
 
     def finish(self) -> str:
         """The held-back tail, at the end of a reply that met no stop string."""

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .text import partial_tail
+
 
 @dataclass(frozen=True)
 class Call:
@@ -84,7 +86,7 @@ class TaggedJsonCalls:
             else:
                 start = self.buffer.find(self.open)
                 if start < 0:
-                    keep = _partial(self.buffer, self.open)
+                    keep = partial_tail(self.buffer, self.open)
                     self._text(self.buffer[:len(self.buffer) - keep], out)
                     self.buffer = self.buffer[len(self.buffer) - keep:]
                     return out
@@ -121,7 +123,7 @@ class TaggedJsonCalls:
 
     def _block(self, body: str, closed: bool, out: list[Piece]) -> None:
         # a block the reply's end left open may end in part of its closing tag (max_tokens cut it there)
-        calls = self._calls(body if closed else body[:len(body) - _partial(body, self.close)])
+        calls = self._calls(body if closed else body[:len(body) - partial_tail(body, self.close)])
         if calls is None:  # not a call: the block is content as the model wrote it
             self._text(self.open + body + (self.close if closed else ""), out)
             return
@@ -223,14 +225,6 @@ def _call(item: Any, names: frozenset[str]) -> Call | None:
     if not isinstance(arguments, dict):
         return None
     return Call(str(item["name"]), json.dumps(arguments, ensure_ascii=False))
-
-
-def _partial(text: str, tag: str) -> int:
-    """The length of the longest tail of ``text`` that ``tag`` starts with (shorter than the tag)."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[len(text) - size:]):
-            return size
-    return 0
 
 
 ParserFactory = Callable[[frozenset[str], "int | None"], CallParser]
