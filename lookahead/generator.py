@@ -40,6 +40,7 @@ from .kernels import warmup
 from .kernels.threads import start_numba_threads, usable_cores
 from .model.fewrows import FewRowLinear
 from .model.hugepages import move_to_huge_pages
+from .model.prefixes import PrefixStore
 from .model.routing import Routing
 from .model.support import check_model
 from .model.switches import ForwardSwitches
@@ -145,6 +146,9 @@ class LookaheadGenerator:
         # Earlier requests' text: the learned store, or ``memory`` (any object with RequestMemory's
         # begin / observe / lookup / remember and priors: benchmarks put another store there).
         self.memory = memory if memory is not None else learned.memory
+        # Prompts' prefilled cache slots, for the next prompts that begin with them (model/prefixes.py; read
+        # only while reusing them is exact: ``reuse_is_exact``).
+        self.prefixes = PrefixStore(self.config.prefix_cache_tokens) if self.config.prefix_cache_tokens else None
 
     def _fresh(self) -> Learned:
         """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it or
@@ -379,4 +383,5 @@ class LookaheadGenerator:
         """What a decode of ``batch`` sequences reads: the state learned so far, shared, not copied."""
         sources = SourceFactory(self.run_config, self.memory, self.recycled, self.draft)
         cost = self._batch_cost(batch)
-        return DecodeContext(self.target, self.run_config, cost, self.acceptance, self.recycled, self.memory, sources)
+        return DecodeContext(self.target, self.run_config, cost, self.acceptance, self.recycled, self.memory, sources,
+                             prefixes=self.prefixes)

@@ -17,6 +17,7 @@ class GenerationStats:
     """What one generate call did. ``steps`` counts target forward passes after the prefill."""
 
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens whose cache slots came from the prefix store, not a prefill
     new_tokens: int = 0
     steps: int = 0  # decode forward passes of the target (the prefill not counted)
     prefill_s: float = 0.0

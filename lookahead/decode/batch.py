@@ -127,6 +127,11 @@ class BatchHandle:
         return self._seq.stats.accepted_prediction_tokens, self._seq.stats.rejected_prediction_tokens
 
     @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens whose cache slots the prefix store gave back (model/prefixes.py), not prefilled."""
+        return self._seq.stats.cached_prompt_tokens
+
+    @property
     def stats(self) -> GenerationStats:
         """This sequence's own stats (tokens accepted per step, predicted tokens)."""
         return self._seq.stats

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..call.decoding import Decoding
 from ..config import LookaheadConfig
 from ..cost import CostModel
+from ..model.prefixes import PrefixStore
 from ..model.target import Target
 from ..plan.acceptance import AcceptanceStats
 from ..plan.planner import SCORE_DEPTH, regime
@@ -34,6 +35,7 @@ class DecodeContext:
     sources: SourceFactory  # builds each sequence's candidate sources
     cost_for: Callable[[int], CostModel | None] | None = None  # the curve per batch size, where sequences join
     # and leave a running batch (None: ``cost`` throughout)
+    prefixes: PrefixStore | None = None  # earlier prompts' prefilled slots, shared across calls (None: none kept)
 
     def acceptance(self, decoding: Decoding, proposers: list[Proposer]) -> AcceptanceStats:
         """The estimate table of this decoding's regime (made from the sources' priors when new)."""

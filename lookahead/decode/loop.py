@@ -33,8 +33,9 @@ from transformers import DynamicCache
 
 from ..call.decoding import Decoding
 from ..call.stats import DEVICE_PHASES, PHASES, GenerationStats
-from ..model.cache import compact_slots, joined, keep_rows, keep_sequences
+from ..model.cache import SlotCache, compact_slots, joined, keep_rows, keep_sequences
 from ..model.mask import PastSlots, compacted
+from ..model.prefixes import reuse_is_exact
 from ..model.target import to_device
 from ..plan.choice import StepChooser
 from ..plan.planner import Planner
@@ -175,7 +176,7 @@ class DecodeRun:
         bookkeeping."""
         if len(seqs) == 1:
             prompt = seqs[0].out.seq[:seqs[0].out.prompt_len]  # without its left padding
-            self.target.prefill(self.cache, prompt[None, :-1])
+            self.cache = self._prefilled(prompt, seqs[0])
             self.past = prompt.shape[0] - 1
             self.x_pos = np.array([self.past], dtype=np.int64)
             self.slots = None
@@ -290,8 +291,7 @@ class DecodeRun:
         seq = self._sequence(prompt, decoding, streamer, context_left, prediction)
         if seq.tokens_left() <= 0:
             return seq
-        own = self.target.new_cache()
-        self.target.prefill(own, prompt[None, :-1])
+        own = self._prefilled(prompt, seq)
         length = int(prompt.shape[0]) - 1  # its cache slots: every prompt token but x
         if not self.active:
             self.cache, self.past, self.slots = own, length, None
@@ -302,6 +302,24 @@ class DecodeRun:
         seq.begin()
         self._recost()
         return seq
+
+    def _prefilled(self, prompt: np.ndarray, seq: Sequence) -> SlotCache:
+        """A new cache holding ``prompt`` [T] but its last token (the first step's x), for one sequence: the
+        slots of the longest earlier prompt it begins with restored from the prefix store and the rest
+        prefilled, where reusing them is exact (model/prefixes.py), else all of it prefilled. The prompt is
+        kept in the store for the next ones; ``seq``'s stats count the tokens restored."""
+        cache = self.target.new_cache()
+        body = prompt[:-1]  # [T - 1]
+        store = self.context.prefixes
+        if store is None or not reuse_is_exact(self.target.model):
+            self.target.prefill(cache, body[None])
+            return cache
+        reused = store.restore(body, cache)
+        self.target.prefill(cache, body[None, reused:])
+        store.keep(body, cache)
+        seq.stats.cached_prompt_tokens = reused
+        self.stats.cached_prompt_tokens += reused
+        return cache
 
     def _place(self, own: DynamicCache, length: int) -> None:
         """A new sequence's cache ``own`` (``length`` slots) beside the batch's, left-padded to the longer."""

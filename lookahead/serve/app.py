@@ -82,6 +82,8 @@ METRIC_HELP = {
     "tokens_per_forward": "Tokens each sequence gained per step it was in (1.0 for plain decoding at any batch size).",
     "tokens_per_second": "Tokens generated per second of decode steps.",
     "memory_fill": "Fraction of the memory across requests in use.",
+    "prefix_cache_tokens": "Prompt tokens whose prefilled keys and values the prefix cache holds.",
+    "prefix_cache_reused_tokens_total": "Prompt tokens the prefix cache gave back instead of a prefill.",
     "step_seconds_total": "Seconds spent in decode steps (a request's join, its prefill, is not in them).",
     "host_seconds_total": "Seconds of the decode steps' host work: proposing, planning, committing, the cache's "
                           "bookkeeping, learning.",
@@ -126,6 +128,7 @@ async def reply_steps(ticket: Ticket, reply: ReplyText) -> AsyncIterator[Step]:
         usage: dict[str, Any] = {
             "prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
             "total_tokens": event.prompt_tokens + event.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": event.cached_tokens},
             "completion_tokens_details": {"accepted_prediction_tokens": event.prediction[0],
                                           "rejected_prediction_tokens": event.prediction[1]}}
         if cut or event.finish_reason in ("stop", "length"):

@@ -70,7 +70,9 @@ def summed_usage(usages: Sequence[dict[str, Any]]) -> dict[str, Any]:
     prompt = usages[0]["prompt_tokens"]
     completion = sum(u["completion_tokens"] for u in usages)
     details = [u.get("completion_tokens_details") or {} for u in usages]
+    cached = min((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in usages)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
             "completion_tokens_details": {
                 "accepted_prediction_tokens": sum(d.get("accepted_prediction_tokens", 0) for d in details),
                 "rejected_prediction_tokens": sum(d.get("rejected_prediction_tokens", 0) for d in details)}}

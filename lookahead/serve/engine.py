@@ -79,6 +79,7 @@ class Event:
     prompt_tokens: int = 0  # usage, on the last event
     completion_tokens: int = 0
     prediction: tuple[int, int] = (0, 0)  # usage: (accepted, rejected) predicted tokens, on the last event
+    cached_tokens: int = 0  # usage: prompt tokens the prefix cache gave back, on the last event
     logprobs: StepLogprobs | None = None  # the tokens' logprobs (when the request asks for them)
 
 
@@ -129,9 +130,11 @@ class Ticket:
             pass
 
     def close(self, reason: str, prompt_tokens: int, completion_tokens: int, error: str | None = None,
-              prediction: tuple[int, int] = (0, 0)) -> None:
-        """The final event (``prediction``: the accepted and rejected predicted tokens)."""
-        self.send(Event([], reason, error, prompt_tokens, completion_tokens, prediction=prediction))
+              prediction: tuple[int, int] = (0, 0), cached_tokens: int = 0) -> None:
+        """The final event (``prediction``: the accepted and rejected predicted tokens; ``cached_tokens``: the
+        prompt tokens the prefix cache gave back)."""
+        self.send(Event([], reason, error, prompt_tokens, completion_tokens, prediction=prediction,
+                        cached_tokens=cached_tokens))
 
 
 @dataclass
@@ -278,6 +281,7 @@ class Engine:
         c = self.counters
         memory = self.generator.learned.memory
         fill = self.memory_tokens / memory.store.capacity if memory is not None else 0.0
+        prefixes = self.generator.prefixes
         with self._cond:
             waiting, running = len(self._waiting), len(self._live)
         return {"requests_total": float(c.requests_total), "requests_running": float(running),
@@ -291,6 +295,8 @@ class Engine:
                                       if c.step_seconds_total else 0.0),
                 "step_seconds_total": c.step_seconds_total, "host_seconds_total": c.host_seconds_total,
                 "forward_seconds_total": c.forward_seconds_total,
+                "prefix_cache_tokens": float(prefixes.tokens) if prefixes is not None else 0.0,
+                "prefix_cache_reused_tokens_total": float(prefixes.reused_tokens) if prefixes is not None else 0.0,
                 "memory_fill": fill}
 
     # ------------------------------------------------------------------ the decode thread
@@ -394,7 +400,7 @@ class Engine:
             ticket.close("error", handle.prompt_tokens, handle.new_tokens, error)
             return
         ticket.close(handle.finish_reason or "stop", handle.prompt_tokens, handle.new_tokens,
-                     prediction=handle.prediction_tokens)
+                     prediction=handle.prediction_tokens, cached_tokens=handle.cached_prompt_tokens)
 
     def _fail_live(self, message: str) -> None:
         """Every running request ends with an error event."""

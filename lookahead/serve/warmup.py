@@ -9,7 +9,7 @@ stalls every sequence in their batches; done here, before the port opens, it is 
 ``warm_up`` joins synthetic prompts to a batch of 1, 2 and 3 sequences (two sizes of several serve
 every larger one, ``TracedForward.serves``) and runs one step of one row and one of two rows for each
 through the target, as the decode loop would, then drops the batch: nothing is decoded, nothing is
-learned (no acceptance, no curve refinement, no memory), only the curves, routes and traces are made.
+learned (no acceptance, no curve refinement, no memory, no kept prompt), only the curves, routes and traces are made.
 
 Worked example (``max_batch`` 4, SmolLM2 traced): shapes (1, 1), (1, 2+), (2, 1), (2, 2+), (3, 1),
 (3, 2+) checked; a step of 4 sequences over 3 rows then replays its trace at once.
@@ -49,6 +49,8 @@ def warm_up(generator: LookaheadGenerator, max_batch: int) -> WarmUp:
             for rows in ROWS:
                 _step(generator, prompt, count, rows)
                 shapes.append((count, rows))
+    if generator.prefixes is not None:
+        generator.prefixes.clear()  # (its synthetic prompts are nothing a request resends)
     return WarmUp(tuple(shapes), time.perf_counter() - began)
 
 
