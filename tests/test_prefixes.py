@@ -153,7 +153,8 @@ def test_generate_on_a_resent_conversation_restores_it_and_decodes_exactly(llama
     assert gen.last_stats.cached_prompt_tokens == 0
     second = torch.cat([first, MORE], 1)  # the conversation resent with a next turn
     out = gen.generate(second, max_new_tokens=30, eos_token_id=NEVER, logprobs=3, return_dict_in_generate=True)
-    assert out.stats.cached_prompt_tokens == PROMPT.shape[1] - 1  # the first prompt as kept (its last token is x)
+    # the first call kept its prompt and output up to its last step's x
+    assert PROMPT.shape[1] <= out.stats.cached_prompt_tokens < first.shape[1]
     fresh = LookaheadGenerator(llama_int8, config=NO_CACHE).generate(
         second, max_new_tokens=30, eos_token_id=NEVER, logprobs=3, return_dict_in_generate=True)
     assert fresh.stats.cached_prompt_tokens == 0
@@ -164,6 +165,37 @@ def test_generate_on_a_resent_conversation_restores_it_and_decodes_exactly(llama
     again = gen.generate(second, max_new_tokens=30, eos_token_id=NEVER)  # all of it kept now
     assert gen.last_stats.cached_prompt_tokens == second.shape[1] - 1
     assert torch.equal(again, out.sequences)
+
+
+def whole_prefill_bits_equal(target, kept) -> bool:
+    with torch.inference_mode():
+        cache = target.new_cache()
+        target.prefill(cache, kept.tokens[None])
+    return all(torch.equal(k, kk) and torch.equal(v, kv)
+               for (k, v), kk, kv in zip(slots(cache), kept.keys, kept.values, strict=True))
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_finished_sequence_keeps_its_prompt_and_output_with_a_whole_prefills_bits(llama_int8, count):
+    """What decode steps wrote (trees, accepted rows gathered, a batch's padding and holes) is kept with the
+    bits a prefill of the same tokens gives: a next turn restoring it decodes as without the cache."""
+    gen = LookaheadGenerator(llama_int8, config=LookaheadConfig(window=8, ngram=5, candidates=12, match_length=10,
+                                                                max_tree_nodes=64))
+    batch = gen.open_batch()
+    prompts = [PROMPT[0].numpy()[:18 - 4 * i] for i in range(count)]  # lengths 18, 14, 10: padded beside each other
+    handles = [batch.join(p, max_new_tokens=24 + 6 * i, do_sample=False, eos_token_id=NEVER)
+               for i, p in enumerate(prompts)]
+    while batch.handles:
+        batch.step()
+    assert sum(batch.stats.accepted) > batch.stats.steps  # trees were accepted: the rows came from several-row steps
+    kept = sorted(gen.prefixes._kept.values(), key=lambda k: k.tokens.shape[0])  # noqa: SLF001
+    assert len(kept) == count
+    for entry in kept:
+        owner = next(h for h in handles if np.array_equal(np.concatenate([prompts[handles.index(h)],
+                                                                          h.output_ids])[:entry.tokens.shape[0]],
+                                                          entry.tokens))
+        assert entry.tokens.shape[0] > owner.prompt_tokens  # its output too
+        assert whole_prefill_bits_equal(gen.target, entry)
 
 
 def test_requests_joining_an_open_batch_restore_their_prefix_and_decode_exactly(llama_int8):

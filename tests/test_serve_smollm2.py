@@ -1,6 +1,6 @@
 """The server on the real default model (SmolLM2-135M-Instruct, its GGUF blocks kept): the logprobs of the
-default server (speculating) equal those of the same server with speculation off, to the bit, on 16
-prompts, through the real openai client on a loopback port. Each row of a step is computed by row-count
+default server (speculating, its prefix cache on) equal those of the same server with speculation and the
+prefix cache off, to the bit, on 16 prompts, through the real openai client on a loopback port. Each row of a step is computed by row-count
 independent kernels (lookahead's attention op and the kept blocks' products), so a token accepted from a
 tree carries the very logits the plain loop's one-row step gives it."""
 
@@ -20,7 +20,9 @@ MODEL = "smollm2-135m"
 WAIT_S = 120.0  # the longest one request may take (a slow, busy 2-core machine)
 NEW = 24
 TOP = 5
-PLAIN = LookaheadConfig(candidates=0, window=1, auto_window=False)  # `--candidates 0 --window 1 --no-auto-window`
+# `--candidates 0 --window 1 --no-auto-window --prefix-cache-tokens 0`: no speculation, and every prompt prefilled
+# whole (the default server restores the chat template's shared opening from its prefix cache)
+PLAIN = LookaheadConfig(candidates=0, window=1, auto_window=False, prefix_cache_tokens=0)
 PROMPTS = [  # 16: lists and code repeat themselves (trees accepted), the rest is open chat
     "Count from one to twenty in words, separated by commas.",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -44,7 +46,7 @@ PROMPTS = [  # 16: lists and code repeat themselves (trees accepted), the rest i
 def answers(model, tokenizer, config: LookaheadConfig) -> tuple[list[tuple[list[str], list[float],
                                                                           list[list[tuple[str, float]]]]], float]:
     """Each prompt's (tokens, their logprobs, their top alternatives) from a server of ``config``, one
-    request at a time; and the server's tokens per forward."""
+    request at a time; the server's tokens per forward and the prompt tokens its prefix cache gave back."""
     engine = Engine(LookaheadGenerator(model, tokenizer, config), max_batch=1)
     engine.start()
     server = ServerThread(create_app(engine, MODEL, stop_engine=True)).start()
@@ -58,7 +60,8 @@ def answers(model, tokenizer, config: LookaheadConfig) -> tuple[list[tuple[list[
             assert len(entries) == reply.usage.completion_tokens > 0
             out.append(([e.token for e in entries], [e.logprob for e in entries],
                         [[(t.token, t.logprob) for t in e.top_logprobs] for e in entries]))
-        return out, engine.metrics()["tokens_per_forward"]
+        metrics = engine.metrics()
+        return out, (metrics["tokens_per_forward"], metrics["prefix_cache_reused_tokens_total"])
     finally:
         server.stop()
 
@@ -66,10 +69,11 @@ def answers(model, tokenizer, config: LookaheadConfig) -> tuple[list[tuple[list[
 def test_logprobs_are_the_same_bits_with_speculation_on_and_off():
     """(int8 products: the fast ones on every CPU with AVX2; tests/test_smollm2.py checks float32's tokens.)"""
     model, tokenizer = load_model(MODEL, products="int8")
-    spec, per_forward = answers(model, tokenizer, LookaheadConfig())
-    plain, plain_per_forward = answers(model, tokenizer, PLAIN)
-    assert plain_per_forward == 1.0
+    spec, (per_forward, reused) = answers(model, tokenizer, LookaheadConfig())
+    plain, (plain_per_forward, plain_reused) = answers(model, tokenizer, PLAIN)
+    assert plain_per_forward == 1.0 and plain_reused == 0
     assert per_forward > 1.0, "no token came from a tree: the comparison would be vacuous"
+    assert reused > 0, "no prompt restored a kept prefix: the comparison would not cover the prefix cache"
     for prompt, a, b in zip(PROMPTS, spec, plain):
         assert a[0] == b[0], prompt  # the same tokens
         assert a[1] == b[1], prompt  # their logprobs, to the bit (JSON carries a float32's value exactly)

@@ -224,6 +224,7 @@ class DecodeRun:
         results = [seq.commit(staged[a], p) for a, (seq, p) in enumerate(zip(seqs, plans))]  # 5. commit
         marks.append(clock())
         finished = [a for a, (done, _) in enumerate(results) if done]
+        self._remember(finished)
         continues = len(finished) < len(seqs)
         if continues:
             self._keep([kept for _, kept in results], self.past + rows.tokens.shape[1])
@@ -320,6 +321,18 @@ class DecodeRun:
         seq.stats.cached_prompt_tokens = reused
         self.stats.cached_prompt_tokens += reused
         return cache
+
+    def _remember(self, finished: list[int]) -> None:
+        """Keep each finished sequence's cache slots in the prefix store: its prompt and output up to this
+        step's x (the step's own rows are not committed to the cache), for a next request that resends
+        them (a conversation's next turn)."""
+        store = self.context.prefixes
+        if not finished or store is None or not reuse_is_exact(self.target.model):
+            return
+        for a in finished:
+            length = int(self.x_pos[a])  # the slots the sequence sees: its tokens before x
+            index = torch.nonzero(self.slots.valid[a]).flatten() if self.slots is not None else None
+            store.keep(self.active[a].out.seq[:length], self.cache, a, index)
 
     def _place(self, own: DynamicCache, length: int) -> None:
         """A new sequence's cache ``own`` (``length`` slots) beside the batch's, left-padded to the longer."""

@@ -116,12 +116,13 @@ class PrefixStore:
         self.reused_tokens += length
         return length
 
-    def keep(self, tokens: np.ndarray, cache: SlotCache) -> None:
-        """Keep the first len(``tokens``) slots of ``cache`` (one sequence, those tokens prefilled) as a copy.
-        A kept prompt that is a prefix of ``tokens`` is replaced; where a kept one already begins with all of
-        ``tokens``, that one is kept instead (made the most recently used)."""
+    def keep(self, tokens: np.ndarray, cache: SlotCache, row: int = 0, index: torch.Tensor | None = None) -> None:
+        """Keep a copy of the slots of ``cache``'s sequence ``row`` that hold ``tokens`` [L]: its first L slots,
+        or those ``index`` [L] names (a batch's row, whose slots have holes). A kept prompt that is a prefix of
+        ``tokens`` is replaced; where a kept one already begins with all of ``tokens``, that one is kept
+        instead (made the most recently used)."""
         length = int(tokens.shape[0])
-        if length == 0 or length > self.capacity:
+        if length == 0 or length > self.capacity or (index is not None and index.shape[0] != length):
             return
         for key, kept in list(self._kept.items()):
             shared = common_prefix(kept.tokens, tokens)
@@ -133,8 +134,12 @@ class PrefixStore:
         layers = [layer for layer in cache.layers if isinstance(layer, SlotLayer) and layer.get_seq_length() >= length]
         if not layers or len(layers) < len(cache.layers):
             return  # (a layer of another kind, or one the prefill did not fill: nothing consistent to keep)
-        keys = [layer.key_buffer[:1, :, :length].clone() for layer in layers]  # [1, H, L, D] each
-        values = [layer.value_buffer[:1, :, :length].clone() for layer in layers]
+        def taken(buffer: torch.Tensor) -> torch.Tensor:  # [A, H, capacity, D] -> a copy [1, H, L, D]
+            part = buffer[row:row + 1]
+            return part[:, :, :length].clone() if index is None else part.index_select(2, index)
+
+        keys = [taken(layer.key_buffer) for layer in layers]
+        values = [taken(layer.value_buffer) for layer in layers]
         while self._kept and self.tokens + length > self.capacity:
             self._drop(next(iter(self._kept)))
         self._kept[self._next] = KeptPrefix(tokens.copy(), keys, values)
