@@ -212,6 +212,7 @@ def test_a_tool_call_and_a_response_format_together_are_a_400(tooled):
 
 # ------------------------------------------------------------------ tool_choice "required" with parallel calls
 
+# (the tiny tokenizer writes no space: its calls' JSON is compact; a real one's reads as templates write it)
 WEATHER_CALL = '<tool_call>{"name":"get_weather","arguments":{"city":"Rome","days":true}}</tool_call>'
 TIME_CALL = '<tool_call>\n{"name":"get_time","arguments":{"zone":"UTC"}}\n</tool_call>'
 
@@ -318,3 +319,29 @@ def test_required_with_parallel_calls_through_the_server_equals_the_constrained_
     for each in two.choices:
         assert [(c.function.name, json.loads(c.function.arguments)) for c in each.message.tool_calls] == calls
     assert len({c.id for each in two.choices for c in each.message.tool_calls}) == 2 * len(calls)
+
+
+def spaced_tokenizer():
+    """A character-level tokenizer like the tiny one, with a space (id 3) before '!'."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({chr(32 + i): 3 + i for i in range(94)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<pad>"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def test_a_forced_call_is_written_as_templates_write_calls_where_the_tokenizer_writes_a_space():
+    """(", " and ": ": transformers' tojson, how a template writes the call back into the next request's history)"""
+    from lookahead.call.grammar import Grammars
+
+    settings = tool_settings([CLOCK], "required", False)
+    call = TaggedCall(call_schema(settings), *CALL_TAGS, most=1)
+    spaced = Grammars(spaced_tokenizer(), 97)
+    assert spaced.call_separators() == (", ", ": ")
+    grammar = spaced.compile(call)
+    assert accepts(grammar, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>')
+    assert not accepts(grammar, '<tool_call>\n{"name":"get_time","arguments":{"zone":"UTC"}}\n</tool_call>')
+    assert Grammars(tiny_tokenizer(), 96).call_separators() == (",", ":")  # no space to write

@@ -22,6 +22,10 @@ from ..errors import GenerateInputError, one_line
 
 EXTRA = "pip install 'lookahead-lm[grammar]'"  # the extra that brings the grammar engine (xgrammar)
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+# A tool call's JSON as chat templates write calls back into the history (transformers' ``tojson``: json.dumps's
+# separators), so a call reads as the model learned it and as the next request resends it (the prefix cache,
+# model/prefixes.py, then restores it too).
+TEMPLATE_SEPARATORS = (", ", ": ")
 
 
 class GrammarInputError(GenerateInputError):
@@ -45,7 +49,8 @@ def load_xgrammar() -> Any:
 @dataclass(frozen=True)
 class TaggedCall:
     """A reply that is tool calls as a chat template writes them: each ``open_tag``, a JSON value valid for
-    ``schema``, ``close_tag`` (a newline allowed after the open tag and before the close tag). ``most``: 1,
+    ``schema`` (", " and ": " between its items where the tokenizer writes them: ``Grammars.call_separators``),
+    ``close_tag`` (a newline allowed after the open tag and before the close tag). ``most``: 1,
     exactly one call; None, one or more, a newline allowed between two (parallel calls)."""
 
     schema: dict
@@ -132,12 +137,21 @@ class Grammars:
                                     field) from None
         return Grammar(compiled, self.vocab, text)
 
+    def call_separators(self) -> tuple[str, str]:
+        """A tool call's JSON separators: TEMPLATE_SEPARATORS where the tokenizer writes a space (a real one
+        does), else "," and ":" (a vocabulary without a space could not write the others)."""
+        probe = "a, b"
+        tokenizer = self.tokenizer
+        writes = tokenizer is not None and tokenizer.decode(tokenizer.encode(probe, add_special_tokens=False)) == probe
+        return TEMPLATE_SEPARATORS if writes else (",", ":")
+
     def _tagged(self, call: TaggedCall, field: str) -> Grammar:
         """``call`` compiled: the tags around the schema's JSON (GrammarInputError naming ``field``)."""
         xgr = load_xgrammar()
         text = json.dumps(call.schema)
         try:
-            body = xgr.Grammar.from_json_schema(text, any_whitespace=False, separators=(",", ":"), strict_mode=True)
+            body = xgr.Grammar.from_json_schema(text, any_whitespace=False, separators=self.call_separators(),
+                                                strict_mode=True)
             opening = xgr.Grammar.from_ebnf(f'root ::= {json.dumps(call.open_tag)} "\\n"?')
             closing = xgr.Grammar.from_ebnf(f'root ::= "\\n"? {json.dumps(call.close_tag)}')
             one = xgr.Grammar.concat(opening, body, closing)
