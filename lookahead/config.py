@@ -108,11 +108,12 @@ class LookaheadConfig:
                                             "store, else at least 2)", 0, 1 << 31)
     memory_prompts: bool = documented(False, "keep the requests' prompts in the memory store too, not only their "
                                              "outputs")
-    prefix_cache_tokens: int = documented(8192, "prefix cache: prompt tokens whose prefilled keys and values are kept "
-                                                "(a copy), so that a prompt beginning with a kept one (a resent "
-                                                "conversation) prefills only the rest; least recently used dropped. "
-                                                "Used only where that gives the bits a whole prefill gives (int8 "
-                                                "products of GGUF blocks on the CPU); 0: none", 0, 1 << 24)
+    prefix_cache_mb: int = documented(256, "prefix cache: MiB of memory for copies of prompts' prefilled keys and "
+                                           "values (and of finished requests' output), so that a prompt beginning "
+                                           "with a kept one (a resent conversation) prefills only the rest; least "
+                                           "recently used dropped. Used only where that gives the bits a whole "
+                                           "prefill gives (int8 products of GGUF blocks on the CPU); 0: none",
+                                      0, 1 << 20)
     max_tree_nodes: int = documented(32, "cap on verification-tree nodes per step", 0, 4096)
     budget: str = documented("adaptive", "adaptive: size each step's tree and window by the cost curve; fixed: "
                                          "always the whole window and up to max_tree_nodes",

@@ -148,7 +148,7 @@ class LookaheadGenerator:
         self.memory = memory if memory is not None else learned.memory
         # Prompts' prefilled cache slots, for the next prompts that begin with them (model/prefixes.py; read
         # only while reusing them is exact: ``reuse_is_exact``).
-        self.prefixes = PrefixStore(self.config.prefix_cache_tokens) if self.config.prefix_cache_tokens else None
+        self.prefixes = PrefixStore(self.config.prefix_cache_mb << 20) if self.config.prefix_cache_mb else None
 
     def _fresh(self) -> Learned:
         """Nothing learned yet; the cost curve measured (or read from disk) when the budget uses it or

@@ -21,7 +21,7 @@ from lookahead.model.quantized import QuantizedLinear, quantized_modules
 NEVER = [VOCAB + 1000]  # an EOS no row reaches: every decode runs to max_new_tokens
 PROMPT = torch.tensor([[5, 9, 14, 23, 5, 9, 14, 23, 5, 9, 14, 23, 5, 9, 31, 40, 2, 17]])
 MORE = torch.tensor([[7, 3, 11, 5, 9, 14, 23, 5]])  # a next turn's own tokens
-NO_CACHE = LookaheadConfig(prefix_cache_tokens=0)
+NO_CACHE = LookaheadConfig(prefix_cache_mb=0)
 
 
 def int8_model(arch: str, kind: Q) -> torch.nn.Module:
@@ -54,6 +54,9 @@ def test_common_prefix_worked_examples():
     assert common_prefix(a([4, 4, 4]), a([4, 4, 4])) == 3
 
 
+SLOT = 2 * 2 * (2 * 4 * 4)  # bytes of one slot of hand_cache: 2 layers x (keys + values) x [2 heads, 4] float32
+
+
 def hand_cache(tokens: int, layers: int = 2, fill: float = 0.0):
     """A SlotCache of ``layers`` layers holding ``tokens`` slots [1, 2, tokens, 4], slot s of layer l holding
     fill + 100 l + s (values: the negative)."""
@@ -66,7 +69,7 @@ def hand_cache(tokens: int, layers: int = 2, fill: float = 0.0):
 
 
 def test_the_store_restores_the_longest_kept_prefix_and_its_values():
-    store = PrefixStore(100)
+    store = PrefixStore(100 * SLOT)
     store.keep(np.array([5, 9, 14, 2]), hand_cache(4))
     store.keep(np.array([5, 7]), hand_cache(2, fill=0.5))
     cache = new_cache(2)
@@ -80,16 +83,16 @@ def test_the_store_restores_the_longest_kept_prefix_and_its_values():
 
 
 def test_a_longer_prompt_replaces_its_prefix_and_a_shorter_one_is_not_kept_again():
-    store = PrefixStore(100)
+    store = PrefixStore(100 * SLOT)
     store.keep(np.array([5, 9, 14]), hand_cache(3))
     store.keep(np.array([5, 9, 14, 2, 8]), hand_cache(5))
-    assert len(store) == 1 and store.tokens == 5
+    assert len(store) == 1 and store.tokens == 5 and store.size == 5 * SLOT
     store.keep(np.array([5, 9]), hand_cache(2))  # held already inside the five-token one
     assert len(store) == 1 and store.tokens == 5
 
 
 def test_the_least_recently_used_prompt_goes_first_and_the_capacity_holds():
-    store = PrefixStore(10)
+    store = PrefixStore(10 * SLOT)  # ten tokens' slots
     store.keep(np.array([1, 2, 3, 4]), hand_cache(4))
     store.keep(np.array([7, 8, 9, 10]), hand_cache(4))
     assert store.restore(np.array([1, 2, 3, 4, 5]), new_cache(2)) == 4  # [1 2 3 4] now the most recent
@@ -98,16 +101,16 @@ def test_the_least_recently_used_prompt_goes_first_and_the_capacity_holds():
     assert store.longest(np.array([7, 8, 9]))[1] == 0
     assert store.longest(np.array([1, 2, 3]))[1] == 3
     store.keep(np.arange(11), hand_cache(11))  # longer than the whole store: not kept
-    assert store.tokens == 8
+    assert store.tokens == 8 and store.size == 8 * SLOT
     store.clear()
-    assert len(store) == 0 and store.tokens == 0 and store.reused_tokens == 0
+    assert len(store) == 0 and store.tokens == 0 and store.size == 0 and store.reused_tokens == 0
 
 
 def test_a_store_of_no_tokens_and_a_bad_setting_are_refused():
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match="at least one byte"):
         PrefixStore(0)
-    with pytest.raises(ConfigError, match="prefix_cache_tokens"):
-        LookaheadConfig(prefix_cache_tokens=-1)
+    with pytest.raises(ConfigError, match="prefix_cache_mb"):
+        LookaheadConfig(prefix_cache_mb=-1)
 
 
 def test_reuse_is_exact_only_with_int8_products(llama_int8):
@@ -134,7 +137,7 @@ def test_a_restored_prefix_and_the_rest_hold_the_bits_of_a_whole_prefill(arch, k
         whole = target.new_cache()
         target.prefill(whole, prompt[None])
         for split in (1, 7, 33, 79):
-            store = PrefixStore(1000)
+            store = PrefixStore(1 << 30)
             first = target.new_cache()
             target.prefill(first, prompt[None, :split])
             store.keep(prompt[:split], first)

@@ -20,9 +20,9 @@ MODEL = "smollm2-135m"
 WAIT_S = 120.0  # the longest one request may take (a slow, busy 2-core machine)
 NEW = 24
 TOP = 5
-# `--candidates 0 --window 1 --no-auto-window --prefix-cache-tokens 0`: no speculation, and every prompt prefilled
+# `--candidates 0 --window 1 --no-auto-window --prefix-cache-mb 0`: no speculation, and every prompt prefilled
 # whole (the default server restores the chat template's shared opening from its prefix cache)
-PLAIN = LookaheadConfig(candidates=0, window=1, auto_window=False, prefix_cache_tokens=0)
+PLAIN = LookaheadConfig(candidates=0, window=1, auto_window=False, prefix_cache_mb=0)
 PROMPTS = [  # 16: lists and code repeat themselves (trees accepted), the rest is open chat
     "Count from one to twenty in words, separated by commas.",
     "Write a Python function that returns the n-th Fibonacci number.",

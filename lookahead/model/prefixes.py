@@ -2,7 +2,7 @@
 
 An agent resends its whole conversation every turn; an editor resends the same system prompt. Their
 prompts' prefills repeat work done for the previous request. ``PrefixStore`` keeps the prefilled cache
-slots of recent prompts (bounded in tokens, least recently used dropped) and, when a new prompt starts
+slots of recent prompts (bounded in bytes, least recently used dropped) and, when a new prompt starts
 with the tokens of a kept one, writes those slots into the new cache and prefills only the rest.
 
 That is exact only where a row's keys and values do not depend on how many rows a forward computes
@@ -65,6 +65,11 @@ def reuse_is_exact(model: torch.nn.Module) -> bool:
     return blocks > 0 and device is not None and device.type == "cpu"
 
 
+def slot_bytes(buffer: torch.Tensor) -> int:
+    """Bytes one slot of one sequence takes in a cache buffer [A, H, capacity, D]."""
+    return int(buffer.shape[1] * buffer.shape[3] * buffer.element_size())
+
+
 @dataclass
 class KeptPrefix:
     """One prompt's prefilled slots: its tokens [L] and, per cache layer, keys and values [1, H, L, D]."""
@@ -72,10 +77,12 @@ class KeptPrefix:
     tokens: np.ndarray
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    size: int  # bytes of keys and values
 
 
 class PrefixStore:
-    """Prefilled prompts kept for reuse, at most ``capacity`` tokens in all (least recently used dropped).
+    """Prefilled prompts kept for reuse, at most ``capacity`` bytes of keys and values in all (least recently
+    used dropped).
 
     Worked example: ``keep([5, 9, 14, 2], cache)`` keeps four slots; a later prompt [5, 9, 14, 2, 8, 3]
     ``restore``s those four into its new cache and prefills [8, 3] alone; ``keep`` of that prompt then
@@ -84,11 +91,12 @@ class PrefixStore:
 
     def __init__(self, capacity: int):
         if capacity < 1:
-            raise ValueError(f"a prefix store holds at least one token, got capacity {capacity}")
+            raise ValueError(f"a prefix store holds at least one byte, got capacity {capacity}")
         self.capacity = capacity
         self._kept: OrderedDict[int, KeptPrefix] = OrderedDict()  # oldest first
         self._next = 0
         self.tokens = 0  # tokens held in all
+        self.size = 0  # bytes held in all
         self.reused_tokens = 0  # prompt tokens restored instead of prefilled, since the store was made
 
     def __len__(self) -> int:
@@ -122,7 +130,13 @@ class PrefixStore:
         ``tokens`` is replaced; where a kept one already begins with all of ``tokens``, that one is kept
         instead (made the most recently used)."""
         length = int(tokens.shape[0])
-        if length == 0 or length > self.capacity or (index is not None and index.shape[0] != length):
+        if length == 0 or (index is not None and index.shape[0] != length):
+            return
+        layers = [layer for layer in cache.layers if isinstance(layer, SlotLayer) and layer.get_seq_length() >= length]
+        if not layers or len(layers) < len(cache.layers):
+            return  # (a layer of another kind, or one the prefill did not fill: nothing consistent to keep)
+        size = length * sum(slot_bytes(layer.key_buffer) + slot_bytes(layer.value_buffer) for layer in layers)
+        if size > self.capacity:
             return
         for key, kept in list(self._kept.items()):
             shared = common_prefix(kept.tokens, tokens)
@@ -131,25 +145,26 @@ class PrefixStore:
                 return
             if shared == kept.tokens.shape[0]:  # superseded by this longer one
                 self._drop(key)
-        layers = [layer for layer in cache.layers if isinstance(layer, SlotLayer) and layer.get_seq_length() >= length]
-        if not layers or len(layers) < len(cache.layers):
-            return  # (a layer of another kind, or one the prefill did not fill: nothing consistent to keep)
+
         def taken(buffer: torch.Tensor) -> torch.Tensor:  # [A, H, capacity, D] -> a copy [1, H, L, D]
             part = buffer[row:row + 1]
             return part[:, :, :length].clone() if index is None else part.index_select(2, index)
 
         keys = [taken(layer.key_buffer) for layer in layers]
         values = [taken(layer.value_buffer) for layer in layers]
-        while self._kept and self.tokens + length > self.capacity:
+        while self._kept and self.size + size > self.capacity:
             self._drop(next(iter(self._kept)))
-        self._kept[self._next] = KeptPrefix(tokens.copy(), keys, values)
+        self._kept[self._next] = KeptPrefix(tokens.copy(), keys, values, size)
         self._next += 1
         self.tokens += length
+        self.size += size
 
     def clear(self) -> None:
         """Forget every kept prompt (and the count of tokens reused): as new."""
         self._kept.clear()
-        self.tokens = self.reused_tokens = 0
+        self.tokens = self.size = self.reused_tokens = 0
 
     def _drop(self, key: int) -> None:
-        self.tokens -= int(self._kept.pop(key).tokens.shape[0])
+        kept = self._kept.pop(key)
+        self.tokens -= int(kept.tokens.shape[0])
+        self.size -= kept.size

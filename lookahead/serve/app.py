@@ -83,6 +83,7 @@ METRIC_HELP = {
     "tokens_per_second": "Tokens generated per second of decode steps.",
     "memory_fill": "Fraction of the memory across requests in use.",
     "prefix_cache_tokens": "Prompt tokens whose prefilled keys and values the prefix cache holds.",
+    "prefix_cache_bytes": "Bytes of keys and values the prefix cache holds.",
     "prefix_cache_reused_tokens_total": "Prompt tokens the prefix cache gave back instead of a prefill.",
     "step_seconds_total": "Seconds spent in decode steps (a request's join, its prefill, is not in them).",
     "host_seconds_total": "Seconds of the decode steps' host work: proposing, planning, committing, the cache's "

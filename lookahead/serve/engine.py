@@ -296,6 +296,7 @@ class Engine:
                 "step_seconds_total": c.step_seconds_total, "host_seconds_total": c.host_seconds_total,
                 "forward_seconds_total": c.forward_seconds_total,
                 "prefix_cache_tokens": float(prefixes.tokens) if prefixes is not None else 0.0,
+                "prefix_cache_bytes": float(prefixes.size) if prefixes is not None else 0.0,
                 "prefix_cache_reused_tokens_total": float(prefixes.reused_tokens) if prefixes is not None else 0.0,
                 "memory_fill": fill}
 
