@@ -164,10 +164,13 @@ def test_choice_seeds_are_derived_from_the_seed_and_the_index():
 
 
 def test_usage_sums_completions_and_predictions_over_choices():
+    """(the prompt counted once; its cached tokens the fewest any choice restored from the prefix cache)"""
     usages = [{"prompt_tokens": 5, "completion_tokens": c, "total_tokens": 5 + c,
+               "prompt_tokens_details": {"cached_tokens": cached},
                "completion_tokens_details": {"accepted_prediction_tokens": a, "rejected_prediction_tokens": r}}
-              for c, a, r in [(3, 1, 2), (4, 0, 5)]]
+              for c, a, r, cached in [(3, 1, 2, 0), (4, 0, 5, 4)]]
     assert summed_usage(usages) == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+                                    "prompt_tokens_details": {"cached_tokens": 0},
                                     "completion_tokens_details": {"accepted_prediction_tokens": 1,
                                                                   "rejected_prediction_tokens": 7}}
 
