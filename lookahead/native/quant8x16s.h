@@ -322,9 +322,74 @@ LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int6
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
 }
 
+// Q5_0 in AVX2 for several rows (up to X16S_Q5_ROWS a pass): one half of the group (8 outputs) at a time over all
+// its blocks, and in a block the low nibbles' four chunks for every row, then the high nibbles': the registers then
+// hold a row's 16-bit sums of one kind (with 8 rows, 8 of 16), where both halves and both kinds at once would
+// spill. Per output the same integers and the same float operations in block order as x16s_avx2: the same bits.
+constexpr int X16S_Q5_ROWS = 8;
+
+template <int RT>
+LOOKAHEAD_AVX2_I void x16s_q5_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out,
+                                   int64_t outputs, int64_t prefetch) {
+  constexpr int64_t chunk_bytes = 16 * x16s_bytes(Q5_0);
+  const __m256i fifteen = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+  const int8_t* x[RT];
+  for (int r = 0; r < RT; ++r) x[r] = in.q.data() + (r0 + r) * 32 * in.blocks;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[RT];
+    for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < in.blocks; ++j) {
+      const uint8_t* chunk = group + j * chunk_bytes;
+      if (prefetch > 0 && h == 0)
+        for (int64_t line = 0; line < chunk_bytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 256 + 32 * h));
+      __m256i dot[RT];
+      for (int kind = 0; kind < 2; ++kind) {  // 0: weights 4c + e (low nibbles), 1: 16 + 4c + e (high)
+        __m256i sums[RT];
+        for (int r = 0; r < RT; ++r) sums[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h));
+          const __m256i nibble = _mm256_and_si256(kind == 0 ? w : _mm256_srli_epi16(w, 4), fifteen);
+          const __m256i q = _mm256_or_si256(nibble,
+              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c + kind), one), 4));
+          for (int r = 0; r < RT; ++r) {
+            int32_t xv;
+            std::memcpy(&xv, x[r] + 32 * j + 16 * kind + 4 * c, 4);
+            sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(q, _mm256_set1_epi32(xv)));
+          }
+        }
+        for (int r = 0; r < RT; ++r) {
+          const __m256i part = _mm256_madd_epi16(sums[r], ones);
+          dot[r] = kind == 0 ? part : _mm256_add_epi32(dot[r], part);
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + x16s_d(Q5_0) + 16 * h)));
+      for (int r = 0; r < RT; ++r) {
+        const int64_t at = (r0 + r) * in.blocks + j;
+        const __m256i total = _mm256_add_epi32(_mm256_set1_epi32(-16 * in.sums[at]), dot[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(in.s[at])), acc[r]);
+      }
+    }
+    for (int r = 0; r < RT; ++r) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r]);
+  }
+}
+
 template <int64_t F>
 void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
                     int64_t outputs, int64_t prefetch) {
+  if constexpr (F == Q5_0) {
+    switch (count) {
+      case 8: x16s_q5_avx2<8>(group, in, r0, out, outputs, prefetch); return;
+      case 7: x16s_q5_avx2<7>(group, in, r0, out, outputs, prefetch); return;
+      case 6: x16s_q5_avx2<6>(group, in, r0, out, outputs, prefetch); return;
+      case 5: x16s_q5_avx2<5>(group, in, r0, out, outputs, prefetch); return;
+      case 4: x16s_q5_avx2<4>(group, in, r0, out, outputs, prefetch); return;
+      case 3: x16s_q5_avx2<3>(group, in, r0, out, outputs, prefetch); return;
+      case 2: x16s_q5_avx2<2>(group, in, r0, out, outputs, prefetch); return;
+      default: break;  // (one row: both halves at once, the weights read once)
+    }
+  }
   switch (count) {
     case 4: x16s_avx2<F, 4>(group, in, r0, out, outputs, prefetch); break;
     case 3: x16s_avx2<F, 3>(group, in, r0, out, outputs, prefetch); break;
@@ -350,10 +415,12 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
   const X16sInputs in = quantize_x16s(x, rows, inputs);
   const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    // (rows a pass serves: Q5_0's AVX2 kernel takes up to X16S_Q5_ROWS, the others 4)
+    const int64_t pass = format == Q5_0 && path != X16_PLAIN ? X16S_Q5_ROWS : 4;
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
-      for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-        const int64_t count = std::min<int64_t>(4, rows - r0);
+      for (int64_t r0 = 0; r0 < rows; r0 += pass) {
+        const int64_t count = std::min<int64_t>(pass, rows - r0);
         if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16s_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (path == X16_AVX2) {
