@@ -322,11 +322,11 @@ LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int6
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
 }
 
-// Q5_0 in AVX2 for several rows (up to X16S_Q5_ROWS a pass): one half of the group (8 outputs) at a time over all
+// Q5_0 in AVX2 for several rows (up to X16S_ROWS a pass): one half of the group (8 outputs) at a time over all
 // its blocks, and in a block the low nibbles' four chunks for every row, then the high nibbles': the registers then
 // hold a row's 16-bit sums of one kind (with 8 rows, 8 of 16), where both halves and both kinds at once would
 // spill. Per output the same integers and the same float operations in block order as x16s_avx2: the same bits.
-constexpr int X16S_Q5_ROWS = 8;
+constexpr int X16S_ROWS = 8;  // rows a pass of those kernels serves
 
 template <int RT>
 LOOKAHEAD_AVX2_I void x16s_q5_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out,
@@ -375,6 +375,47 @@ LOOKAHEAD_AVX2_I void x16s_q5_avx2(const uint8_t* group, const X16sInputs& in, i
   }
 }
 
+// Q8_0 in AVX2 for several rows, as x16s_q5_avx2: one half of the group at a time over all its blocks, so a row
+// holds one 32-bit dot and one accumulator (8 rows: 16 registers, against 32 for both halves). The same integers
+// and float operations in block order as x16s_avx2: the same bits.
+template <int RT>
+LOOKAHEAD_AVX2_I void x16s_q8_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out,
+                                   int64_t outputs, int64_t prefetch) {
+  constexpr int64_t chunk_bytes = 16 * x16s_bytes(Q8_0);
+  const __m256i ones = _mm256_set1_epi16(1), offset = _mm256_set1_epi8(static_cast<char>(0x80));
+  const int8_t* x[RT];
+  for (int r = 0; r < RT; ++r) x[r] = in.q.data() + (r0 + r) * 32 * in.blocks;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[RT];
+    for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < in.blocks; ++j) {
+      const uint8_t* chunk = group + j * chunk_bytes;
+      if (prefetch > 0 && h == 0)
+        for (int64_t line = 0; line < chunk_bytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+      __m256i dot[RT];
+      for (int r = 0; r < RT; ++r) dot[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h)),
+                                           offset);  // the signed weights
+        const __m256i size = _mm256_abs_epi8(q);  // (-128 -> 0x80: 128 unsigned)
+        for (int r = 0; r < RT; ++r) {
+          int32_t xa;
+          std::memcpy(&xa, x[r] + 32 * j + 4 * c, 4);
+          const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xa), q);
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(size, signed_x), ones));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + x16s_d(Q8_0) + 16 * h)));
+      for (int r = 0; r < RT; ++r) {
+        const __m256 s = _mm256_set1_ps(in.s[(r0 + r) * in.blocks + j]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, s), acc[r]);
+      }
+    }
+    for (int r = 0; r < RT; ++r) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r]);
+  }
+}
+
 template <int64_t F>
 void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
                     int64_t outputs, int64_t prefetch) {
@@ -388,6 +429,18 @@ void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int6
       case 3: x16s_q5_avx2<3>(group, in, r0, out, outputs, prefetch); return;
       case 2: x16s_q5_avx2<2>(group, in, r0, out, outputs, prefetch); return;
       default: break;  // (one row: both halves at once, the weights read once)
+    }
+  }
+  if constexpr (F == Q8_0) {
+    switch (count) {
+      case 8: x16s_q8_avx2<8>(group, in, r0, out, outputs, prefetch); return;
+      case 7: x16s_q8_avx2<7>(group, in, r0, out, outputs, prefetch); return;
+      case 6: x16s_q8_avx2<6>(group, in, r0, out, outputs, prefetch); return;
+      case 5: x16s_q8_avx2<5>(group, in, r0, out, outputs, prefetch); return;
+      case 4: x16s_q8_avx2<4>(group, in, r0, out, outputs, prefetch); return;
+      case 3: x16s_q8_avx2<3>(group, in, r0, out, outputs, prefetch); return;
+      case 2: x16s_q8_avx2<2>(group, in, r0, out, outputs, prefetch); return;
+      default: break;
     }
   }
   switch (count) {
@@ -415,8 +468,8 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
   const X16sInputs in = quantize_x16s(x, rows, inputs);
   const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    // (rows a pass serves: Q5_0's AVX2 kernel takes up to X16S_Q5_ROWS, the others 4)
-    const int64_t pass = format == Q5_0 && path != X16_PLAIN ? X16S_Q5_ROWS : 4;
+    // (rows a pass serves: the AVX2 kernels of Q5_0 and Q8_0 take up to X16S_ROWS, the others 4)
+    const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q8_0 && path == X16_AVX2) ? X16S_ROWS : 4;
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
       for (int64_t r0 = 0; r0 < rows; r0 += pass) {
