@@ -172,6 +172,14 @@ inline void x16s_plain(const uint8_t* group, int64_t format, const X16sInputs& i
   for (int n = 0; n < 16; ++n) out[n] = acc[n];
 }
 
+// Ask for a chunk's successor `prefetch` bytes ahead, a cache line at a time (0: not). Always inlined: called from
+// kernels compiled for other instruction sets, GCC would otherwise keep it a call in their inner loop
+__attribute__((always_inline)) inline void prefetch_chunk(const uint8_t* chunk, int64_t bytes, int64_t prefetch) {
+  if (prefetch > 0)
+    for (int64_t line = 0; line < bytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+}
+
 // ---- the same in AVX-512 VNNI: RT input rows against one group ----
 
 template <int64_t F, int RT>
@@ -183,9 +191,7 @@ LOOKAHEAD_VNNI_K void x16s_vnni(const uint8_t* group, const X16sInputs& in, int6
   for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t j = 0; j < in.blocks; ++j) {
     const uint8_t* chunk = group + j * chunk_bytes;
-    if (prefetch > 0)
-      for (int64_t line = 0; line < chunk_bytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+    prefetch_chunk(chunk, chunk_bytes, prefetch);
     const int8_t* x[RT];
     __m512i dot[RT], other[RT];  // (two chains of sums, added after: the same exact total)
     for (int r = 0; r < RT; ++r) {
@@ -244,9 +250,7 @@ LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int6
   for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t j = 0; j < in.blocks; ++j) {
     const uint8_t* chunk = group + j * chunk_bytes;
-    if (prefetch > 0)
-      for (int64_t line = 0; line < chunk_bytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+    prefetch_chunk(chunk, chunk_bytes, prefetch);
     const int8_t* x[RT];
     __m256i dot[RT][2];
     for (int r = 0; r < RT; ++r) {
@@ -340,9 +344,7 @@ LOOKAHEAD_AVX2_I void x16s_q5_avx2(const uint8_t* group, const X16sInputs& in, i
     for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t j = 0; j < in.blocks; ++j) {
       const uint8_t* chunk = group + j * chunk_bytes;
-      if (prefetch > 0 && h == 0)
-        for (int64_t line = 0; line < chunk_bytes; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+      prefetch_chunk(chunk, chunk_bytes, h == 0 ? prefetch : 0);  // (the second half finds them read)
       const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 256 + 32 * h));
       __m256i dot[RT];
       for (int kind = 0; kind < 2; ++kind) {  // 0: weights 4c + e (low nibbles), 1: 16 + 4c + e (high)
@@ -390,9 +392,7 @@ LOOKAHEAD_AVX2_I void x16s_q8_avx2(const uint8_t* group, const X16sInputs& in, i
     for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t j = 0; j < in.blocks; ++j) {
       const uint8_t* chunk = group + j * chunk_bytes;
-      if (prefetch > 0 && h == 0)
-        for (int64_t line = 0; line < chunk_bytes; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
+      prefetch_chunk(chunk, chunk_bytes, h == 0 ? prefetch : 0);  // (the second half finds them read)
       __m256i dot[RT];
       for (int r = 0; r < RT; ++r) dot[r] = _mm256_setzero_si256();
       for (int c = 0; c < 8; ++c) {
@@ -416,32 +416,35 @@ LOOKAHEAD_AVX2_I void x16s_q8_avx2(const uint8_t* group, const X16sInputs& in, i
   }
 }
 
+static_assert(X16S_ROWS == 8, "with_rows dispatches 2 .. 8 rows");
+
+// run(std::integral_constant<int, count>{}) for a count of 2 .. X16S_ROWS (a kernel's rows as a type); false for
+// another count, run not called
+template <typename Run>
+inline bool with_rows(int64_t count, Run&& run) {
+  switch (count) {
+    case 8: run(std::integral_constant<int, 8>{}); return true;
+    case 7: run(std::integral_constant<int, 7>{}); return true;
+    case 6: run(std::integral_constant<int, 6>{}); return true;
+    case 5: run(std::integral_constant<int, 5>{}); return true;
+    case 4: run(std::integral_constant<int, 4>{}); return true;
+    case 3: run(std::integral_constant<int, 3>{}); return true;
+    case 2: run(std::integral_constant<int, 2>{}); return true;
+    default: return false;
+  }
+}
+
 template <int64_t F>
 void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
                     int64_t outputs, int64_t prefetch) {
+  // (one row: x16s_avx2's both halves at once, the weights read once)
   if constexpr (F == Q5_0) {
-    switch (count) {
-      case 8: x16s_q5_avx2<8>(group, in, r0, out, outputs, prefetch); return;
-      case 7: x16s_q5_avx2<7>(group, in, r0, out, outputs, prefetch); return;
-      case 6: x16s_q5_avx2<6>(group, in, r0, out, outputs, prefetch); return;
-      case 5: x16s_q5_avx2<5>(group, in, r0, out, outputs, prefetch); return;
-      case 4: x16s_q5_avx2<4>(group, in, r0, out, outputs, prefetch); return;
-      case 3: x16s_q5_avx2<3>(group, in, r0, out, outputs, prefetch); return;
-      case 2: x16s_q5_avx2<2>(group, in, r0, out, outputs, prefetch); return;
-      default: break;  // (one row: both halves at once, the weights read once)
-    }
+    if (with_rows(count, [&](auto rt) { x16s_q5_avx2<decltype(rt)::value>(group, in, r0, out, outputs, prefetch); }))
+      return;
   }
   if constexpr (F == Q8_0) {
-    switch (count) {
-      case 8: x16s_q8_avx2<8>(group, in, r0, out, outputs, prefetch); return;
-      case 7: x16s_q8_avx2<7>(group, in, r0, out, outputs, prefetch); return;
-      case 6: x16s_q8_avx2<6>(group, in, r0, out, outputs, prefetch); return;
-      case 5: x16s_q8_avx2<5>(group, in, r0, out, outputs, prefetch); return;
-      case 4: x16s_q8_avx2<4>(group, in, r0, out, outputs, prefetch); return;
-      case 3: x16s_q8_avx2<3>(group, in, r0, out, outputs, prefetch); return;
-      case 2: x16s_q8_avx2<2>(group, in, r0, out, outputs, prefetch); return;
-      default: break;
-    }
+    if (with_rows(count, [&](auto rt) { x16s_q8_avx2<decltype(rt)::value>(group, in, r0, out, outputs, prefetch); }))
+      return;
   }
   switch (count) {
     case 4: x16s_avx2<F, 4>(group, in, r0, out, outputs, prefetch); break;
