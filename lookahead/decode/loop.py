@@ -213,7 +213,7 @@ class DecodeRun:
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
         column_gain = sum(seq.planner.column_worth() for seq in seqs) / len(seqs)  # a window column, to the sources
         width, size = self.chooser.decide([r.probs for r in ranked], column_gain, spent)  # 2. one shape for all
-        plans = [seq.plan(r, size, width) for seq, r in zip(seqs, ranked)]
+        plans = [seq.plan(r, size, width, proposing) for seq, r in zip(seqs, ranked)]
         rows = step_rows(plans, self.x_pos)
         marks.append(clock())
         logits = self.target.step(self.cache, rows.tokens, rows.positions, rows.local, rows.keep, self.past,
@@ -265,9 +265,10 @@ class DecodeRun:
         """4. verify: what each sequence's commit needs from the step's logits [A, K, V], read back to the
         host in one transfer. Several plain greedy sequences are staged together (``stage_batch``);
         otherwise each stages its own kept rows (they lead rows.keep) and the parts travel as one."""
-        widths = {seq.verifier.recycle_width for seq in seqs}  # (one table for the run: one width)
+        # (one table for the run: one width; every plan of a step stages successors or none does)
+        widths = {seq.verifier.staged_width(p.recycle) for seq, p in zip(seqs, plans)}
         if len(seqs) > 1 and len(widths) == 1 and all(seq.verifier.plain_greedy for seq in seqs):
-            argmax, top = stage_batch(logits, seqs[0].verifier.recycle_width)
+            argmax, top = stage_batch(logits, widths.pop())
             return [seq.verifier.stage_from_batch(argmax[a], top[a] if top is not None else None, p.rows, p.tree,
                                           p.keep.shape[0]) for a, (seq, p) in enumerate(zip(seqs, plans))]
         staged = [seq.stage(logits[a, :p.keep.shape[0]], p) for a, (seq, p) in enumerate(zip(seqs, plans))]

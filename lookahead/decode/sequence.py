@@ -45,6 +45,8 @@ class StepPlan:
     rows: RowMap  # where the kept rows come from (the window's columns this step, then the tree)
     drawn: DrawnRows | None = None  # rows whose next token a draft drew (sampling with a draft)
     spent: float = 0.0  # seconds the proposers spent on forwards of their own (a draft's): not the target's
+    recycle: bool = True  # the step stages its rows' top successors for token recycling (not on a step that
+    # proposes nothing: a batch's paused steps, plan/pause.py)
 
 
 @dataclass
@@ -125,9 +127,10 @@ class Sequence:
         out = self.out
         return out.limit < self.asked and out.new_tokens == out.limit and out.last not in out.eos
 
-    def plan(self, ranked: RankedTree, size: int, width: int) -> StepPlan:
+    def plan(self, ranked: RankedTree, size: int, width: int, proposing: bool = True) -> StepPlan:
         """2. build the tree: the first ``size`` nodes of the ranked trie after ``width`` window columns;
-        the step's rows [x | window | tree].
+        the step's rows [x | window | tree]; ``proposing`` False: the step proposed nothing (a paused batch),
+        and stages nothing for token recycling.
 
         Tree nodes stay inside the tokens still allowed (the budget, cut at the
         model's context): no decisive row is fed a position past the context.
@@ -138,7 +141,7 @@ class Sequence:
         kept = self.window.kept_rows(width)  # [1 + w] or [w] (or [1]: x alone)
         layout, tokens, keep = step_rows_layout(self.window.layout(width), window_tokens, x, kept, tree)  # [Q], [K]
         rows = RowMap(lead=kept.shape[0], window=width, ngram=self.cfg.ngram)
-        return StepPlan(tree, layout, tokens, keep, rows, self.planner.drawn, ranked.seconds)
+        return StepPlan(tree, layout, tokens, keep, rows, self.planner.drawn, ranked.seconds, proposing)
 
     def _previous(self, plan: StepPlan) -> np.ndarray:
         """[K] the token before each kept row's token in the text that row sees: x's predecessor
@@ -158,17 +161,17 @@ class Sequence:
 
     def stage(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         """4. verify, device half: what the host needs from the kept rows' logits [K, V]."""
-        return self.verifier.stage(logits, plan.rows, plan.tree, self.out.seq, self.out.stop, plan.drawn)
+        return self.verifier.stage(logits, plan.rows, plan.tree, self.out.seq, self.out.stop, plan.drawn, plan.recycle)
 
     def staged_size(self, plan: StepPlan) -> int:
-        return self.verifier.staged_size(plan.rows, plan.tree, plan.keep.shape[0])
+        return self.verifier.staged_size(plan.rows, plan.tree, plan.keep.shape[0], plan.recycle)
 
     def commit(self, host: np.ndarray, plan: StepPlan) -> tuple[bool, np.ndarray]:
         """4. verify (host half) and 5. commit: append the chosen tokens, learn, feed the pool.
 
         Returns (whether this sequence is done, the step rows [k + 1] whose KV entries to keep).
         """
-        choice = self.verifier.finish(host, plan.rows, plan.tree, plan.keep.shape[0])
+        choice = self.verifier.finish(host, plan.rows, plan.tree, plan.keep.shape[0], plan.recycle)
         self.planner.learn(plan.tree, choice.path, plan.rows.window)
         if self.recycled is not None and choice.top is not None:  # top: every kept row's top 2R, with recycling
             self.recycled.learn_staged(plan.tokens[plan.keep], choice.top, self._previous(plan))

@@ -115,13 +115,15 @@ class Verifier:
             {True: split_warpers(self.row_processing), False: split_warpers(decoding)}
 
     def stage(self, logits: torch.Tensor, rows: RowMap, tree: TokenTree, seq: np.ndarray, stop: int,
-              drawn: DrawnRows | None = None) -> torch.Tensor:
+              drawn: DrawnRows | None = None, recycle: bool = True) -> torch.Tensor:
         """Everything the host needs from logits [K, V], as one int64 tensor on the device
         (``staged_size`` long): window argmax, top-R, the chosen token of every decision row
-        (``drawn``: rows whose child a draft drew, sampling only)."""
+        (``drawn``: rows whose child a draft drew, sampling only; ``recycle`` False: no top-R this step, as
+        on a step that proposes nothing, whose successors no source is waiting for)."""
         parts = [row_argmax(logits[rows.window_rows()])] if rows.window else []  # [W] (none without a window)
-        if self.recycle_width is not None:
-            parts.append(top_successors(logits, self.recycle_width).reshape(-1))  # [K * 2R]
+        width = self.staged_width(recycle)
+        if width is not None:
+            parts.append(top_successors(logits, width).reshape(-1))  # [K * 2R]
         decide = logits if rows.lead == 1 else logits[rows.decision_rows(tree.size, logits.device)]  # [1 + M, V]
         top_k = self.top_k if decide.device.type == "cpu" else None  # drawn from the top k directly
         fast = top_k is not None
@@ -160,20 +162,25 @@ class Verifier:
     def stage_from_batch(self, argmax: np.ndarray, top: np.ndarray | None, rows: RowMap, tree: TokenTree,
                  kept: int) -> np.ndarray:
         """What ``stage`` would have given (on the host), from this sequence's share of ``stage_batch``:
-        argmax [K'] of its step's logit rows and top [K', 2R] (K' >= kept: the batch's rows)."""
+        argmax [K'] of its step's logit rows and top [K', 2R] (K' >= kept: the batch's rows; None: the step
+        staged no successors, as ``stage`` with ``recycle`` False)."""
         assert self.plain_greedy, "only a plain greedy sequence is staged with its batch"
         parts = [argmax[rows.window_rows()]]  # [W]
-        if self.recycle_width is not None:
-            assert top is not None, "token recycling stages the top-R successors"
+        if top is not None:
+            assert self.recycle_width is not None, "only token recycling stages the top-R successors"
             parts.append(top[:kept].reshape(-1))  # [K * 2R]
         parts.append(argmax[:kept] if rows.lead == 1 else np.concatenate([argmax[:1], argmax[rows.lead:kept]]))
         return np.concatenate(parts)
 
-    def staged_size(self, rows: RowMap, tree: TokenTree, kept: int) -> int:
+    def staged_width(self, recycle: bool = True) -> int | None:
+        """R where a step stages every kept row's top-R successors (token recycling, and ``recycle``), else None."""
+        return self.recycle_width if recycle else None
+
+    def staged_size(self, rows: RowMap, tree: TokenTree, kept: int, recycle: bool = True) -> int:
         """Length of ``stage``'s tensor for a tree with ``kept`` logit rows."""
         extra = staged_logprobs_size(1 + tree.size, self.logprobs) if self.logprobs is not None else 0
-        return rows.window + (kept * 2 * self.recycle_width if self.recycle_width is not None else 0) + 1 + tree.size \
-            + extra
+        width = self.staged_width(recycle)
+        return rows.window + (kept * 2 * width if width is not None else 0) + 1 + tree.size + extra
 
     def _processed(self, scores: torch.Tensor, tree: TokenTree, seq: np.ndarray, stop: int,
                    decoding: Decoding) -> torch.Tensor:
@@ -187,15 +194,16 @@ class Verifier:
         depths = np.concatenate([[0], tree.depths])  # [1 + M]
         return process_rows(decoding, scores, seq, stop, paths, depths)
 
-    def finish(self, host: np.ndarray, rows: RowMap, tree: TokenTree, kept: int) -> Choice:
-        """Split the staged values (now on the host) into window argmax, top-R and the chosen
-        tokens; walk the tree."""
+    def finish(self, host: np.ndarray, rows: RowMap, tree: TokenTree, kept: int, recycle: bool = True) -> Choice:
+        """Split the staged values (now on the host) into window argmax, top-R (None where ``recycle`` is
+        False or there is no recycling) and the chosen tokens; walk the tree."""
         at = rows.window
         window_next = host[:at]
         top = None
-        if self.recycle_width is not None:
-            top = host[at:at + kept * 2 * self.recycle_width].reshape(kept, 2 * self.recycle_width)
-            at += kept * 2 * self.recycle_width
+        width = self.staged_width(recycle)
+        if width is not None:
+            top = host[at:at + kept * 2 * width].reshape(kept, 2 * width)
+            at += kept * 2 * width
         chosen = host[at:at + 1 + tree.size]  # [1 + M] the target's token after x and after every node
         path, new = walk(tree, chosen)
         check_drawn(int(new[-1]), self.decoding)
