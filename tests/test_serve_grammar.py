@@ -345,3 +345,28 @@ def test_a_forced_call_is_written_as_templates_write_calls_where_the_tokenizer_w
     assert accepts(grammar, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>')
     assert not accepts(grammar, '<tool_call>\n{"name":"get_time","arguments":{"zone":"UTC"}}\n</tool_call>')
     assert Grammars(tiny_tokenizer(), 96).call_separators() == (",", ":")  # no space to write
+
+
+def test_a_forced_tag_is_proposed_as_its_added_token_and_spelled_in_characters():
+    """(xgrammar's jump-forward tokens take the longest tokens, an added <tool_call> token; a model may write the
+    tag in characters, as Qwen2.5-Coder-0.5B does under a forced call, and then the spelled row is the one it
+    takes)"""
+    import numpy as np
+
+    from lookahead.call.grammar import Grammars
+    from lookahead.proposers.grammar import ForcedTokens
+
+    tokenizer = spaced_tokenizer()
+    tokenizer.add_tokens(["<tool_call>"])
+    tag = tokenizer.convert_tokens_to_ids("<tool_call>")
+    grammar = Grammars(tokenizer, tag + 1).compile(TaggedCall(call_schema(tool_settings([CLOCK], "required", False)),
+                                                              *CALL_TAGS, most=1))
+    assert grammar.spell is not None and grammar.spell("<tool_call>") == [tokenizer.convert_tokens_to_ids(c)
+                                                                         for c in "<tool_call>"]
+    source = ForcedTokens(grammar, [2], 40)
+    prompt = np.array([5, 6], dtype=np.int64)
+    source.begin(prompt, 2)
+    cands = source.propose(prompt, 2, 4, np.zeros((2, 40)))
+    rows = {tokenizer.decode(cands.tokens[g, :cands.lens[g]]) for g in range(cands.count)}
+    assert cands.count == 2 and rows == {"<tool_call>"}  # (the same text: one added token, and in characters)
+    assert sorted(int(n) for n in cands.lens) == [1, len("<tool_call>")]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GenerateInputError, one_line
@@ -70,6 +71,9 @@ class Grammar:
     compiled: Any  # xgrammar.CompiledGrammar
     vocab: int  # V: the logits' width (a bitmask covers all of it)
     source: str  # what was compiled: "json_object" or the schema's JSON text (for messages and tests)
+    spell: Callable[[str], list[int]] | None = field(default=None, compare=False)  # a text in the tokenizer's
+    # own tokens with its added tokens spelled out in characters (``spelling``), as a model writes a text it
+    # writes character by character; None: no such tokenization
 
 
 def check_schema(schema: object, where: str = "response_format") -> None:
@@ -122,7 +126,7 @@ class Grammars:
         if response_format == "json_object":  # any JSON object, any keys (strict mode off)
             compiled = self.compiler().compile_json_schema('{"type": "object"}', any_whitespace=False,
                                                            separators=(",", ":"), strict_mode=False)
-            return Grammar(compiled, self.vocab, "json_object")
+            return Grammar(compiled, self.vocab, "json_object", spelling(self.tokenizer))
         if isinstance(response_format, TaggedCall):
             return self._tagged(response_format, field)
         check_schema(response_format, field)
@@ -135,7 +139,7 @@ class Grammars:
                                     f"fix the schema there, with the JSON schema keywords xgrammar supports (type, "
                                     f"properties, required, items, enum, const, anyOf, $ref to #/$defs, ...)",
                                     field) from None
-        return Grammar(compiled, self.vocab, text)
+        return Grammar(compiled, self.vocab, text, spelling(self.tokenizer))
 
     def call_separators(self) -> tuple[str, str]:
         """A tool call's JSON separators: TEMPLATE_SEPARATORS where the tokenizer writes a space (a real one
@@ -160,7 +164,25 @@ class Grammars:
             raise GrammarInputError(f"{field}: the grammar engine rejects the tools' parameter schemas: "
                                     f"{engine_message(exc)}; fix the schema there", field) from None
         source = f"{call.open_tag}{text}{call.close_tag}"
-        return Grammar(compiled, self.vocab, source if call.most == 1 else f"({source})+")
+        return Grammar(compiled, self.vocab, source if call.most == 1 else f"({source})+", spelling(self.tokenizer))
+
+
+def spelling(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """A function giving a text's tokens as the tokenizer's own model splits it with no added token matched:
+    ``<tool_call>`` as ``<``, ``tool``, ``_call``, ``>`` where Qwen2.5's tokenizer also holds it as one added
+    token (the spelling a model that writes the tag in characters uses); None for a tokenizer without a fast
+    backend. The function gives [] for a text its tokens do not decode back to."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+
+    def spell(text: str) -> list[int]:
+        normal = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+        pieces = backend.pre_tokenizer.pre_tokenize_str(normal) if backend.pre_tokenizer is not None else [(normal, None)]
+        ids = [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
+        return ids if tokenizer.decode(ids) == text else []
+
+    return spell
 
 
 def _one_or_more(xgr: Any, one: Any) -> Any:

@@ -2,12 +2,17 @@
 as candidates that cost no forward to make.
 
 The source follows the output with a matcher of its own (call/matcher.py's ``GrammarFollower``) and
-proposes one row: xgrammar's jump-forward tokens (the forced continuation, tokenized greedily by the
-longest vocabulary tokens), else the one token the grammar allows next when it allows only one (the
-EOS id once the grammar is complete and nothing may follow). The mask makes these the only tokens the
-target can take where the grammar allows nothing else, so they are accepted there; where the forced
-text could be tokenized otherwise, the target's own choice decides (the row is a candidate, never an
-answer).
+proposes xgrammar's jump-forward tokens (the forced continuation, tokenized greedily by the longest
+vocabulary tokens) and, where it differs, the same text as the tokenizer's own model splits it with no
+added token matched (``Grammar.spell``: a tag such as ``<tool_call>`` is one added token to xgrammar's
+greedy tokenization, while a model may write it in characters, and then does so every time); else the
+one token the grammar allows next when it allows only one (the EOS id once the grammar is complete and
+nothing may follow). The mask makes these the only tokens the target can take where the grammar allows
+nothing else, so they are accepted there; where the forced text could be tokenized otherwise, the
+target's own choice decides (the rows are candidates, never an answer).
+
+Worked example (Qwen2.5's tokenizer, a forced call's start): the forced text ``<tool_call>`` gives the
+rows [<tool_call>] (xgrammar's, one added token) and [<, tool, _call, >] (spelled).
 """
 
 from __future__ import annotations
@@ -53,25 +58,34 @@ class ForcedTokens(NoForcedTokens):
         length = self.length if step is None else min(self.length, step.tokens_left)
         if limit <= 0 or length <= 0 or not self.follower.goto(seq[self.prompt_len:stop].tolist()):
             return no_candidates()
-        tokens, label = self.forced()
-        if not tokens:
+        rows, label = self.forced()
+        if not rows:
             return no_candidates()
-        row = np.array(tokens[:length], dtype=np.int64)  # [L]
-        return single_class(row[None], np.array([row.shape[0]], dtype=np.int64), np.array([label]))
+        lens = np.array([min(len(row), length) for row in rows], dtype=np.int64)  # [G]
+        tokens = np.zeros((len(rows), int(lens.max())), dtype=np.int64)  # [G, L]
+        for g, row in enumerate(rows):
+            tokens[g, :lens[g]] = row[:lens[g]]
+        return single_class(tokens, lens, np.full(len(rows), label, dtype=np.int64))
 
-    def forced(self) -> tuple[list[int], int]:
-        """(the tokens forced after where the matcher stands, their class); ([], 0) when there is a choice."""
+    def forced(self) -> tuple[list[list[int]], int]:
+        """(the rows of tokens forced after where the matcher stands, their class): xgrammar's jump-forward
+        tokens and the spelled ones where they differ, or the spelled ones alone where they extend xgrammar's
+        (class 0); the one token allowed (class 1); ([], 0) when there is a choice."""
         matcher = self.follower.matcher
         if matcher.is_terminated():
             return [], 0
         jump = list(matcher.find_jump_forward_tokens())
         if jump:
-            return jump, 0
+            spelled = self.grammar.spell(matcher.find_jump_forward_string()) if self.grammar.spell else []
+            if not spelled or max(spelled) >= self.grammar.vocab:
+                return [jump], 0
+            # (spelled extending jump: spelled alone, its last token the one xgrammar leaves to the next step)
+            return ([spelled] if spelled[:len(jump)] == jump else [jump, spelled]), 0
         xgr = load_xgrammar()
         bitmask = xgr.allocate_token_bitmask(1, self.grammar.vocab)  # [1, ceil(V / 32)]
         self.follower.fill(bitmask, 0)
         allowed = only_allowed(bitmask[0].numpy(), self.grammar.vocab)
-        return ([allowed], 1) if allowed is not None else ([], 0)
+        return ([[allowed]], 1) if allowed is not None else ([], 0)
 
 
 def only_allowed(words: np.ndarray, vocab: int) -> int | None:
