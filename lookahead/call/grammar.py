@@ -178,7 +178,8 @@ def spelling(tokenizer: Any) -> Callable[[str], list[int]] | None:
 
     def spell(text: str) -> list[int]:
         normal = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
-        pieces = backend.pre_tokenizer.pre_tokenize_str(normal) if backend.pre_tokenizer is not None else [(normal, None)]
+        split = backend.pre_tokenizer
+        pieces = split.pre_tokenize_str(normal) if split is not None else [(normal, None)]
         ids = [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
         return ids if tokenizer.decode(ids) == text else []
 
