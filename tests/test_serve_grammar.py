@@ -370,3 +370,46 @@ def test_a_forced_tag_is_proposed_as_its_added_token_and_spelled_in_characters()
     rows = {tokenizer.decode(cands.tokens[g, :cands.lens[g]]) for g in range(cands.count)}
     assert cands.count == 2 and rows == {"<tool_call>"}  # (the same text: one added token, and in characters)
     assert sorted(int(n) for n in cands.lens) == [1, len("<tool_call>")]
+
+
+def newline_tokenizer():
+    """``spaced_tokenizer``'s characters and a newline (id 97), then <tool_call> as an added token (id 98)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({chr(32 + i): 3 + i for i in range(94)})
+    vocab["\n"] = 97
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<pad>"))
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer.add_tokens(["<tool_call>"])
+    return tokenizer
+
+
+def test_a_forced_tag_is_also_proposed_through_the_newline_templates_write_after_it():
+    """(the grammar allows a newline after <tool_call> and forces the call's JSON after it: the spelled tag, the
+    newline and that JSON are one row, the text a template writes and a model that follows it takes)"""
+    import numpy as np
+
+    from lookahead.call.grammar import Grammars
+    from lookahead.proposers.grammar import ForcedTokens
+
+    tokenizer = newline_tokenizer()
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") == 98
+    grammar = Grammars(tokenizer, 99).compile(TaggedCall(call_schema(tool_settings([CLOCK], "required", False)),
+                                                         *CALL_TAGS, most=1))
+    source = ForcedTokens(grammar, [2], 64)
+    prompt = np.array([5, 6], dtype=np.int64)
+    source.begin(prompt, 2)
+    cands = source.propose(prompt, 2, 4, np.zeros((2, 64)))
+    rows = [tokenizer.decode(cands.tokens[g, :cands.lens[g]]) for g in range(cands.count)]
+    assert cands.count == 2 and int(cands.tokens[0, 0]) == 98  # xgrammar's (the added token), and spelled:
+    assert rows[1] == '<tool_call>\n{"name": "get_time", "arguments": {"zone": "'  # (through the newline)
+    assert all(int(t) < 98 for t in cands.tokens[1, :cands.lens[1]])  # (in characters)
+    # the grammar takes every row (the target's mask decides which one it follows)
+    import xgrammar
+
+    for g in range(cands.count):
+        matcher = xgrammar.GrammarMatcher(grammar.compiled)
+        assert all(matcher.accept_token(int(t)) for t in cands.tokens[g, :cands.lens[g]])

@@ -7,17 +7,21 @@ vocabulary tokens) and, where it differs, the same text as the tokenizer's own m
 added token matched (``Grammar.spell``: a tag such as ``<tool_call>`` is one added token to xgrammar's
 greedy tokenization, while a model may write it in characters, and then does so every time); else the
 one token the grammar allows next when it allows only one (the EOS id once the grammar is complete and
-nothing may follow). The mask makes these the only tokens the target can take where the grammar allows
+nothing may follow). Where the grammar allows a newline after the forced text and forces more text after
+it (a call's open tag, then its JSON: templates write the newline between), the spelled text through
+that newline is one more row. The mask makes these the only tokens the target can take where the grammar allows
 nothing else, so they are accepted there; where the forced text could be tokenized otherwise, the
 target's own choice decides (the rows are candidates, never an answer).
 
 Worked example (Qwen2.5's tokenizer, a forced call's start): the forced text ``<tool_call>`` gives the
-rows [<tool_call>] (xgrammar's, one added token) and [<, tool, _call, >] (spelled).
+rows [<tool_call>] (xgrammar's, one added token), [<, tool, _call, >] (spelled) and, the newline allowed
+and the call's JSON forced after it, [<, tool, _call, >\n, {", name, ":, ␠"] (through the newline).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,23 +73,39 @@ class ForcedTokens(NoForcedTokens):
 
     def forced(self) -> tuple[list[list[int]], int]:
         """(the rows of tokens forced after where the matcher stands, their class): xgrammar's jump-forward
-        tokens and the spelled ones where they differ, or the spelled ones alone where they extend xgrammar's
-        (class 0); the one token allowed (class 1); ([], 0) when there is a choice."""
+        tokens, the text spelled, and spelled through a newline (see the module), each left out where another
+        row begins with it (class 0); the one token allowed (class 1); ([], 0) when there is a choice."""
         matcher = self.follower.matcher
         if matcher.is_terminated():
             return [], 0
         jump = list(matcher.find_jump_forward_tokens())
         if jump:
-            spelled = self.grammar.spell(matcher.find_jump_forward_string()) if self.grammar.spell else []
-            if not spelled or max(spelled) >= self.grammar.vocab:
-                return [jump], 0
-            # (spelled extending jump: spelled alone, its last token the one xgrammar leaves to the next step)
-            return ([spelled] if spelled[:len(jump)] == jump else [jump, spelled]), 0
+            text = matcher.find_jump_forward_string()
+            rows = [jump, self.spelled(text), self.spelled(text + through_newline(matcher, text))]
+            # (a row another one begins with is left out: the trie holds it)
+            return [row for i, row in enumerate(rows) if row and not any(
+                j != i and len(other) >= len(row) and other[:len(row)] == row and (len(other) > len(row) or j < i)
+                for j, other in enumerate(rows))], 0
         xgr = load_xgrammar()
         bitmask = xgr.allocate_token_bitmask(1, self.grammar.vocab)  # [1, ceil(V / 32)]
         self.follower.fill(bitmask, 0)
         allowed = only_allowed(bitmask[0].numpy(), self.grammar.vocab)
         return ([[allowed]], 1) if allowed is not None else ([], 0)
+
+    def spelled(self, text: str) -> list[int]:
+        """``text`` as ``Grammar.spell`` writes it ([] without a spelling, or where a token is past V)."""
+        tokens = self.grammar.spell(text) if self.grammar.spell is not None and text else []
+        return tokens if tokens and max(tokens) < self.grammar.vocab else []
+
+
+def through_newline(matcher: Any, text: str) -> str:
+    """"\n" and the text the grammar forces after it, where ``matcher`` (standing before the forced ``text``)
+    takes a newline after ``text`` and then forces more; "" otherwise. (A copy of the matcher is moved.)"""
+    ahead = matcher.fork()
+    if not (ahead.accept_string(text) and ahead.accept_string("\n")):
+        return ""
+    after = ahead.find_jump_forward_string()
+    return "\n" + after if after else ""
 
 
 def only_allowed(words: np.ndarray, vocab: int) -> int | None:
