@@ -57,6 +57,7 @@ import math
 import os
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -226,23 +227,47 @@ def ratio_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     transformers, llama.cpp), the other server's TPOT p50 over lookahead's (> 1: lookahead faster), on how
     many prompts (a conversation's turns) both replied the same text ([same, compared]), and how many of
     lookahead's turns were not compared because an earlier turn of their conversation differed (``diverged``,
-    see text_agreement); None where a side is missing."""
-    by_key = {(r["dataset"], r["concurrency"], r["server"]): r for r in runs}
+    see text_agreement); None where a side is missing. Over several rounds (run_bench): the throughput of all
+    of a server's rounds together (their tokens over their wall time), the median of the rounds' TPOT p50,
+    the texts compared round by round and summed, and each round's throughput ratio
+    (``throughput_vs_<label>_rounds``)."""
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in runs:
+        by_key.setdefault((r["dataset"], r["concurrency"], r["server"]), []).append(r)
     keys = list(dict.fromkeys((r["dataset"], r["concurrency"]) for r in runs))
     rows = []
     for dataset, concurrency in keys:
-        ours = by_key.get((dataset, concurrency, "lookahead"))
+        ours = by_key.get((dataset, concurrency, "lookahead"), [])
         row: dict[str, Any] = {"dataset": dataset, "concurrency": concurrency}
         for other, label in OTHERS:
-            theirs = by_key.get((dataset, concurrency, other))
-            row[f"throughput_vs_{label}"] = _ratio(ours and ours.get("throughput_tok_s"),
-                                                   theirs and theirs.get("throughput_tok_s"))
-            row[f"tpot_vs_{label}"] = _ratio(theirs and theirs.get("tpot_p50_s"), ours and ours.get("tpot_p50_s"))
-            agreement = text_agreement(ours, theirs)
-            row[f"same_text_vs_{label}"] = None if agreement is None else list(agreement[:2])
-            row[f"diverged_vs_{label}"] = None if agreement is None else agreement[2]
+            theirs = by_key.get((dataset, concurrency, other), [])
+            row[f"throughput_vs_{label}"] = _ratio(pooled_throughput(ours), pooled_throughput(theirs))
+            row[f"tpot_vs_{label}"] = _ratio(median_of(theirs, "tpot_p50_s"), median_of(ours, "tpot_p50_s"))
+            pairs = list(zip(ours, theirs))  # (round by round: both lists are in round order)
+            agreements = [a for a in (text_agreement(o, t) for o, t in pairs) if a is not None]
+            row[f"same_text_vs_{label}"] = [sum(a[0] for a in agreements), sum(a[1] for a in agreements)] \
+                if agreements else None
+            row[f"diverged_vs_{label}"] = sum(a[2] for a in agreements) if agreements else None
+            if len(pairs) > 1:
+                row[f"throughput_vs_{label}_rounds"] = [_ratio(o.get("throughput_tok_s"), t.get("throughput_tok_s"))
+                                                        for o, t in pairs]
         rows.append(row)
     return rows
+
+
+def pooled_throughput(runs: list[dict[str, Any]]) -> float | None:
+    """Output tokens per second of ``runs`` together (their tokens over their summed wall time; one run's own
+    throughput; None: no run)."""
+    if len(runs) == 1:
+        return runs[0].get("throughput_tok_s")
+    wall = sum(r.get("wall_s") or 0.0 for r in runs)
+    return sum(r.get("output_tokens") or 0 for r in runs) / wall if runs and wall > 0 else None
+
+
+def median_of(runs: list[dict[str, Any]], field: str) -> float | None:
+    """The median of ``field`` over ``runs`` (None where no run has it)."""
+    values = [r[field] for r in runs if r.get(field) is not None]
+    return statistics.median(values) if values else None
 
 
 def same_text(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> list[int] | None:
@@ -304,7 +329,9 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
         errors = " (not supported)" if r.get("unsupported") else f" ({r['errors']} failed)" if r.get("errors") else ""
         tpf = r.get("tokens_per_forward")
         parts = r.get("step_parts")
-        lines.append(f"| {r['dataset']} | {r['server']} | {r['concurrency']} | {r['requests']}{errors} "
+        server = r["server"] + (f" (round {r['round'] + 1})" if r.get("round") or any(x.get("round") for x in runs)
+                                else "")
+        lines.append(f"| {r['dataset']} | {server} | {r['concurrency']} | {r['requests']}{errors} "
                      f"| {r['output_tokens']} | {r['throughput_tok_s']:.1f} | {r['requests_per_s']:.2f} "
                      f"| {_ms(r.get('ttft_p50_s'))} | {_ms(r.get('ttft_p99_s'))} | {_ms(r.get('tpot_p50_s'))} "
                      f"| {_ms(r.get('tpot_p99_s'))} | {'-' if tpf is None else f'{tpf:.2f}'} "
@@ -332,11 +359,19 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
              + " | ".join(f"same text as {names[label]}" for label in labels) + " |",
              "|---|---:|" + "---:|" * (3 * len(labels))]
     for r in rows:
-        cells = ([_x(r.get(f"throughput_vs_{label}")) for label in labels]
+        cells = ([_x(r.get(f"throughput_vs_{label}")) + each_round(r.get(f"throughput_vs_{label}_rounds"))
+                  for label in labels]
                  + [_x(r.get(f"tpot_vs_{label}")) for label in labels]
                  + [_same(r.get(f"same_text_vs_{label}"), r.get(f"diverged_vs_{label}")) for label in labels])
         lines.append(f"| {r['dataset']} | {r['concurrency']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def each_round(ratios: list[float | None] | None) -> str:
+    """ " (1.48, 1.56)": each round's ratio, after the pooled one ("" for one round)."""
+    if not ratios:
+        return ""
+    return " (" + ", ".join("-" if x is None else f"{x:.2f}" for x in ratios) + ")"
 
 
 def report_text(data: dict[str, Any]) -> str:
@@ -348,7 +383,9 @@ def report_text(data: dict[str, Any]) -> str:
              f"{meta['started']} to {meta['finished']}.",
              f"Model {meta['model']}; greedy (temperature 0), max_tokens {meta['max_tokens']}, "
              f"{meta['limit']} prompts per data set in order, streamed; concurrency "
-             f"{', '.join(map(str, meta['concurrency']))}; a fresh server per run, warmed up first.",
+             f"{', '.join(map(str, meta['concurrency']))}; a fresh server per run, warmed up first"
+             + (f"; {meta['rounds']} rounds, the servers' order reversed each round (the ratios pool them; in "
+                f"brackets, each round's)." if meta.get("rounds", 1) > 1 else "."),
              "", markdown_table(data["runs"])]
     if meta.get("incomplete"):
         lines[2:2] = [f"INCOMPLETE: {meta['incomplete']}"]
@@ -750,6 +787,7 @@ class Settings:
     lookahead_args: Sequence[str] = ()
     count_tokens: Callable[[str], int] | None = None
     llama: LlamaServer | None = None  # llama.cpp's server, for the server "llama.cpp"
+    rounds: int = 1  # every server's runs this many times, the servers' order reversed each round (run_bench)
 
 
 def server_env(threads: int) -> dict[str, str]:
@@ -764,10 +802,19 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def round_order(servers: Sequence[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, server) in the order they run: the servers in order, then reversed, and so on, so that a machine
+    slowing down or speeding up over the measurement weighs on every server alike.
+
+    ["a", "b"], 3 rounds -> [(0, a), (0, b), (1, b), (1, a), (2, a), (2, b)].
+    """
+    return [(r, name) for r in range(rounds) for name in (servers if r % 2 == 0 else list(reversed(servers)))]
+
+
 def run_bench(settings: Settings, out_dir: str | Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every server, data set and concurrency level, a fresh server each; the results (see write_report).
-    ServerStartError / RunError where a lookahead server cannot be measured; transformers is retried
-    without --continuous-batching when it fails with it."""
+    """Every server, data set and concurrency level, a fresh server each, ``settings.rounds`` times
+    (``round_order``); the results (see write_report). ServerStartError / RunError where a lookahead server
+    cannot be measured; transformers is retried without --continuous-batching when it fails with it."""
     log_dir = Path(out_dir) / "logs"
     env = server_env(settings.threads)
     max_batch = max(settings.concurrency)
@@ -776,10 +823,10 @@ def run_bench(settings: Settings, out_dir: str | Path, log: Callable[[str], None
     runs: list[dict[str, Any]] = []
     started = _now()
     try:
-        for name in settings.servers:
+        for round_, name in round_order(settings.servers, settings.rounds):
             for dataset, prompts in settings.datasets.items():
                 for concurrency in settings.concurrency:
-                    label = f"{name}-{dataset}-c{concurrency}"
+                    label = f"{name}-{dataset}-c{concurrency}" + (f"-r{round_}" if settings.rounds > 1 else "")
                     while True:
                         cb = bool(continuous_batching) and concurrency > 1
                         try:
@@ -794,6 +841,7 @@ def run_bench(settings: Settings, out_dir: str | Path, log: Callable[[str], None
                                 continue
                             raise
                         break
+                    run["round"] = round_
                     if name == "transformers":
                         run["continuous_batching"] = cb
                         servers[name]["continuous_batching"] = cb or bool(servers[name].get("continuous_batching"))
@@ -816,7 +864,8 @@ def _results(settings: Settings, max_batch: int, started: str, servers: dict[str
                      "datasets": list(settings.datasets),
                      "limit": settings.limit, "max_tokens": settings.max_tokens,
                      "concurrency": list(settings.concurrency), "threads": settings.threads, "max_batch": max_batch,
-                     "servers": list(settings.servers), "plain_options": list(PLAIN_OPTIONS),
+                     "servers": list(settings.servers), "rounds": settings.rounds,
+                     "plain_options": list(PLAIN_OPTIONS),
                      "llama": None if settings.llama is None else {"binary": settings.llama.binary,
                                                                    "gguf": settings.llama.gguf,
                                                                    "args": list(settings.llama.args)},

@@ -52,12 +52,15 @@ CLIENT_MODULES = ("openai", "fastapi", "uvicorn")  # the clients, and what both 
               help="Seconds one request may take.")
 @click.option("--lookahead-arg", "lookahead_args", multiple=True, metavar="ARG",
               help="Extra argument for both lookahead servers (repeatable), e.g. --lookahead-arg=--cost-cache-dir=D.")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run every server this many times, the servers' order reversed each round (a machine that "
+                   "slows down or speeds up then weighs on all alike); the ratios pool the rounds.")
 @click.option("--out", "out_dir", default="bench-serve-out", show_default=True,
               help="Directory for bench-serve.json, bench-serve.md, bench-serve.png and the servers' logs.")
 def bench_serve(model_name: str, datasets: tuple[str, ...], concurrency: str, max_tokens: int, limit: int,
                 servers: tuple[str, ...], llama_server: str | None, llama_gguf: str | None,
                 llama_args: tuple[str, ...], threads: int | None, startup_timeout: float, request_timeout: float,
-                lookahead_args: tuple[str, ...], out_dir: str) -> None:
+                lookahead_args: tuple[str, ...], rounds: int, out_dir: str) -> None:
     """Measure serving: throughput, TTFT, TPOT and tokens per forward of lookahead serve against the same
     server with speculation off and transformers serve (with one client as it starts by default, with more
     with --continuous-batching where that runs), and llama.cpp's server where --llama-server gives a build,
@@ -91,7 +94,7 @@ def bench_serve(model_name: str, datasets: tuple[str, ...], concurrency: str, ma
         model_dir = local_model_dir(model_name)
         llama = llama_spec(model_name, llama_server, llama_gguf, llama_args) if "llama.cpp" in chosen else None
         data = _run(model_name, model_dir, prompts, chosen, levels, max_tokens, limit, threads, startup_timeout,
-                    request_timeout, lookahead_args, out_dir, llama)
+                    request_timeout, lookahead_args, out_dir, llama, rounds)
     except CLI_ERRORS as exc:
         partial = getattr(exc, "results", None)  # the runs measured before a server failed
         if partial:
@@ -199,7 +202,7 @@ def token_counter(model_dir: str) -> Callable[[str], int] | None:
 def _run(model_name: str, model_dir: str, prompts: dict[str, list[tuple[Any, ...]]],
          servers: list[str], levels: list[int], max_tokens: int, limit: int, threads: int | None,
          startup_timeout: float, request_timeout: float, lookahead_args: tuple[str, ...],
-         out_dir: str, llama: Any = None) -> dict[str, Any]:
+         out_dir: str, llama: Any = None, rounds: int = 1) -> dict[str, Any]:
     """The measurement (lookahead.benchmarks.serving.run_bench) with the command line recorded."""
     import torch
 
@@ -209,7 +212,7 @@ def _run(model_name: str, model_dir: str, prompts: dict[str, list[tuple[Any, ...
     settings = Settings(model=model_name, model_dir=model_dir, datasets=prompts, servers=servers, concurrency=levels,
                         max_tokens=max_tokens, limit=limit, threads=threads, startup_timeout=startup_timeout,
                         request_timeout=request_timeout, lookahead_args=("--threads", str(threads), *lookahead_args),
-                        count_tokens=token_counter(model_dir), llama=llama)
+                        count_tokens=token_counter(model_dir), llama=llama, rounds=rounds)
     Path(out_dir).expanduser().mkdir(parents=True, exist_ok=True)
     data = run_bench(settings, Path(out_dir).expanduser(), log=lambda line: click.echo(line, err=True))
     data["meta"]["command"] = list(sys.argv)

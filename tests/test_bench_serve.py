@@ -148,6 +148,32 @@ def test_ratios_and_tables():
     assert "| tool-calls | 4 | 1.50x | - | 1.50x | - | 1/2 | - |" in ratios
 
 
+def test_rounds_alternate_the_servers_and_pool_their_ratios():
+    """(--rounds: a machine that slows down over the measurement weighs on both servers alike)"""
+    from lookahead.benchmarks.serving import round_order
+
+    assert round_order(["a", "b"], 3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+    assert round_order(["a", "b"], 1) == [(0, "a"), (0, "b")]
+
+    def run(server: str, round_: int, tokens: int, wall: float, tpot: float, texts: list[str]) -> dict:
+        return {"server": server, "dataset": "agent", "concurrency": 1, "round": round_, "requests": 2, "errors": 0,
+                "output_tokens": tokens, "wall_s": wall, "throughput_tok_s": tokens / wall,
+                "requests_per_s": 2 / wall, "ttft_p50_s": 0.2, "ttft_p99_s": 0.3, "tpot_p50_s": tpot,
+                "tpot_p99_s": tpot, "tokens_per_forward": None, "command": [server], "step_parts": None,
+                "records": [{"id": str(i), "text": t, "error": None} for i, t in enumerate(texts)]}
+
+    # round 1 on a machine twice as slow for both: each round's ratio is 2.0, 3.0; pooled 100 / 40 over 100 / 110
+    runs = [run("lookahead", 0, 50, 10.0, 0.01, ["a", "b"]), run("lookahead-plain", 0, 50, 20.0, 0.03, ["a", "b"]),
+            run("lookahead-plain", 1, 50, 90.0, 0.05, ["a", "x"]), run("lookahead", 1, 50, 30.0, 0.02, ["a", "b"])]
+    (row,) = ratio_rows(runs)
+    assert row["throughput_vs_plain"] == pytest.approx((100 / 40) / (100 / 110))
+    assert row["throughput_vs_plain_rounds"] == [pytest.approx(2.0), pytest.approx(3.0)]
+    assert row["tpot_vs_plain"] == pytest.approx(0.04 / 0.015)  # (the medians of the rounds' p50)
+    assert row["same_text_vs_plain"] == [3, 4]  # (round by round: 2/2, then 1/2)
+    assert "2.75x (2.00, 3.00)" in ratio_table([row])
+    assert "| agent | lookahead (round 2) | 1 |" in markdown_table(runs)
+
+
 def test_write_report(tmp_path):
     runs = hand_made_runs()
     data = {"meta": {"environment": {"cpu": "Test CPU", "cpu_count": 2}, "threads": 2, "model": "tiny",
