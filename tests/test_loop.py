@@ -141,6 +141,18 @@ def test_a_greedy_batch_staged_at_once_gives_each_sequence_what_its_own_stage_gi
             assert own.shape[0] == v.staged_size(m, t, k)
             shared = v.stage_from_batch(argmax[a], top[a] if top is not None else None, m, t, k)
             assert np.array_equal(own, shared)
+    # a step that proposed nothing (a paused batch) stages no successors, with recycling too: the same chosen
+    # tokens and window argmax, no top-R
+    verifiers = [Verifier(decoding, 4, 4) for _ in trees]
+    argmax, top = stage_batch(logits, None)
+    for a, (v, m, t, k) in enumerate(zip(verifiers, maps, trees, kept)):
+        bare = v.stage(logits[a, :k], m, t, seq, 4, recycle=False).numpy()
+        assert bare.shape[0] == v.staged_size(m, t, k, recycle=False) == v.staged_size(m, t, k) - k * 2 * 4
+        assert np.array_equal(bare, v.stage_from_batch(argmax[a], None, m, t, k))
+        full = v.stage(logits[a, :k], m, t, seq, 4).numpy()
+        plain, staged = v.finish(bare, m, t, k, recycle=False), v.finish(full, m, t, k)
+        assert plain.top is None and staged.top is not None
+        assert np.array_equal(plain.new, staged.new) and np.array_equal(plain.window_next, staged.window_next)
 
 
 def test_kept_slots_of_one_sequence_tell_in_place_by_its_last_row():

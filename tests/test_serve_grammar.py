@@ -413,3 +413,11 @@ def test_a_forced_tag_is_also_proposed_through_the_newline_templates_write_after
     for g in range(cands.count):
         matcher = xgrammar.GrammarMatcher(grammar.compiled)
         assert all(matcher.accept_token(int(t)) for t in cands.tokens[g, :cands.lens[g]])
+
+
+def test_longest_rows_leave_out_what_another_row_begins_with():
+    from lookahead.proposers.grammar import longest_rows
+
+    assert longest_rows([[1, 2], [], [1, 2, 3], [4], [4]]) == [[1, 2, 3], [4]]
+    assert longest_rows([[5], [6, 7]]) == [[5], [6, 7]]
+    assert longest_rows([[], []]) == []

@@ -15,7 +15,7 @@ target's own choice decides (the rows are candidates, never an answer).
 
 Worked example (Qwen2.5's tokenizer, a forced call's start): the forced text ``<tool_call>`` gives the
 rows [<tool_call>] (xgrammar's, one added token), [<, tool, _call, >] (spelled) and, the newline allowed
-and the call's JSON forced after it, [<, tool, _call, >\n, {", name, ":, ␠"] (through the newline).
+and the call's JSON forced after it, [<, tool, _call, >\n, {", name, ":, (space)"] (through the newline).
 """
 
 from __future__ import annotations
@@ -81,11 +81,7 @@ class ForcedTokens(NoForcedTokens):
         jump = list(matcher.find_jump_forward_tokens())
         if jump:
             text = matcher.find_jump_forward_string()
-            rows = [jump, self.spelled(text), self.spelled(text + through_newline(matcher, text))]
-            # (a row another one begins with is left out: the trie holds it)
-            return [row for i, row in enumerate(rows) if row and not any(
-                j != i and len(other) >= len(row) and other[:len(row)] == row and (len(other) > len(row) or j < i)
-                for j, other in enumerate(rows))], 0
+            return longest_rows([jump, self.spelled(text), self.spelled(text + through_newline(matcher, text))]), 0
         xgr = load_xgrammar()
         bitmask = xgr.allocate_token_bitmask(1, self.grammar.vocab)  # [1, ceil(V / 32)]
         self.follower.fill(bitmask, 0)
@@ -96,6 +92,20 @@ class ForcedTokens(NoForcedTokens):
         """``text`` as ``Grammar.spell`` writes it ([] without a spelling, or where a token is past V)."""
         tokens = self.grammar.spell(text) if self.grammar.spell is not None and text else []
         return tokens if tokens and max(tokens) < self.grammar.vocab else []
+
+
+def longest_rows(rows: list[list[int]]) -> list[list[int]]:
+    """``rows`` without the empty ones, the repeats and those another row begins with (the trie holds them).
+
+    [[1, 2], [], [1, 2, 3], [4], [4]] -> [[1, 2, 3], [4]].
+    """
+    kept: list[list[int]] = []
+    for i, row in enumerate(rows):
+        covered = any(other[:len(row)] == row and (len(other) > len(row) or j < i)
+                      for j, other in enumerate(rows) if j != i and len(other) >= len(row))
+        if row and not covered:
+            kept.append(row)
+    return kept
 
 
 def through_newline(matcher: Any, text: str) -> str:
