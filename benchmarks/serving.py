@@ -325,12 +325,12 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
     lines = ["| data set | server | concurrency | requests | output tokens | tokens/s | requests/s | TTFT p50 ms "
              "| TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | tokens/forward | step host / forward ms |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rounds = any(r.get("round") for r in runs)  # (several rounds: each run's round beside its server)
     for r in runs:
         errors = " (not supported)" if r.get("unsupported") else f" ({r['errors']} failed)" if r.get("errors") else ""
         tpf = r.get("tokens_per_forward")
         parts = r.get("step_parts")
-        server = r["server"] + (f" (round {r['round'] + 1})" if r.get("round") or any(x.get("round") for x in runs)
-                                else "")
+        server = r["server"] + (f" (round {r['round'] + 1})" if rounds else "")
         lines.append(f"| {r['dataset']} | {server} | {r['concurrency']} | {r['requests']}{errors} "
                      f"| {r['output_tokens']} | {r['throughput_tok_s']:.1f} | {r['requests_per_s']:.2f} "
                      f"| {_ms(r.get('ttft_p50_s'))} | {_ms(r.get('ttft_p99_s'))} | {_ms(r.get('tpot_p50_s'))} "
