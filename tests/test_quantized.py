@@ -410,7 +410,7 @@ def test_16_row_products_have_one_order_at_every_row_count_and_instruction_set(k
     packed = ops.qpack16(blocks, int(kind), 768)
     x = torch.randn(70, 768, generator=torch.Generator().manual_seed(5))
     alone = rows_alone_and_together(ops.qlinear_int8_x16, isas_x16(kind), packed, kind, x,
-                                    (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 70))  # (AVX2 passes: up to 8 rows)
+                                    (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 70))  # (AVX2 passes: up to 8 or 16 rows)
     # the same integers as the row-major integer products, their floats summed in another order: near, not equal
     torch.testing.assert_close(alone, ops.qlinear_int8(x, blocks, int(kind), 768, None), rtol=1e-4, atol=1e-3)
 

@@ -326,7 +326,7 @@ LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int6
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
 }
 
-// Q5_0 in AVX2 for several rows (up to X16S_ROWS a pass): one half of the group (8 outputs) at a time over all
+// Q5_0 in AVX2 for two rows (x16s_many takes three or more): one half of the group (8 outputs) at a time over all
 // its blocks, and in a block the low nibbles' four chunks for every row, then the high nibbles': the registers then
 // hold a row's 16-bit sums of one kind (with 8 rows, 8 of 16), where both halves and both kinds at once would
 // spill. Per output the same integers and the same float operations in block order as x16s_avx2: the same bits.
@@ -374,6 +374,77 @@ LOOKAHEAD_AVX2_I void x16s_q5_avx2(const uint8_t* group, const X16sInputs& in, i
       }
     }
     for (int r = 0; r < RT; ++r) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r]);
+  }
+}
+
+// Q4_1 and Q5_0 in AVX2 for many rows (up to X16S_MANY a pass), rows outermost in a block: a half's eight
+// unpacked chunks stay in registers while each row in turn takes its eight byte-dots, so the live registers do not
+// grow with the rows (the accumulators wait in a small buffer, one load and store a row and block) and a chunk's
+// unpacking serves every row of the pass. Per output the same integers and the same float operations in block
+// order as x16s_avx2: the same bits.
+constexpr int X16S_MANY = 16;  // rows a pass of x16s_many serves
+
+template <int64_t F>
+LOOKAHEAD_AVX2_I void x16s_many(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
+                                int64_t outputs, int64_t prefetch) {
+  static_assert(F == Q4_1 || F == Q5_0, "x16s_many reads Q4_1 and Q5_0 chunks");
+  constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
+  const __m256i fifteen = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+  alignas(32) float acc[X16S_MANY][8];
+  for (int h = 0; h < 2; ++h) {
+    for (int64_t r = 0; r < count; ++r) _mm256_store_ps(acc[r], _mm256_setzero_ps());
+    for (int64_t j = 0; j < in.blocks; ++j) {
+      const uint8_t* chunk = group + j * chunk_bytes;
+      prefetch_chunk(chunk, chunk_bytes, h == 0 ? prefetch : 0);  // (the second half finds them read)
+      __m256i q[8];  // q[4 kind + c]: the weights 16 kind + 4 c + e of the half's 8 outputs (Q5_0: 5 bits)
+      for (int c = 0; c < 4; ++c) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * c + 32 * h));
+        q[c] = _mm256_and_si256(w, fifteen);
+        q[4 + c] = _mm256_and_si256(_mm256_srli_epi16(w, 4), fifteen);
+      }
+      if constexpr (F == Q5_0) {
+        const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 256 + 32 * h));
+        for (int k = 0; k < 8; ++k) {  // bit 4 of weight k: the bits' bit 2 c + kind moved to bit 4
+          const int shift = 2 * (k % 4) + k / 4;
+          const __m256i top = shift <= 4 ? _mm256_slli_epi16(bits, 4 - shift) : _mm256_srli_epi16(bits, shift - 4);
+          q[k] = _mm256_or_si256(q[k], _mm256_and_si256(top, sixteen));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + x16s_d(F) + 16 * h)));
+      __m256 m = _mm256_setzero_ps();
+      if constexpr (F == Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 288 + 16 * h)));
+      for (int64_t r = 0; r < count; ++r) {
+        const int8_t* x = in.q.data() + (r0 + r) * 32 * in.blocks + 32 * j;
+        const int64_t at = (r0 + r) * in.blocks + j;
+        __m256i products[8];
+        for (int k = 0; k < 8; ++k) {
+          int32_t xv;
+          std::memcpy(&xv, x + 16 * (k / 4) + 4 * (k % 4), 4);
+          products[k] = _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(xv));
+        }
+        __m256i dot;
+        if constexpr (F == Q4_1) {  // (q <= 15: the eight chunks sum in 16 bits, <= 30480)
+          const __m256i low = _mm256_add_epi16(_mm256_add_epi16(products[0], products[1]),
+                                               _mm256_add_epi16(products[2], products[3]));
+          const __m256i high = _mm256_add_epi16(_mm256_add_epi16(products[4], products[5]),
+                                                _mm256_add_epi16(products[6], products[7]));
+          dot = _mm256_madd_epi16(_mm256_add_epi16(low, high), ones);
+        } else {  // (q <= 31: each kind's four chunks sum in 16 bits, <= 31496)
+          const __m256i low = _mm256_add_epi16(_mm256_add_epi16(products[0], products[1]),
+                                               _mm256_add_epi16(products[2], products[3]));
+          const __m256i high = _mm256_add_epi16(_mm256_add_epi16(products[4], products[5]),
+                                                _mm256_add_epi16(products[6], products[7]));
+          dot = _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, ones)),
+                                 _mm256_slli_epi32(_mm256_set1_epi32(in.sums[at]), 4));
+        }
+        const __m256 s = _mm256_set1_ps(in.s[at]);
+        __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, s), _mm256_load_ps(acc[r]));
+        if constexpr (F == Q4_1)
+          sum = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(in.sums[at])), _mm256_mul_ps(m, s), sum);
+        _mm256_store_ps(acc[r], sum);
+      }
+    }
+    for (int64_t r = 0; r < count; ++r) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, _mm256_load_ps(acc[r]));
   }
 }
 
@@ -438,9 +509,17 @@ template <int64_t F>
 void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
                     int64_t outputs, int64_t prefetch) {
   // (one row: x16s_avx2's both halves at once, the weights read once)
-  if constexpr (F == Q5_0) {
-    if (with_rows(count, [&](auto rt) { x16s_q5_avx2<decltype(rt)::value>(group, in, r0, out, outputs, prefetch); }))
+  if constexpr (F == Q4_1 || F == Q5_0) {
+    if (count >= 3) {  // (two rows: the kernels whose registers hold them are as fast)
+      x16s_many<F>(group, in, r0, count, out, outputs, prefetch);
       return;
+    }
+  }
+  if constexpr (F == Q5_0) {
+    if (count == 2) {
+      x16s_q5_avx2<2>(group, in, r0, out, outputs, prefetch);
+      return;
+    }
   }
   if constexpr (F == Q8_0) {
     if (with_rows(count, [&](auto rt) { x16s_q8_avx2<decltype(rt)::value>(group, in, r0, out, outputs, prefetch); }))
@@ -472,11 +551,13 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
   const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     // (rows a pass serves: the AVX2 kernels of Q5_0 and Q8_0 take up to X16S_ROWS, the others 4)
-    const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q8_0 && path == X16_AVX2) ? X16S_ROWS : 4;
+    const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ? X16S_MANY
+                         : format == Q8_0 && path == X16_AVX2 ? X16S_ROWS : 4;
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
-      for (int64_t r0 = 0; r0 < rows; r0 += pass) {
-        const int64_t count = std::min<int64_t>(pass, rows - r0);
+      const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
+      for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+        const int64_t count = rows * (p + 1) / passes - rows * p / passes;
         if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16s_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (path == X16_AVX2) {
@@ -490,6 +571,7 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
         } else {
           x16s_rows<Q8_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         }
+        r0 += count;
       }
     }
   });
