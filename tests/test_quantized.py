@@ -552,8 +552,9 @@ def test_16_row_products_at_the_extremes_give_the_plain_paths_bits(kind):
         for offset in HALVES[kind]:
             blocks[:, :, offset:offset + 2] = np.array([0.01], dtype=np.float16).view(np.uint8)
         packed = ops.qpack16(torch.from_numpy(blocks.reshape(32, -1)), int(kind), 512)
-        plain = ops.qlinear_int8_x16(x, packed, int(kind), 512, None, 0)
-        assert plain.abs().max() > 0 or fill == 0x00
-        for isa in isas_x16(kind):
-            assert torch.equal(bits(ops.qlinear_int8_x16(x, packed, int(kind), 512, None, isa)), bits(plain)), \
-                (hex(fill), isa)
+        for rows in (x, torch.cat([x, x, x])):  # (4 rows: the register-held AVX2 kernels; 12: the many-row ones)
+            plain = ops.qlinear_int8_x16(rows, packed, int(kind), 512, None, 0)
+            assert plain.abs().max() > 0 or fill == 0x00
+            for isa in isas_x16(kind):
+                assert torch.equal(bits(ops.qlinear_int8_x16(rows, packed, int(kind), 512, None, isa)), bits(plain)), \
+                    (hex(fill), isa, rows.shape[0])

@@ -483,6 +483,100 @@ LOOKAHEAD_AVX2_I void x16_avx2(const uint8_t* group, const X16Inputs& in, int64_
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, acc[r][h]);
 }
 
+// The same for many rows (up to X16_MANY a pass), rows outermost: a super-block's half, a pass p and four of its
+// chunks at a time (their eight unpacked quads held in registers), each row in turn takes its eight byte-dots and
+// adds their scaled sums to its I1, which waits in a small buffer with the row's accumulator. The registers do
+// not grow with the rows, and the unpacking serves every row of the pass. The integers are exact, so their order
+// is free: Q4_K's sub-block sums split in two runs of 4 chunks (madd by the same scale), Q6_K's in pairs as above;
+// the float operations are x16_close8's, the same bits as x16_avx2.
+constexpr int X16_MANY = 16;  // rows a pass of x16_many serves
+
+template <int64_t F>
+LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out,
+                               int64_t outputs, int64_t prefetch) {
+  const int64_t blocks = in.super.blocks;
+  alignas(32) float acc[X16_MANY][2][8];
+  alignas(32) int32_t i1[X16_MANY][8];
+  for (int64_t r = 0; r < count; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_store_ps(acc[r][h], _mm256_setzero_ps());
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* chunk = group + b * x16_chunk_bytes(F);
+    for (int h = 0; h < 2; ++h) {
+      for (int64_t r = 0; r < count; ++r) _mm256_store_si256(reinterpret_cast<__m256i*>(i1[r]), _mm256_setzero_si256());
+      for (int p = 0; p < 4; ++p) {
+        for (int set = 0; set < 2; ++set) {  // chunks 8 p + 4 set .. + 3
+          __m256i low[4], high[4];
+          int qa[4], qb[4];
+          for (int i = 0; i < 4; ++i) {
+            const int c = 8 * p + 4 * set + i;
+            chunk_half<F>(chunk, c, h, prefetch, &low[i], &high[i]);
+            qa[i] = x16_quad(c, 0);
+            qb[i] = x16_quad(c, 1);
+          }
+          __m256i sa, sb;  // Q4_K: sub-blocks 2p, 2p + 1; Q6_K: groups 4p + set, 4p + 2 + set
+          if constexpr (F == Q6_K) {
+            sa = scale_pairs<true>(chunk + 3072 + 16 * (4 * p + set) + 8 * h);
+            sb = scale_pairs<true>(chunk + 3072 + 16 * (4 * p + 2 + set) + 8 * h);
+          } else {
+            sa = scale_pairs<false>(chunk + 2048 + 16 * (2 * p) + 8 * h);
+            sb = scale_pairs<false>(chunk + 2048 + 16 * (2 * p + 1) + 8 * h);
+          }
+          for (int64_t r = 0; r < count; ++r) {
+            const int8_t* x = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
+            __m256i a[4], bq[4];
+            for (int i = 0; i < 4; ++i) {
+              int32_t xa, xb;
+              std::memcpy(&xa, x + 4 * qa[i], 4);
+              std::memcpy(&xb, x + 4 * qb[i], 4);
+              a[i] = _mm256_maddubs_epi16(low[i], _mm256_set1_epi32(xa));
+              bq[i] = _mm256_maddubs_epi16(high[i], _mm256_set1_epi32(xb));
+            }
+            __m256i sum;
+            if constexpr (F == Q4_K) {  // (four chunks of 0..15 weights: <= 15240 a 16-bit lane)
+              sum = _mm256_add_epi32(
+                  _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(a[0], a[1]), _mm256_add_epi16(a[2], a[3])), sa),
+                  _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(bq[0], bq[1]), _mm256_add_epi16(bq[2], bq[3])), sb));
+            } else {  // (two chunks of 0..63 weights: <= 32004 a 16-bit lane)
+              sum = _mm256_add_epi32(
+                  _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(a[0], a[1]), sa),
+                                   _mm256_madd_epi16(_mm256_add_epi16(a[2], a[3]), sa)),
+                  _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(bq[0], bq[1]), sb),
+                                   _mm256_madd_epi16(_mm256_add_epi16(bq[2], bq[3]), sb)));
+            }
+            __m256i* held = reinterpret_cast<__m256i*>(i1[r]);
+            _mm256_store_si256(held, _mm256_add_epi32(_mm256_load_si256(held), sum));
+          }
+        }
+      }
+      if constexpr (F == Q6_K) {  // I1 -= 32 sum_g sc_g xsum_g, as x16_avx2
+        __m256i pairs[8];
+        for (int k = 0; k < 8; ++k) {
+          const __m256i even = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k) + 8 * h)));
+          const __m256i odd = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k + 1) + 8 * h)));
+          pairs[k] = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(odd, 16));
+        }
+        for (int64_t r = 0; r < count; ++r) {
+          const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+          __m256i total = _mm256_setzero_si256();
+          for (int k = 0; k < 8; ++k) {
+            int32_t both;
+            std::memcpy(&both, sums + 2 * k, 4);
+            total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs[k], _mm256_set1_epi32(both)));
+          }
+          __m256i* held = reinterpret_cast<__m256i*>(i1[r]);
+          _mm256_store_si256(held, _mm256_sub_epi32(_mm256_load_si256(held), _mm256_slli_epi32(total, 5)));
+        }
+      }
+      for (int64_t r = 0; r < count; ++r)
+        _mm256_store_ps(acc[r][h], x16_close8<F>(chunk, in, r0 + r, b, h,
+                                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(i1[r])),
+                                                 _mm256_load_ps(acc[r][h])));
+    }
+  }
+  for (int64_t r = 0; r < count; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, _mm256_load_ps(acc[r][h]));
+}
+
 // ---- the same with AMX tiles: up to 16 input rows against one group, a (sub-)block's dots per tile product ----
 
 #define LOOKAHEAD_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,amx-tile,amx-int8")))
@@ -604,6 +698,10 @@ void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t cou
 template <int64_t F>
 void x16_rows_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
                    int64_t prefetch) {
+  if (count >= 5) {  // (up to four rows: x16_avx2, whose registers hold them, is faster)
+    x16_many<F>(group, in, r0, count, out, outputs, prefetch);
+    return;
+  }
   switch (count) {
     case 4: x16_avx2<F, 4>(group, in, r0, out, outputs, prefetch); break;
     case 3: x16_avx2<F, 3>(group, in, r0, out, outputs, prefetch); break;
@@ -644,10 +742,12 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
       else amx_groups<Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
       return;
     }
+    const int64_t pass = path == X16_AVX2 ? X16_MANY : X16_ROWS;
+    const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
-      for (int64_t r0 = 0; r0 < rows; r0 += X16_ROWS) {
-        const int64_t count = std::min<int64_t>(X16_ROWS, rows - r0);
+      for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+        const int64_t count = rows * (p + 1) / passes - rows * p / passes;
         if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (path == X16_AVX2) {
@@ -658,6 +758,7 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
         } else {
           x16_rows<Q6_K>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         }
+        r0 += count;
       }
     }
   });
