@@ -346,6 +346,23 @@ def test_without_the_kernel_only_torch_routes_are_measured(llama, monkeypatch):
     assert offered == ({"torch", "mm", "onednn"} if onednn_available() else {"torch", "mm"})  # torch's oneDNN too
 
 
+def test_a_model_of_quantized_linears_is_measured_once_a_thread_count():
+    """No linear layer a route reroutes (every one quantized): the routes' linear kinds would run the same
+    ops, so torch's alone is measured at each thread count, whatever is offered."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quantized import quantized_model
+
+    from lookahead.model.fewrows import routable_linears
+    model = quantized_model("llama", Q.Q8_0)
+    assert routable_linears(model) == []
+    from lookahead.model.routing import Route, candidate_routes
+    assert candidate_routes(2, True, rerouted=False) == [Route(2, "torch"), Route(1, "torch")]  # (the worked example)
+    for kernel in (False, True):
+        routes = measure.measured_routes(model, kernel, onednn=True)
+        assert [r.linear for r in routes] == ["torch"] * len(routes)
+        assert {r.threads for r in routes} == {1, torch.get_num_threads()}
+
+
 def test_load_cost_model_offers_the_onednn_route_only_when_asked(llama, tmp_path, monkeypatch):
     model, layout = llama
     monkeypatch.setattr(store, "decode_step_timer", fake_timer(cpu_time))

@@ -413,14 +413,16 @@ def measured_routes(model: PreTrainedModel, few_row_matmul: bool, onednn: bool =
     """The routes a forward of this model is measured through: on the CPU torch's threads and one,
     through torch's linear, (``onednn``) oneDNN's over packed weights (float32, where a packed copy of
     the linears fits in a third of the free memory) and (``few_row_matmul``) lookahead's; elsewhere [None]
-    (as set)."""
+    (as set). A model whose linear layers are all quantized (none a route reroutes) is measured at each
+    thread count once."""
     device, dtype = input_device(model), embedding_facts(model)[1]
     if device.type != "cpu":
         return [None]
     if onednn:  # (its packed copy must fit)
         weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in routable_linears(model))
         onednn = onednn_applies(device, dtype, weight_bytes, int(psutil.virtual_memory().available))
-    return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype), onednn)
+    return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype), onednn,
+                            rerouted=bool(routable_linears(model)))
 
 
 def first_pass(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list) -> np.ndarray:

@@ -86,13 +86,18 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-def candidate_routes(threads: int, kernel: bool, onednn: bool = False) -> list[Route]:
+def candidate_routes(threads: int, kernel: bool, onednn: bool = False, rerouted: bool = True) -> list[Route]:
     """The routes worth measuring with torch at ``threads`` threads: that count and one thread,
     each through every linear (lookahead's kernel only when ``kernel``, oneDNN's packed one only
-    when ``onednn``); the first is torch as set."""
+    when ``onednn``); the first is torch as set. ``rerouted`` False (a model without a linear layer a
+    route reroutes: every one quantized): torch's alone at each count, as the others would run the same ops.
+
+    Worked example: (2, True) -> torch x2, kernel x2, mm x2, torch x1, kernel x1, mm x1; (2, True,
+    rerouted=False) -> torch x2, torch x1."""
     counts = sorted({max(1, threads), 1}, reverse=True)
     offered = {"kernel": kernel, "onednn": onednn}
-    return [Route(t, linear) for t in counts for linear in LINEARS if offered.get(linear, True)]
+    linears = [linear for linear in LINEARS if offered.get(linear, True)] if rerouted else ["torch"]
+    return [Route(t, linear) for t in counts for linear in linears]
 
 
 def onednn_applies(device: torch.device, dtype: torch.dtype, weight_bytes: int, available: int) -> bool:
