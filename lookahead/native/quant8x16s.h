@@ -328,9 +328,8 @@ LOOKAHEAD_AVX2_I void x16s_avx2(const uint8_t* group, const X16sInputs& in, int6
 
 // Q5_0 in AVX2 for two rows (x16s_many takes three or more): one half of the group (8 outputs) at a time over all
 // its blocks, and in a block the low nibbles' four chunks for every row, then the high nibbles': the registers then
-// hold a row's 16-bit sums of one kind (with 8 rows, 8 of 16), where both halves and both kinds at once would
-// spill. Per output the same integers and the same float operations in block order as x16s_avx2: the same bits.
-constexpr int X16S_ROWS = 8;  // rows a pass of those kernels serves
+// hold a row's 16-bit sums of one kind, where both halves and both kinds at once would spill. Per output the same integers and the same float operations in block order as x16s_avx2: the same bits.
+constexpr int X16S_ROWS = 8;  // rows a pass of x16s_q8_avx2 serves
 
 template <int RT>
 LOOKAHEAD_AVX2_I void x16s_q5_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out,
@@ -550,7 +549,7 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
   const X16sInputs in = quantize_x16s(x, rows, inputs);
   const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    // (rows a pass serves: the AVX2 kernels of Q5_0 and Q8_0 take up to X16S_ROWS, the others 4)
+    // (rows a pass serves: x16s_many (Q4_1, Q5_0) up to X16S_MANY, the AVX2 Q8_0 kernel X16S_ROWS, the others 4)
     const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ? X16S_MANY
                          : format == Q8_0 && path == X16_AVX2 ? X16S_ROWS : 4;
     for (int64_t g = begin; g < end; ++g) {
