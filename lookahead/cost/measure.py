@@ -418,11 +418,12 @@ def measured_routes(model: PreTrainedModel, few_row_matmul: bool, onednn: bool =
     device, dtype = input_device(model), embedding_facts(model)[1]
     if device.type != "cpu":
         return [None]
+    linears = routable_linears(model)
     if onednn:  # (its packed copy must fit)
-        weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in routable_linears(model))
+        weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in linears)
         onednn = onednn_applies(device, dtype, weight_bytes, int(psutil.virtual_memory().available))
     return candidate_routes(torch.get_num_threads(), few_row_matmul and kernel_applies(device, dtype), onednn,
-                            rerouted=bool(routable_linears(model)))
+                            rerouted=bool(linears))
 
 
 def first_pass(time_one: Callable[[int, Route | None], float], rows: tuple[int, ...], routes: list) -> np.ndarray:

@@ -382,6 +382,28 @@ LOOKAHEAD_AVX2_I inline void chunk_half(const uint8_t* chunk, int c, int h, int6
   }
 }
 
+// Q6_K's scales of half h (rows 8h..8h+7) as pairs: pairs[k] holds groups 2k and 2k + 1 as the two 16-bit halves
+// of each row's 32-bit lane, for q6_offset
+LOOKAHEAD_AVX2_I inline void q6_group_pairs(const uint8_t* chunk, int h, __m256i* pairs) {
+  for (int k = 0; k < 8; ++k) {
+    const __m256i even = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k) + 8 * h)));
+    const __m256i odd = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k + 1) + 8 * h)));
+    pairs[k] = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(odd, 16));
+  }
+}
+
+// 32 sum_g sc_g xsum_g for one input row's super-block (sums: its 16 group sums of xq), 8 rows' lanes: what Q6_K's
+// I1 loses to the weights' offset of 32
+LOOKAHEAD_AVX2_I inline __m256i q6_offset(const __m256i* pairs, const int16_t* sums) {
+  __m256i total = _mm256_setzero_si256();
+  for (int k = 0; k < 8; ++k) {
+    int32_t both;
+    std::memcpy(&both, sums + 2 * k, 4);
+    total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs[k], _mm256_set1_epi32(both)));
+  }
+  return _mm256_slli_epi32(total, 5);
+}
+
 // acc (half h) + super-block b's float terms of input row `row` from its I1: as x16_close, 8 lanes
 template <int64_t F>
 LOOKAHEAD_AVX2_I inline __m256 x16_close8(const uint8_t* chunk, const X16Inputs& in, int64_t row, int64_t b, int h,
@@ -456,24 +478,12 @@ LOOKAHEAD_AVX2_I void x16_avx2(const uint8_t* group, const X16Inputs& in, int64_
         }
       }
     }
-    if constexpr (F == Q6_K) {  // I1 -= 32 sum_g sc_g xsum_g (groups in pairs g, g + 1: 16-bit pairs both sides)
+    if constexpr (F == Q6_K) {  // I1 -= 32 sum_g sc_g xsum_g
       for (int h = 0; h < 2; ++h) {
         __m256i pairs[8];
-        for (int k = 0; k < 8; ++k) {
-          const __m256i even = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k) + 8 * h)));
-          const __m256i odd = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k + 1) + 8 * h)));
-          pairs[k] = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(odd, 16));
-        }
-        for (int r = 0; r < RT; ++r) {
-          const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
-          __m256i total = _mm256_setzero_si256();
-          for (int k = 0; k < 8; ++k) {
-            int32_t both;
-            std::memcpy(&both, sums + 2 * k, 4);
-            total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs[k], _mm256_set1_epi32(both)));
-          }
-          i1[r][h] = _mm256_sub_epi32(i1[r][h], _mm256_slli_epi32(total, 5));
-        }
+        q6_group_pairs(chunk, h, pairs);
+        for (int r = 0; r < RT; ++r)
+          i1[r][h] = _mm256_sub_epi32(i1[r][h], q6_offset(pairs, in.super.sums.data() + ((r0 + r) * blocks + b) * 16));
       }
     }
     for (int r = 0; r < RT; ++r)
@@ -550,21 +560,11 @@ LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_
       }
       if constexpr (F == Q6_K) {  // I1 -= 32 sum_g sc_g xsum_g, as x16_avx2
         __m256i pairs[8];
-        for (int k = 0; k < 8; ++k) {
-          const __m256i even = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k) + 8 * h)));
-          const __m256i odd = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (2 * k + 1) + 8 * h)));
-          pairs[k] = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(odd, 16));
-        }
+        q6_group_pairs(chunk, h, pairs);
         for (int64_t r = 0; r < count; ++r) {
-          const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
-          __m256i total = _mm256_setzero_si256();
-          for (int k = 0; k < 8; ++k) {
-            int32_t both;
-            std::memcpy(&both, sums + 2 * k, 4);
-            total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs[k], _mm256_set1_epi32(both)));
-          }
           __m256i* held = reinterpret_cast<__m256i*>(i1[r]);
-          _mm256_store_si256(held, _mm256_sub_epi32(_mm256_load_si256(held), _mm256_slli_epi32(total, 5)));
+          _mm256_store_si256(held, _mm256_sub_epi32(_mm256_load_si256(held),
+                                                    q6_offset(pairs, in.super.sums.data() + ((r0 + r) * blocks + b) * 16)));
         }
       }
       for (int64_t r = 0; r < count; ++r)
