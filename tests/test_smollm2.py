@@ -74,9 +74,11 @@ def test_smollm2_left_padded_batch_rows_equal_generate_alone(smollm2):
     assert len({len(p) for p in prompts}) == 3  # really ragged
     ids, mask = left_pad(prompts, model.generation_config.pad_token_id)
     # (the flat curve: the trees the budget builds do not hang on a cost curve timed on a machine the other
-    # test workers keep busy, so the rows are checked while speculating, every run; 8 nodes a row keep the
-    # steps small where float32 products are slow, as on a CPU without AVX-512)
-    gen = LookaheadGenerator(model, tokenizer, LookaheadConfig(budget_curve="flat", max_tree_nodes=8))
+    # test workers keep busy, so the rows are checked while speculating, every run; 8 nodes a row and a small
+    # window (not the 60 rows a sequence a flat curve would open) keep the steps small where float32 products
+    # are slow, as on a CPU without AVX-512)
+    gen = LookaheadGenerator(model, tokenizer, LookaheadConfig(budget_curve="flat", max_tree_nodes=8, window=5,
+                                                               ngram=3))
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_BATCH)
     width = ids.shape[1]
     longest = 0
