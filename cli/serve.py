@@ -133,8 +133,9 @@ def _warm_up(engine: Any) -> None:
                    f"make its traces and curves", err=True)
         return
     largest = max(count for count, _ in done.shapes)
+    grammar = "; the grammar engine's token table" if done.grammar else ""
     click.echo(f"lookahead: warmed up in {done.seconds:.1f} s (a step of 1-{largest} sequences, of one row and "
-               f"of several)", err=True)
+               f"of several{grammar})", err=True)
 
 
 def _engine(model_name: str, device: str, dtype: str, loading: tuple[bool, str, str], config: Any, max_batch: int,

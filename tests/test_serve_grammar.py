@@ -9,6 +9,7 @@ hand-written text; through the server, the calls equal the constrained plain ans
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import httpx
@@ -116,6 +117,35 @@ def test_completions_json_object_starts_an_object_and_equals_the_plain_answer(se
     text = response.json()["choices"][0]["text"]
     assert text == expected and text.startswith("{")
     assert not free.json()["choices"][0]["text"].startswith("{"), "the model writes '{' anyway: vacuous"
+
+
+def test_a_constraint_compiles_off_the_event_loop(served, http, monkeypatch):
+    """While a request's grammar compiles (held here on an event), the server still answers: the compile runs
+    in a worker thread, not on the loop every stream's chunks go through; the request then answers as usual."""
+    generator = served["generator"]
+    compile_grammar = generator.grammar
+    compiling, release = threading.Event(), threading.Event()
+
+    def held(response_format, tokenizer=None):
+        compiling.set()
+        release.wait(WAIT_S)
+        return compile_grammar(response_format, tokenizer)
+
+    monkeypatch.setattr(generator, "grammar", held)
+    expected = constrained_text(served, chat_ids(served), SCHEMA, 80)
+    replies = []
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 80, "response_format": JSON_SCHEMA}
+    asking = threading.Thread(target=lambda: replies.append(http.post("/v1/chat/completions", json=body)))
+    asking.start()
+    try:
+        assert compiling.wait(WAIT_S), "the request never reached its compile"
+        with httpx.Client(base_url=served["url"], timeout=10) as other:
+            assert other.get("/health").status_code == 200  # (a loop held by the compile would time this out)
+    finally:
+        release.set()
+        asking.join(WAIT_S)
+    assert replies and replies[0].status_code == 200, replies
+    assert replies[0].json()["choices"][0]["message"]["content"] == expected
 
 
 def test_response_format_text_is_free_text(served, client):

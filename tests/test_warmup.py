@@ -3,11 +3,12 @@ before any request, nothing is learned or remembered, and requests after it deco
 
 from __future__ import annotations
 
+import pytest
 import torch
-from conftest import VOCAB, reference
+from conftest import VOCAB, reference, tiny_model, tiny_tokenizer
 from test_traced import traced_generator
 
-from lookahead import LookaheadConfig
+from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.serve.warmup import warm_up
 
 NO_EOS = [VOCAB + 1000]
@@ -41,3 +42,16 @@ def test_warm_up_traces_every_first_shape_and_learns_nothing():
 def test_a_server_of_one_sequence_warms_one_sequence():
     gen = traced_generator("qwen2")
     assert warm_up(gen, max_batch=1).shapes == ((1, 1), (1, 2))
+
+
+def test_warm_up_makes_the_grammar_engines_token_table_where_it_can():
+    """With a tokenizer (and xgrammar installed) the JSON-object grammar is compiled at warm-up, so the
+    compiler and its vocabulary table exist before any request; without a tokenizer nothing is compiled."""
+    pytest.importorskip("xgrammar")
+    gen = LookaheadGenerator(tiny_model("llama"), tiny_tokenizer(), LookaheadConfig())
+    assert getattr(gen, "_grammars", None) is None
+    assert warm_up(gen, max_batch=1).grammar
+    assert gen._grammars is not None and gen._grammars._compiler is not None  # (made once, kept)
+    bare = traced_generator("qwen2")
+    assert bare.tokenizer is None and not warm_up(bare, max_batch=1).grammar
+    assert getattr(bare, "_grammars", None) is None

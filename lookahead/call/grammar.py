@@ -7,7 +7,8 @@ extra ``lookahead-lm[grammar]`` (xgrammar), imported only when a call asks for a
 the call is refused by name with the install command.
 
 ``Grammars`` compiles for one tokenizer and vocabulary width and keeps the compiler (its token table
-is built once per tokenizer, and it caches compiled grammars).
+is built once per tokenizer, and it caches compiled grammars). Its compiles may come from several threads
+(the server compiles a request's constraint off its event loop): they take turns.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +110,7 @@ class Grammars:
         self.tokenizer = tokenizer
         self.vocab = int(vocab)
         self._compiler: Any = None
+        self._turn = threading.Lock()  # one compile (or the compiler's making) at a time
 
     def compiler(self) -> Any:
         """The xgrammar GrammarCompiler over this tokenizer's tokens (made once)."""
@@ -122,7 +125,12 @@ class Grammars:
 
     def compile(self, response_format: object, field: str = "response_format") -> Grammar:
         """``response_format`` ("json_object" or a JSON schema dict) compiled (GrammarInputError naming
-        ``field`` when it is neither, or when the grammar engine rejects the schema)."""
+        ``field`` when it is neither, or when the grammar engine rejects the schema); one thread at a time."""
+        with self._turn:
+            return self._compile(response_format, field)
+
+    def _compile(self, response_format: object, field: str) -> Grammar:
+        """``compile``, its caller holding the turn."""
         if response_format == "json_object":  # any JSON object, any keys (strict mode off)
             compiled = self.compiler().compile_json_schema('{"type": "object"}', any_whitespace=False,
                                                            separators=(",", ":"), strict_mode=False)

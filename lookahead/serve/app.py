@@ -305,7 +305,7 @@ class Server:
         predicted = prediction_text(body.prediction)
         prediction = () if predicted is None else prediction_ids(self.tokenizer(), predicted, len(prompt),
                                                                    self.engine.context_length)
-        constrained = constraint(self.engine.generator, body.response_format)  # (None: free text)
+        constrained = await off_loop(constraint, self.engine.generator, body.response_format)  # (None: free text)
         if call is not None and constrained is not None:
             raise bad_request("'response_format' asks for JSON but 'tool_choice' asks for a tool call: send one of "
                               "them (\"tool_choice\": \"auto\" with a response_format)", "response_format",
@@ -484,6 +484,16 @@ def whole_choice(choice: Choice, text: str, scores: list[TokenScore], step: Step
     return body
 
 
+async def off_loop(compile_constraint: Callable[[Any, Any], Grammar | None], generator: Any,
+                   value: Any) -> Grammar | None:
+    """A request's constraint compiled in a worker thread (None: nothing to constrain, answered at once): the
+    grammar engine's compile of a large schema, and its first compile (the vocabulary's token table), would
+    otherwise hold the event loop, and every stream's next chunk with it. Its APIError reaches the caller."""
+    if value is None:
+        return None
+    return await asyncio.to_thread(compile_constraint, generator, value)
+
+
 def _metric_name(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
@@ -605,7 +615,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, stop
         messages = chat_messages(body.messages)
         settings, tools = server.tool_reply(body, messages)
         prompt = server.render_chat(messages, settings)
-        call = tool_constraint(server.engine.generator, settings)  # (None: no call forced)
+        call = await off_loop(tool_constraint, server.engine.generator, settings)  # (None: no call forced)
         return await server.answer(request, body, prompt, "chat", tools, call)
 
     @app.post("/v1/completions")
