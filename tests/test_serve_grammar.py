@@ -122,6 +122,7 @@ def test_completions_json_object_starts_an_object_and_equals_the_plain_answer(se
 def test_a_constraint_compiles_off_the_event_loop(served, http, monkeypatch):
     """While a request's grammar compiles (held here on an event), the server still answers: the compile runs
     in a worker thread, not on the loop every stream's chunks go through; the request then answers as usual."""
+    expected = constrained_text(served, chat_ids(served), SCHEMA, 80)
     generator = served["generator"]
     compile_grammar = generator.grammar
     compiling, release = threading.Event(), threading.Event()
@@ -132,7 +133,6 @@ def test_a_constraint_compiles_off_the_event_loop(served, http, monkeypatch):
         return compile_grammar(response_format, tokenizer)
 
     monkeypatch.setattr(generator, "grammar", held)
-    expected = constrained_text(served, chat_ids(served), SCHEMA, 80)
     replies = []
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 80, "response_format": JSON_SCHEMA}
     asking = threading.Thread(target=lambda: replies.append(http.post("/v1/chat/completions", json=body)))
