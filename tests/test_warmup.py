@@ -55,3 +55,19 @@ def test_warm_up_makes_the_grammar_engines_token_table_where_it_can():
     bare = traced_generator("qwen2")
     assert bare.tokenizer is None and not warm_up(bare, max_batch=1).grammar
     assert getattr(bare, "_grammars", None) is None
+
+
+def test_a_grammar_engine_that_cannot_compile_leaves_the_warm_up_done(monkeypatch):
+    """(a tokenizer the grammar engine cannot read: the traces are made all the same; the first constrained
+    request compiles, and says why it cannot, as a 400)"""
+    pytest.importorskip("xgrammar")
+    gen = LookaheadGenerator(tiny_model("llama"), tiny_tokenizer(), LookaheadConfig())
+
+    def unreadable(response_format, tokenizer=None):
+        if response_format is None:  # (a join without a constraint asks too)
+            return None
+        raise RuntimeError("the tokenizer's vocabulary cannot be read")
+
+    monkeypatch.setattr(gen, "grammar", unreadable)
+    done = warm_up(gen, max_batch=1)
+    assert done.shapes == ((1, 1), (1, 2)) and not done.grammar

@@ -11,9 +11,9 @@ every larger one, ``TracedForward.serves``) and runs one step of one row and one
 through the target, as the decode loop would, then drops the batch: nothing is decoded, nothing is
 learned (no acceptance, no curve refinement, no memory, no kept prompt), only the curves, routes and traces are made.
 Where the grammar engine is installed and the generator has a tokenizer, it also compiles the JSON-object
-grammar, which makes the grammar engine's table of the vocabulary's tokens (most of a second for a vocabulary
-of 150,000 tokens), so that the first request with a ``response_format`` or a forced tool call does not wait
-for it.
+grammar, which makes the grammar engine's table of the vocabulary's tokens (the slow part of a first compile
+on a large vocabulary), so that the first request with a ``response_format`` or a forced tool call does not
+wait for it; where that compile fails, the warm-up goes on and that first request compiles (and reports).
 
 Worked example (``max_batch`` 4, SmolLM2 traced): shapes (1, 1), (1, 2+), (2, 1), (2, 2+), (3, 1),
 (3, 2+) checked; a step of 4 sequences over 3 rows then replays its trace at once.
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import LookaheadGenerator
+from ..call.grammar import GrammarInputError
 
 PROMPT_TOKENS = 16  # a synthetic prompt's length
 BATCHES = 3  # batch sizes 1 .. BATCHES are warmed (fewer where max_batch is smaller)
@@ -66,7 +67,10 @@ def _grammar(generator: LookaheadGenerator) -> bool:
     table, made once, serves every later constraint); whether it was compiled."""
     if generator.tokenizer is None or importlib.util.find_spec("xgrammar") is None:
         return False
-    generator.grammar("json_object")
+    try:
+        generator.grammar("json_object")
+    except (GrammarInputError, RuntimeError, ValueError, TypeError):
+        return False  # (the grammar engine cannot read this tokenizer: a constrained request says so, as a 400)
     return True
 
 
