@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import LookaheadGenerator
-from ..call.grammar import GrammarInputError
+from .. import GrammarInputError, LookaheadGenerator
 
 PROMPT_TOKENS = 16  # a synthetic prompt's length
 BATCHES = 3  # batch sizes 1 .. BATCHES are warmed (fewer where max_batch is smaller)
