@@ -577,6 +577,66 @@ LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, _mm256_load_ps(acc[r][h]));
 }
 
+// The same in AVX-512 VNNI for many rows (up to X16_MANY a pass), rows outermost: a pass p's eight chunks (Q6_K:
+// each half's four) unpacked into registers, each row in turn takes its byte-dots and adds their scaled sums to its
+// I1, which waits in a small buffer with the row's accumulator. The unpacking serves every row of the pass and a
+// group's weights are read once a call, not once per four rows. The integers are exact, so their order is free;
+// the float operations are x16_close's: the same bits as x16_vnni.
+template <int64_t F>
+LOOKAHEAD_VNNI_K void x16_many_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out,
+                                    int64_t outputs, int64_t prefetch) {
+  const int64_t blocks = in.super.blocks;
+  constexpr int held = F == Q6_K ? 4 : 8;  // chunks unpacked at a time
+  alignas(64) float acc[X16_MANY][16];
+  alignas(64) int32_t i1[X16_MANY][16];
+  for (int64_t r = 0; r < count; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* chunk = group + b * x16_chunk_bytes(F);
+    for (int64_t r = 0; r < count; ++r) _mm512_store_si512(i1[r], _mm512_setzero_si512());
+    for (int p = 0; p < 4; ++p) {
+      for (int half = 0; half < (F == Q6_K ? 2 : 1); ++half) {  // Q6_K: groups 4p + half (low) and 4p + 2 + half
+        __m512i low[held], high[held];
+        int qa[held], qb[held];
+        for (int i = 0; i < held; ++i) {
+          const int c = 8 * p + (F == Q6_K ? 4 * half : 0) + i;
+          chunk_values<F>(chunk, c, prefetch, &low[i], &high[i]);
+          qa[i] = x16_quad(c, 0);
+          qb[i] = x16_quad(c, 1);
+        }
+        __m512i sa, sb;
+        if constexpr (F == Q6_K) {
+          sa = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + half))));
+          sb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + 2 + half))));
+        } else {
+          sa = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p))));
+          sb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p + 1))));
+        }
+        for (int64_t r = 0; r < count; ++r) {
+          const int8_t* x = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
+          __m512i a = _mm512_setzero_si512(), bq = _mm512_setzero_si512();
+          if constexpr (F == Q6_K) {
+            const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+            a = _mm512_set1_epi32(-32 * sums[4 * p + half]);
+            bq = _mm512_set1_epi32(-32 * sums[4 * p + 2 + half]);
+          }
+          for (int i = 0; i < held; ++i) {
+            int32_t xa, xb;
+            std::memcpy(&xa, x + 4 * qa[i], 4);
+            std::memcpy(&xb, x + 4 * qb[i], 4);
+            a = _mm512_dpbusd_epi32(a, low[i], _mm512_set1_epi32(xa));
+            bq = _mm512_dpbusd_epi32(bq, high[i], _mm512_set1_epi32(xb));
+          }
+          const __m512i sum = _mm512_add_epi32(_mm512_mullo_epi32(a, sa), _mm512_mullo_epi32(bq, sb));
+          _mm512_store_si512(i1[r], _mm512_add_epi32(_mm512_load_si512(i1[r]), sum));
+        }
+      }
+    }
+    for (int64_t r = 0; r < count; ++r)
+      _mm512_store_ps(acc[r], x16_close<F>(chunk, in, r0 + r, b, _mm512_load_si512(i1[r]), _mm512_load_ps(acc[r])));
+  }
+  for (int64_t r = 0; r < count; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, _mm512_load_ps(acc[r]));
+}
+
 // ---- the same with AMX tiles: up to 16 input rows against one group, a (sub-)block's dots per tile product ----
 
 #define LOOKAHEAD_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,amx-tile,amx-int8")))
@@ -682,11 +742,13 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
   for (int r = 0; r < m; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, _mm512_load_ps(acc[r]));
 }
 
-constexpr int X16_ROWS = 4;  // input rows a pass of the VNNI path over a group's super-blocks serves
-
 template <int64_t F>
 void x16_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
               int64_t prefetch) {
+  if (count >= 5) {  // (up to four rows: x16_vnni, whose registers hold them, is faster)
+    x16_many_vnni<F>(group, in, r0, count, out, outputs, prefetch);
+    return;
+  }
   switch (count) {
     case 4: x16_vnni<F, 4>(group, in, r0, out, outputs, prefetch); break;
     case 3: x16_vnni<F, 3>(group, in, r0, out, outputs, prefetch); break;
@@ -742,7 +804,7 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
       else amx_groups<Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
       return;
     }
-    const int64_t pass = path == X16_AVX2 ? X16_MANY : X16_ROWS;
+    const int64_t pass = X16_MANY;  // (up to four rows a kernel whose registers hold them, else x16_many*)
     const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
