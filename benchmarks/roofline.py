@@ -154,7 +154,7 @@ def runs_as(route, rows: int, threads: int):
         return None
     if rows > FEW_ROWS_MAX:
         return Route(threads, "torch")
-    kernel_max = FEW_ROWS_MAX if tiled_width()[0] else KERNEL_ROWS_MAX
+    kernel_max = FEW_ROWS_MAX if tiled_width() else KERNEL_ROWS_MAX
     if (route.linear == "kernel" and not 1 <= rows <= kernel_max) or \
             (route.linear == "mm" and not 1 <= rows <= MM_ROWS_MAX):
         return Route(route.threads, "torch")
@@ -562,14 +562,15 @@ def _part_cells(parts: dict[str, float] | None) -> str:
 
 
 def _width(result: dict) -> str:
-    """The tiled kernel's width as the report says it: '16 lanes (measured 2.5 ms against 8 lanes' 2.8)'."""
+    """The tiled kernel's width as the report says it: '16 lanes, the widest this CPU runs (2.5 ms against 8 lanes'
+    2.8)'."""
     lanes, timings = result.get("tiled_lanes", 0), result.get("tiled_timings_ms", [])
     if not lanes:
         return "none (numba's kernel computes the kernel route's products)"
     if len(timings) == 2:
         ms = dict(zip((8, 16), timings))  # (linear.cpp's tiled_width_timings: 8 lanes, then 16)
         other = 8 if lanes == 16 else 16
-        return f"{lanes} lanes (measured {ms[lanes]:.2f} ms against {other} lanes' {ms[other]:.2f})"
+        return f"{lanes} lanes, the widest this CPU runs ({ms[lanes]:.2f} ms against {other} lanes' {ms[other]:.2f})"
     return f"{lanes} lanes (the only width this CPU runs)"
 
 

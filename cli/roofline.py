@@ -81,7 +81,7 @@ def _measure(model_name: str, loading: tuple[str, str, bool, str, str], rows: tu
     from lookahead.benchmarks.roofline import measure_roofline
     from lookahead.config import LookaheadConfig
     from lookahead.cost.measure import cpu_name
-    from lookahead.native.build import tiled_width
+    from lookahead.native.build import tiled_width, tiled_width_timings
 
     device, dtype, trust_remote_code, weights, products = loading
     model, tokenizer = load_model(model_name, device=device, dtype=getattr(torch, dtype),
@@ -89,7 +89,7 @@ def _measure(model_name: str, loading: tuple[str, str, bool, str, str], rows: tu
     config = LookaheadConfig(allow_untested_models=allow_untested)
     peak = {} if peak_rows is None else {"peak_rows": peak_rows}
     result = measure_roofline(model, tokenizer, rows, context, repeats, allow_untested, config, traced=traced, **peak)
-    lanes, timings = tiled_width()  # (after the measurement, which loaded the C++ op where it could)
+    lanes, timings = tiled_width(), tiled_width_timings()  # (after the measurement, which loaded the C++ op)
     return {"model": model_name, "dtype": dtype, "cpu": cpu_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, "tiled_lanes": lanes, "tiled_timings_ms": timings, **result}
 

@@ -99,13 +99,13 @@ def lanes(request, tiled_op):
     return request.param
 
 
-def test_tiled_width_is_one_this_cpu_runs_and_the_default(tiled_op, lanes):
+def test_tiled_width_is_the_widest_this_cpu_runs_and_the_default(tiled_op, lanes):
     chosen = torch.ops.lookahead_native.tiled_lanes()
-    assert chosen in widths()
+    assert chosen == max(widths())  # (by the CPU alone: a timing decided it by noise, and the numbers with it)
     timings = torch.ops.lookahead_native.tiled_width_timings()
-    assert len(timings) == (2 if len(widths()) == 2 else 0)  # measured where there is a choice
-    if timings:
-        assert chosen == (16 if timings[1] < timings[0] else 8) and all(t > 0 for t in timings)
+    assert len(timings) == (2 if len(widths()) == 2 else 0)  # reported where there are two
+    assert all(t > 0 for t in timings)
+    assert torch.ops.lookahead_native.tiled_lanes() == chosen  # (timing them chose nothing)
     x, w = torch.randn(5, 100), torch.randn(9, 100)
     assert torch.equal(tiled_op(x, w, None), tiled_op(x, w, None, chosen))
 

@@ -110,7 +110,7 @@ def test_routes_that_run_as_another_are_left_out():
     from lookahead.model.fewrows import FEW_ROWS_MAX, KERNEL_ROWS_MAX
     from lookahead.native.build import tiled_width
     # past numba's 64 rows the kernel route runs as torch's, unless the tiled kernel takes them (to 256)
-    assert labels(KERNEL_ROWS_MAX + 1) == (["torch x2", "kernel x2", "torch x1", "kernel x1"] if tiled_width()[0]
+    assert labels(KERNEL_ROWS_MAX + 1) == (["torch x2", "kernel x2", "torch x1", "kernel x1"] if tiled_width()
                                            else ["torch x2", "torch x1"])  # (and W @ x^T stops at 64 rows)
     assert labels(FEW_ROWS_MAX + 1) == ["torch x2"]  # past the few-row limit every route is torch as set
     assert rl.runs_as(Route(1, "mm"), 65, 2) == Route(1, "torch")

@@ -115,7 +115,7 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     fingerprint["native_attention"] = native and attention
     if native and input_device(model).type == "cpu":
         load_linear()  # (where not loaded yet: the forwards measured load it next)
-        fingerprint["tiled_lanes"] = tiled_width()[0]  # (products summed in another width: another curve)
+        fingerprint["tiled_lanes"] = tiled_width()  # (products summed in another width: another curve)
         fingerprint["native_sources"] = sources_digest()  # (another build's kernels: another curve)
     if on_huge_pages(model):
         fingerprint["huge_pages"] = True  # (weights streamed from 2 MB pages: a faster curve)

@@ -12,8 +12,8 @@ route per row count; results/RESULTS.md has what machines measured).
 Inside ``FewRowLinear`` a forward over TILED_ROWS_MIN rows or more
 in float32 runs its linear layers through the tiled kernel of lookahead's
 C++ op (native/linear.cpp: tiles of weight rows by input rows, on torch's
-threads, in 8 lanes with AVX2 and FMA, or in 16 with AVX-512F where the CPU
-runs it and it measured faster there: ``native.build.tiled_width``), where that
+threads, in 8 lanes with AVX2 and FMA, or in 16 where the CPU runs AVX-512F:
+``native.build.tiled_width``), where that
 op can be built and the CPU has AVX2 and FMA;
 otherwise, and over one row or in float64, through
 ``kernels.linear.rows_linear`` (numba: one pass over the weights, every
@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from ..kernels.linear import rows_linear
 from ..kernels.threads import start_numba_threads
-from ..native.build import load_linear, tiled_kernel, tiled_width
+from ..native.build import load_linear, tiled_kernel
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types rerouted
 KERNEL_DTYPES = (torch.float32, torch.float64)  # what kernels/linear.py computes in
@@ -235,7 +235,6 @@ class FewRowLinear:
         self.tiled: Callable[..., torch.Tensor] | None = None
         if self.native_op is not None and any(layer.weight.dtype == torch.float32 for layer in layers):
             self.tiled, _ = tiled_kernel()
-            tiled_width()  # (the process's width chosen now, timed once, not inside the first timed forward)
         self._wrap()
 
     def _wrap(self) -> None:

@@ -80,13 +80,21 @@ def tiled_kernel() -> tuple[Callable[..., torch.Tensor] | None, str]:
     return torch.ops.lookahead_native.tiled, ""
 
 
-def tiled_width() -> tuple[int, list[float]]:
-    """The lanes this process's tiled kernel sums in (8: AVX2; 16: AVX-512F, where this CPU runs it and it
-    measured faster here, linear.cpp's ``tiled_lanes``; 0: no tiled kernel or no library loaded) and what
-    the choice measured: ms at 8 and at 16 lanes (empty where one width alone runs)."""
+def tiled_width() -> int:
+    """The lanes this process's tiled kernel and attention sum in (linear.cpp's ``tiled_lanes``): the widest
+    this CPU runs, 16 with AVX-512F, else 8 with AVX2 and FMA; 0: no tiled kernel or no library loaded. Fixed
+    by the CPU, not by a timing, so a machine gives a model the same numbers in every process."""
     if not loaded() or not torch.ops.lookahead_native.tiled_available():
-        return 0, []
-    return int(torch.ops.lookahead_native.tiled_lanes()), list(torch.ops.lookahead_native.tiled_width_timings())
+        return 0
+    return int(torch.ops.lookahead_native.tiled_lanes())
+
+
+def tiled_width_timings() -> list[float]:
+    """What each width takes here (ms at 8 and at 16 lanes, linear.cpp's ``tiled_width_timings``), for
+    reports: measured once a process on first call; empty where one width alone runs or nothing is loaded."""
+    if not loaded() or not torch.ops.lookahead_native.tiled_available():
+        return []
+    return list(torch.ops.lookahead_native.tiled_width_timings())
 
 
 def fused_ops() -> bool:

@@ -255,21 +255,27 @@ std::vector<double> time_widths(const std::vector<int64_t>& widths, const float*
   return medians;
 }
 
-// What the width was chosen on: [ms at 8 lanes, ms at 16 lanes] (the sums over 4 and 12 input rows of the
-// median products), empty where one width alone runs.
-std::vector<double>& width_timings() {
-  static std::vector<double> timings;
-  return timings;
-}
-
-// The width this process runs the tiled kernel in (0: none), chosen once, on first use: the only one this
-// CPU runs, or, where it runs both, the faster on this machine: products of 4 and 12 input rows with 64 MB
-// of weights (more than the caches hold: streamed from memory, as a forward's are), the widths interleaved,
-// 5 times each (a one-time cost, paid once a process). What the choice saw: tiled_width_timings.
+// The width this process runs the tiled kernel in (0: none): the widest this CPU runs, 16 lanes with AVX-512F, else
+// 8. Fixed by the CPU alone, never by a timing: the two widths sum in another order, so a width chosen by the
+// faster of two close timings changed a model's greedy text from one process to the next on the same machine
+// (int8 products round the attention's last bits into other 8-bit inputs).
 int64_t tiled_lanes() {
   static const int64_t lanes = [] {
     const std::vector<int64_t> widths = tiled_widths();
-    if (widths.size() < 2) return widths.empty() ? int64_t{0} : widths[0];
+    return widths.empty() ? int64_t{0} : widths.back();
+  }();
+  return lanes;
+}
+
+// What each width takes here, for reports (lookahead roofline): [ms at 8 lanes, ms at 16 lanes], the sums over
+// products of 4 and 12 input rows with 64 MB of weights (more than the caches hold: streamed from memory, as a
+// forward's are), the widths interleaved, 5 times each, the medians; measured once a process, on first call;
+// empty where one width alone runs. It does not choose the width (tiled_lanes).
+std::vector<double> tiled_width_timings() {
+  static const std::vector<double> timings = [] {
+    std::vector<double> result;
+    const std::vector<int64_t> widths = tiled_widths();
+    if (widths.size() < 2) return result;
     const int64_t inputs = 1024, outputs = 16384, repeats = 5;
     // (torch's allocations, 64-byte aligned as a model's weights are: a 16-lane load never splits a line)
     const at::Tensor w = at::arange(inputs * outputs, at::kFloat).remainder_(7).mul_(0.125).sub_(0.375);
@@ -284,15 +290,10 @@ int64_t tiled_lanes() {
                       out.mutable_data_ptr<float>(), rows, inputs, outputs, repeats);
       for (size_t k = 0; k < widths.size(); ++k) total[k] += medians[k];
     }
-    for (const double seconds : total) width_timings().push_back(1e3 * seconds);
-    return total[1] < total[0] ? widths[1] : widths[0];
+    for (const double seconds : total) result.push_back(1e3 * seconds);
+    return result;
   }();
-  return lanes;
-}
-
-std::vector<double> tiled_width_timings() {
-  tiled_lanes();
-  return width_timings();
+  return timings;
 }
 
 bool tiled_takes(const at::Tensor& x, const at::Tensor& weight) {
