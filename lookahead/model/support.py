@@ -25,6 +25,9 @@ MASKED_ATTENTION = frozenset({"eager", "sdpa"})
 # ... and those lookahead itself switches a model to (model/attention.py), which take them too
 DRIVEN_ATTENTION = MASKED_ATTENTION | {"lookahead_grouped_sdpa", "lookahead_grouped_native"}
 KNOWN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+# layer types whose layers carry a recurrent state through the sequence (transformers names them so since it
+# dropped the models' _is_stateful flag): refused as recurrent, not as an unknown layout
+RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "mamba", "mamba2", "recurrent", "rwkv", "conv"})
 ALIBI_MODEL_TYPES = frozenset({"bloom"})  # ALiBi always, with no switch in the config
 UNTESTED_FIX = OptionFix("allow_untested_models", "LookaheadConfig(allow_untested_models=True)", "to try it anyway")
 
@@ -80,7 +83,8 @@ def refusal(config: PretrainedConfig, model_class: type[Any] | None = None) -> s
     if model_class is not None and hasattr(model_class, "can_generate") and not model_class.can_generate():
         return (f"{model_class.__name__} has no generation head; load a causal LM "
                 f"(AutoModelForCausalLM / load_model) to decode with lookahead")
-    if model_class is not None and getattr(model_class, "_is_stateful", False):
+    stateful = model_class is not None and getattr(model_class, "_is_stateful", False)
+    if stateful or attention_layout(config).kinds & RECURRENT_LAYER_TYPES:
         return (f"{name} keeps a recurrent state that cannot be rolled back to a prefix (like assisted "
                 f"generation, lookahead must discard rejected tokens); use model.generate")
     if uses_alibi(config):
