@@ -255,6 +255,19 @@ LOOKAHEAD_VNNI_K inline void chunk_values(const uint8_t* chunk, int c, int64_t p
   }
 }
 
+// The 16 rows' integer scales of pass p's two sums as 32-bit lanes: Q4_K's sub-blocks 2p (sa) and 2p + 1 (sb);
+// Q6_K's groups 4p + half (sa) and 4p + 2 + half (sb)
+template <int64_t F>
+LOOKAHEAD_VNNI_K inline void pass_scales(const uint8_t* chunk, int p, int half, __m512i* sa, __m512i* sb) {
+  if constexpr (F == Q6_K) {
+    *sa = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + half))));
+    *sb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + 2 + half))));
+  } else {
+    *sa = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p))));
+    *sb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p + 1))));
+  }
+}
+
 // acc + super-block b's terms of input row `row` for the group's 16 outputs, from its I1 (the scaled dots):
 // Q4_K's mins term I2, then the float operations of the order above (shared by the VNNI and AMX paths)
 template <int64_t F>
@@ -318,13 +331,7 @@ LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_
           }
         }
         __m512i sa, sb;
-        if constexpr (F == Q6_K) {
-          sa = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + half))));
-          sb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + 2 + half))));
-        } else {
-          sa = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p))));
-          sb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p + 1))));
-        }
+        pass_scales<F>(chunk, p, half, &sa, &sb);
         for (int r = 0; r < RT; ++r)
           i1[r] = _mm512_add_epi32(i1[r], _mm512_add_epi32(_mm512_mullo_epi32(a[r], sa), _mm512_mullo_epi32(bq[r], sb)));
       }
@@ -604,13 +611,7 @@ LOOKAHEAD_VNNI_K void x16_many_vnni(const uint8_t* group, const X16Inputs& in, i
           qb[i] = x16_quad(c, 1);
         }
         __m512i sa, sb;
-        if constexpr (F == Q6_K) {
-          sa = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + half))));
-          sb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * (4 * p + 2 + half))));
-        } else {
-          sa = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p))));
-          sb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * (2 * p + 1))));
-        }
+        pass_scales<F>(chunk, p, half, &sa, &sb);
         for (int64_t r = 0; r < count; ++r) {
           const int8_t* x = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
           __m512i a = _mm512_setzero_si512(), bq = _mm512_setzero_si512();
