@@ -369,15 +369,32 @@ class LookaheadGenerator:
         """A batch that requests join (each with its own settings, as ``generate`` takes them for one prompt),
         step together and leave between steps (decode/batch.py: ``join`` / ``step`` / ``leave``; the server's
         loop), on this generator's learned state; every step priced by the curve of the batch size it has
-        (measured on first use of a size, cached on disk)."""
+        (read from disk, else priced by a stand-in and measured by ``measure_pending``: cost/policy.py)."""
         if self.draft is not None:
             raise GenerateInputError("a draft model drafts for one sequence: open a batch without draft_model")
-        context = dataclasses.replace(self._context(1), cost_for=self._batch_cost)
+        context = dataclasses.replace(self._context(1), cost_for=self._open_batch_cost)
         return OpenBatch(DecodeRun.open(context), self.model, self.tokenizer, self.grammar)
 
+    @property
+    def pending_curves(self) -> tuple[int, ...]:
+        """Batch sizes an open batch has priced by a stand-in, whose curves ``measure_pending`` measures."""
+        return tuple(sorted(self.costs.pending))
+
+    def measure_pending(self) -> int | None:
+        """Measure the cost curve of the smallest batch size an open batch has priced by a stand-in so far
+        (what ``generate`` over that many prompts measures on first use; kept on disk as theirs): for a
+        caller that is idle (a server between requests). The size measured, or None where none is pending."""
+        with torch.inference_mode():
+            return self.costs.measure_pending(self.run_config)
+
     def _batch_cost(self, batch: int) -> CostModel | None:
-        """The budget's curve for a step over ``batch`` sequences."""
+        """The budget's curve for a step over ``batch`` sequences (measured on first use of a size)."""
         return self.costs.for_batch(batch, self.run_config, self.cost)
+
+    def _open_batch_cost(self, batch: int) -> CostModel | None:
+        """The budget's curve for an open batch's step over ``batch`` sequences: a size not on disk is priced
+        by a stand-in at once and left to ``measure_pending``."""
+        return self.costs.for_batch(batch, self.run_config, self.cost, wait=False)
 
     def _context(self, batch: int) -> DecodeContext:
         """What a decode of ``batch`` sequences reads: the state learned so far, shared, not copied."""

@@ -242,7 +242,9 @@ def synthetic_cost_curves():
     no online refinement) instead of measuring this machine: a test's trees must not depend
     on how busy the CPU is (a curve measured under load can make every tree unprofitable).
     tests/test_costmodel.py measures real curves through lookahead.cost.load_cost_model itself
-    (lookahead/cost/policy.py is where generators call it)."""
+    (lookahead/cost/policy.py is where generators call it). The disk is taken to hold every batch size's
+    curve (``cached_cost_model``), so an open batch never waits for one to be measured; tests/test_pending.py
+    takes it to hold none."""
     import lookahead.cost.policy as engine
 
     def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, switches=None, bound_s=12.0,
@@ -250,8 +252,12 @@ def synthetic_cost_curves():
         rows = np.array(row_grid(max_rows), dtype=np.float64)
         return CostModel(rows, 0.01 * batch * (1.0 + 0.02 * (rows - 1)), smoothing=0.0)
 
+    def cached(model, layout, max_rows, context, repeats, cache_dir, batch=1, switches=None):
+        return load(model, layout, max_rows, context, repeats, cache_dir, batch)
+
     patch = pytest.MonkeyPatch()
     patch.setattr(engine, "load_cost_model", load)
+    patch.setattr(engine, "cached_cost_model", cached)
     yield
     patch.undo()
 

@@ -15,8 +15,8 @@ from ..config import LookaheadConfig
 from ..model.support import AttentionLayout, context_length
 from ..model.switches import ForwardSwitches
 from ..model.target import Target
-from .curve import CostModel, flat_curve
-from .store import load_cost_model
+from .curve import CostModel, flat_curve, stand_in_curve
+from .store import cached_cost_model, load_cost_model
 
 DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)
 
@@ -50,12 +50,21 @@ def measuring(config: LookaheadConfig, fresh: bool = False) -> dict[str, Any]:
 
 
 class CostPolicy:
-    """The curves one generator prices steps by (for the target, every batch size, and a draft)."""
+    """The curves one generator prices steps by (for the target, every batch size, and a draft).
+
+    A batch size whose curve the disk does not hold is measured on first use where the caller can wait
+    (``generate`` over several prompts); an open batch (a server's) cannot: its streams would stall for the
+    measurement's seconds. There the size is priced by a stand-in (``stand_in_curve``: the largest smaller
+    size's curve read at as many rows in all), its forwards run through that size's routes, and it waits in
+    ``pending`` until the caller is idle and calls ``measure_pending``.
+    """
 
     def __init__(self, target: Target, config: LookaheadConfig):
         self.target = target
         self.config = config
         self.batches: dict[int, CostModel | None] = {}  # batch size > 1 -> the budget's curve for that batch
+        self.stand_ins: dict[int, CostModel | None] = {}  # batch size -> its stand-in until it is measured
+        self.pending: set[int] = set()  # batch sizes priced by a stand-in, to measure when the caller is idle
 
     def priced(self, curve: CostModel | None) -> CostModel | None:
         """The curve the budget prices steps by: None without the adaptive budget, flat with
@@ -64,30 +73,71 @@ class CostPolicy:
             return None
         return flat_curve(curve) if self.config.budget_curve == "flat" else curve
 
-    def measure(self, config: LookaheadConfig, batch: int = 1, fresh: bool = False) -> CostModel | None:
+    def needed(self, config: LookaheadConfig) -> bool:
+        """Whether ``config``'s decode needs a curve: the adaptive budget prices its steps, or its forwards run
+        on the CPU, where the curve's measurement chooses their routes."""
+        return budgeted(config) or self.target.device.type == "cpu"
+
+    def measure(self, config: LookaheadConfig, batch: int = 1, fresh: bool = False,
+                cached_only: bool = False) -> CostModel | None:
         """The forward-cost curve up to the largest step ``config`` can build (cached on disk; ``fresh``:
-        measured whatever the cache holds, ``lookahead costs measure``), with the routes forwards run
-        through on the CPU; None where nothing needs it (no adaptive budget, no CPU)."""
-        if not budgeted(config) and self.target.device.type != "cpu":
+        measured whatever the cache holds, ``lookahead costs measure``; ``cached_only``: None where the disk
+        holds none, nothing measured), with the routes forwards run through on the CPU; None where nothing
+        needs it (``needed``)."""
+        if not self.needed(config):
             return None
         context = fitted_context(config.calibration_context, self.target.context)
         # (the forwards as the decode's run: the config's switches, traced where the target traces)
         switches = dataclasses.replace(ForwardSwitches.of(config), traced=self.target.traced is not None)
+        if cached_only:
+            return cached_cost_model(self.target.model, self.target.layout, largest_step(config), context,
+                                     config.calibration_repeats, config.cost_cache_dir, batch, switches=switches)
         return load_cost_model(self.target.model, self.target.layout, largest_step(config), context,
                                config.calibration_repeats, config.cost_cache_dir, batch, switches=switches,
                                **measuring(config, fresh))
 
-    def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None) -> CostModel | None:
+    def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None,
+                  wait: bool = True) -> CostModel | None:
         """The budget's curve of a step over ``batch`` sequences decoded under ``run_config``: ``single``
-        for one, else measured on first use (cached on disk), its routes set on the target."""
+        for one, else read from disk or measured on first use, its routes set on the target. With ``wait``
+        False a size the disk does not hold is not measured: it is priced by its stand-in and left
+        ``pending`` (see the class)."""
         if batch == 1:
             return single
         if batch not in self.batches:
-            curve = self.measure(run_config, batch)
-            if curve is not None and curve.routing is not None:
-                self.target.routings[batch] = curve.routing
-            self.batches[batch] = self.priced(curve)
+            curve = self.measure(run_config, batch, cached_only=not wait)
+            if curve is None and not wait and self.needed(run_config):
+                self.pending.add(batch)
+                return self.stand_in(batch, single)
+            self._keep(batch, curve)
         return self.batches[batch]
+
+    def stand_in(self, batch: int, single: CostModel | None) -> CostModel | None:
+        """The curve ``batch`` sequences are priced by until theirs is measured: the largest smaller batch
+        size's curve (``single``'s for one) read at as many rows in all (``stand_in_curve``), made once and
+        refined by the steps that run on it."""
+        if batch not in self.stand_ins:
+            smaller = [(size, curve) for size, curve in self.batches.items() if size < batch and curve is not None]
+            size, base = max(smaller, key=lambda pair: pair[0], default=(1, single))
+            self.stand_ins[batch] = stand_in_curve(base, batch / size) if base is not None else None
+        return self.stand_ins[batch]
+
+    def measure_pending(self, run_config: LookaheadConfig) -> int | None:
+        """Measure the curve of the smallest ``pending`` batch size (as ``for_batch`` would have on first
+        use), which replaces its stand-in; the size measured, or None where none is pending."""
+        if not self.pending:
+            return None
+        batch = min(self.pending)
+        self.pending.discard(batch)
+        self._keep(batch, self.measure(run_config, batch))
+        self.stand_ins.pop(batch, None)
+        return batch
+
+    def _keep(self, batch: int, curve: CostModel | None) -> None:
+        """``batch``'s curve from now on, its routes set on the target."""
+        if curve is not None and curve.routing is not None:
+            self.target.routings[batch] = curve.routing
+        self.batches[batch] = self.priced(curve)
 
     def draft(self, draft_model: Any, layout: AttentionLayout) -> CostModel:
         """The draft's forward-cost curve over as many rows as it is fed at once (cached on disk)."""

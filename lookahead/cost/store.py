@@ -77,6 +77,14 @@ def say_on_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def cached_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
+                      cache_dir: str, batch: int = 1, switches: ForwardSwitches | None = None) -> CostModel | None:
+    """The curve ``load_cost_model`` would read from the disk cache with these arguments, or None where the
+    cache holds none: nothing is measured (an open batch's first step of a new size does not wait for one)."""
+    return _cost_model(model, layout, max_rows, context, repeats, cache_dir, batch, switches=switches,
+                       cached_only=True)
+
+
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr, switches: ForwardSwitches | None = None,
                     bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
@@ -106,6 +114,17 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     step's fixed Python costs made more rows look cheaper relative to one than they are traced: `lookahead
     roofline` times both); making the trace is part of the measurement's time.
     """
+    curve = _cost_model(model, layout, max_rows, context, repeats, cache_dir, batch, say, switches, bound_s,
+                        keep_busy, fresh, clock)
+    assert curve is not None, "measured where the cache holds none"
+    return curve
+
+
+def _cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
+                cache_dir: str, batch: int = 1, say: Say = say_on_stderr, switches: ForwardSwitches | None = None,
+                bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
+                clock: Callable[[], float] = time.perf_counter, cached_only: bool = False) -> CostModel | None:
+    """``load_cost_model``, or with ``cached_only`` ``cached_cost_model``."""
     switches = switches or ForwardSwitches()
     native, attention = switches.native, switches.attention
     rows = row_grid(max_rows)
@@ -135,6 +154,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
         if saved is not None:
             return CostModel(np.array(rows, dtype=np.float64), np.array(saved[0], dtype=np.float64),
                              routing=_routing(rows, routes, saved[1]), cached=store.path)
+    if cached_only:
+        return None
     started, before = clock(), cpu_snapshot()
     # (prefills the synthetic context)
     time_one = decode_step_timer(model, layout, context, batch=batch,

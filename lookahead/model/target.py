@@ -157,11 +157,14 @@ class Target:
 
     def routing(self, batch: int) -> Routing | None:
         """The routing measured for ``batch`` sequences, else for the least larger batch measured (a
-        batch whose rows finished), else None."""
+        batch whose rows finished), else for the largest smaller one (a batch size whose curve an open
+        batch has not measured yet, cost/policy.py), else None."""
         if batch in self.routings:
             return self.routings[batch]
         larger = [b for b in self.routings if b > batch]
-        return self.routings[min(larger)] if larger else None
+        if larger:
+            return self.routings[min(larger)]
+        return self.routings[max(self.routings)] if self.routings else None
 
     def route(self, batch: int, rows: int) -> Route | None:
         """The route a forward of ``batch`` sequences over ``rows`` rows each runs through (None: torch as set)."""

@@ -18,6 +18,9 @@ and the output position only, verify/sampling.py). Every request reads and feeds
 one memory of earlier requests, saved atomically to ``memory_path`` every ``save_every_s`` and at
 ``stop``.
 
+A batch size whose cost curve the disk does not hold runs on a stand-in (cost/policy.py); its curve is
+measured on this thread once nothing has run or waited for IDLE_WAIT_S (``_curve_due``).
+
 An exception while a request joins fails that request alone; one inside a step fails the requests
 in that step, and the engine starts a fresh batch for the next ones.
 """
@@ -315,6 +318,8 @@ class Engine:
                 self._cancel(run)
                 if self._live and not self._step(run):
                     run = None  # a step failed: its requests got an error; the next ones start afresh
+                if not admitted and not self._live and self._curve_due():
+                    self.generator.measure_pending()
                 if time.monotonic() - self._saved_at >= self.save_every_s:
                     self._save()
         self._fail_all("the server is stopping")
@@ -324,7 +329,7 @@ class Engine:
         with self._cond:
             while self._running and not self._waiting and not self._live:
                 self._cond.wait(IDLE_WAIT_S)
-                if time.monotonic() - self._saved_at >= self.save_every_s:
+                if time.monotonic() - self._saved_at >= self.save_every_s or self._curve_due():
                     break
             if not self._running:
                 return None
@@ -332,6 +337,13 @@ class Engine:
             admitted = [self._waiting.popleft() for _ in range(min(free_slots, len(self._waiting)))]
             self._joining += len(admitted)
             return admitted
+
+    def _curve_due(self) -> bool:
+        """Whether a batch size's cost curve waits to be measured while nothing else does: a batch larger than
+        the warm-up's ran on a stand-in (cost/policy.py). It is measured on this thread (the curve's
+        calibration_seconds at most, once per size and machine: the disk keeps it); a request that arrives
+        meanwhile waits for it, as it would for a step."""
+        return bool(self.generator.pending_curves) and not self._waiting and not self._live
 
     def _admit(self, run: OpenBatch, ticket: Ticket) -> None:
         """``ticket``'s request joins the batch (or is answered at once: cancelled, nothing to do, refused)."""

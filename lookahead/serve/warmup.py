@@ -1,15 +1,19 @@
 """A server's start-up work done before its first request: the step shapes its batches will run, traced.
 
-A fresh process pays once for each kind of step it meets: the cost curve of each batch size (measured
-on first use where the disk holds none, cost/store.py) and, with a traced forward (model/traced.py), a
+A fresh process pays once for each kind of step it meets: the cost curve of each batch size (where the disk
+holds none, an open batch prices that size by a stand-in and the curve is measured later, when the server
+is idle: cost/policy.py) and, with a traced forward (model/traced.py), a
 check of the trace at each new shape (a batch size of one or of several, a step of one row or of
 several), a fraction of a second each for a small model. Left to the first requests, that work
 stalls every sequence in their batches; done here, before the port opens, it is paid at start.
 
 ``warm_up`` joins synthetic prompts to a batch of 1, 2 and 3 sequences (two sizes of several serve
 every larger one, ``TracedForward.serves``) and runs one step of one row and one of two rows for each
-through the target, as the decode loop would, then drops the batch: nothing is decoded, nothing is
-learned (no acceptance, no curve refinement, no memory, no kept prompt), only the curves, routes and traces are made.
+through the target, as the decode loop would, then drops the batch and measures the curves of those batch
+sizes that the disk did not hold: nothing is decoded, nothing is learned (no acceptance, no curve refinement,
+no memory, no kept prompt), only the curves, routes and traces are made. A larger batch's curve is measured
+when the server is first idle after such a batch ran (serve/engine.py), or ahead with ``lookahead costs
+measure --batch-size N``.
 Where the grammar engine is installed and the generator has a tokenizer, it also compiles the JSON-object
 grammar, which makes the grammar engine's table of the vocabulary's tokens (the slow part of a first compile
 on a large vocabulary), so that the first request with a ``response_format`` or a forced tool call does not
@@ -55,6 +59,8 @@ def warm_up(generator: LookaheadGenerator, max_batch: int) -> WarmUp:
             for rows in ROWS:
                 _step(generator, prompt, count, rows)
                 shapes.append((count, rows))
+    while generator.measure_pending() is not None:
+        pass
     if generator.prefixes is not None:
         generator.prefixes.clear()  # (its synthetic prompts are nothing a request resends)
     grammar = _grammar(generator)
