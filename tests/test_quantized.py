@@ -416,10 +416,9 @@ def test_16_row_products_have_one_order_at_every_row_count_and_instruction_set(k
 
 
 def isas_x16(kind: Q = Q.Q4_K) -> list[int]:
-    """The packed products' paths this CPU runs for ``kind`` (0: plain C++; 1: AVX-512 VNNI; 2: AMX tiles, the K
-    formats; 3: AVX2)."""
-    return isas_int8() + ([2] if ops.qint8_amx() and kind in (Q.Q4_K, Q.Q6_K) else []) + \
-        ([3] if ops.qint8_avx2() else [])
+    """The packed products' paths this CPU runs for ``kind`` (0: plain C++; 1: AVX-512 VNNI; 2: AMX tiles; 3:
+    AVX2)."""
+    return isas_int8() + ([2] if ops.qint8_amx() and kind in PACKED else []) + ([3] if ops.qint8_avx2() else [])
 
 
 def test_16_row_worked_example_q8_0():
@@ -429,19 +428,34 @@ def test_16_row_worked_example_q8_0():
     for isa in isas_x16(Q.Q8_0):
         out = ops.qlinear_int8_x16(x, packed, int(Q.Q8_0), 32, None, isa)
         assert out.shape == (1, 16) and (out + 1.0).abs().max() < 1e-6
-    with pytest.raises(RuntimeError, match="AMX tiles take Q4_K and Q6_K"):
-        ops.qlinear_int8_x16(x, packed, int(Q.Q8_0), 32, None, 2)
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q5_0, Q.Q8_0], ids=lambda k: k.name)
+def test_32_weight_blocks_in_an_odd_count_give_every_path_the_same_bits(kind):
+    """(the AMX kernel takes a row's blocks two at a time, the last of an odd count alone: 96 inputs, 3 blocks)"""
+    blocks = torch.from_numpy(random_blocks(kind, 32, 96, seed=21))
+    packed = ops.qpack16(blocks, int(kind), 96)
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(9))
+    plain = ops.qlinear_int8_x16(x, packed, int(kind), 96, None, 0)
+    for isa in isas_x16(kind):
+        for rows in (1, 5, 16, 17, 40):
+            got = ops.qlinear_int8_x16(x[:rows], packed, int(kind), 96, None, isa)
+            assert torch.equal(bits(got), bits(plain[:rows])), (isa, rows)
 
 
 def test_the_automatic_path_switches_to_tiles_from_amx_rows_with_the_same_bits():
+    x = torch.randn(20, 512, generator=torch.Generator().manual_seed(7))
+    for kind in (Q.Q5_0, Q.Q4_K):
+        blocks = torch.from_numpy(random_blocks(kind, 32, 512, seed=16))
+        packed = ops.qpack16(blocks, int(kind), 512)
+        plain = ops.qlinear_int8_x16(x, packed, int(kind), 512, None, 0)
+        for rows in (1, 3, 8, 20):
+            for amx_rows in (0, 1, 4, 16):
+                got = ops.qlinear_int8_x16(x[:rows], packed, int(kind), 512, None, -1, amx_rows)
+                assert torch.equal(bits(got), bits(plain[:rows])), (kind, rows, amx_rows)
     blocks = torch.from_numpy(random_blocks(Q.Q4_K, 32, 512, seed=16))
     packed = ops.qpack16(blocks, int(Q.Q4_K), 512)
-    x = torch.randn(20, 512, generator=torch.Generator().manual_seed(7))
     plain = ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, 0)
-    for rows in (1, 3, 8, 20):
-        for amx_rows in (0, 1, 4, 16):
-            got = ops.qlinear_int8_x16(x[:rows], packed, int(Q.Q4_K), 512, None, -1, amx_rows)
-            assert torch.equal(bits(got), bits(plain[:rows])), (rows, amx_rows)
     for ahead in (0, 64, 4096):  # (how far ahead the weights are asked for: the time only)
         assert torch.equal(bits(ops.qlinear_int8_x16(x, packed, int(Q.Q4_K), 512, None, -1, 4, ahead)), bits(plain))
     if not ops.qint8_amx():

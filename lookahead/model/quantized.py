@@ -45,7 +45,7 @@ PRODUCTS = ("float32", "int8")
 # a layer of one of them with a multiple of 16 outputs holds ``packed`` instead of ``blocks`` while it multiplies
 # in int8 (the same bytes, rearranged losslessly; ``blocks`` comes back byte for byte when it multiplies in float32)
 PACKED_FORMATS = (3, 6, 8, 12, 14)  # Q4_1, Q5_0, Q8_0 (native/quant8x16s.h), Q4_K, Q6_K (native/quant8x16.h)
-TILE_FORMATS = (12, 14)  # the packed formats whose int8 products also run on AMX tiles
+TILE_FORMATS = PACKED_FORMATS  # the packed formats whose int8 products also run on AMX tiles
 TILES_ROWS_MIN = 64  # a sequence's rows from which a forward (a prefill) goes through de-quantized tiles (kernel_only)
 TILE_OUTPUTS = 256  # weight rows de-quantized at a time there (1.5 MB at 1536 inputs)
 

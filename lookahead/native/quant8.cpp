@@ -493,7 +493,7 @@ at::Tensor qunpack16(const at::Tensor& packed, int64_t format, int64_t inputs) {
 }
 
 // x [..., I] float32 by packed weights [O / 16, ...] (+ bias [O]) -> [..., O]. isa: 0 plain C++, 1 AVX-512 VNNI,
-// 2 AMX tiles (Q4_K, Q6_K), 3 AVX2, -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never), else
+// 2 AMX tiles, 3 AVX2, -1 the best this CPU runs: VNNI, or AMX from amx_rows rows (0: never), else
 // AVX2, else plain C++; the same bits every way. prefetch: bytes ahead of its reads the weights are asked for (0: left to the hardware), a speed
 // choice only.
 at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64_t format, int64_t inputs,
@@ -503,8 +503,8 @@ at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64
   TORCH_CHECK(isa >= -1 && isa <= 3, "lookahead_native::qlinear_int8_x16: isa must be -1, 0, 1, 2 or 3, got ", isa);
   const int64_t outputs = 16 * packed.size(0);
   check_x16("qlinear_int8_x16", format, inputs, outputs);
-  TORCH_CHECK(isa != 2 || x16_takes(format), "lookahead_native::qlinear_int8_x16: AMX tiles take Q4_K and Q6_K, "
-              "not GGML type ", format);
+  TORCH_CHECK(isa != 2 || x16_takes(format) || x16s_takes(format), "lookahead_native::qlinear_int8_x16: AMX "
+              "tiles take the packed formats (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), not GGML type ", format);
   TORCH_CHECK(isa != 1 || vnni_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX-512 VNNI");
   TORCH_CHECK(isa != 3 || avx2_int8_available(), "lookahead_native::qlinear_int8_x16: this CPU has no AVX2, FMA "
               "and F16C");
@@ -520,7 +520,7 @@ at::Tensor qlinear_int8_x16(const at::Tensor& x, const at::Tensor& packed, int64
   int64_t path = isa;
   if (isa < 0) {
     path = !vnni_available() ? (avx2_int8_available() ? X16_AVX2 : X16_PLAIN)
-           : x16_takes(format) && amx_rows > 0 && rows >= amx_rows && amx_available() ? X16_AMX : X16_VNNI;
+           : amx_rows > 0 && rows >= amx_rows && amx_available() ? X16_AMX : X16_VNNI;
   }
   at::Tensor out = at::empty({rows, outputs}, x.options());  // [R, O]
   if (rows > 0 && x16s_takes(format)) {

@@ -17,7 +17,8 @@
 //   Q8_0: acc = fma(float(dot), d * s, acc)   (dot = sum (q + 128) xq - 128 xsum = sum q xq, exact)
 //   Q5_0: acc = fma(float(dot), d * s, acc)   (dot = sum q xq - 16 xsum, exact)
 //   out = acc (+ bias)
-// The same float operations at any row count, thread count or instruction set (AVX-512 VNNI, AVX2 or plain C++).
+// The same float operations at any row count, thread count or instruction set (AVX-512 VNNI, AMX, AVX2 or plain
+// C++).
 //
 // Worked example (Q8_0, one block, 16 rows): d = 0.5, q = [2, -4, 0 ...]; x = [1, 1, 0 ...] -> s = 1/127,
 // xq = [127, 127, 0 ...]; dot = 2 * 127 - 4 * 127 = -254; out = -254 * (0.5 / 127) = -1 for every row.
@@ -492,6 +493,139 @@ LOOKAHEAD_VNNI_K void x16s_q5_vnni(const uint8_t* group, const X16sInputs& in, i
   for (int64_t r = 0; r < count; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, _mm512_load_ps(acc[r]));
 }
 
+// ---- the same with AMX tiles: up to 16 input rows against one group, a block's dots per tile product ----
+// A block's 32 weights of the 16 outputs are a tile of 8 rows by 64 bytes, row k holding weights 4k .. 4k + 3 of
+// each output (byte 4 n + e), the low nibbles' four chunks first, then the high nibbles'. Q5_0's and Q8_0's as
+// signed bytes, the weight itself (q - 16, q), so that a signed tile product (TDPBSSD) gives the dot with its
+// offset term already in it; Q4_1's nibbles unsigned (TDPBSUD). Tiles (configured as amx_configure<Q4_K>): 0, 1
+// dots [M, 16] int32 of blocks j and j + 1; 2, 3 their inputs [M, 32]; 4, 5 their weights. A dot is then the VNNI
+// path's integer, closed by the same float operations in block order: the same bits.
+
+// Block j's weights as a tile, into `buffer`
+template <int64_t F>
+LOOKAHEAD_AMX inline void x16s_tile_weights(const uint8_t* chunk, uint8_t (*buffer)[64]) {
+  if constexpr (F == Q8_0) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // (the offset byte q + 128 back to q)
+    for (int k = 0; k < 8; ++k) _mm512_store_si512(buffer[k], _mm512_xor_si512(_mm512_loadu_si512(chunk + 64 * k), flip));
+  } else {
+    const __m512i fifteen = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+    __m512i q[8];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+      q[c] = _mm512_and_si512(w, fifteen);
+      q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+    }
+    if constexpr (F == Q5_0) {
+      const __m512i bits = _mm512_loadu_si512(chunk + 256);
+      for (int k = 0; k < 8; ++k) {  // (x16s_q5_vnni's fifth bits, then the offset: q - 16 in -16 .. 15)
+        const int shift = 2 * (k % 4) + k / 4;
+        const __m512i top = shift <= 4 ? _mm512_slli_epi16(bits, 4 - shift) : _mm512_srli_epi16(bits, shift - 4);
+        q[k] = _mm512_sub_epi8(_mm512_or_si512(q[k], _mm512_and_si512(top, sixteen)), sixteen);
+      }
+    }
+    for (int k = 0; k < 8; ++k) _mm512_store_si512(buffer[k], q[k]);
+  }
+}
+
+// acc (M rows, in registers where M is a constant) += block j's dots [m][16] by their scales
+template <int64_t F, int M>
+LOOKAHEAD_AMX inline void x16s_amx_close(const uint8_t* chunk, const X16sInputs& in, int64_t r0, int m, int64_t j,
+                                         const int32_t (*dots)[16], __m512* acc) {
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + x16s_d(F))));
+  __m512 mins = _mm512_setzero_ps();
+  if constexpr (F == Q4_1) mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 288)));
+  const int rows = M > 0 ? M : m;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t at = (r0 + r) * in.blocks + j;
+    const __m512 s = _mm512_set1_ps(in.s[at]);
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots[r])), _mm512_mul_ps(d, s), acc[r]);
+    if constexpr (F == Q4_1)
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(in.sums[at])), _mm512_mul_ps(mins, s), acc[r]);
+  }
+}
+
+// m (<= 16; M: m as a constant, or 0) input rows from r0 against one group, the tiles configured for m
+// (amx_configure<Q4_K>)
+template <int64_t F, int M>
+LOOKAHEAD_AMX void x16s_amx(const uint8_t* group, const X16sInputs& in, int64_t r0, int m, float* out,
+                            int64_t outputs, int64_t prefetch) {
+  constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
+  const int64_t inputs = 32 * in.blocks;
+  alignas(64) uint8_t weights[2][8][64];
+  alignas(64) int32_t dots[2][AMX_ROWS][16];  // [block of the pair, row, output]
+  __m512 acc[AMX_ROWS];
+  for (int r = 0; r < AMX_ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* x = in.q.data() + r0 * inputs;
+  int64_t j = 0;
+  for (; j + 1 < in.blocks; j += 2) {
+    const uint8_t* chunk = group + j * chunk_bytes;
+    prefetch_chunk(chunk, 2 * chunk_bytes, prefetch);
+    x16s_tile_weights<F>(chunk, weights[0]);
+    x16s_tile_weights<F>(chunk + chunk_bytes, weights[1]);
+    _tile_loadd(2, x + 32 * j, inputs);
+    _tile_loadd(3, x + 32 * (j + 1), inputs);
+    _tile_loadd(4, weights[0], 64);
+    _tile_loadd(5, weights[1], 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (F == Q4_1) {
+      _tile_dpbsud(0, 2, 4);
+      _tile_dpbsud(1, 3, 5);
+    } else {
+      _tile_dpbssd(0, 2, 4);
+      _tile_dpbssd(1, 3, 5);
+    }
+    _tile_stored(0, dots[0], 64);
+    _tile_stored(1, dots[1], 64);
+    x16s_amx_close<F, M>(chunk, in, r0, m, j, dots[0], acc);
+    x16s_amx_close<F, M>(chunk + chunk_bytes, in, r0, m, j + 1, dots[1], acc);
+  }
+  if (j < in.blocks) {  // (an odd block count's last block)
+    const uint8_t* chunk = group + j * chunk_bytes;
+    x16s_tile_weights<F>(chunk, weights[0]);
+    _tile_loadd(2, x + 32 * j, inputs);
+    _tile_loadd(4, weights[0], 64);
+    _tile_zero(0);
+    if constexpr (F == Q4_1) _tile_dpbsud(0, 2, 4);
+    else _tile_dpbssd(0, 2, 4);
+    _tile_stored(0, dots[0], 64);
+    x16s_amx_close<F, M>(chunk, in, r0, m, j, dots[0], acc);
+  }
+  for (int r = 0; r < m; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
+}
+
+// x16s_amx with its rows m as a constant (1 .. AMX_ROWS), so that their accumulators stay in registers
+template <int64_t F, int M = AMX_ROWS>
+LOOKAHEAD_AMX void x16s_amx_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int m, float* out,
+                                 int64_t outputs, int64_t prefetch) {
+  if constexpr (M > 1) {
+    if (m < M) {
+      x16s_amx_rows<F, M - 1>(group, in, r0, m, out, outputs, prefetch);
+      return;
+    }
+  }
+  x16s_amx<F, M>(group, in, r0, M, out, outputs, prefetch);
+}
+
+template <int64_t F>
+LOOKAHEAD_AMX void amx_groups_s(const uint8_t* packed, int64_t group_bytes, const X16sInputs& in, int64_t rows,
+                                float* out, int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
+  int configured = 0;  // (as amx_groups: the tiles' rows as configured in this thread)
+  const int64_t passes = (rows + AMX_ROWS - 1) / AMX_ROWS;  // (rows split evenly between them: no short last pass)
+  for (int64_t g = begin; g < end; ++g) {
+    for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+      const int m = static_cast<int>(rows * (p + 1) / passes - rows * p / passes);
+      if (m != configured) {
+        amx_configure<Q4_K>(m);  // (inputs [M, 32], weights [8, 64]: a Q4_K sub-block's shapes)
+        configured = m;
+      }
+      x16s_amx_rows<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs, prefetch);
+      r0 += m;
+    }
+  }
+  _tile_release();
+}
+
 // Q8_0 in AVX2 for several rows, as x16s_q5_avx2: one half of the group at a time over all its blocks, so a row
 // holds one 32-bit dot and one accumulator (8 rows: 16 registers, against 32 for both halves). The same integers
 // and float operations in block order as x16s_avx2: the same bits.
@@ -592,12 +726,18 @@ void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t c
   }
 }
 
-// out [R, O] = x [R, I] by the packed weights (path: quant8x16.h's X16Path, AMX aside), groups split between threads
+// out [R, O] = x [R, I] by the packed weights (path: quant8x16.h's X16Path), groups split between threads
 inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
                          int64_t inputs, int64_t outputs, int64_t path, int64_t prefetch) {
   const X16sInputs in = quantize_x16s(x, rows, inputs);
   const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    if (path == X16_AMX) {
+      if (format == Q4_1) amx_groups_s<Q4_1>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      else if (format == Q5_0) amx_groups_s<Q5_0>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      else amx_groups_s<Q8_0>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      return;
+    }
     // (rows a pass serves: x16s_many (Q4_1, Q5_0) and x16s_q5_vnni up to X16S_MANY, the AVX2 Q8_0 kernel
     // X16S_ROWS, the others 4)
     const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ? X16S_MANY
