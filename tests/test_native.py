@@ -39,16 +39,26 @@ def native_op():
 
 
 def test_sources_digest_names_the_build(tmp_path, monkeypatch):
-    """Curves are cached per build (cost/store.py): the digest follows the sources' bytes."""
+    """Curves are cached per build (cost/store.py): the digest follows the sources' bytes, as a process first
+    read them (a file edited while it runs does not change the build it loaded)."""
     first, second = tmp_path / "a.cpp", tmp_path / "b.cpp"
     first.write_text("int a;")
     second.write_text("int b;")
-    monkeypatch.setattr(build, "SOURCES", [first, second])
-    digest = build.sources_digest()
+    digest = build.digest_of([first, second])
     assert len(digest) == 12 and int(digest, 16) >= 0
-    assert build.sources_digest() == digest
+    assert build.digest_of([first, second]) == digest
     second.write_text("int c;")
-    assert build.sources_digest() != digest
+    assert build.digest_of([first, second]) != digest
+    second.write_text("int b;")
+    monkeypatch.setattr(build, "SOURCES", [first, second])
+    monkeypatch.setattr(build, "HEADERS", [])
+    build.sources_digest.cache_clear()
+    try:
+        assert build.sources_digest() == digest
+        second.write_text("int c;")
+        assert build.sources_digest() == digest  # (read once a process)
+    finally:
+        build.sources_digest.cache_clear()
 
 
 def test_entry_point_worked_example():

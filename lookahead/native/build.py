@@ -17,6 +17,7 @@ half-way never leaves the others waiting on torch's own lock file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -35,12 +36,20 @@ HEADERS = [Path(__file__).with_name(name) for name in ("quant_formats.h", "quant
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 
 
+@functools.lru_cache(maxsize=1)
 def sources_digest() -> str:
-    """The first 12 hex digits of the sources' SHA-256: a build's identity, so a cost curve measured on one
-    build's kernels is not taken for another's (cost/store.py). Worked example: the same files -> the same
+    """The digest (``digest_of``) of the sources as this process first read them: the identity of the build it
+    loads, so a cost curve or a product choice measured on one build's kernels is not taken for another's
+    (cost/store.py, model/products.py). Read once: sources edited on disk while the process runs do not make its
+    kernels another build's (its keys would otherwise change between writing a choice and reading it back)."""
+    return digest_of(SOURCES + HEADERS)
+
+
+def digest_of(paths: list[Path]) -> str:
+    """The first 12 hex digits of the files' SHA-256, in order. Worked example: the same files -> the same
     digest, one character changed -> another."""
     digest = hashlib.sha256()
-    for source in SOURCES + HEADERS:
+    for source in paths:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 

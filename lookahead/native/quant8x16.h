@@ -686,15 +686,21 @@ LOOKAHEAD_AMX inline void amx_configure(int m) {
   _tile_loadconfig(&config);
 }
 
-// m (<= 16) input rows from r0 against one group, the tiles configured for m (amx_configure)
-template <int64_t F>
+// m (<= 16; M: m as a constant, or 0) input rows from r0 against one group, the tiles configured for m
+// (amx_configure). Q6_K's weights go in as signed bytes (q - 32), so that the signed tile product (TDPBSSD) holds
+// the offset term; Q4_K's unsigned (TDPBSUD). A group's scales are read once for all the rows, and the rows'
+// accumulators stay in registers where M is a constant.
+template <int64_t F, int M>
 LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out, int64_t outputs,
                            int64_t prefetch) {
   constexpr int groups = F == Q4_K ? 8 : 16, k = F == Q4_K ? 32 : 16;  // scale groups of a super-block, their weights
   const int64_t blocks = in.super.blocks, inputs = 256 * blocks;
+  const int rows = M > 0 ? M : m;
   alignas(64) uint8_t weights[2][8][64];          // the tile products' weights: low, high nibbles
   alignas(64) int32_t dots[groups][AMX_ROWS][16];  // [scale group, row, output]
-  alignas(64) float acc[AMX_ROWS][16] = {};
+  __m512 acc[AMX_ROWS];
+  for (int r = 0; r < AMX_ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i offset = _mm512_set1_epi8(32);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* chunk = group + b * x16_chunk_bytes(F);
     const int8_t* x = in.super.q.data() + r0 * inputs + 256 * b;
@@ -705,6 +711,10 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
           const int c = 8 * p + first + i;
           __m512i low, high;
           chunk_values<F>(chunk, c, prefetch, &low, &high);
+          if constexpr (F == Q6_K) {
+            low = _mm512_sub_epi8(low, offset);
+            high = _mm512_sub_epi8(high, offset);
+          }
           _mm512_store_si512(weights[0][i], low);
           _mm512_store_si512(weights[1][i], high);
         }
@@ -717,30 +727,44 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
         _tile_loadd(5, weights[1], 64);
         _tile_zero(0);
         _tile_zero(1);
-        _tile_dpbsud(0, 2, 4);
-        _tile_dpbsud(1, 3, 5);
+        if constexpr (F == Q6_K) {
+          _tile_dpbssd(0, 2, 4);
+          _tile_dpbssd(1, 3, 5);
+        } else {
+          _tile_dpbsud(0, 2, 4);
+          _tile_dpbsud(1, 3, 5);
+        }
         _tile_stored(0, dots[ga], 64);
         _tile_stored(1, dots[gb], 64);
       }
     }
-    for (int r = 0; r < m; ++r) {
+    __m512i scales[groups];
+    for (int g = 0; g < groups; ++g) {
+      if constexpr (F == Q6_K)
+        scales[g] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * g)));
+      else
+        scales[g] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * g)));
+    }
+    for (int r = 0; r < rows; ++r) {
       __m512i i1 = _mm512_setzero_si512();
-      const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
-      for (int g = 0; g < groups; ++g) {
-        __m512i dot = _mm512_load_si512(dots[g][r]);
-        __m512i scale;
-        if constexpr (F == Q6_K) {
-          dot = _mm512_add_epi32(dot, _mm512_set1_epi32(-32 * sums[g]));
-          scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 3072 + 16 * g)));
-        } else {
-          scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 2048 + 16 * g)));
-        }
-        i1 = _mm512_add_epi32(i1, _mm512_mullo_epi32(dot, scale));
-      }
-      _mm512_store_ps(acc[r], x16_close<F>(chunk, in, r0 + r, b, i1, _mm512_load_ps(acc[r])));
+      for (int g = 0; g < groups; ++g) i1 = _mm512_add_epi32(i1, _mm512_mullo_epi32(_mm512_load_si512(dots[g][r]), scales[g]));
+      acc[r] = x16_close<F>(chunk, in, r0 + r, b, i1, acc[r]);
     }
   }
-  for (int r = 0; r < m; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, _mm512_load_ps(acc[r]));
+  for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
+}
+
+// x16_amx with its rows m as a constant (1 .. AMX_ROWS), so that their accumulators stay in registers
+template <int64_t F, int M = AMX_ROWS>
+LOOKAHEAD_AMX void x16_amx_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out,
+                                int64_t outputs, int64_t prefetch) {
+  if constexpr (M > 1) {
+    if (m < M) {
+      x16_amx_rows<F, M - 1>(group, in, r0, m, out, outputs, prefetch);
+      return;
+    }
+  }
+  x16_amx<F, M>(group, in, r0, M, out, outputs, prefetch);
 }
 
 template <int64_t F>
@@ -778,14 +802,16 @@ LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const 
                               float* out, int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
   int configured = 0;  // (the tiles' rows as configured in this thread; another op may have reconfigured them
                        // before this call)
+  const int64_t passes = (rows + AMX_ROWS - 1) / AMX_ROWS;  // (rows split evenly between them: no short last pass)
   for (int64_t g = begin; g < end; ++g) {
-    for (int64_t r0 = 0; r0 < rows; r0 += AMX_ROWS) {
-      const int m = static_cast<int>(std::min<int64_t>(AMX_ROWS, rows - r0));
+    for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+      const int m = static_cast<int>(rows * (p + 1) / passes - rows * p / passes);
       if (m != configured) {
         amx_configure<F>(m);
         configured = m;
       }
-      x16_amx<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs, prefetch);
+      x16_amx_rows<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs, prefetch);
+      r0 += m;
     }
   }
   _tile_release();
