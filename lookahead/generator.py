@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -380,12 +381,14 @@ class LookaheadGenerator:
         """Batch sizes an open batch has priced by a stand-in, whose curves ``measure_pending`` measures."""
         return tuple(sorted(self.costs.pending))
 
-    def measure_pending(self) -> int | None:
+    def measure_pending(self, stop: Callable[[], bool] | None = None) -> int | None:
         """Measure the cost curve of the smallest batch size an open batch has priced by a stand-in so far
         (what ``generate`` over that many prompts measures on first use; kept on disk as theirs): for a
-        caller that is idle (a server between requests). The size measured, or None where none is pending."""
+        caller that is idle (a server between requests). ``stop`` is asked before every timed forward: where
+        it says True (requests came back) the measurement ends there, the size still pending. The size
+        measured, or None where none is pending or ``stop`` ended it."""
         with torch.inference_mode():
-            return self.costs.measure_pending(self.run_config)
+            return self.costs.measure_pending(self.run_config, stop)
 
     def _batch_cost(self, batch: int) -> CostModel | None:
         """The budget's curve for a step over ``batch`` sequences (measured on first use of a size)."""

@@ -248,7 +248,7 @@ def synthetic_cost_curves():
     import lookahead.cost.policy as engine
 
     def load(model, layout, max_rows, context, repeats, cache_dir, batch=1, switches=None, bound_s=12.0,
-             keep_busy=False, fresh=False):
+             keep_busy=False, fresh=False, stop=None):
         rows = np.array(row_grid(max_rows), dtype=np.float64)
         return CostModel(rows, 0.01 * batch * (1.0 + 0.02 * (rows - 1)), smoothing=0.0)
 

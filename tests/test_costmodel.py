@@ -239,6 +239,23 @@ def test_measuring_talks_and_reading_the_cache_is_silent(llama, tmp_path, monkey
     assert again.store is None  # a curve read back is refined for this run, not written again
 
 
+def test_a_measurement_told_to_stop_ends_before_its_next_forward_and_keeps_nothing(llama, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """(a server measuring while idle, whose requests came back: store.py's ``stop``)"""
+    model, layout = llama
+    forwards = []
+    monkeypatch.setattr(store, "decode_step_timer", fake_timer(lambda q: forwards.append(q) or cpu_time(q)))
+    with pytest.raises(store.MeasurementStopped):
+        load_cost_model(model, layout, 4, 8, 5, str(tmp_path), batch=2, stop=lambda: len(forwards) >= 3)
+    assert len(forwards) == 3 and os.listdir(tmp_path) == []
+    assert "stopped: requests arrived; it is measured again when the server is next idle" in capsys.readouterr().err
+    with pytest.raises(store.MeasurementStopped):  # (already told: nothing is run, nothing said)
+        load_cost_model(model, layout, 4, 8, 5, str(tmp_path), batch=2, stop=lambda: True)
+    assert len(forwards) == 3 and capsys.readouterr().err == ""
+    curve = load_cost_model(model, layout, 4, 8, 5, str(tmp_path), batch=2, stop=lambda: False)
+    assert curve.rows.tolist() == [1, 2, 3, 4] and len(os.listdir(tmp_path)) == 1
+
+
 def test_a_real_measurement_talks_and_keeps_only_a_plausible_curve(llama, tmp_path, capsys):
     """A real forward of the tiny Llama is timed: the machine may be busy, so every outcome is allowed,
     and each must say what happened."""

@@ -17,6 +17,7 @@ from test_continuous import alone
 import lookahead.cost.policy as policy
 from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.cost.curve import TRUST_REPAIRED, CostModel, row_grid, stand_in_curve
+from lookahead.cost.store import MeasurementStopped
 from lookahead.serve.engine import Completion, Engine
 from lookahead.serve.warmup import warm_up
 
@@ -112,6 +113,25 @@ def test_a_size_without_routes_runs_through_the_nearest_measured_ones():
     assert target.routing(2) is None
 
 
+def test_a_pending_measurement_that_is_stopped_stays_pending(empty_disk, monkeypatch):
+    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig())
+    assert gen.costs.for_batch(3, gen.run_config, gen.cost, wait=False) is not None and gen.pending_curves == (3,)
+    told = []
+    synthetic = policy.load_cost_model
+
+    def load(*args, stop=None, **kwargs):
+        told.append(stop)
+        if stop is not None and stop():
+            raise MeasurementStopped("work arrived")
+        return synthetic(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "load_cost_model", load)
+    assert gen.measure_pending(stop=lambda: True) is None
+    assert gen.pending_curves == (3,) and 3 in gen.costs.stand_ins and 3 not in gen.costs.batches
+    assert gen.measure_pending(stop=lambda: False) == 3 and gen.pending_curves == () and 3 in gen.costs.batches
+    assert len(told) == 2 and all(callable(stop) for stop in told)
+
+
 def test_the_warm_up_measures_the_sizes_it_ran(empty_disk):
     gen = LookaheadGenerator(tiny_model("qwen2"), config=LookaheadConfig())
     warm_up(gen, max_batch=4)
@@ -153,3 +173,56 @@ def test_the_engine_measures_a_pending_curve_once_idle(empty_disk, monkeypatch):
     assert results == [alone(model, p, 14) for p in PROMPTS]
     assert gen.pending_curves == () and 4 in empty_disk and empty_disk[0] == 1
     assert busy_then and busy_then == [0] * len(busy_then)  # measured only while no request ran or waited
+
+
+def test_a_request_arriving_during_an_idle_measurement_stops_it(empty_disk, monkeypatch):
+    """The engine measures a pending curve once idle; a request that arrives meanwhile ends the measurement
+    (before its next forward), is answered, and the curve is measured at the next idle moment."""
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig())
+    engine = Engine(gen, max_batch=4, max_queue=8)
+    synthetic = policy.load_cost_model
+    began, stopped = [], []
+
+    def load(*args, stop=None, **kwargs):
+        if stop is None:
+            return synthetic(*args, **kwargs)
+        began.append(time.monotonic())
+        if len(began) == 1:  # the first idle measurement: 'forwards' until told to stop (at most 60 s)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if stop():
+                    stopped.append(len(engine._waiting))
+                    raise MeasurementStopped("work arrived")
+                time.sleep(0.01)
+        return synthetic(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "load_cost_model", load)
+
+    async def collect(ticket):
+        tokens = []
+        async for event in ticket.events():
+            tokens.extend(event.tokens)
+        return tokens
+
+    async def until(condition, seconds=60):
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def main():
+        engine.start()
+        try:
+            first = await asyncio.wait_for(asyncio.gather(
+                *(collect(engine.submit(Completion(p, 10))) for p in PROMPTS)), 120)
+            await until(lambda: len(began) >= 1)  # measuring while idle
+            late = await asyncio.wait_for(collect(engine.submit(Completion(PROMPTS[0], 12))), 120)
+            await until(lambda: not gen.pending_curves)  # measured at the next idle moment
+            return first, late
+        finally:
+            engine.stop()
+
+    first, late = asyncio.run(main())
+    assert first == [alone(model, p, 10) for p in PROMPTS] and late == alone(model, PROMPTS[0], 12)
+    assert stopped == [1]  # stopped with the late request waiting
+    assert len(began) >= 2 and gen.pending_curves == ()

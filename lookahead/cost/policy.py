@@ -9,6 +9,7 @@ measurement also chooses how each forward runs (its ``routing``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from ..config import LookaheadConfig
@@ -16,7 +17,7 @@ from ..model.support import AttentionLayout, context_length
 from ..model.switches import ForwardSwitches
 from ..model.target import Target
 from .curve import CostModel, flat_curve, stand_in_curve
-from .store import cached_cost_model, load_cost_model
+from .store import MeasurementStopped, cached_cost_model, load_cost_model
 
 DRAFT_COST_ROWS = 16  # the draft's curve is measured up to this many rows (it is fed a step's accepted tokens)
 
@@ -79,11 +80,11 @@ class CostPolicy:
         return budgeted(config) or self.target.device.type == "cpu"
 
     def measure(self, config: LookaheadConfig, batch: int = 1, fresh: bool = False,
-                cached_only: bool = False) -> CostModel | None:
+                cached_only: bool = False, stop: Callable[[], bool] | None = None) -> CostModel | None:
         """The forward-cost curve up to the largest step ``config`` can build (cached on disk; ``fresh``:
         measured whatever the cache holds, ``lookahead costs measure``; ``cached_only``: None where the disk
         holds none, nothing measured), with the routes forwards run through on the CPU; None where nothing
-        needs it (``needed``)."""
+        needs it (``needed``). ``stop``: asked before every timed forward (store.py's MeasurementStopped)."""
         if not self.needed(config):
             return None
         context = fitted_context(config.calibration_context, self.target.context)
@@ -94,7 +95,7 @@ class CostPolicy:
                                      config.calibration_repeats, config.cost_cache_dir, batch, switches=switches)
         return load_cost_model(self.target.model, self.target.layout, largest_step(config), context,
                                config.calibration_repeats, config.cost_cache_dir, batch, switches=switches,
-                               **measuring(config, fresh))
+                               stop=stop, **measuring(config, fresh))
 
     def for_batch(self, batch: int, run_config: LookaheadConfig, single: CostModel | None,
                   wait: bool = True) -> CostModel | None:
@@ -122,14 +123,19 @@ class CostPolicy:
             self.stand_ins[batch] = stand_in_curve(base, batch / size) if base is not None else None
         return self.stand_ins[batch]
 
-    def measure_pending(self, run_config: LookaheadConfig) -> int | None:
+    def measure_pending(self, run_config: LookaheadConfig, stop: Callable[[], bool] | None = None) -> int | None:
         """Measure the curve of the smallest ``pending`` batch size (as ``for_batch`` would have on first
-        use), which replaces its stand-in; the size measured, or None where none is pending."""
+        use), which replaces its stand-in; the size measured, or None where none is pending or ``stop`` (asked
+        before every timed forward) said True first: then the size stays pending, nothing kept."""
         if not self.pending:
             return None
         batch = min(self.pending)
+        try:
+            curve = self.measure(run_config, batch, stop=stop)
+        except MeasurementStopped:
+            return None
         self.pending.discard(batch)
-        self._keep(batch, self.measure(run_config, batch))
+        self._keep(batch, curve)
         self.stand_ins.pop(batch, None)
         return batch
 

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -88,7 +88,8 @@ def cached_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows:
 def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                     cache_dir: str, batch: int = 1, say: Say = say_on_stderr, switches: ForwardSwitches | None = None,
                     bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
-                    clock: Callable[[], float] = time.perf_counter) -> CostModel:
+                    clock: Callable[[], float] = time.perf_counter,
+                    stop: Callable[[], bool] | None = None) -> CostModel:
     """The cached curve for this model/device/dtype/CPU/threads (and batch size); measured when absent
     (or ``fresh``: measured whatever the cache holds, and written over it).
 
@@ -112,10 +113,12 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
     attention through that op's kernel; ``few_row_matmul`` and ``onednn``, the routes tried; ``traced``, on
     the CPU, the steps replayed from a trace (model/traced.py), so the curve has their shape (an eager
     step's fixed Python costs made more rows look cheaper relative to one than they are traced: `lookahead
-    roofline` times both); making the trace is part of the measurement's time.
+    roofline` times both); making the trace is part of the measurement's time. ``stop`` (None: never) is
+    asked before every timed forward: where it says True the measurement ends at once, nothing kept, and
+    ``MeasurementStopped`` is raised (a server measuring while idle, whose requests came back).
     """
     curve = _cost_model(model, layout, max_rows, context, repeats, cache_dir, batch, say, switches, bound_s,
-                        keep_busy, fresh, clock)
+                        keep_busy, fresh, clock, stop=stop)
     assert curve is not None, "measured where the cache holds none"
     return curve
 
@@ -123,7 +126,8 @@ def load_cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: i
 def _cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, context: int, repeats: int,
                 cache_dir: str, batch: int = 1, say: Say = say_on_stderr, switches: ForwardSwitches | None = None,
                 bound_s: float = BOUND_S, keep_busy: bool = KEEP_BUSY, fresh: bool = False,
-                clock: Callable[[], float] = time.perf_counter, cached_only: bool = False) -> CostModel | None:
+                clock: Callable[[], float] = time.perf_counter, cached_only: bool = False,
+                stop: Callable[[], bool] | None = None) -> CostModel | None:
     """``load_cost_model``, or with ``cached_only`` ``cached_cost_model``."""
     switches = switches or ForwardSwitches()
     native, attention = switches.native, switches.attention
@@ -156,10 +160,13 @@ def _cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, 
                              routing=_routing(rows, routes, saved[1]), cached=store.path)
     if cached_only:
         return None
+    if stop is not None and stop():
+        raise MeasurementStopped(f"the step cost of a batch of {batch} was not measured: work arrived")
     started, before = clock(), cpu_snapshot()
     # (prefills the synthetic context)
-    time_one = decode_step_timer(model, layout, context, batch=batch,
-                                 switches=dataclasses.replace(switches, graphs=graphed, traced=replayed))
+    timer = decode_step_timer(model, layout, context, batch=batch,
+                              switches=dataclasses.replace(switches, graphs=graphed, traced=replayed))
+    time_one: Callable[[int, Any], float] = timer if stop is None else _stoppable(timer, stop, batch, say)
     forwards = probe_forwards(time_one, rows, routes)
     plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
     say(announcement(fingerprint, rows, (clock() - started + plan.likely, clock() - started + plan.longest),
@@ -182,6 +189,23 @@ def _cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, 
     return CostModel(np.array(rows, dtype=np.float64), measured.seconds, routing=routing, repaired=wrong,
                      store=store if keeping else None, trust=TRUST_REPAIRED if wrong else TRUST_MEASURED,
                      cached=cached)
+
+
+class MeasurementStopped(Exception):
+    """A measurement's ``stop`` said True: it ended before its next forward, nothing kept."""
+
+
+def _stoppable(time_one: Callable[[int, Any], float], stop: Callable[[], bool], batch: int,
+               say: Say) -> Callable[[int, Any], float]:
+    """``time_one`` asking ``stop`` before every forward (MeasurementStopped where it says True, said on ``say``)."""
+    def timed(rows: int, route: Any) -> float:
+        if stop():
+            say(f"lookahead: the step-cost measurement{f' of a batch of {batch}' if batch > 1 else ''} stopped: "
+                f"requests arrived; it is measured again when the server is next idle")
+            raise MeasurementStopped(f"the step cost of a batch of {batch} was not measured: work arrived")
+        return time_one(rows, route)
+
+    return timed
 
 
 def bound_cuts(plan: Plan, measured: Measurement) -> tuple[str, ...]:

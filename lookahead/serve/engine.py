@@ -19,7 +19,8 @@ one memory of earlier requests, saved atomically to ``memory_path`` every ``save
 ``stop``.
 
 A batch size whose cost curve the disk does not hold runs on a stand-in (cost/policy.py); its curve is
-measured on this thread once nothing has run or waited for IDLE_WAIT_S (``_curve_due``).
+measured on this thread once nothing has run or waited for IDLE_WAIT_S (``_curve_due``), and a request that
+arrives meanwhile stops it (measured again at the next idle moment).
 
 An exception while a request joins fails that request alone; one inside a step fails the requests
 in that step, and the engine starts a fresh batch for the next ones.
@@ -319,7 +320,7 @@ class Engine:
                 if self._live and not self._step(run):
                     run = None  # a step failed: its requests got an error; the next ones start afresh
                 if not admitted and not self._live and self._curve_due():
-                    self.generator.measure_pending()
+                    self.generator.measure_pending(stop=lambda: bool(self._waiting))
                 if time.monotonic() - self._saved_at >= self.save_every_s:
                     self._save()
         self._fail_all("the server is stopping")
@@ -342,7 +343,7 @@ class Engine:
         """Whether a batch size's cost curve waits to be measured while nothing else does: a batch larger than
         the warm-up's ran on a stand-in (cost/policy.py). It is measured on this thread (the curve's
         calibration_seconds at most, once per size and machine: the disk keeps it); a request that arrives
-        meanwhile waits for it, as it would for a step."""
+        meanwhile ends it before its next timed forward (it is measured again at the next idle moment)."""
         return bool(self.generator.pending_curves) and not self._waiting and not self._live
 
     def _admit(self, run: OpenBatch, ticket: Ticket) -> None:
