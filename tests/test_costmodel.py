@@ -41,7 +41,8 @@ def fake_timer(times):
         fast = route is None or (route.linear == "kernel" and route.threads == torch.get_num_threads())
         return times(q) * (1.0 if fast else SLOWER)
 
-    return lambda model, layout, context, seed=0, batch=1, switches=None: None if times is None else time_one
+    return lambda model, layout, context, seed=0, batch=1, switches=None, stop=None: \
+        None if times is None else time_one
 
 
 def first_passes(model) -> int:
@@ -254,6 +255,26 @@ def test_a_measurement_told_to_stop_ends_before_its_next_forward_and_keeps_nothi
     assert len(forwards) == 3 and capsys.readouterr().err == ""
     curve = load_cost_model(model, layout, 4, 8, 5, str(tmp_path), batch=2, stop=lambda: False)
     assert curve.rows.tolist() == [1, 2, 3, 4] and len(os.listdir(tmp_path)) == 1
+
+
+def test_a_stoppable_timer_prefills_its_context_in_pieces_it_can_stop_between(llama):
+    """(the synthetic context of an idle-time measurement: a request arriving meanwhile waits for one piece of
+    PREFILL_CHUNK columns, not for the whole prefill)"""
+    from lookahead.cost.measure import PREFILL_CHUNK, decode_step_timer
+
+    model, layout = llama
+    asked = []
+
+    def stop():
+        asked.append(1)
+        return len(asked) >= 2
+
+    context = 2 * PREFILL_CHUNK + 5
+    with pytest.raises(store.MeasurementStopped):
+        decode_step_timer(model, layout, context, batch=2, stop=stop)
+    assert len(asked) == 2  # (one piece prefilled, then stopped)
+    timer = decode_step_timer(model, layout, context, batch=2, stop=lambda: False)
+    assert timer.cache.get_seq_length() == context and timer(1) > 0
 
 
 def test_a_real_measurement_talks_and_keeps_only_a_plausible_curve(llama, tmp_path, capsys):

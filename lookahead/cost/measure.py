@@ -313,19 +313,28 @@ def interpolated(rows: tuple[int, ...], measured: tuple[int, ...], seconds: Arra
 
 
 # ---------------------------------------------------------------- one decode-shaped forward
+class MeasurementStopped(Exception):
+    """A measurement's ``stop`` said True: it ended before its next forward, nothing kept (cost/store.py)."""
+
+
+PREFILL_CHUNK = 64  # synthetic context columns prefilled a forward where a measurement may be stopped
+
+
 def decode_step_timer(model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                      batch: int = 1, switches: ForwardSwitches | None = None) -> StepTimer:
+                      batch: int = 1, switches: ForwardSwitches | None = None,
+                      stop: Callable[[], bool] | None = None) -> StepTimer:
     """time_one(q, route): seconds of one decode-shaped forward over q new rows after ``context``
     cached ones, run through ``route`` (model/routing.py; None: as torch is set).
 
     Each pass goes through ``Target.step`` exactly as a decode step does
     (for a batch of ``batch`` sequences of q tokens too), plus
     the step's host sync (an argmax read back), and is cropped away again. A
-    synthetic context of random tokens is prefilled here, once. ``switches``: the target's
+    synthetic context of random tokens is prefilled here, once (with ``stop``, PREFILL_CHUNK columns a
+    forward, ``stop`` asked before each: MeasurementStopped where it says True). ``switches``: the target's
     (model/switches.py); with ``traced`` it replays its steps from TorchScript traces (model/traced.py),
     each kind traced on its first step (``StepTimer``).
     """
-    return StepTimer(model, layout, context, seed, batch, switches)
+    return StepTimer(model, layout, context, seed, batch, switches, stop)
 
 
 class StepTimer:
@@ -333,7 +342,7 @@ class StepTimer:
     whose ``last_route`` says how the latest step ran ("kernel x2", "kernel x2 traced", ...)."""
 
     def __init__(self, model: PreTrainedModel, layout: AttentionLayout, context: int, seed: int = 0,
-                 batch: int = 1, switches: ForwardSwitches | None = None):
+                 batch: int = 1, switches: ForwardSwitches | None = None, stop: Callable[[], bool] | None = None):
         switches = switches or ForwardSwitches()
         self.target = Target(model, layout, switches)
         if switches.traced:
@@ -343,9 +352,13 @@ class StepTimer:
         self.rng = np.random.default_rng(seed)
         self.cache = self.target.new_cache()
         prefix = self.rng.integers(0, self.target.vocab, (batch, context), dtype=np.int64)  # [B, C]
+        step = context if stop is None else PREFILL_CHUNK  # (one forward where nothing may stop it)
         with torch.inference_mode():
-            model(input_ids=torch.from_numpy(prefix).to(self.target.device), use_cache=True, logits_to_keep=1,
-                  **{self.target.cache_keyword: self.cache})
+            for start in range(0, context, step):
+                if stop is not None and stop():
+                    raise MeasurementStopped("the measurement was stopped while it prefilled its context")
+                model(input_ids=torch.from_numpy(prefix[:, start:start + step]).to(self.target.device),
+                      use_cache=True, logits_to_keep=1, **{self.target.cache_keyword: self.cache})
         self.passes: dict[int, Callable] = {}  # q -> the step function over fixed random tokens [B, q]
 
     def __call__(self, q: int, route: Route | None = None) -> float:

@@ -41,6 +41,7 @@ from .disk import CurveStore
 from .measure import (
     MIN_PASSES,
     Measurement,
+    MeasurementStopped,
     Plan,
     cpu_name,
     cpu_snapshot,
@@ -163,9 +164,13 @@ def _cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, 
     if stop is not None and stop():
         raise MeasurementStopped(f"the step cost of a batch of {batch} was not measured: work arrived")
     started, before = clock(), cpu_snapshot()
-    # (prefills the synthetic context)
-    timer = decode_step_timer(model, layout, context, batch=batch,
-                              switches=dataclasses.replace(switches, graphs=graphed, traced=replayed))
+    # (prefills the synthetic context; with ``stop``, in pieces it may stop between)
+    try:
+        timer = decode_step_timer(model, layout, context, batch=batch,
+                                  switches=dataclasses.replace(switches, graphs=graphed, traced=replayed), stop=stop)
+    except MeasurementStopped:
+        say(_stopped_line(batch))
+        raise
     time_one: Callable[[int, Any], float] = timer if stop is None else _stoppable(timer, stop, batch, say)
     forwards = probe_forwards(time_one, rows, routes)
     plan = plan_measurement(rows, routes, repeats, forwards, started + bound_s - clock())
@@ -191,21 +196,22 @@ def _cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, 
                      cached=cached)
 
 
-class MeasurementStopped(Exception):
-    """A measurement's ``stop`` said True: it ended before its next forward, nothing kept."""
-
-
 def _stoppable(time_one: Callable[[int, Any], float], stop: Callable[[], bool], batch: int,
                say: Say) -> Callable[[int, Any], float]:
     """``time_one`` asking ``stop`` before every forward (MeasurementStopped where it says True, said on ``say``)."""
     def timed(rows: int, route: Any) -> float:
         if stop():
-            say(f"lookahead: the step-cost measurement{f' of a batch of {batch}' if batch > 1 else ''} stopped: "
-                f"requests arrived; it is measured again when the server is next idle")
+            say(_stopped_line(batch))
             raise MeasurementStopped(f"the step cost of a batch of {batch} was not measured: work arrived")
         return time_one(rows, route)
 
     return timed
+
+
+def _stopped_line(batch: int) -> str:
+    """What a stopped measurement says."""
+    return (f"lookahead: the step-cost measurement{f' of a batch of {batch}' if batch > 1 else ''} stopped: "
+            f"requests arrived; it is measured again when the server is next idle")
 
 
 def bound_cuts(plan: Plan, measured: Measurement) -> tuple[str, ...]:
