@@ -183,7 +183,8 @@ def test_a_measurement_keeps_to_its_bound_and_says_what_it_cut(llama, tmp_path, 
     clock = FakeClock()
     slow = clock.forward(lambda q, route=None: 25 * cpu_time(q) * (1.0 if route is None or route.linear == "kernel"
                                                                    else 1.6))
-    monkeypatch.setattr(store, "decode_step_timer", lambda model, layout, context, seed=0, batch=1, switches=None: slow)
+    monkeypatch.setattr(store, "decode_step_timer",
+                        lambda model, layout, context, seed=0, batch=1, switches=None, stop=None: slow)
     monkeypatch.setattr(store, "others_busy", lambda before, after: 0.0)
     cost = load_cost_model(model, layout, 33, 8, 5, str(tmp_path), bound_s=20.0, clock=clock)
     before, after = lines(capsys)
