@@ -691,8 +691,8 @@ LOOKAHEAD_AMX inline void amx_configure(int m) {
 // the offset term; Q4_K's unsigned (TDPBSUD). A group's scales are read once for all the rows, and the rows'
 // accumulators stay in registers where M is a constant.
 template <int64_t F, int M>
-LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out, int64_t outputs,
-                           int64_t prefetch) {
+LOOKAHEAD_AMX void amx_pass(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out, int64_t outputs,
+                            int64_t prefetch) {
   constexpr int groups = F == Q4_K ? 8 : 16, k = F == Q4_K ? 32 : 16;  // scale groups of a super-block, their weights
   const int64_t blocks = in.super.blocks, inputs = 256 * blocks;
   const int rows = M > 0 ? M : m;
@@ -754,17 +754,19 @@ LOOKAHEAD_AMX void x16_amx(const uint8_t* group, const X16Inputs& in, int64_t r0
   for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
 }
 
-// x16_amx with its rows m as a constant (1 .. AMX_ROWS), so that their accumulators stay in registers
-template <int64_t F, int M = AMX_ROWS>
-LOOKAHEAD_AMX void x16_amx_rows(const uint8_t* group, const X16Inputs& in, int64_t r0, int m, float* out,
-                                int64_t outputs, int64_t prefetch) {
+// A pass's AMX kernel (``amx_pass``: this file's for the K formats, quant8x16s.h's for the 32-weight blocks, told
+// apart by their inputs' type) with its rows m as a constant (1 .. AMX_ROWS), so that their accumulators stay in
+// registers
+template <int64_t F, int M = AMX_ROWS, typename Inputs>
+LOOKAHEAD_AMX void amx_pass_rows(const uint8_t* group, const Inputs& in, int64_t r0, int m, float* out,
+                                 int64_t outputs, int64_t prefetch) {
   if constexpr (M > 1) {
     if (m < M) {
-      x16_amx_rows<F, M - 1>(group, in, r0, m, out, outputs, prefetch);
+      amx_pass_rows<F, M - 1>(group, in, r0, m, out, outputs, prefetch);
       return;
     }
   }
-  x16_amx<F, M>(group, in, r0, M, out, outputs, prefetch);
+  amx_pass<F, M>(group, in, r0, M, out, outputs, prefetch);
 }
 
 template <int64_t F>
@@ -797,20 +799,22 @@ void x16_rows_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_
   }
 }
 
-template <int64_t F>
-LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const X16Inputs& in, int64_t rows,
-                              float* out, int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
+// Groups [begin, end) of format F on AMX tiles, every group's rows in passes of at most AMX_ROWS split evenly (no
+// short last pass), the tiles configured with TILES's shapes (amx_configure)
+template <int64_t F, int64_t TILES, typename Inputs>
+LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const Inputs& in, int64_t rows, float* out,
+                              int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
   int configured = 0;  // (the tiles' rows as configured in this thread; another op may have reconfigured them
                        // before this call)
-  const int64_t passes = (rows + AMX_ROWS - 1) / AMX_ROWS;  // (rows split evenly between them: no short last pass)
+  const int64_t passes = (rows + AMX_ROWS - 1) / AMX_ROWS;
   for (int64_t g = begin; g < end; ++g) {
     for (int64_t p = 0, r0 = 0; p < passes; ++p) {
       const int m = static_cast<int>(rows * (p + 1) / passes - rows * p / passes);
       if (m != configured) {
-        amx_configure<F>(m);
+        amx_configure<TILES>(m);
         configured = m;
       }
-      x16_amx_rows<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs, prefetch);
+      amx_pass_rows<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs, prefetch);
       r0 += m;
     }
   }
@@ -827,8 +831,8 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
   const int64_t group_bytes = in.super.blocks * x16_chunk_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     if (path == X16_AMX) {
-      if (format == Q4_K) amx_groups<Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
-      else amx_groups<Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      if (format == Q4_K) amx_groups<Q4_K, Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      else amx_groups<Q6_K, Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
       return;
     }
     const int64_t pass = X16_MANY;  // (up to four rows a kernel whose registers hold them, else x16_many*)

@@ -545,9 +545,9 @@ LOOKAHEAD_AMX inline void x16s_amx_close(const uint8_t* chunk, const X16sInputs&
 }
 
 // m (<= 16; M: m as a constant, or 0) input rows from r0 against one group, the tiles configured for m
-// (amx_configure<Q4_K>)
+// (amx_configure<Q4_K>; quant8x16.h's amx_groups runs the passes)
 template <int64_t F, int M>
-LOOKAHEAD_AMX void x16s_amx(const uint8_t* group, const X16sInputs& in, int64_t r0, int m, float* out,
+LOOKAHEAD_AMX void amx_pass(const uint8_t* group, const X16sInputs& in, int64_t r0, int m, float* out,
                             int64_t outputs, int64_t prefetch) {
   constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
   const int64_t inputs = 32 * in.blocks;
@@ -592,38 +592,6 @@ LOOKAHEAD_AMX void x16s_amx(const uint8_t* group, const X16sInputs& in, int64_t 
     x16s_amx_close<F, M>(chunk, in, r0, m, j, dots[0], acc);
   }
   for (int r = 0; r < m; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
-}
-
-// x16s_amx with its rows m as a constant (1 .. AMX_ROWS), so that their accumulators stay in registers
-template <int64_t F, int M = AMX_ROWS>
-LOOKAHEAD_AMX void x16s_amx_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int m, float* out,
-                                 int64_t outputs, int64_t prefetch) {
-  if constexpr (M > 1) {
-    if (m < M) {
-      x16s_amx_rows<F, M - 1>(group, in, r0, m, out, outputs, prefetch);
-      return;
-    }
-  }
-  x16s_amx<F, M>(group, in, r0, M, out, outputs, prefetch);
-}
-
-template <int64_t F>
-LOOKAHEAD_AMX void amx_groups_s(const uint8_t* packed, int64_t group_bytes, const X16sInputs& in, int64_t rows,
-                                float* out, int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
-  int configured = 0;  // (as amx_groups: the tiles' rows as configured in this thread)
-  const int64_t passes = (rows + AMX_ROWS - 1) / AMX_ROWS;  // (rows split evenly between them: no short last pass)
-  for (int64_t g = begin; g < end; ++g) {
-    for (int64_t p = 0, r0 = 0; p < passes; ++p) {
-      const int m = static_cast<int>(rows * (p + 1) / passes - rows * p / passes);
-      if (m != configured) {
-        amx_configure<Q4_K>(m);  // (inputs [M, 32], weights [8, 64]: a Q4_K sub-block's shapes)
-        configured = m;
-      }
-      x16s_amx_rows<F>(packed + g * group_bytes, in, r0, m, out + 16 * g, outputs, prefetch);
-      r0 += m;
-    }
-  }
-  _tile_release();
 }
 
 // Q8_0 in AVX2 for several rows, as x16s_q5_avx2: one half of the group at a time over all its blocks, so a row
@@ -733,9 +701,10 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
   const int64_t group_bytes = in.blocks * 16 * x16s_bytes(format), groups = outputs / 16;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     if (path == X16_AMX) {
-      if (format == Q4_1) amx_groups_s<Q4_1>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
-      else if (format == Q5_0) amx_groups_s<Q5_0>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
-      else amx_groups_s<Q8_0>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      // (the tiles' shapes, inputs [M, 32] and weights [8, 64], are a Q4_K sub-block's: amx_configure<Q4_K>)
+      if (format == Q4_1) amx_groups<Q4_1, Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      else if (format == Q5_0) amx_groups<Q5_0, Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
+      else amx_groups<Q8_0, Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
       return;
     }
     // (rows a pass serves: x16s_many (Q4_1, Q5_0) and x16s_q5_vnni up to X16S_MANY, the AVX2 Q8_0 kernel
