@@ -52,6 +52,21 @@ def empty_disk(monkeypatch):
     return measured
 
 
+async def collect(ticket) -> list[int]:
+    """A ticket's streamed tokens, to its end."""
+    tokens = []
+    async for event in ticket.events():
+        tokens.extend(event.tokens)
+    return tokens
+
+
+async def until(condition, seconds: float = 60) -> None:
+    """Wait (at most ``seconds``) until ``condition()`` holds."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 def joined(gen: LookaheadGenerator, prompts: list[list[int]], new: int) -> list[list[int]]:
     """An open batch of ``prompts`` joined at once, stepped until it drains: each one's new tokens."""
     batch = gen.open_batch()
@@ -151,20 +166,12 @@ def test_the_engine_measures_a_pending_curve_once_idle(empty_disk, monkeypatch):
 
     monkeypatch.setattr(policy, "load_cost_model", load)
 
-    async def collect(ticket):
-        tokens = []
-        async for event in ticket.events():
-            tokens.extend(event.tokens)
-        return tokens
-
     async def main():
         engine.start()
         try:
             tickets = [engine.submit(Completion(p, 14)) for p in PROMPTS]
             results = await asyncio.wait_for(asyncio.gather(*(collect(t) for t in tickets)), 120)
-            deadline = time.monotonic() + 60
-            while gen.pending_curves and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await until(lambda: not gen.pending_curves)
             return results
         finally:
             engine.stop()
@@ -199,17 +206,6 @@ def test_a_request_arriving_during_an_idle_measurement_stops_it(empty_disk, monk
 
     monkeypatch.setattr(policy, "load_cost_model", load)
 
-    async def collect(ticket):
-        tokens = []
-        async for event in ticket.events():
-            tokens.extend(event.tokens)
-        return tokens
-
-    async def until(condition, seconds=60):
-        deadline = time.monotonic() + seconds
-        while not condition() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-
     async def main():
         engine.start()
         try:
@@ -226,3 +222,41 @@ def test_a_request_arriving_during_an_idle_measurement_stops_it(empty_disk, monk
     assert first == [alone(model, p, 10) for p in PROMPTS] and late == alone(model, PROMPTS[0], 12)
     assert stopped == [1]  # stopped with the late request waiting
     assert len(began) >= 2 and gen.pending_curves == ()
+
+
+def test_an_idle_measurement_that_fails_is_said_and_the_engine_goes_on(empty_disk, monkeypatch, capsys):
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model, config=LookaheadConfig())
+    engine = Engine(gen, max_batch=4, max_queue=8)
+    synthetic = policy.load_cost_model
+    failed = []
+
+    def load(*args, stop=None, **kwargs):
+        if stop is not None:  # (an idle-time measurement)
+            failed.append(args[6] if len(args) > 6 else kwargs.get("batch", 1))
+            raise RuntimeError("the synthetic prefill ran out of memory")
+        return synthetic(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "load_cost_model", load)
+
+    async def main():
+        engine.start()
+        try:
+            first = await asyncio.wait_for(asyncio.gather(
+                *(collect(engine.submit(Completion(p, 10))) for p in PROMPTS)), 120)
+            await until(lambda: bool(failed) and not gen.pending_curves)
+            late = await asyncio.wait_for(collect(engine.submit(Completion(PROMPTS[1], 10))), 120)
+            return first, late
+        finally:
+            engine.stop()
+
+    first, late = asyncio.run(main())
+    assert first == [alone(model, p, 10) for p in PROMPTS] and late == alone(model, PROMPTS[1], 10)
+    assert 4 in failed and sorted(set(failed)) == sorted(failed)  # each size tried once, not again
+    assert gen.pending_curves == ()
+    kept = gen.costs.batches[4]  # the size keeps its stand-in as its curve ...
+    assert kept is not None and kept.trust == TRUST_REPAIRED and 4 not in gen.costs.stand_ins
+    assert gen.costs.for_batch(4, gen.run_config, gen.cost, wait=False) is kept and gen.pending_curves == ()  # (... for good)
+    err = capsys.readouterr().err
+    assert err.count("lookahead: measuring a batch size's step cost failed (RuntimeError: the synthetic prefill ran "
+                     "out of memory); that size keeps the curve it was priced by") == len(failed)

@@ -126,7 +126,9 @@ class CostPolicy:
     def measure_pending(self, run_config: LookaheadConfig, stop: Callable[[], bool] | None = None) -> int | None:
         """Measure the curve of the smallest ``pending`` batch size (as ``for_batch`` would have on first
         use), which replaces its stand-in; the size measured, or None where none is pending or ``stop`` (asked
-        before every timed forward) said True first: then the size stays pending, nothing kept."""
+        before every timed forward) said True first: then the size stays pending, nothing kept. A measurement
+        that fails otherwise leaves the size's stand-in for good (not pending: it is not tried again) and
+        raises."""
         if not self.pending:
             return None
         batch = min(self.pending)
@@ -134,6 +136,10 @@ class CostPolicy:
             curve = self.measure(run_config, batch, stop=stop)
         except MeasurementStopped:
             return None
+        except Exception:
+            self.pending.discard(batch)
+            self.batches[batch] = self.stand_ins.pop(batch, None)  # (kept as the size's curve: not tried again)
+            raise
         self.pending.discard(batch)
         self._keep(batch, curve)
         self.stand_ins.pop(batch, None)

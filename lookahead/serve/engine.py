@@ -32,6 +32,7 @@ import asyncio
 import collections
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -320,7 +321,7 @@ class Engine:
                 if self._live and not self._step(run):
                     run = None  # a step failed: its requests got an error; the next ones start afresh
                 if not admitted and not self._live and self._curve_due():
-                    self.generator.measure_pending(stop=lambda: bool(self._waiting))
+                    self._measure_idle()
                 if time.monotonic() - self._saved_at >= self.save_every_s:
                     self._save()
         self._fail_all("the server is stopping")
@@ -345,6 +346,15 @@ class Engine:
         calibration_seconds at most, once per size and machine: the disk keeps it); a request that arrives
         meanwhile ends it before its next timed forward (it is measured again at the next idle moment)."""
         return bool(self.generator.pending_curves) and not self._waiting and not self._live
+
+    def _measure_idle(self) -> None:
+        """Measure a pending batch size's curve, stopped by a request's arrival; one that fails is said on
+        stderr and leaves that size on its stand-in (the engine goes on serving)."""
+        try:
+            self.generator.measure_pending(stop=lambda: bool(self._waiting))
+        except Exception as exc:  # (a measurement's failure is no request's: nothing to answer with it)
+            print(f"lookahead: measuring a batch size's step cost failed ({_one_line(exc)}); that size keeps the "
+                  f"curve it was priced by", file=sys.stderr, flush=True)
 
     def _admit(self, run: OpenBatch, ticket: Ticket) -> None:
         """``ticket``'s request joins the batch (or is answered at once: cancelled, nothing to do, refused)."""
