@@ -117,6 +117,7 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
                  if engine.memory_loaded else f"{engine.memory_path} does not exist yet: a new memory")
         click.echo(f"lookahead: memory: {where}; saved there every {save_every:g} s and on stop", err=True)
     _warm_up(engine)
+    _settle_heap()
     _run(engine, name, host, port, api_key)
 
 
@@ -136,6 +137,13 @@ def _warm_up(engine: Any) -> None:
     grammar = "; the grammar engine's token table" if done.grammar else ""
     click.echo(f"lookahead: warmed up in {done.seconds:.1f} s (a step of 1-{largest} sequences, of one row and "
                f"of several{grammar})", err=True)
+
+
+def _settle_heap() -> None:
+    """The objects start-up made, out of the garbage collector's full collections (lookahead/serve/warmup.py)."""
+    from lookahead.serve.warmup import settle_heap
+
+    settle_heap()
 
 
 def _engine(model_name: str, device: str, dtype: str, loading: tuple[bool, str, str], config: Any, max_batch: int,

@@ -3,13 +3,15 @@ before any request, nothing is learned or remembered, and requests after it deco
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from conftest import VOCAB, reference, tiny_model, tiny_tokenizer
 from test_traced import traced_generator
 
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead.serve.warmup import warm_up
+from lookahead.serve.warmup import settle_heap, warm_up
 
 NO_EOS = [VOCAB + 1000]
 
@@ -71,3 +73,16 @@ def test_a_grammar_engine_that_cannot_compile_leaves_the_warm_up_done(monkeypatc
     monkeypatch.setattr(gen, "grammar", unreadable)
     done = warm_up(gen, max_batch=1)
     assert done.shapes == ((1, 1), (1, 2)) and not done.grammar
+
+
+def test_settle_heap_takes_what_is_alive_out_of_full_collections():
+    kept = [[i] for i in range(1000)]  # objects alive at start-up's end
+    try:
+        frozen = settle_heap()
+        assert frozen == gc.get_freeze_count() >= len(kept)
+        walked = {id(obj) for obj in gc.get_objects()}  # every generation the collector walks
+        assert id(kept) not in walked and id(kept[0]) not in walked
+        later = [0]
+        assert id(later) in {id(obj) for obj in gc.get_objects()}  # what serving makes is still walked
+    finally:
+        gc.unfreeze()
