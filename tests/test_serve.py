@@ -594,6 +594,29 @@ def test_serve_command_refuses_a_damaged_memory_file(tmp_path):
     assert "Traceback" not in result.output and "memory" in lines[-1].lower()
 
 
+def test_serve_command_freezes_the_start_ups_heap_before_it_serves(tmp_path, monkeypatch):
+    """The model loaded and the warm-up run, what is alive leaves the garbage collector's full collections
+    (serve/warmup.py settle_heap) before the port opens; the serving loop itself is stubbed out here."""
+    import gc
+
+    import lookahead.cli.serve as serve_command
+
+    directory = save_model_dir(tmp_path / "model", tiny_model("llama"))
+    seen: list[tuple[int, bool]] = []
+    monkeypatch.setattr(serve_command, "_run", lambda engine, *args: seen.append(
+        (gc.get_freeze_count(), any(obj is engine.generator.model for obj in gc.get_objects()))))
+    try:
+        result = CliRunner().invoke(main, ["serve", "--model", directory, "--port", "0", "--threads", "1",
+                                           "--cost-cache-dir", ""])
+        assert result.exit_code == 0, result.output
+        assert "warmed up in" in result.stderr
+        assert len(seen) == 1
+        frozen, model_walked = seen[0]
+        assert frozen > 0 and not model_walked  # (the model is among the frozen objects)
+    finally:
+        gc.unfreeze()
+
+
 def _start_command(directory: str, memory: Path) -> tuple[subprocess.Popen, list[str]]:
     """``lookahead serve`` on a free port in a child process; its stderr lines are collected in a thread."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
