@@ -212,3 +212,37 @@ def test_two_processes_loading_one_model_first_build_it_once(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(tmp_path)]) for _ in range(2)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0]
     assert (tmp_path / "builds").read_text() == "built\n" and (tmp_path / "built").read_text() == "done"
+
+
+def test_the_collector_is_paused_while_a_model_loads_and_back_after(tmp_path, monkeypatch):
+    """loading/collector.py: off inside load_model (also when the load fails), on again after; a collector
+    the caller had turned off stays off."""
+    import gc
+
+    from lookahead.loading.collector import collections_paused
+
+    directory = save_model_dir(tmp_path / "model", tiny_model("llama"))
+    seen: list[bool] = []
+    load = models._load_model
+
+    def watched(*args):
+        seen.append(gc.isenabled())
+        return load(*args)
+
+    monkeypatch.setattr(models, "_load_model", watched)
+    assert gc.isenabled()
+    model, _ = load_model(directory)
+    assert seen == [False] and gc.isenabled() and model is not None
+    with pytest.raises(ModelLoadError):
+        load_model(str(tmp_path / "nowhere"))
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        with collections_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # (it was off before)
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), collections_paused():
+        raise RuntimeError("the body fails")
+    assert gc.isenabled()

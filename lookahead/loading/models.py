@@ -23,6 +23,7 @@ from ..model.attention import use_native
 from ..model.machine import give_back_freed_memory
 from ..model.support import MASKED_ATTENTION
 from .checkpoint import check_checkpoint, read_config_dict
+from .collector import collections_paused
 from .device import resolve_device
 from .registry import CHUNK_BYTES, PackagedFile, RegistryError, default_cache_dir, fetch_file, local_file, sha256_of
 from .weights import PRODUCTS, WEIGHTS
@@ -468,6 +469,15 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
     Returns:
         (model, tokenizer): a transformers causal LM in eval mode on ``device`` and its tokenizer.
     """
+    with collections_paused():  # (loading/collector.py)
+        return _load_model(name_or_path, device, dtype, cache_dir, attn_implementation, trust_remote_code, weights,
+                           products, cost_cache_dir)
+
+
+def _load_model(name_or_path: str, device: str | torch.device, dtype: torch.dtype, cache_dir: str | Path | None,
+                attn_implementation: str | None, trust_remote_code: bool, weights: str, products: str,
+                cost_cache_dir: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``load_model``'s work, its arguments as it takes them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(name_or_path, str) or not name_or_path.strip():
