@@ -118,7 +118,10 @@ def serve(model_name: str, served_model_name: str | None, device: str, dtype: st
         click.echo(f"lookahead: memory: {where}; saved there every {save_every:g} s and on stop", err=True)
     _warm_up(engine)
     _settle_heap()
-    _run(engine, name, host, port, api_key)
+    try:
+        _run(engine, name, host, port, api_key)
+    finally:
+        _unsettle_heap()
 
 
 def _warm_up(engine: Any) -> None:
@@ -144,6 +147,13 @@ def _settle_heap() -> None:
     from lookahead.serve.warmup import settle_heap
 
     settle_heap()
+
+
+def _unsettle_heap() -> None:
+    """Serving has ended: the frozen objects back to the collector, for the interpreter's finalization."""
+    from lookahead.serve.warmup import unsettle_heap
+
+    unsettle_heap()
 
 
 def _engine(model_name: str, device: str, dtype: str, loading: tuple[bool, str, str], config: Any, max_batch: int,

@@ -594,9 +594,10 @@ def test_serve_command_refuses_a_damaged_memory_file(tmp_path):
     assert "Traceback" not in result.output and "memory" in lines[-1].lower()
 
 
-def test_serve_command_freezes_the_start_ups_heap_before_it_serves(tmp_path, monkeypatch):
+def test_serve_command_freezes_the_start_ups_heap_while_it_serves(tmp_path, monkeypatch):
     """The model loaded and the warm-up run, what is alive leaves the garbage collector's full collections
-    (serve/warmup.py settle_heap) before the port opens; the serving loop itself is stubbed out here."""
+    (serve/warmup.py settle_heap) before the port opens, and comes back when serving has ended (for the
+    interpreter's finalization); the serving loop itself is stubbed out here."""
     import gc
 
     import lookahead.cli.serve as serve_command
@@ -613,12 +614,14 @@ def test_serve_command_freezes_the_start_ups_heap_before_it_serves(tmp_path, mon
         assert len(seen) == 1
         frozen, model_walked = seen[0]
         assert frozen > 0 and not model_walked  # (the model is among the frozen objects)
+        assert gc.get_freeze_count() == 0  # (handed back once serving ended)
     finally:
         gc.unfreeze()
 
 
 def _start_command(directory: str, memory: Path) -> tuple[subprocess.Popen, list[str]]:
-    """``lookahead serve`` on a free port in a child process; its stderr lines are collected in a thread."""
+    """``lookahead serve`` on a free port in a child process; its stderr lines are collected in a thread (the
+    list ends with END_OF_STDERR once the child's stderr has closed)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, "-m", "lookahead.cli.main", "serve", "--model", directory, "--port",
                                 "0", "--memory", str(memory), "--cost-cache-dir", "", "--threads", "1"],
@@ -629,9 +632,13 @@ def _start_command(directory: str, memory: Path) -> tuple[subprocess.Popen, list
         assert process.stderr is not None
         for line in process.stderr:
             lines.append(line)
+        lines.append(END_OF_STDERR)
 
     threading.Thread(target=read, daemon=True).start()
     return process, lines
+
+
+END_OF_STDERR = "(the server's stderr closed)\n"
 
 
 def _stream_through(url: str, signal_it: Callable[[], None]) -> tuple[threading.Thread, list[str]]:
@@ -683,6 +690,9 @@ def test_serve_command_stops_cleanly_on_sigterm_and_sigint_and_saves_memory(tmp_
             assert seen and seen[-1] == "data: [DONE]", seen[-3:]
         for sig, (process, lines) in started.items():
             assert process.wait(60) == 0, "".join(lines)
+            wait_until(lambda lines=lines: lines[-1:] == [END_OF_STDERR], "the server's stderr never closed")
+            # (the objects frozen while it served were handed back: nothing reported leaked at exit)
+            assert not any("leaked" in line for line in lines), "".join(lines)
             memory = tmp_path / f"memory-{sig.name}.lkm"
             assert memory.is_file() and memory.stat().st_size > 0, f"{sig.name}: no memory file saved"
     finally:

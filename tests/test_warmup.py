@@ -11,7 +11,7 @@ from conftest import VOCAB, reference, tiny_model, tiny_tokenizer
 from test_traced import traced_generator
 
 from lookahead import LookaheadConfig, LookaheadGenerator
-from lookahead.serve.warmup import settle_heap, warm_up
+from lookahead.serve.warmup import settle_heap, unsettle_heap, warm_up
 
 NO_EOS = [VOCAB + 1000]
 
@@ -75,7 +75,7 @@ def test_a_grammar_engine_that_cannot_compile_leaves_the_warm_up_done(monkeypatc
     assert done.shapes == ((1, 1), (1, 2)) and not done.grammar
 
 
-def test_settle_heap_takes_what_is_alive_out_of_full_collections():
+def test_settle_heap_takes_what_is_alive_out_of_full_collections_until_unsettled():
     kept = [[i] for i in range(1000)]  # objects alive at start-up's end
     try:
         frozen = settle_heap()
@@ -84,5 +84,7 @@ def test_settle_heap_takes_what_is_alive_out_of_full_collections():
         assert id(kept) not in walked and id(kept[0]) not in walked
         later = [0]
         assert id(later) in {id(obj) for obj in gc.get_objects()}  # what serving makes is still walked
+        unsettle_heap()
+        assert gc.get_freeze_count() == 0 and id(kept) in {id(obj) for obj in gc.get_objects()}
     finally:
         gc.unfreeze()

@@ -23,7 +23,9 @@ wait for it; where that compile fails, the warm-up goes on and that first reques
 modules: hundreds of thousands of them) to the garbage collector's permanent generation (``gc.freeze``).
 Without it the process's first full collection while serving walks every one of them with the GIL held, a
 stall of every stream in the batch at once (the decode thread and the HTTP thread both wait on it); after it,
-a full collection walks only what serving made.
+a full collection walks only what serving made. ``unsettle_heap`` hands them back when serving ends, so that
+the interpreter's finalization collects them as it would have (libraries that count their objects at exit,
+nanobind's, otherwise report every frozen one as leaked).
 
 Worked example (``max_batch`` 4, SmolLM2 traced): shapes (1, 1), (1, 2+), (2, 1), (2, 2+), (3, 1),
 (3, 2+) checked; a step of 4 sequences over 3 rows then replays its trace at once.
@@ -81,6 +83,12 @@ def settle_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def unsettle_heap() -> None:
+    """Give the objects ``settle_heap`` froze back to the collector (``gc.unfreeze``): when serving has ended,
+    before the interpreter finalizes (see the module's docstring)."""
+    gc.unfreeze()
 
 
 def _grammar(generator: LookaheadGenerator) -> bool:
