@@ -686,6 +686,29 @@ LOOKAHEAD_AMX inline void amx_configure(int m) {
   _tile_loadconfig(&config);
 }
 
+// Two tile products side by side (tiles as amx_configure sets them): inputs a and b (the configured rows, `stride`
+// bytes apart) by weights[0] and weights[1], their dots [m][16] stored to da and db; the inputs signed, the weights
+// signed (TDPBSSD) or unsigned (TDPBSUD)
+template <bool SignedWeights>
+LOOKAHEAD_AMX inline void amx_dot_pair(const int8_t* a, const int8_t* b, int64_t stride,
+                                       const uint8_t (*weights)[8][64], int32_t (*da)[16], int32_t (*db)[16]) {
+  _tile_loadd(2, a, stride);
+  _tile_loadd(3, b, stride);
+  _tile_loadd(4, weights[0], 64);
+  _tile_loadd(5, weights[1], 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (SignedWeights) {
+    _tile_dpbssd(0, 2, 4);
+    _tile_dpbssd(1, 3, 5);
+  } else {
+    _tile_dpbsud(0, 2, 4);
+    _tile_dpbsud(1, 3, 5);
+  }
+  _tile_stored(0, da, 64);
+  _tile_stored(1, db, 64);
+}
+
 // m (<= 16; M: m as a constant, or 0) input rows from r0 against one group, the tiles configured for m
 // (amx_configure). Q6_K's weights go in as signed bytes (q - 32), so that the signed tile product (TDPBSSD) holds
 // the offset term; Q4_K's unsigned (TDPBSUD). A group's scales are read once for all the rows, and the rows'
@@ -721,21 +744,7 @@ LOOKAHEAD_AMX void amx_pass(const uint8_t* group, const X16Inputs& in, int64_t r
         // scale groups ga (the low nibbles' quads) and gb (the high): Q4_K sub-blocks 2p, 2p + 1; Q6_K groups
         // 4p + half, 4p + 2 + half; their inputs at 16 ga and 16 gb (Q6_K), 32 ga and 32 gb (Q4_K)
         const int ga = F == Q4_K ? 2 * p : 4 * p + half, gb = F == Q4_K ? 2 * p + 1 : 4 * p + 2 + half;
-        _tile_loadd(2, x + k * ga, inputs);
-        _tile_loadd(3, x + k * gb, inputs);
-        _tile_loadd(4, weights[0], 64);
-        _tile_loadd(5, weights[1], 64);
-        _tile_zero(0);
-        _tile_zero(1);
-        if constexpr (F == Q6_K) {
-          _tile_dpbssd(0, 2, 4);
-          _tile_dpbssd(1, 3, 5);
-        } else {
-          _tile_dpbsud(0, 2, 4);
-          _tile_dpbsud(1, 3, 5);
-        }
-        _tile_stored(0, dots[ga], 64);
-        _tile_stored(1, dots[gb], 64);
+        amx_dot_pair<F == Q6_K>(x + k * ga, x + k * gb, inputs, weights, dots[ga], dots[gb]);
       }
     }
     __m512i scales[groups];

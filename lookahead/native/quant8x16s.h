@@ -562,21 +562,7 @@ LOOKAHEAD_AMX void amx_pass(const uint8_t* group, const X16sInputs& in, int64_t 
     prefetch_chunk(chunk, 2 * chunk_bytes, prefetch);
     x16s_tile_weights<F>(chunk, weights[0]);
     x16s_tile_weights<F>(chunk + chunk_bytes, weights[1]);
-    _tile_loadd(2, x + 32 * j, inputs);
-    _tile_loadd(3, x + 32 * (j + 1), inputs);
-    _tile_loadd(4, weights[0], 64);
-    _tile_loadd(5, weights[1], 64);
-    _tile_zero(0);
-    _tile_zero(1);
-    if constexpr (F == Q4_1) {
-      _tile_dpbsud(0, 2, 4);
-      _tile_dpbsud(1, 3, 5);
-    } else {
-      _tile_dpbssd(0, 2, 4);
-      _tile_dpbssd(1, 3, 5);
-    }
-    _tile_stored(0, dots[0], 64);
-    _tile_stored(1, dots[1], 64);
+    amx_dot_pair<F != Q4_1>(x + 32 * j, x + 32 * (j + 1), inputs, weights, dots[0], dots[1]);
     x16s_amx_close<F, M>(chunk, in, r0, m, j, dots[0], acc);
     x16s_amx_close<F, M>(chunk + chunk_bytes, in, r0, m, j + 1, dots[1], acc);
   }
