@@ -60,6 +60,12 @@ async def collect(ticket) -> list[int]:
     return tokens
 
 
+async def answers(engine: Engine, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """Every prompt submitted at once (``new`` tokens each), each one's tokens collected to its end."""
+    tickets = [engine.submit(Completion(p, new)) for p in prompts]
+    return await asyncio.wait_for(asyncio.gather(*(collect(t) for t in tickets)), 120)
+
+
 async def until(condition, seconds: float = 60) -> None:
     """Wait (at most ``seconds``) until ``condition()`` holds."""
     deadline = time.monotonic() + seconds
@@ -169,8 +175,7 @@ def test_the_engine_measures_a_pending_curve_once_idle(empty_disk, monkeypatch):
     async def main():
         engine.start()
         try:
-            tickets = [engine.submit(Completion(p, 14)) for p in PROMPTS]
-            results = await asyncio.wait_for(asyncio.gather(*(collect(t) for t in tickets)), 120)
+            results = await answers(engine, PROMPTS, 14)
             await until(lambda: not gen.pending_curves)
             return results
         finally:
@@ -209,8 +214,7 @@ def test_a_request_arriving_during_an_idle_measurement_stops_it(empty_disk, monk
     async def main():
         engine.start()
         try:
-            first = await asyncio.wait_for(asyncio.gather(
-                *(collect(engine.submit(Completion(p, 10))) for p in PROMPTS)), 120)
+            first = await answers(engine, PROMPTS, 10)
             await until(lambda: len(began) >= 1)  # measuring while idle
             late = await asyncio.wait_for(collect(engine.submit(Completion(PROMPTS[0], 12))), 120)
             await until(lambda: not gen.pending_curves)  # measured at the next idle moment
@@ -242,8 +246,7 @@ def test_an_idle_measurement_that_fails_is_said_and_the_engine_goes_on(empty_dis
     async def main():
         engine.start()
         try:
-            first = await asyncio.wait_for(asyncio.gather(
-                *(collect(engine.submit(Completion(p, 10))) for p in PROMPTS)), 120)
+            first = await answers(engine, PROMPTS, 10)
             await until(lambda: bool(failed) and not gen.pending_curves)
             late = await asyncio.wait_for(collect(engine.submit(Completion(PROMPTS[1], 10))), 120)
             return first, late
