@@ -248,8 +248,9 @@ __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
 
 // scores[n][p + j] = q_n . k_j for NQ query vectors and NK key rows (k[j]: key j's row)
 template <int NQ, int NK>
-__attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q, const float* const* k, int64_t d,
-                                                           float* const* scores, int64_t p) {
+__attribute__((target("avx2,fma"), always_inline)) inline void score_tile(const float* const* q,
+                                                                          const float* const* k, int64_t d,
+                                                                          float* const* scores, int64_t p) {
   __m256 acc[NQ][NK];
   for (int n = 0; n < NQ; ++n)
     for (int j = 0; j < NK; ++j) acc[n][j] = _mm256_setzero_ps();
@@ -266,12 +267,27 @@ __attribute__((target("avx2,fma"))) inline void score_tile(const float* const* q
 }
 
 // s[p] = s[p] * scale + m[slots[p]] for the `keys` scores (each a product then a sum, one rounding each), -inf
-// from there to `padded`; their largest. Both widths' blocks start their softmax here.
-inline float masked_scores(float* s, const float* m, const int32_t* slots, int64_t keys, int64_t padded,
-                           float scale) {
+// from there to `padded`; their largest. Both widths' blocks start their softmax here, a vector of 8 (or 16)
+// scores at a time: the mask's values read in one load where the vector's slots are consecutive (a prompt's rows,
+// a tree path's ancestors), else gathered. Lane by lane the same operations as one score at a time, and the
+// largest is the same whatever the lanes (a NaN score never becomes the largest: max keeps the other operand).
+__attribute__((target("avx2,fma"))) inline float masked_scores8(float* s, const float* m, const int32_t* slots,
+                                                                int64_t keys, int64_t padded, float scale) {
   const float none = -std::numeric_limits<float>::infinity();
-  float top = none;
+  const __m256 factor = _mm256_set1_ps(scale);
+  __m256 tops = _mm256_set1_ps(none);
   int64_t p = 0;
+  for (; p + 8 <= keys; p += 8) {
+    const __m256 values = slots[p + 7] - slots[p] == 7
+        ? _mm256_loadu_ps(m + slots[p])
+        : _mm256_i32gather_ps(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(slots + p)), 4);
+    const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(s + p), factor), values);
+    _mm256_storeu_ps(s + p, x);
+    tops = _mm256_max_ps(x, tops);
+  }
+  __m128 four = _mm_max_ps(_mm256_castps256_ps128(tops), _mm256_extractf128_ps(tops, 1));
+  four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+  float top = _mm_cvtss_f32(_mm_max_ss(four, _mm_shuffle_ps(four, four, 0x55)));
   for (; p < keys; ++p) {
     const float x = s[p] * scale + m[slots[p]];
     s[p] = x;
@@ -279,6 +295,29 @@ inline float masked_scores(float* s, const float* m, const int32_t* slots, int64
   }
   for (; p < padded; ++p) s[p] = none;
   return top;
+}
+
+__attribute__((target("avx512f"))) inline float masked_scores16(float* s, const float* m, const int32_t* slots,
+                                                                int64_t keys, int64_t padded, float scale) {
+  const __m512 none = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 factor = _mm512_set1_ps(scale);
+  __m512 tops = none;
+  for (int64_t p = 0; p < padded; p += 16) {
+    const int64_t left = keys - p;  // (<= 0 past the keys: an all-padding vector)
+    const __mmask16 live = left >= 16 ? __mmask16(0xFFFF) : left > 0 ? __mmask16((1u << left) - 1) : __mmask16(0);
+    __m512 values = none;
+    if (left > 0) {
+      const int64_t last = std::min<int64_t>(left, 16) - 1;
+      values = slots[p + last] - slots[p] == last
+          ? _mm512_maskz_loadu_ps(live, m + slots[p])
+          : _mm512_mask_i32gather_ps(none, live, _mm512_maskz_loadu_epi32(live, slots + p), m, 4);
+    }
+    const __m512 x = _mm512_mask_blend_ps(
+        live, none, _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + p), factor), values));
+    _mm512_storeu_ps(s + p, x);
+    tops = _mm512_max_ps(x, tops);
+  }
+  return _mm512_reduce_max_ps(tops);
 }
 
 // NQ query vectors of one row against `keys` (>= 1) of its visible key and value rows of one key/value head,
@@ -305,7 +344,7 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
   bool empty[NQ];
   for (int n = 0; n < NQ; ++n) {
     float* s = scores[n];
-    const float top = masked_scores(s, mask, slots, keys, padded, scale);
+    const float top = masked_scores8(s, mask, slots, keys, padded, scale);
     empty[n] = top == -std::numeric_limits<float>::infinity();
     largest[n] = top;
     const __m256 shift = _mm256_set1_ps(empty[n] ? 0.0f : top);
@@ -339,11 +378,11 @@ __attribute__((target("avx2,fma"))) void attend_block(const float* const* q, con
 
 // ---- the same in 16 lanes (AVX-512F), where the process's tiled kernel runs in 16 (linear.cpp tiled_lanes:
 // the width measured faster for the linears on this machine, so a CPU whose wide vectors cost more than they
-// give keeps 8 here too): scores in pieces of 16 of the dimension, four keys' sums reduced together
-// (hsum16x4); exp16; the softmax sum in lane r mod 16; an output's part over up to 64 elements at a time,
-// every key and value row read once for it (in 8 lanes, four passes of 16). Its numbers differ from the 8
-// lanes' in the last bits; a process runs one width, and every row's numbers are as independent of the rest
-// of the step as in 8.
+// give keeps 8 here too): scores in pieces of 16 of the dimension, the sums of four query vectors by four keys
+// reduced together (fold_halves, fold_pairs); exp16; the softmax sum in lane r mod 16; an output's part over up
+// to 64 elements at a time, every key and value row read once for it (in 8 lanes, four passes of 16). Its
+// numbers differ from the 8 lanes' in the last bits; a process runs one width, and every row's numbers are as
+// independent of the rest of the step as in 8.
 
 __attribute__((target("avx512f"))) inline float hsum16(__m512 v) {  // hsum8(v0..7 + v8..15)
   const __m256 low = _mm512_castps512_ps256(v);
@@ -368,26 +407,31 @@ __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(kept, y);
 }
 
-// [s_0 s_1 s_2 s_3] where s_j sums the 16 lanes of a_j, every s_j in the same order: ((b0 + b1) + (b2 + b3)) +
-// ((b4 + b5) + (b6 + b7)) of b_i = a_j[i] + a_j[i + 8] (one reduction for four dot products, where hsum16
-// takes one each).
-__attribute__((target("avx512f"))) inline __m256 half(__m512 a) {  // a[i] + a[i + 8]
-  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+// The lane sums of 16 vectors a at once, each in one order, ((b0 + b1) + (b2 + b3)) + ((b4 + b5) + (b6 + b7)) of
+// b_i = a[i] + a[i + 8], whichever vectors it is reduced with: a level of the tree adds the pairs of partial sums
+// of two vectors side by side, so the 16 sums take 15 vector additions (two shuffles each), a quarter of what
+// reducing each vector alone takes.
+// [a_i + a_i+8 | b_i + b_i+8]
+__attribute__((target("avx512f"))) inline __m512 fold_halves(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
 }
-
-__attribute__((target("avx512f"))) inline __m128 hsum16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(half(a0), half(a1)), _mm256_hadd_ps(half(a2), half(a3)));
-  return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+// per 128 bits [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
+__attribute__((target("avx512f"))) inline __m512 fold_pairs(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
 }
 
 // scores[n][p + j] = q_n . k_j for NQ query vectors and the `valid` (1-4) key rows k[j]; the rows past `valid`
 // count as zeros and are not written, so a key's score is the same bits in a full group of four or in a
-// chunk's last, shorter one.
+// chunk's last, shorter one. The 16 dot products' vectors [n][j] (zeros past NQ) reduce as one tree (above):
+// lanes 4 n + j of the last level hold q_n . k_j.
 template <int NQ>
-__attribute__((target("avx512f"))) inline void score_tile16(const float* const* q, const float* const* k, int64_t d,
-                                                            float* const* scores, int64_t p, int valid) {
-  __m512 acc[NQ][4];
-  for (int n = 0; n < NQ; ++n)
+__attribute__((target("avx512f"), always_inline)) inline void score_tile16(const float* const* q,
+                                                                           const float* const* k, int64_t d,
+                                                                           float* const* scores, int64_t p,
+                                                                           int valid) {
+  __m512 acc[4][4];
+  for (int n = 0; n < 4; ++n)
     for (int j = 0; j < 4; ++j) acc[n][j] = _mm512_setzero_ps();
   for (int64_t c = 0; c < d; c += 16) {
     __m512 kv[4];
@@ -397,13 +441,24 @@ __attribute__((target("avx512f"))) inline void score_tile16(const float* const* 
       for (int j = 0; j < 4; ++j) acc[n][j] = _mm512_fmadd_ps(qv, kv[j], acc[n][j]);
     }
   }
+  // half[h][j]: lanes 0-7 vector (2h, j)'s b, 8-15 (2h + 1, j)'s; eighth[h]: lanes 0-3 (2h, j)'s sums of the
+  // first four b and 4-7 of the last four, 8-15 the same of 2h + 1
+  __m512 half[2][4], quarter[2][2], eighth[2];
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < 4; ++j) half[h][j] = fold_halves(acc[2 * h][j], acc[2 * h + 1][j]);
+    for (int i = 0; i < 2; ++i) quarter[h][i] = fold_pairs(half[h][2 * i], half[h][2 * i + 1]);
+    eighth[h] = fold_pairs(quarter[h][0], quarter[h][1]);
+  }
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_f32x4(eighth[0], eighth[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(eighth[0], eighth[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m128 four[4] = {_mm512_castps512_ps128(sums), _mm512_extractf32x4_ps(sums, 1),
+                          _mm512_extractf32x4_ps(sums, 2), _mm512_extractf32x4_ps(sums, 3)};
   for (int n = 0; n < NQ; ++n) {
-    const __m128 four = hsum16x4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
     if (valid == 4) {
-      _mm_storeu_ps(scores[n] + p, four);
+      _mm_storeu_ps(scores[n] + p, four[n]);
     } else {
-      float out[4];
-      _mm_storeu_ps(out, four);
+      alignas(16) float out[4];
+      _mm_store_ps(out, four[n]);
       for (int j = 0; j < valid; ++j) scores[n][p + j] = out[j];
     }
   }
@@ -448,7 +503,7 @@ __attribute__((target("avx512f"))) void attend_block16(const float* const* q, co
   bool empty[NQ];
   for (int n = 0; n < NQ; ++n) {
     float* s = scores[n];
-    const float top = masked_scores(s, mask, slots, keys, padded, scale);
+    const float top = masked_scores16(s, mask, slots, keys, padded, scale);
     empty[n] = top == -std::numeric_limits<float>::infinity();
     largest[n] = top;
     const __m512 shift = _mm512_set1_ps(empty[n] ? 0.0f : top);
