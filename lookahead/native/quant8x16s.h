@@ -447,50 +447,62 @@ LOOKAHEAD_AVX2_I void x16s_many(const uint8_t* group, const X16sInputs& in, int6
   }
 }
 
-// Q5_0 in AVX-512 VNNI for any rows (up to X16S_MANY a pass), as x16s_many: a block's eight unpacked chunks (all
-// 16 outputs in one register each) stay in registers while each row in turn takes its eight byte-dots (two chains,
-// added after), its accumulator waiting in a small aligned buffer. Per output the same integers and the same float
-// operations in block order as x16s_avx2: the same bits. (Q4_1 measured no faster this way than x16s_vnni's four
-// rows held in registers, so it keeps those.)
-LOOKAHEAD_VNNI_K void x16s_q5_vnni(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count,
-                                   float* out, int64_t outputs, int64_t prefetch) {
+// Q5_0 in AVX-512 VNNI for any rows (up to X16S_MANY a pass), as x16s_many, for G (1 or 2) adjacent groups of 16
+// outputs (group g's blocks at group + g group_bytes, its outputs at out + 16 g): a block's eight unpacked chunks
+// of each group (16 outputs in one register each) stay in registers while each row in turn takes its eight
+// byte-dots a group (two chains, added after), each of its inputs broadcast once for the G groups, its
+// accumulators waiting in a small aligned buffer. Per output the same integers and the same float operations in
+// block order as x16s_avx2: the same bits. (Q4_1 measured no faster this way than x16s_vnni's four rows held in
+// registers, so it keeps those.)
+template <int G>
+LOOKAHEAD_VNNI_K void x16s_q5_vnni(const uint8_t* group, int64_t group_bytes, const X16sInputs& in, int64_t r0,
+                                   int64_t count, float* out, int64_t outputs, int64_t prefetch) {
   constexpr int64_t chunk_bytes = 16 * x16s_bytes(Q5_0);
   const __m512i fifteen = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
-  alignas(64) float acc[X16S_MANY][16];
-  for (int64_t r = 0; r < count; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+  alignas(64) float acc[X16S_MANY][G][16];
+  for (int64_t r = 0; r < count; ++r)
+    for (int g = 0; g < G; ++g) _mm512_store_ps(acc[r][g], _mm512_setzero_ps());
   for (int64_t j = 0; j < in.blocks; ++j) {
-    const uint8_t* chunk = group + j * chunk_bytes;
-    prefetch_chunk(chunk, chunk_bytes, prefetch);
-    __m512i q[8];  // q[4 kind + c]: the weights 16 kind + 4 c + e of the 16 outputs (5 bits)
-    for (int c = 0; c < 4; ++c) {
-      const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
-      q[c] = _mm512_and_si512(w, fifteen);
-      q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+    __m512i q[G][8];  // q[g][4 kind + c]: the weights 16 kind + 4 c + e of group g's 16 outputs (5 bits)
+    __m512 d[G];
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* chunk = group + g * group_bytes + j * chunk_bytes;
+      prefetch_chunk(chunk, chunk_bytes, prefetch);
+      for (int c = 0; c < 4; ++c) {
+        const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+        q[g][c] = _mm512_and_si512(w, fifteen);
+        q[g][4 + c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+      }
+      const __m512i bits = _mm512_loadu_si512(chunk + 256);
+      for (int k = 0; k < 8; ++k) {  // bit 4 of weight k: the bits' bit 2 c + kind moved to bit 4
+        const int shift = 2 * (k % 4) + k / 4;
+        const __m512i top = shift <= 4 ? _mm512_slli_epi16(bits, 4 - shift) : _mm512_srli_epi16(bits, shift - 4);
+        q[g][k] = _mm512_or_si512(q[g][k], _mm512_and_si512(top, sixteen));
+      }
+      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + x16s_d(Q5_0))));
     }
-    const __m512i bits = _mm512_loadu_si512(chunk + 256);
-    for (int k = 0; k < 8; ++k) {  // bit 4 of weight k: the bits' bit 2 c + kind moved to bit 4
-      const int shift = 2 * (k % 4) + k / 4;
-      const __m512i top = shift <= 4 ? _mm512_slli_epi16(bits, 4 - shift) : _mm512_srli_epi16(bits, shift - 4);
-      q[k] = _mm512_or_si512(q[k], _mm512_and_si512(top, sixteen));
-    }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + x16s_d(Q5_0))));
     for (int64_t r = 0; r < count; ++r) {
       const int8_t* x = in.q.data() + (r0 + r) * 32 * in.blocks + 32 * j;
       const int64_t at = (r0 + r) * in.blocks + j;
-      __m512i dot = _mm512_set1_epi32(-16 * in.sums[at]);
-      __m512i other = _mm512_setzero_si512();
+      __m512i dot[G], other[G];
+      for (int g = 0; g < G; ++g) dot[g] = _mm512_set1_epi32(-16 * in.sums[at]), other[g] = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) {
         int32_t xv;
         std::memcpy(&xv, x + 16 * (k / 4) + 4 * (k % 4), 4);
-        if (k % 2 == 0) dot = _mm512_dpbusd_epi32(dot, q[k], _mm512_set1_epi32(xv));
-        else other = _mm512_dpbusd_epi32(other, q[k], _mm512_set1_epi32(xv));
+        const __m512i xs = _mm512_set1_epi32(xv);
+        for (int g = 0; g < G; ++g) {
+          if (k % 2 == 0) dot[g] = _mm512_dpbusd_epi32(dot[g], q[g][k], xs);
+          else other[g] = _mm512_dpbusd_epi32(other[g], q[g][k], xs);
+        }
       }
       const __m512 s = _mm512_set1_ps(in.s[at]);
-      _mm512_store_ps(acc[r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot, other)), _mm512_mul_ps(d, s),
-                                              _mm512_load_ps(acc[r])));
+      for (int g = 0; g < G; ++g)
+        _mm512_store_ps(acc[r][g], _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[g], other[g])),
+                                                   _mm512_mul_ps(d[g], s), _mm512_load_ps(acc[r][g])));
     }
   }
-  for (int64_t r = 0; r < count; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, _mm512_load_ps(acc[r]));
+  for (int64_t r = 0; r < count; ++r)
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(out + (r0 + r) * outputs + 16 * g, _mm512_load_ps(acc[r][g]));
 }
 
 // ---- the same with AMX tiles: up to 16 input rows against one group, a block's dots per tile product ----
@@ -669,7 +681,7 @@ template <int64_t F>
 void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
                int64_t prefetch) {
   if constexpr (F == Q5_0) {
-    x16s_q5_vnni(group, in, r0, count, out, outputs, prefetch);
+    x16s_q5_vnni<1>(group, 0, in, r0, count, out, outputs, prefetch);
   } else {
     switch (count) {
       case 4: x16s_vnni<F, 4>(group, in, r0, out, outputs, prefetch); break;
@@ -697,9 +709,19 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
     // X16S_ROWS, the others 4)
     const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ? X16S_MANY
                          : format == Q8_0 && path == X16_AVX2 ? X16S_ROWS : 4;
-    for (int64_t g = begin; g < end; ++g) {
+    const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
+    int64_t g = begin;
+    if (format == Q5_0 && path == X16_VNNI) {  // two groups a pass (x16s_q5_vnni<2>), a last odd one alone
+      for (; g + 2 <= end; g += 2) {
+        for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+          const int64_t count = rows * (p + 1) / passes - rows * p / passes;
+          x16s_q5_vnni<2>(packed + g * group_bytes, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
+          r0 += count;
+        }
+      }
+    }
+    for (; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
-      const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
       for (int64_t p = 0, r0 = 0; p < passes; ++p) {
         const int64_t count = rows * (p + 1) / passes - rows * p / passes;
         if (path == X16_PLAIN) {
