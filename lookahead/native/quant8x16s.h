@@ -180,60 +180,83 @@ __attribute__((always_inline)) inline void prefetch_chunk(const uint8_t* chunk, 
       _mm_prefetch(reinterpret_cast<const char*>(chunk + line + prefetch), _MM_HINT_T0);
 }
 
-// ---- the same in AVX-512 VNNI: RT input rows against one group ----
+// ---- the same in AVX-512 VNNI: RT input rows against G (1 or 2) adjacent groups (group g's blocks at group +
+// g group_bytes, its outputs at out + 16 g), each input broadcast once for the G groups' byte-dots ----
 
-template <int64_t F, int RT>
+template <int64_t F, int RT, int G = 1>
 LOOKAHEAD_VNNI_K void x16s_vnni(const uint8_t* group, const X16sInputs& in, int64_t r0, float* out, int64_t outputs,
-                               int64_t prefetch) {
+                               int64_t prefetch, int64_t group_bytes = 0) {
   constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
   const __m512i fifteen = _mm512_set1_epi8(15);
-  __m512 acc[RT];
-  for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[G][RT];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < RT; ++r) acc[g][r] = _mm512_setzero_ps();
   for (int64_t j = 0; j < in.blocks; ++j) {
-    const uint8_t* chunk = group + j * chunk_bytes;
-    prefetch_chunk(chunk, chunk_bytes, prefetch);
+    const uint8_t* chunk[G];
+    for (int g = 0; g < G; ++g) {
+      chunk[g] = group + g * group_bytes + j * chunk_bytes;
+      prefetch_chunk(chunk[g], chunk_bytes, prefetch);
+    }
     const int8_t* x[RT];
-    __m512i dot[RT], other[RT];  // (two chains of sums, added after: the same exact total)
+    __m512i dot[G][RT], other[G][RT];  // (two chains of sums, added after: the same exact total)
     for (int r = 0; r < RT; ++r) {
       x[r] = in.q.data() + (r0 + r) * 32 * in.blocks + 32 * j;
-      dot[r] = F == Q8_0 ? _mm512_set1_epi32(-128 * in.sums[(r0 + r) * in.blocks + j]) : _mm512_setzero_si512();
-      other[r] = _mm512_setzero_si512();
+      for (int g = 0; g < G; ++g) {
+        dot[g][r] = F == Q8_0 ? _mm512_set1_epi32(-128 * in.sums[(r0 + r) * in.blocks + j]) : _mm512_setzero_si512();
+        other[g][r] = _mm512_setzero_si512();
+      }
     }
     if constexpr (F == Q4_1) {
       for (int c = 0; c < 4; ++c) {
-        const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
-        const __m512i low = _mm512_and_si512(w, fifteen), high = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+        __m512i low[G], high[G];
+        for (int g = 0; g < G; ++g) {
+          const __m512i w = _mm512_loadu_si512(chunk[g] + 64 * c);
+          low[g] = _mm512_and_si512(w, fifteen), high[g] = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+        }
         for (int r = 0; r < RT; ++r) {
           int32_t xa, xb;
           std::memcpy(&xa, x[r] + 4 * c, 4);
           std::memcpy(&xb, x[r] + 16 + 4 * c, 4);
-          dot[r] = _mm512_dpbusd_epi32(dot[r], low, _mm512_set1_epi32(xa));
-          other[r] = _mm512_dpbusd_epi32(other[r], high, _mm512_set1_epi32(xb));
+          const __m512i sa = _mm512_set1_epi32(xa), sb = _mm512_set1_epi32(xb);
+          for (int g = 0; g < G; ++g) {
+            dot[g][r] = _mm512_dpbusd_epi32(dot[g][r], low[g], sa);
+            other[g][r] = _mm512_dpbusd_epi32(other[g][r], high[g], sb);
+          }
         }
       }
     } else {
       for (int c = 0; c < 8; ++c) {
-        const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+        __m512i w[G];
+        for (int g = 0; g < G; ++g) w[g] = _mm512_loadu_si512(chunk[g] + 64 * c);
         for (int r = 0; r < RT; ++r) {
           int32_t xa;
           std::memcpy(&xa, x[r] + 4 * c, 4);
-          if (c % 2 == 0) dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_set1_epi32(xa));
-          else other[r] = _mm512_dpbusd_epi32(other[r], w, _mm512_set1_epi32(xa));
+          const __m512i sa = _mm512_set1_epi32(xa);
+          for (int g = 0; g < G; ++g) {
+            if (c % 2 == 0) dot[g][r] = _mm512_dpbusd_epi32(dot[g][r], w[g], sa);
+            else other[g][r] = _mm512_dpbusd_epi32(other[g][r], w[g], sa);
+          }
         }
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + x16s_d(F))));
-    __m512 m = _mm512_setzero_ps();
-    if constexpr (F == Q4_1) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 288)));
-    for (int r = 0; r < RT; ++r) {
-      const int64_t at = (r0 + r) * in.blocks + j;
-      const __m512 s = _mm512_set1_ps(in.s[at]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[r], other[r])), _mm512_mul_ps(d, s), acc[r]);
+    for (int g = 0; g < G; ++g) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[g] + x16s_d(F))));
+      __m512 m = _mm512_setzero_ps();
       if constexpr (F == Q4_1)
-        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(in.sums[at])), _mm512_mul_ps(m, s), acc[r]);
+        m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[g] + 288)));
+      for (int r = 0; r < RT; ++r) {
+        const int64_t at = (r0 + r) * in.blocks + j;
+        const __m512 s = _mm512_set1_ps(in.s[at]);
+        acc[g][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[g][r], other[g][r])),
+                                    _mm512_mul_ps(d, s), acc[g][r]);
+        if constexpr (F == Q4_1)
+          acc[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(in.sums[at])), _mm512_mul_ps(m, s),
+                                      acc[g][r]);
+      }
     }
   }
-  for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs + 16 * g, acc[g][r]);
 }
 
 // ---- the same in AVX2 (quant8x16.h's note): the 16 rows' lanes in two 8-lane halves ----
@@ -692,6 +715,18 @@ void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t c
   }
 }
 
+// Two adjacent groups' products for Q4_1 and Q8_0 in VNNI, up to 4 rows (x16s_vnni with G = 2)
+template <int64_t F>
+void x16s_pair(const uint8_t* group, int64_t group_bytes, const X16sInputs& in, int64_t r0, int64_t count,
+               float* out, int64_t outputs, int64_t prefetch) {
+  switch (count) {
+    case 4: x16s_vnni<F, 4, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    case 3: x16s_vnni<F, 3, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    case 2: x16s_vnni<F, 2, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    default: x16s_vnni<F, 1, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+  }
+}
+
 // out [R, O] = x [R, I] by the packed weights (path: quant8x16.h's X16Path), groups split between threads
 inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
                          int64_t inputs, int64_t outputs, int64_t path, int64_t prefetch) {
@@ -711,11 +746,14 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
                          : format == Q8_0 && path == X16_AVX2 ? X16S_ROWS : 4;
     const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
     int64_t g = begin;
-    if (format == Q5_0 && path == X16_VNNI) {  // two groups a pass (x16s_q5_vnni<2>), a last odd one alone
+    if (path == X16_VNNI) {  // two groups a pass (x16s_q5_vnni<2>, x16s_vnni<F, RT, 2>), a last odd one alone
       for (; g + 2 <= end; g += 2) {
         for (int64_t p = 0, r0 = 0; p < passes; ++p) {
           const int64_t count = rows * (p + 1) / passes - rows * p / passes;
-          x16s_q5_vnni<2>(packed + g * group_bytes, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
+          const uint8_t* pair = packed + g * group_bytes;
+          if (format == Q5_0) x16s_q5_vnni<2>(pair, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
+          else if (format == Q4_1) x16s_pair<Q4_1>(pair, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
+          else x16s_pair<Q8_0>(pair, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
           r0 += count;
         }
       }
