@@ -444,13 +444,14 @@ def test_32_weight_blocks_in_an_odd_count_give_every_path_the_same_bits(kind):
 
 
 @pytest.mark.parametrize("outputs", [16, 48, 80], ids=lambda o: f"{o // 16}groups")
-@pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q5_0, Q.Q8_0], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", PACKED, ids=lambda k: k.name)
 def test_groups_taken_in_pairs_give_every_path_the_same_bits(kind, outputs):
-    """(the 32-weight blocks' VNNI products take a thread's groups of 16 outputs two at a time, a last odd one
-    alone: one, three and five groups, split between one or two threads)"""
-    blocks = torch.from_numpy(random_blocks(kind, outputs, 128, seed=23))
-    packed = ops.qpack16(blocks, int(kind), 128)
-    x = torch.randn(33, 128, generator=torch.Generator().manual_seed(10))
+    """(the VNNI products take a thread's groups of 16 outputs two at a time, a last odd one alone, the K formats'
+    from five rows: one, three and five groups, split between one or two threads)"""
+    inputs = 512 if kind in (Q.Q4_K, Q.Q6_K) else 128
+    blocks = torch.from_numpy(random_blocks(kind, outputs, inputs, seed=23))
+    packed = ops.qpack16(blocks, int(kind), inputs)
+    x = torch.randn(33, inputs, generator=torch.Generator().manual_seed(10))
     rows_alone_and_together(ops.qlinear_int8_x16, isas_x16(kind), packed, kind, x, (1, 2, 3, 4, 5, 16, 17, 33))
 
 

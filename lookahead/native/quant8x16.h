@@ -584,58 +584,74 @@ LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, _mm256_load_ps(acc[r][h]));
 }
 
-// The same in AVX-512 VNNI for many rows (up to X16_MANY a pass), rows outermost: a pass p's eight chunks (Q6_K:
-// each half's four) unpacked into registers, each row in turn takes its byte-dots and adds their scaled sums to its
-// I1, which waits in a small buffer with the row's accumulator. The unpacking serves every row of the pass and a
-// group's weights are read once a call, not once per four rows. The integers are exact, so their order is free;
-// the float operations are x16_close's: the same bits as x16_vnni.
-template <int64_t F>
+// The same in AVX-512 VNNI for many rows (up to X16_MANY a pass), rows outermost, for G (1 or 2) adjacent groups
+// (group g's super-blocks at group + g group_bytes, its outputs at out + 16 g): a pass p's eight chunks (Q6_K, or
+// two groups: each half's four) unpacked into registers, each row in turn takes its byte-dots, each input
+// broadcast once for the G groups, and adds their scaled sums to its I1, which waits in a small buffer with the
+// row's accumulator. The unpacking serves every row of the pass and a group's weights are read once a call, not
+// once per four rows. The integers are exact, so their order is free (a Q4_K sub-block's dots scaled half by half
+// give the same I1); the float operations are x16_close's: the same bits as x16_vnni.
+template <int64_t F, int G = 1>
 LOOKAHEAD_VNNI_K void x16_many_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out,
-                                    int64_t outputs, int64_t prefetch) {
+                                    int64_t outputs, int64_t prefetch, int64_t group_bytes = 0) {
   const int64_t blocks = in.super.blocks;
-  constexpr int held = F == Q6_K ? 4 : 8;  // chunks unpacked at a time
-  alignas(64) float acc[X16_MANY][16];
-  alignas(64) int32_t i1[X16_MANY][16];
-  for (int64_t r = 0; r < count; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+  constexpr int halves = F == Q6_K || G == 2 ? 2 : 1;
+  constexpr int held = 8 / halves;  // chunks unpacked at a time, a group
+  alignas(64) float acc[X16_MANY][G][16];
+  alignas(64) int32_t i1[X16_MANY][G][16];
+  for (int64_t r = 0; r < count; ++r)
+    for (int g = 0; g < G; ++g) _mm512_store_ps(acc[r][g], _mm512_setzero_ps());
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* chunk = group + b * x16_chunk_bytes(F);
-    for (int64_t r = 0; r < count; ++r) _mm512_store_si512(i1[r], _mm512_setzero_si512());
+    const uint8_t* chunk[G];
+    for (int g = 0; g < G; ++g) chunk[g] = group + g * group_bytes + b * x16_chunk_bytes(F);
+    for (int64_t r = 0; r < count; ++r)
+      for (int g = 0; g < G; ++g) _mm512_store_si512(i1[r][g], _mm512_setzero_si512());
     for (int p = 0; p < 4; ++p) {
-      for (int half = 0; half < (F == Q6_K ? 2 : 1); ++half) {  // Q6_K: groups 4p + half (low) and 4p + 2 + half
-        __m512i low[held], high[held];
+      for (int half = 0; half < halves; ++half) {  // Q6_K: groups 4p + half (low) and 4p + 2 + half
+        __m512i low[G][held], high[G][held], sa[G], sb[G];
         int qa[held], qb[held];
         for (int i = 0; i < held; ++i) {
-          const int c = 8 * p + (F == Q6_K ? 4 * half : 0) + i;
-          chunk_values<F>(chunk, c, prefetch, &low[i], &high[i]);
+          const int c = 8 * p + (halves == 2 ? 4 * half : 0) + i;
+          for (int g = 0; g < G; ++g) chunk_values<F>(chunk[g], c, prefetch, &low[g][i], &high[g][i]);
           qa[i] = x16_quad(c, 0);
           qb[i] = x16_quad(c, 1);
         }
-        __m512i sa, sb;
-        pass_scales<F>(chunk, p, half, &sa, &sb);
+        for (int g = 0; g < G; ++g) pass_scales<F>(chunk[g], p, half, &sa[g], &sb[g]);
         for (int64_t r = 0; r < count; ++r) {
           const int8_t* x = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
-          __m512i a = _mm512_setzero_si512(), bq = _mm512_setzero_si512();
-          if constexpr (F == Q6_K) {
-            const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
-            a = _mm512_set1_epi32(-32 * sums[4 * p + half]);
-            bq = _mm512_set1_epi32(-32 * sums[4 * p + 2 + half]);
+          __m512i a[G], bq[G];
+          for (int g = 0; g < G; ++g) {
+            a[g] = bq[g] = _mm512_setzero_si512();
+            if constexpr (F == Q6_K) {
+              const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+              a[g] = _mm512_set1_epi32(-32 * sums[4 * p + half]);
+              bq[g] = _mm512_set1_epi32(-32 * sums[4 * p + 2 + half]);
+            }
           }
           for (int i = 0; i < held; ++i) {
             int32_t xa, xb;
             std::memcpy(&xa, x + 4 * qa[i], 4);
             std::memcpy(&xb, x + 4 * qb[i], 4);
-            a = _mm512_dpbusd_epi32(a, low[i], _mm512_set1_epi32(xa));
-            bq = _mm512_dpbusd_epi32(bq, high[i], _mm512_set1_epi32(xb));
+            const __m512i va = _mm512_set1_epi32(xa), vb = _mm512_set1_epi32(xb);
+            for (int g = 0; g < G; ++g) {
+              a[g] = _mm512_dpbusd_epi32(a[g], low[g][i], va);
+              bq[g] = _mm512_dpbusd_epi32(bq[g], high[g][i], vb);
+            }
           }
-          const __m512i sum = _mm512_add_epi32(_mm512_mullo_epi32(a, sa), _mm512_mullo_epi32(bq, sb));
-          _mm512_store_si512(i1[r], _mm512_add_epi32(_mm512_load_si512(i1[r]), sum));
+          for (int g = 0; g < G; ++g) {
+            const __m512i sum = _mm512_add_epi32(_mm512_mullo_epi32(a[g], sa[g]), _mm512_mullo_epi32(bq[g], sb[g]));
+            _mm512_store_si512(i1[r][g], _mm512_add_epi32(_mm512_load_si512(i1[r][g]), sum));
+          }
         }
       }
     }
     for (int64_t r = 0; r < count; ++r)
-      _mm512_store_ps(acc[r], x16_close<F>(chunk, in, r0 + r, b, _mm512_load_si512(i1[r]), _mm512_load_ps(acc[r])));
+      for (int g = 0; g < G; ++g)
+        _mm512_store_ps(acc[r][g], x16_close<F>(chunk[g], in, r0 + r, b, _mm512_load_si512(i1[r][g]),
+                                                _mm512_load_ps(acc[r][g])));
   }
-  for (int64_t r = 0; r < count; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, _mm512_load_ps(acc[r]));
+  for (int64_t r = 0; r < count; ++r)
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(out + (r0 + r) * outputs + 16 * g, _mm512_load_ps(acc[r][g]));
 }
 
 // ---- the same with AMX tiles: up to 16 input rows against one group, a (sub-)block's dots per tile product ----
@@ -846,7 +862,19 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
     }
     const int64_t pass = X16_MANY;  // (up to four rows a kernel whose registers hold them, else x16_many*)
     const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
-    for (int64_t g = begin; g < end; ++g) {
+    int64_t g = begin;
+    if (path == X16_VNNI && rows >= 5) {  // (every pass x16_many_vnni's) two groups a pass, a last odd one alone
+      for (; g + 2 <= end; g += 2) {
+        for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+          const int64_t count = rows * (p + 1) / passes - rows * p / passes;
+          const uint8_t* pair = packed + g * group_bytes;
+          if (format == Q4_K) x16_many_vnni<Q4_K, 2>(pair, in, r0, count, out + 16 * g, outputs, prefetch, group_bytes);
+          else x16_many_vnni<Q6_K, 2>(pair, in, r0, count, out + 16 * g, outputs, prefetch, group_bytes);
+          r0 += count;
+        }
+      }
+    }
+    for (; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
       for (int64_t p = 0, r0 = 0; p < passes; ++p) {
         const int64_t count = rows * (p + 1) / passes - rows * p / passes;
