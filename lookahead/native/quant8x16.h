@@ -291,54 +291,69 @@ LOOKAHEAD_VNNI_K inline __m512 x16_close(const uint8_t* chunk, const X16Inputs& 
   return acc;
 }
 
-// (prefetch: how far ahead of each 64 bytes of weights read their successors are asked for, 0 none)
-template <int64_t F, int RT>
+// (prefetch: how far ahead of each 64 bytes of weights read their successors are asked for, 0 none; G: 1, or 2
+// adjacent groups, group g's super-blocks at group + g group_bytes and its outputs at out + 16 g, each input
+// broadcast once for both)
+template <int64_t F, int RT, int G = 1>
 LOOKAHEAD_VNNI_K void x16_vnni(const uint8_t* group, const X16Inputs& in, int64_t r0, float* out, int64_t outputs,
-                              int64_t prefetch) {
+                              int64_t prefetch, int64_t group_bytes = 0) {
   const int64_t blocks = in.super.blocks;
-  __m512 acc[RT];
-  for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[G][RT];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < RT; ++r) acc[g][r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* chunk = group + b * x16_chunk_bytes(F);
+    const uint8_t* chunk[G];
+    for (int g = 0; g < G; ++g) chunk[g] = group + g * group_bytes + b * x16_chunk_bytes(F);
     const int8_t* x[RT];
     for (int r = 0; r < RT; ++r) x[r] = in.super.q.data() + (r0 + r) * 256 * blocks + 256 * b;
-    __m512i i1[RT];
-    for (int r = 0; r < RT; ++r) i1[r] = _mm512_setzero_si512();
+    __m512i i1[G][RT];
+    for (int g = 0; g < G; ++g)
+      for (int r = 0; r < RT; ++r) i1[g][r] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
       for (int half = 0; half < (F == Q6_K ? 2 : 1); ++half) {  // Q6_K: groups 4p + half (low) and 4p + 2 + half
-        __m512i a[RT], bq[RT];
+        __m512i a[G][RT], bq[G][RT];
         for (int r = 0; r < RT; ++r) {
-          if constexpr (F == Q6_K) {
-            const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
-            a[r] = _mm512_set1_epi32(-32 * sums[4 * p + half]);
-            bq[r] = _mm512_set1_epi32(-32 * sums[4 * p + 2 + half]);
-          } else {
-            a[r] = bq[r] = _mm512_setzero_si512();
+          for (int g = 0; g < G; ++g) {
+            if constexpr (F == Q6_K) {
+              const int16_t* sums = in.super.sums.data() + ((r0 + r) * blocks + b) * 16;
+              a[g][r] = _mm512_set1_epi32(-32 * sums[4 * p + half]);
+              bq[g][r] = _mm512_set1_epi32(-32 * sums[4 * p + 2 + half]);
+            } else {
+              a[g][r] = bq[g][r] = _mm512_setzero_si512();
+            }
           }
         }
         const int first = F == Q6_K ? 4 * half : 0, last = F == Q6_K ? 4 * half + 4 : 8;
         for (int i = first; i < last; ++i) {
           const int c = 8 * p + i;
-          __m512i low, high;
-          chunk_values<F>(chunk, c, prefetch, &low, &high);
+          __m512i low[G], high[G];
+          for (int g = 0; g < G; ++g) chunk_values<F>(chunk[g], c, prefetch, &low[g], &high[g]);
           const int qa = x16_quad(c, 0), qb = x16_quad(c, 1);
           for (int r = 0; r < RT; ++r) {
             int32_t xa, xb;
             std::memcpy(&xa, x[r] + 4 * qa, 4);
             std::memcpy(&xb, x[r] + 4 * qb, 4);
-            a[r] = _mm512_dpbusd_epi32(a[r], low, _mm512_set1_epi32(xa));
-            bq[r] = _mm512_dpbusd_epi32(bq[r], high, _mm512_set1_epi32(xb));
+            const __m512i va = _mm512_set1_epi32(xa), vb = _mm512_set1_epi32(xb);
+            for (int g = 0; g < G; ++g) {
+              a[g][r] = _mm512_dpbusd_epi32(a[g][r], low[g], va);
+              bq[g][r] = _mm512_dpbusd_epi32(bq[g][r], high[g], vb);
+            }
           }
         }
-        __m512i sa, sb;
-        pass_scales<F>(chunk, p, half, &sa, &sb);
-        for (int r = 0; r < RT; ++r)
-          i1[r] = _mm512_add_epi32(i1[r], _mm512_add_epi32(_mm512_mullo_epi32(a[r], sa), _mm512_mullo_epi32(bq[r], sb)));
+        for (int g = 0; g < G; ++g) {
+          __m512i sa, sb;
+          pass_scales<F>(chunk[g], p, half, &sa, &sb);
+          for (int r = 0; r < RT; ++r)
+            i1[g][r] = _mm512_add_epi32(i1[g][r], _mm512_add_epi32(_mm512_mullo_epi32(a[g][r], sa),
+                                                                   _mm512_mullo_epi32(bq[g][r], sb)));
+        }
       }
     }
-    for (int r = 0; r < RT; ++r) acc[r] = x16_close<F>(chunk, in, r0 + r, b, i1[r], acc[r]);
+    for (int g = 0; g < G; ++g)
+      for (int r = 0; r < RT; ++r) acc[g][r] = x16_close<F>(chunk[g], in, r0 + r, b, i1[g][r], acc[g][r]);
   }
-  for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs, acc[r]);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < RT; ++r) _mm512_storeu_ps(out + (r0 + r) * outputs + 16 * g, acc[g][r]);
 }
 
 // ---- the same in AVX2: RT input rows against one group, the 16 rows' lanes in two 8-lane halves ----
@@ -849,6 +864,20 @@ LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const 
 // How qlinear_int8_x16 computes: 0 plain C++, 1 AVX-512 VNNI, 2 AMX tiles, 3 AVX2 (the same bits each way)
 enum X16Path : int64_t { X16_PLAIN = 0, X16_VNNI = 1, X16_AMX = 2, X16_AVX2 = 3 };
 
+// Two adjacent groups' products in VNNI: x16_many_vnni from five rows, x16_vnni (both groups' sums in registers)
+// up to four
+template <int64_t F>
+void x16_pair(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
+              int64_t prefetch, int64_t group_bytes) {
+  switch (count) {
+    case 4: x16_vnni<F, 4, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    case 3: x16_vnni<F, 3, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    case 2: x16_vnni<F, 2, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    case 1: x16_vnni<F, 1, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    default: x16_many_vnni<F, 2>(group, in, r0, count, out, outputs, prefetch, group_bytes); break;
+  }
+}
+
 // out [R, O] = x [R, I] by the packed weights, groups split between torch's threads
 inline void product_x16(const uint8_t* packed, int64_t format, const float* x, float* out, int64_t rows,
                         int64_t inputs, int64_t outputs, int64_t path, int64_t prefetch) {
@@ -863,13 +892,14 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
     const int64_t pass = X16_MANY;  // (up to four rows a kernel whose registers hold them, else x16_many*)
     const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
     int64_t g = begin;
-    if (path == X16_VNNI && rows >= 5) {  // (every pass x16_many_vnni's) two groups a pass, a last odd one alone
+    if (path == X16_VNNI) {  // two groups a pass (x16_pair), a last odd one alone
       for (; g + 2 <= end; g += 2) {
         for (int64_t p = 0, r0 = 0; p < passes; ++p) {
           const int64_t count = rows * (p + 1) / passes - rows * p / passes;
           const uint8_t* pair = packed + g * group_bytes;
-          if (format == Q4_K) x16_many_vnni<Q4_K, 2>(pair, in, r0, count, out + 16 * g, outputs, prefetch, group_bytes);
-          else x16_many_vnni<Q6_K, 2>(pair, in, r0, count, out + 16 * g, outputs, prefetch, group_bytes);
+          float* at = out + 16 * g;
+          if (format == Q4_K) x16_pair<Q4_K>(pair, in, r0, count, at, outputs, prefetch, group_bytes);
+          else x16_pair<Q6_K>(pair, in, r0, count, at, outputs, prefetch, group_bytes);
           r0 += count;
         }
       }
