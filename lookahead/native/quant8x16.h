@@ -839,6 +839,18 @@ void x16_rows_avx2(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_
   }
 }
 
+// fn(r0, count) for each pass over a call's `rows` rows, at most `most` rows a pass, the rows split evenly between
+// the passes (no short last pass). Worked example: 17 rows, at most 16 -> (0, 8), (8, 9).
+template <typename Fn>
+inline void each_pass(int64_t rows, int64_t most, const Fn& fn) {
+  const int64_t passes = (rows + most - 1) / most;
+  for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+    const int64_t count = rows * (p + 1) / passes - rows * p / passes;
+    fn(r0, count);
+    r0 += count;
+  }
+}
+
 // Groups [begin, end) of format F on AMX tiles, every group's rows in passes of at most AMX_ROWS split evenly (no
 // short last pass), the tiles configured with TILES's shapes (amx_configure)
 template <int64_t F, int64_t TILES, typename Inputs>
@@ -846,8 +858,8 @@ LOOKAHEAD_AMX void amx_groups(const uint8_t* packed, int64_t group_bytes, const 
                               int64_t outputs, int64_t begin, int64_t end, int64_t prefetch) {
   int configured = 0;  // (the tiles' rows as configured in this thread; another op may have reconfigured them
                        // before this call)
-  const int64_t passes = (rows + AMX_ROWS - 1) / AMX_ROWS;
-  for (int64_t g = begin; g < end; ++g) {
+  const int64_t passes = (rows + AMX_ROWS - 1) / AMX_ROWS;  // (each_pass's split, written out: a lambda here
+  for (int64_t g = begin; g < end; ++g) {                       // would not be compiled for the tiles)
     for (int64_t p = 0, r0 = 0; p < passes; ++p) {
       const int m = static_cast<int>(rows * (p + 1) / passes - rows * p / passes);
       if (m != configured) {
@@ -889,25 +901,21 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
       else amx_groups<Q6_K, Q6_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
       return;
     }
-    const int64_t pass = X16_MANY;  // (up to four rows a kernel whose registers hold them, else x16_many*)
-    const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
+    // (passes of up to X16_MANY rows: up to four rows a kernel whose registers hold them, else x16_many*)
     int64_t g = begin;
     if (path == X16_VNNI) {  // two groups a pass (x16_pair), a last odd one alone
       for (; g + 2 <= end; g += 2) {
-        for (int64_t p = 0, r0 = 0; p < passes; ++p) {
-          const int64_t count = rows * (p + 1) / passes - rows * p / passes;
+        each_pass(rows, X16_MANY, [&](int64_t r0, int64_t count) {
           const uint8_t* pair = packed + g * group_bytes;
           float* at = out + 16 * g;
           if (format == Q4_K) x16_pair<Q4_K>(pair, in, r0, count, at, outputs, prefetch, group_bytes);
           else x16_pair<Q6_K>(pair, in, r0, count, at, outputs, prefetch, group_bytes);
-          r0 += count;
-        }
+        });
       }
     }
     for (; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
-      for (int64_t p = 0, r0 = 0; p < passes; ++p) {
-        const int64_t count = rows * (p + 1) / passes - rows * p / passes;
+      each_pass(rows, X16_MANY, [&](int64_t r0, int64_t count) {
         if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (path == X16_AVX2) {
@@ -918,8 +926,7 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
         } else {
           x16_rows<Q6_K>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         }
-        r0 += count;
-      }
+      });
     }
   });
 }

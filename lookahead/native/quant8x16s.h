@@ -715,15 +715,20 @@ void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t c
   }
 }
 
-// Two adjacent groups' products for Q4_1 and Q8_0 in VNNI, up to 4 rows (x16s_vnni with G = 2)
+// Two adjacent groups' products in VNNI: Q5_0's by x16s_q5_vnni<2> (up to X16S_MANY rows), Q4_1's and Q8_0's by
+// x16s_vnni with G = 2 (up to 4)
 template <int64_t F>
 void x16s_pair(const uint8_t* group, int64_t group_bytes, const X16sInputs& in, int64_t r0, int64_t count,
                float* out, int64_t outputs, int64_t prefetch) {
-  switch (count) {
-    case 4: x16s_vnni<F, 4, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
-    case 3: x16s_vnni<F, 3, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
-    case 2: x16s_vnni<F, 2, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
-    default: x16s_vnni<F, 1, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+  if constexpr (F == Q5_0) {
+    x16s_q5_vnni<2>(group, group_bytes, in, r0, count, out, outputs, prefetch);
+  } else {
+    switch (count) {
+      case 4: x16s_vnni<F, 4, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+      case 3: x16s_vnni<F, 3, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+      case 2: x16s_vnni<F, 2, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+      default: x16s_vnni<F, 1, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
+    }
   }
 }
 
@@ -744,24 +749,21 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
     // X16S_ROWS, the others 4)
     const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ? X16S_MANY
                          : format == Q8_0 && path == X16_AVX2 ? X16S_ROWS : 4;
-    const int64_t passes = (rows + pass - 1) / pass;  // (rows split evenly between them: no short last pass)
     int64_t g = begin;
-    if (path == X16_VNNI) {  // two groups a pass (x16s_q5_vnni<2>, x16s_vnni<F, RT, 2>), a last odd one alone
+    if (path == X16_VNNI) {  // two groups a pass (x16s_pair), a last odd one alone
       for (; g + 2 <= end; g += 2) {
-        for (int64_t p = 0, r0 = 0; p < passes; ++p) {
-          const int64_t count = rows * (p + 1) / passes - rows * p / passes;
+        each_pass(rows, pass, [&](int64_t r0, int64_t count) {
           const uint8_t* pair = packed + g * group_bytes;
-          if (format == Q5_0) x16s_q5_vnni<2>(pair, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
-          else if (format == Q4_1) x16s_pair<Q4_1>(pair, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
-          else x16s_pair<Q8_0>(pair, group_bytes, in, r0, count, out + 16 * g, outputs, prefetch);
-          r0 += count;
-        }
+          float* at = out + 16 * g;
+          if (format == Q5_0) x16s_pair<Q5_0>(pair, group_bytes, in, r0, count, at, outputs, prefetch);
+          else if (format == Q4_1) x16s_pair<Q4_1>(pair, group_bytes, in, r0, count, at, outputs, prefetch);
+          else x16s_pair<Q8_0>(pair, group_bytes, in, r0, count, at, outputs, prefetch);
+        });
       }
     }
     for (; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
-      for (int64_t p = 0, r0 = 0; p < passes; ++p) {
-        const int64_t count = rows * (p + 1) / passes - rows * p / passes;
+      each_pass(rows, pass, [&](int64_t r0, int64_t count) {
         if (path == X16_PLAIN) {
           for (int64_t r = r0; r < r0 + count; ++r) x16s_plain(group, format, in, r, out + r * outputs + 16 * g);
         } else if (path == X16_AVX2) {
@@ -775,8 +777,7 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
         } else {
           x16s_rows<Q8_0>(group, in, r0, count, out + 16 * g, outputs, prefetch);
         }
-        r0 += count;
-      }
+      });
     }
   });
 }
