@@ -447,12 +447,14 @@ def test_32_weight_blocks_in_an_odd_count_give_every_path_the_same_bits(kind):
 @pytest.mark.parametrize("kind", PACKED, ids=lambda k: k.name)
 def test_groups_taken_in_pairs_give_every_path_the_same_bits(kind, outputs):
     """(the VNNI products take a thread's groups of 16 outputs two at a time, a last odd one alone, the K formats'
-    from five rows: one, three and five groups, split between one or two threads)"""
+    from five rows: one, three and five groups, split between one or two threads; the many-row kernels' passes
+    hold up to 64 rows: 65 and 130 rows are two and three passes)"""
     inputs = 512 if kind in (Q.Q4_K, Q.Q6_K) else 128
     blocks = torch.from_numpy(random_blocks(kind, outputs, inputs, seed=23))
     packed = ops.qpack16(blocks, int(kind), inputs)
-    x = torch.randn(33, inputs, generator=torch.Generator().manual_seed(10))
-    rows_alone_and_together(ops.qlinear_int8_x16, isas_x16(kind), packed, kind, x, (1, 2, 3, 4, 5, 16, 17, 33))
+    x = torch.randn(130, inputs, generator=torch.Generator().manual_seed(10))
+    rows_alone_and_together(ops.qlinear_int8_x16, isas_x16(kind), packed, kind, x,
+                            (1, 2, 3, 4, 5, 16, 17, 33, 64, 65, 130))
 
 
 def test_the_automatic_path_switches_to_tiles_from_amx_rows_with_the_same_bits():

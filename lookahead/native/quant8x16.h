@@ -521,20 +521,24 @@ LOOKAHEAD_AVX2_I void x16_avx2(const uint8_t* group, const X16Inputs& in, int64_
 // not grow with the rows, and the unpacking serves every row of the pass. The integers are exact, so their order
 // is free: Q4_K's sub-block sums split in two runs of 4 chunks (madd by the same scale), Q6_K's in pairs as above;
 // the float operations are x16_close8's, the same bits as x16_avx2.
-constexpr int X16_MANY = 16;  // rows a pass of x16_many serves
+// Rows a pass of x16_many and x16_many_vnni serves: 32 measured faster than 16 from 32 rows on, and than 64 over a
+// whole prompt's rows (each row's inputs are a stream of their own through the caches; results/RESULTS.md)
+constexpr int X16_MANY = 32;
 
 template <int64_t F>
 LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out,
                                int64_t outputs, int64_t prefetch) {
   const int64_t blocks = in.super.blocks;
-  alignas(32) float acc[X16_MANY][2][8];
-  alignas(32) int32_t i1[X16_MANY][8];
+  struct alignas(32) Row {  // (a row's sums beside its accumulators: two arrays 4 KB apart would alias)
+    float acc[2][8];
+    int32_t i1[8];
+  } rows[X16_MANY];
   for (int64_t r = 0; r < count; ++r)
-    for (int h = 0; h < 2; ++h) _mm256_store_ps(acc[r][h], _mm256_setzero_ps());
+    for (int h = 0; h < 2; ++h) _mm256_store_ps(rows[r].acc[h], _mm256_setzero_ps());
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* chunk = group + b * x16_chunk_bytes(F);
     for (int h = 0; h < 2; ++h) {
-      for (int64_t r = 0; r < count; ++r) _mm256_store_si256(reinterpret_cast<__m256i*>(i1[r]), _mm256_setzero_si256());
+      for (int64_t r = 0; r < count; ++r) _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r].i1), _mm256_setzero_si256());
       for (int p = 0; p < 4; ++p) {
         for (int set = 0; set < 2; ++set) {  // chunks 8 p + 4 set .. + 3
           __m256i low[4], high[4];
@@ -575,7 +579,7 @@ LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_
                   _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(bq[0], bq[1]), sb),
                                    _mm256_madd_epi16(_mm256_add_epi16(bq[2], bq[3]), sb)));
             }
-            __m256i* held = reinterpret_cast<__m256i*>(i1[r]);
+            __m256i* held = reinterpret_cast<__m256i*>(rows[r].i1);
             _mm256_store_si256(held, _mm256_add_epi32(_mm256_load_si256(held), sum));
           }
         }
@@ -584,19 +588,19 @@ LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_
         __m256i pairs[8];
         q6_group_pairs(chunk, h, pairs);
         for (int64_t r = 0; r < count; ++r) {
-          __m256i* held = reinterpret_cast<__m256i*>(i1[r]);
+          __m256i* held = reinterpret_cast<__m256i*>(rows[r].i1);
           _mm256_store_si256(held, _mm256_sub_epi32(_mm256_load_si256(held),
                                                     q6_offset(pairs, in.super.sums.data() + ((r0 + r) * blocks + b) * 16)));
         }
       }
       for (int64_t r = 0; r < count; ++r)
-        _mm256_store_ps(acc[r][h], x16_close8<F>(chunk, in, r0 + r, b, h,
-                                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(i1[r])),
-                                                 _mm256_load_ps(acc[r][h])));
+        _mm256_store_ps(rows[r].acc[h], x16_close8<F>(chunk, in, r0 + r, b, h,
+                                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(rows[r].i1)),
+                                                 _mm256_load_ps(rows[r].acc[h])));
     }
   }
   for (int64_t r = 0; r < count; ++r)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, _mm256_load_ps(acc[r][h]));
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * outputs + 8 * h, _mm256_load_ps(rows[r].acc[h]));
 }
 
 // The same in AVX-512 VNNI for many rows (up to X16_MANY a pass), rows outermost, for G (1 or 2) adjacent groups
@@ -612,15 +616,17 @@ LOOKAHEAD_VNNI_K void x16_many_vnni(const uint8_t* group, const X16Inputs& in, i
   const int64_t blocks = in.super.blocks;
   constexpr int halves = F == Q6_K || G == 2 ? 2 : 1;
   constexpr int held = 8 / halves;  // chunks unpacked at a time, a group
-  alignas(64) float acc[X16_MANY][G][16];
-  alignas(64) int32_t i1[X16_MANY][G][16];
+  struct alignas(64) Row {  // (a row's sums beside its accumulators: two arrays 8 KB apart would alias)
+    float acc[G][16];
+    int32_t i1[G][16];
+  } rows[X16_MANY];
   for (int64_t r = 0; r < count; ++r)
-    for (int g = 0; g < G; ++g) _mm512_store_ps(acc[r][g], _mm512_setzero_ps());
+    for (int g = 0; g < G; ++g) _mm512_store_ps(rows[r].acc[g], _mm512_setzero_ps());
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* chunk[G];
     for (int g = 0; g < G; ++g) chunk[g] = group + g * group_bytes + b * x16_chunk_bytes(F);
     for (int64_t r = 0; r < count; ++r)
-      for (int g = 0; g < G; ++g) _mm512_store_si512(i1[r][g], _mm512_setzero_si512());
+      for (int g = 0; g < G; ++g) _mm512_store_si512(rows[r].i1[g], _mm512_setzero_si512());
     for (int p = 0; p < 4; ++p) {
       for (int half = 0; half < halves; ++half) {  // Q6_K: groups 4p + half (low) and 4p + 2 + half
         __m512i low[G][held], high[G][held], sa[G], sb[G];
@@ -655,18 +661,18 @@ LOOKAHEAD_VNNI_K void x16_many_vnni(const uint8_t* group, const X16Inputs& in, i
           }
           for (int g = 0; g < G; ++g) {
             const __m512i sum = _mm512_add_epi32(_mm512_mullo_epi32(a[g], sa[g]), _mm512_mullo_epi32(bq[g], sb[g]));
-            _mm512_store_si512(i1[r][g], _mm512_add_epi32(_mm512_load_si512(i1[r][g]), sum));
+            _mm512_store_si512(rows[r].i1[g], _mm512_add_epi32(_mm512_load_si512(rows[r].i1[g]), sum));
           }
         }
       }
     }
     for (int64_t r = 0; r < count; ++r)
       for (int g = 0; g < G; ++g)
-        _mm512_store_ps(acc[r][g], x16_close<F>(chunk[g], in, r0 + r, b, _mm512_load_si512(i1[r][g]),
-                                                _mm512_load_ps(acc[r][g])));
+        _mm512_store_ps(rows[r].acc[g], x16_close<F>(chunk[g], in, r0 + r, b, _mm512_load_si512(rows[r].i1[g]),
+                                                _mm512_load_ps(rows[r].acc[g])));
   }
   for (int64_t r = 0; r < count; ++r)
-    for (int g = 0; g < G; ++g) _mm512_storeu_ps(out + (r0 + r) * outputs + 16 * g, _mm512_load_ps(acc[r][g]));
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(out + (r0 + r) * outputs + 16 * g, _mm512_load_ps(rows[r].acc[g]));
 }
 
 // ---- the same with AMX tiles: up to 16 input rows against one group, a (sub-)block's dots per tile product ----

@@ -404,7 +404,10 @@ LOOKAHEAD_AVX2_I void x16s_q5_avx2(const uint8_t* group, const X16sInputs& in, i
 // grow with the rows (the accumulators wait in a small buffer, one load and store a row and block) and a chunk's
 // unpacking serves every row of the pass. Per output the same integers and the same float operations in block
 // order as x16s_avx2: the same bits.
-constexpr int X16S_MANY = 16;  // rows a pass of x16s_many (and of x16s_q5_vnni) serves
+// Rows a pass of x16s_many and x16s_many_vnni serves: a block's unpacking and a group's reads from cache shared by
+// up to 64 rows (passes of 16 or 32 measured slower from 64 rows on, results/RESULTS.md; the accumulators take
+// 8 KB at two groups)
+constexpr int X16S_MANY = 64;
 
 template <int64_t F>
 LOOKAHEAD_AVX2_I void x16s_many(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out,
@@ -470,48 +473,64 @@ LOOKAHEAD_AVX2_I void x16s_many(const uint8_t* group, const X16sInputs& in, int6
   }
 }
 
-// Q5_0 in AVX-512 VNNI for any rows (up to X16S_MANY a pass), as x16s_many, for G (1 or 2) adjacent groups of 16
-// outputs (group g's blocks at group + g group_bytes, its outputs at out + 16 g): a block's eight unpacked chunks
-// of each group (16 outputs in one register each) stay in registers while each row in turn takes its eight
-// byte-dots a group (two chains, added after), each of its inputs broadcast once for the G groups, its
-// accumulators waiting in a small aligned buffer. Per output the same integers and the same float operations in
-// block order as x16s_avx2: the same bits. (Q4_1 measured no faster this way than x16s_vnni's four rows held in
-// registers, so it keeps those.)
-template <int G>
-LOOKAHEAD_VNNI_K void x16s_q5_vnni(const uint8_t* group, int64_t group_bytes, const X16sInputs& in, int64_t r0,
-                                   int64_t count, float* out, int64_t outputs, int64_t prefetch) {
-  constexpr int64_t chunk_bytes = 16 * x16s_bytes(Q5_0);
+// The 32-weight formats in AVX-512 VNNI for many rows (up to X16S_MANY a pass), as x16s_many, for G (1 or 2)
+// adjacent groups of 16 outputs (group g's blocks at group + g group_bytes, its outputs at out + 16 g): a block's
+// eight chunks of each group (16 outputs in one register each; Q4_1's and Q5_0's unpacked, Q8_0's as they are)
+// stay in registers while each row in turn takes its eight byte-dots a group (two chains, added after), each of
+// its inputs broadcast once for the G groups, its accumulators waiting in a small aligned buffer. Per output the
+// same integers and the same float operations in block order as x16s_vnni and x16s_avx2: the same bits. Q5_0
+// takes it at every row count, Q4_1 and Q8_0 from five rows (up to four, x16s_vnni's rows held in registers).
+template <int64_t F, int G>
+LOOKAHEAD_VNNI_K void x16s_many_vnni(const uint8_t* group, int64_t group_bytes, const X16sInputs& in, int64_t r0,
+                                     int64_t count, float* out, int64_t outputs, int64_t prefetch) {
+  static_assert(F == Q4_1 || F == Q5_0 || F == Q8_0, "x16s_many_vnni reads 32-weight chunks");
+  constexpr int64_t chunk_bytes = 16 * x16s_bytes(F);
   const __m512i fifteen = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
   alignas(64) float acc[X16S_MANY][G][16];
   for (int64_t r = 0; r < count; ++r)
     for (int g = 0; g < G; ++g) _mm512_store_ps(acc[r][g], _mm512_setzero_ps());
   for (int64_t j = 0; j < in.blocks; ++j) {
-    __m512i q[G][8];  // q[g][4 kind + c]: the weights 16 kind + 4 c + e of group g's 16 outputs (5 bits)
-    __m512 d[G];
+    __m512i q[G][8];  // q[g][4 kind + c]: the weights 16 kind + 4 c + e of group g's 16 outputs (Q5_0: 5 bits)
+    __m512 d[G], m[G];
     for (int g = 0; g < G; ++g) {
       const uint8_t* chunk = group + g * group_bytes + j * chunk_bytes;
       prefetch_chunk(chunk, chunk_bytes, prefetch);
-      for (int c = 0; c < 4; ++c) {
-        const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
-        q[g][c] = _mm512_and_si512(w, fifteen);
-        q[g][4 + c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+      if constexpr (F == Q8_0) {
+        for (int k = 0; k < 8; ++k) q[g][k] = _mm512_loadu_si512(chunk + 64 * k);
+      } else {
+        for (int c = 0; c < 4; ++c) {
+          const __m512i w = _mm512_loadu_si512(chunk + 64 * c);
+          q[g][c] = _mm512_and_si512(w, fifteen);
+          q[g][4 + c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), fifteen);
+        }
       }
-      const __m512i bits = _mm512_loadu_si512(chunk + 256);
-      for (int k = 0; k < 8; ++k) {  // bit 4 of weight k: the bits' bit 2 c + kind moved to bit 4
-        const int shift = 2 * (k % 4) + k / 4;
-        const __m512i top = shift <= 4 ? _mm512_slli_epi16(bits, 4 - shift) : _mm512_srli_epi16(bits, shift - 4);
-        q[g][k] = _mm512_or_si512(q[g][k], _mm512_and_si512(top, sixteen));
+      if constexpr (F == Q5_0) {
+        const __m512i bits = _mm512_loadu_si512(chunk + 256);
+        for (int k = 0; k < 8; ++k) {  // bit 4 of weight k: the bits' bit 2 c + kind moved to bit 4
+          const int shift = 2 * (k % 4) + k / 4;
+          const __m512i top = shift <= 4 ? _mm512_slli_epi16(bits, 4 - shift) : _mm512_srli_epi16(bits, shift - 4);
+          q[g][k] = _mm512_or_si512(q[g][k], _mm512_and_si512(top, sixteen));
+        }
+        m[g] = _mm512_setzero_ps();
+      } else if constexpr (F == Q8_0) {
+        m[g] = _mm512_setzero_ps();
+      } else {
+        m[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 288)));
       }
-      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + x16s_d(Q5_0))));
+      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + x16s_d(F))));
     }
     for (int64_t r = 0; r < count; ++r) {
       const int8_t* x = in.q.data() + (r0 + r) * 32 * in.blocks + 32 * j;
       const int64_t at = (r0 + r) * in.blocks + j;
       __m512i dot[G], other[G];
-      for (int g = 0; g < G; ++g) dot[g] = _mm512_set1_epi32(-16 * in.sums[at]), other[g] = _mm512_setzero_si512();
-      for (int k = 0; k < 8; ++k) {
+      for (int g = 0; g < G; ++g) {
+        dot[g] = F == Q5_0 ? _mm512_set1_epi32(-16 * in.sums[at])
+                 : F == Q8_0 ? _mm512_set1_epi32(-128 * in.sums[at]) : _mm512_setzero_si512();
+        other[g] = _mm512_setzero_si512();
+      }
+      for (int k = 0; k < 8; ++k) {  // (Q8_0: chunk k holds inputs 4 k .. 4 k + 3)
         int32_t xv;
-        std::memcpy(&xv, x + 16 * (k / 4) + 4 * (k % 4), 4);
+        std::memcpy(&xv, x + (F == Q8_0 ? 4 * k : 16 * (k / 4) + 4 * (k % 4)), 4);
         const __m512i xs = _mm512_set1_epi32(xv);
         for (int g = 0; g < G; ++g) {
           if (k % 2 == 0) dot[g] = _mm512_dpbusd_epi32(dot[g], q[g][k], xs);
@@ -519,9 +538,13 @@ LOOKAHEAD_VNNI_K void x16s_q5_vnni(const uint8_t* group, int64_t group_bytes, co
         }
       }
       const __m512 s = _mm512_set1_ps(in.s[at]);
-      for (int g = 0; g < G; ++g)
-        _mm512_store_ps(acc[r][g], _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[g], other[g])),
-                                                   _mm512_mul_ps(d[g], s), _mm512_load_ps(acc[r][g])));
+      for (int g = 0; g < G; ++g) {
+        __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[g], other[g])), _mm512_mul_ps(d[g], s),
+                                     _mm512_load_ps(acc[r][g]));
+        if constexpr (F == Q4_1)
+          sum = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(in.sums[at])), _mm512_mul_ps(m[g], s), sum);
+        _mm512_store_ps(acc[r][g], sum);
+      }
     }
   }
   for (int64_t r = 0; r < count; ++r)
@@ -552,7 +575,7 @@ LOOKAHEAD_AMX inline void x16s_tile_weights(const uint8_t* chunk, uint8_t (*buff
     }
     if constexpr (F == Q5_0) {
       const __m512i bits = _mm512_loadu_si512(chunk + 256);
-      for (int k = 0; k < 8; ++k) {  // (x16s_q5_vnni's fifth bits, then the offset: q - 16 in -16 .. 15)
+      for (int k = 0; k < 8; ++k) {  // (x16s_many_vnni's fifth bits, then the offset: q - 16 in -16 .. 15)
         const int shift = 2 * (k % 4) + k / 4;
         const __m512i top = shift <= 4 ? _mm512_slli_epi16(bits, 4 - shift) : _mm512_srli_epi16(bits, shift - 4);
         q[k] = _mm512_sub_epi8(_mm512_or_si512(q[k], _mm512_and_si512(top, sixteen)), sixteen);
@@ -704,7 +727,9 @@ template <int64_t F>
 void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
                int64_t prefetch) {
   if constexpr (F == Q5_0) {
-    x16s_q5_vnni<1>(group, 0, in, r0, count, out, outputs, prefetch);
+    x16s_many_vnni<Q5_0, 1>(group, 0, in, r0, count, out, outputs, prefetch);
+  } else if (count > 4) {
+    x16s_many_vnni<F, 1>(group, 0, in, r0, count, out, outputs, prefetch);
   } else {
     switch (count) {
       case 4: x16s_vnni<F, 4>(group, in, r0, out, outputs, prefetch); break;
@@ -715,13 +740,15 @@ void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t c
   }
 }
 
-// Two adjacent groups' products in VNNI: Q5_0's by x16s_q5_vnni<2> (up to X16S_MANY rows), Q4_1's and Q8_0's by
-// x16s_vnni with G = 2 (up to 4)
+// Two adjacent groups' products in VNNI: by x16s_many_vnni<F, 2> (Q5_0 at any rows, Q4_1 and Q8_0 from five, up to
+// X16S_MANY), else by x16s_vnni with G = 2 (up to 4)
 template <int64_t F>
 void x16s_pair(const uint8_t* group, int64_t group_bytes, const X16sInputs& in, int64_t r0, int64_t count,
                float* out, int64_t outputs, int64_t prefetch) {
   if constexpr (F == Q5_0) {
-    x16s_q5_vnni<2>(group, group_bytes, in, r0, count, out, outputs, prefetch);
+    x16s_many_vnni<Q5_0, 2>(group, group_bytes, in, r0, count, out, outputs, prefetch);
+  } else if (count > 4) {
+    x16s_many_vnni<F, 2>(group, group_bytes, in, r0, count, out, outputs, prefetch);
   } else {
     switch (count) {
       case 4: x16s_vnni<F, 4, 2>(group, in, r0, out, outputs, prefetch, group_bytes); break;
@@ -745,9 +772,10 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
       else amx_groups<Q8_0, Q4_K>(packed, group_bytes, in, rows, out, outputs, begin, end, prefetch);
       return;
     }
-    // (rows a pass serves: x16s_many (Q4_1, Q5_0) and x16s_q5_vnni up to X16S_MANY, the AVX2 Q8_0 kernel
+    // (rows a pass serves: x16s_many (Q4_1, Q5_0) and x16s_many_vnni up to X16S_MANY, the AVX2 Q8_0 kernel
     // X16S_ROWS, the others 4)
-    const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ? X16S_MANY
+    const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ||
+                         (path == X16_VNNI && rows > 4) ? X16S_MANY
                          : format == Q8_0 && path == X16_AVX2 ? X16S_ROWS : 4;
     int64_t g = begin;
     if (path == X16_VNNI) {  // two groups a pass (x16s_pair), a last odd one alone
