@@ -529,7 +529,8 @@ template <int64_t F>
 LOOKAHEAD_AVX2_I void x16_many(const uint8_t* group, const X16Inputs& in, int64_t r0, int64_t count, float* out,
                                int64_t outputs, int64_t prefetch) {
   const int64_t blocks = in.super.blocks;
-  struct alignas(32) Row {  // (a row's sums beside its accumulators: two arrays 4 KB apart would alias)
+  // (a row's sums beside its accumulators: as two arrays a multiple of 4 KB apart they ran slower)
+  struct alignas(32) Row {
     float acc[2][8];
     int32_t i1[8];
   } rows[X16_MANY];
@@ -616,7 +617,8 @@ LOOKAHEAD_VNNI_K void x16_many_vnni(const uint8_t* group, const X16Inputs& in, i
   const int64_t blocks = in.super.blocks;
   constexpr int halves = F == Q6_K || G == 2 ? 2 : 1;
   constexpr int held = 8 / halves;  // chunks unpacked at a time, a group
-  struct alignas(64) Row {  // (a row's sums beside its accumulators: two arrays 8 KB apart would alias)
+  // (a row's sums beside its accumulators: as two arrays a multiple of 4 KB apart they ran slower)
+  struct alignas(64) Row {
     float acc[G][16];
     int32_t i1[G][16];
   } rows[X16_MANY];
