@@ -859,6 +859,16 @@ inline void each_pass(int64_t rows, int64_t most, const Fn& fn) {
   }
 }
 
+// fn(g, r0, count) for the pairs of adjacent groups g, g + 1 in [begin, end), from begin, each pair's rows in passes
+// as each_pass splits them; the first group no pair took (end, or a last odd one). Worked example: groups [0, 5),
+// 17 rows, at most 16 -> (0, 0, 8), (0, 8, 9), (2, 0, 8), (2, 8, 9); returns 4.
+template <typename Fn>
+inline int64_t each_pair(int64_t begin, int64_t end, int64_t rows, int64_t most, const Fn& fn) {
+  int64_t g = begin;
+  for (; g + 2 <= end; g += 2) each_pass(rows, most, [&](int64_t r0, int64_t count) { fn(g, r0, count); });
+  return g;
+}
+
 // Groups [begin, end) of format F on AMX tiles, every group's rows in passes of at most AMX_ROWS split evenly (no
 // short last pass), the tiles configured with TILES's shapes (amx_configure)
 template <int64_t F, int64_t TILES, typename Inputs>
@@ -910,17 +920,13 @@ inline void product_x16(const uint8_t* packed, int64_t format, const float* x, f
       return;
     }
     // (passes of up to X16_MANY rows: up to four rows a kernel whose registers hold them, else x16_many*)
-    int64_t g = begin;
-    if (path == X16_VNNI) {  // two groups a pass (x16_pair), a last odd one alone
-      for (; g + 2 <= end; g += 2) {
-        each_pass(rows, X16_MANY, [&](int64_t r0, int64_t count) {
-          const uint8_t* pair = packed + g * group_bytes;
-          float* at = out + 16 * g;
-          if (format == Q4_K) x16_pair<Q4_K>(pair, in, r0, count, at, outputs, prefetch, group_bytes);
-          else x16_pair<Q6_K>(pair, in, r0, count, at, outputs, prefetch, group_bytes);
-        });
-      }
-    }
+    // (VNNI: two groups a pass, x16_pair; a last odd one alone)
+    const auto pair = [&](int64_t p, int64_t r0, int64_t count) {
+      const uint8_t* at = packed + p * group_bytes;
+      if (format == Q4_K) x16_pair<Q4_K>(at, in, r0, count, out + 16 * p, outputs, prefetch, group_bytes);
+      else x16_pair<Q6_K>(at, in, r0, count, out + 16 * p, outputs, prefetch, group_bytes);
+    };
+    int64_t g = path != X16_VNNI ? begin : each_pair(begin, end, rows, X16_MANY, pair);
     for (; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
       each_pass(rows, X16_MANY, [&](int64_t r0, int64_t count) {

@@ -726,9 +726,7 @@ void x16s_rows_avx2(const uint8_t* group, const X16sInputs& in, int64_t r0, int6
 template <int64_t F>
 void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t count, float* out, int64_t outputs,
                int64_t prefetch) {
-  if constexpr (F == Q5_0) {
-    x16s_many_vnni<Q5_0, 1>(group, 0, in, r0, count, out, outputs, prefetch);
-  } else if (count > 4) {
+  if (F == Q5_0 || count > 4) {
     x16s_many_vnni<F, 1>(group, 0, in, r0, count, out, outputs, prefetch);
   } else {
     switch (count) {
@@ -745,9 +743,7 @@ void x16s_rows(const uint8_t* group, const X16sInputs& in, int64_t r0, int64_t c
 template <int64_t F>
 void x16s_pair(const uint8_t* group, int64_t group_bytes, const X16sInputs& in, int64_t r0, int64_t count,
                float* out, int64_t outputs, int64_t prefetch) {
-  if constexpr (F == Q5_0) {
-    x16s_many_vnni<Q5_0, 2>(group, group_bytes, in, r0, count, out, outputs, prefetch);
-  } else if (count > 4) {
+  if (F == Q5_0 || count > 4) {
     x16s_many_vnni<F, 2>(group, group_bytes, in, r0, count, out, outputs, prefetch);
   } else {
     switch (count) {
@@ -777,18 +773,14 @@ inline void product_x16s(const uint8_t* packed, int64_t format, const float* x, 
     const int64_t pass = (format == Q5_0 && path != X16_PLAIN) || (format == Q4_1 && path == X16_AVX2) ||
                          (path == X16_VNNI && rows > 4) ? X16S_MANY
                          : format == Q8_0 && path == X16_AVX2 ? X16S_ROWS : 4;
-    int64_t g = begin;
-    if (path == X16_VNNI) {  // two groups a pass (x16s_pair), a last odd one alone
-      for (; g + 2 <= end; g += 2) {
-        each_pass(rows, pass, [&](int64_t r0, int64_t count) {
-          const uint8_t* pair = packed + g * group_bytes;
-          float* at = out + 16 * g;
-          if (format == Q5_0) x16s_pair<Q5_0>(pair, group_bytes, in, r0, count, at, outputs, prefetch);
-          else if (format == Q4_1) x16s_pair<Q4_1>(pair, group_bytes, in, r0, count, at, outputs, prefetch);
-          else x16s_pair<Q8_0>(pair, group_bytes, in, r0, count, at, outputs, prefetch);
-        });
-      }
-    }
+    // (VNNI: two groups a pass, x16s_pair; a last odd one alone)
+    const auto pair = [&](int64_t p, int64_t r0, int64_t count) {
+      const uint8_t* at = packed + p * group_bytes;
+      if (format == Q5_0) x16s_pair<Q5_0>(at, group_bytes, in, r0, count, out + 16 * p, outputs, prefetch);
+      else if (format == Q4_1) x16s_pair<Q4_1>(at, group_bytes, in, r0, count, out + 16 * p, outputs, prefetch);
+      else x16s_pair<Q8_0>(at, group_bytes, in, r0, count, out + 16 * p, outputs, prefetch);
+    };
+    int64_t g = path != X16_VNNI ? begin : each_pair(begin, end, rows, pass, pair);
     for (; g < end; ++g) {
       const uint8_t* group = packed + g * group_bytes;
       each_pass(rows, pass, [&](int64_t r0, int64_t count) {
