@@ -176,10 +176,11 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
     from lookahead.cost.policy import CostPolicy, budgeted
     from lookahead.kernels import warmup
     from lookahead.kernels.threads import start_numba_threads, usable_cores
+    from lookahead.model.heap import keep_freed_memory
     from lookahead.model.hugepages import move_to_huge_pages
     from lookahead.model.support import check_model
     from lookahead.model.switches import ForwardSwitches
-    from lookahead.model.target import Target
+    from lookahead.model.target import Target, input_device
     from lookahead.plan.window import auto_window
 
     device, dtype, trust_remote_code = loading
@@ -187,6 +188,8 @@ def _measure(model_name: str, loading: tuple[str, str, bool], config: LookaheadC
     # (as LookaheadGenerator builds it: the weights where its would be, the same curves, the same cache keys)
     if config.huge_pages:
         move_to_huge_pages(model)
+    if config.keep_freed_memory and input_device(model).type == "cpu":
+        keep_freed_memory()
     target = Target(model, check_model(model, config.allow_untested_models), ForwardSwitches.of(config))
     policy = CostPolicy(target, config)
     start_numba_threads()  # as a generator does before its measurement: the kernels compiled, not timed compiling

@@ -40,12 +40,13 @@ from .decode.sources import DraftModel, SourceFactory
 from .kernels import warmup
 from .kernels.threads import start_numba_threads, usable_cores
 from .model.fewrows import FewRowLinear
+from .model.heap import keep_freed_memory
 from .model.hugepages import move_to_huge_pages
 from .model.prefixes import PrefixStore
 from .model.routing import Routing
 from .model.support import check_model
 from .model.switches import ForwardSwitches
-from .model.target import Target
+from .model.target import Target, input_device
 from .plan.acceptance import AcceptanceStats
 from .plan.window import auto_window
 from .proposers.draft.checks import check_draft
@@ -115,6 +116,8 @@ class LookaheadGenerator:
         layout = check_model(model, self.config.allow_untested_models)
         if self.config.huge_pages:  # (before anything holds the weights: the trace, the kernels, a cost curve)
             move_to_huge_pages(model)
+        if self.config.keep_freed_memory and input_device(model).type == "cpu":
+            keep_freed_memory()  # (before a cost curve is measured: its forwards allocate as the steps will)
         self.target = Target(model, layout, ForwardSwitches.of(self.config))
         self.vocab = self.target.vocab
         self.last_stats: GenerationStats | None = None

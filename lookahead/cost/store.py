@@ -143,6 +143,8 @@ def _cost_model(model: PreTrainedModel, layout: AttentionLayout, max_rows: int, 
         fingerprint["native_sources"] = sources_digest()  # (another build's kernels: another curve)
     if on_huge_pages(model):
         fingerprint["huge_pages"] = True  # (weights streamed from 2 MB pages: a faster curve)
+    if switches.heap and input_device(model).type == "cpu":
+        fingerprint["kept_heap"] = True  # (intermediates on pages already touched: a faster curve)
     if batch > 1:
         fingerprint["batch"] = batch
     graphed = switches.graphs and batch == 1 and input_device(model).type == "cuda"  # steps replayed as graphs

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from ..errors import ModelLoadError, one_line
 from ..model.attention import use_native
-from ..model.machine import give_back_freed_memory
+from ..model.heap import give_back_freed_memory
 from ..model.support import MASKED_ATTENTION
 from .checkpoint import check_checkpoint, read_config_dict
 from .collector import collections_paused

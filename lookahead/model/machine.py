@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import platform
 import time
 
@@ -53,17 +51,3 @@ def others_busy(before: tuple[float, float, float], after: tuple[float, float, f
     wall = after[0] - before[0]  # (CPU times tick every 10 ms: a shorter span cannot tell)
     return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall >= LOAD_SPAN_S else 0.0
 
-
-def give_back_freed_memory() -> bool:
-    """Return the C heap's freed pages to the OS (glibc's malloc_trim): loading replaces many tensors of a few
-    MB (a GGUF's blocks repacked), whose freed space the allocator would otherwise keep resident. False where
-    the C library has no malloc_trim (nothing done)."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is None:
-        return False
-    trim(0)
-    return True

@@ -21,10 +21,11 @@ class ForwardSwitches:
     attention: bool = True  # native_attention: grouped-query attention through that op (model/attention.py)
     few_row_matmul: bool = True  # few_row_matmul: lookahead's linear kernel among the routes; prompts through it
     onednn: bool = False  # onednn_linear: torch's oneDNN linear among the routes the cost measurement tries
+    heap: bool = True  # keep_freed_memory: the C heap keeps a forward's freed memory for the next (model/heap.py)
 
     @classmethod
     def of(cls, config: LookaheadConfig) -> ForwardSwitches:
         """The switches a config sets."""
         return cls(graphs=config.cuda_graphs, traced=config.traced_forward, native=config.native_linear,
                    attention=config.native_attention, few_row_matmul=config.few_row_matmul,
-                   onednn=config.onednn_linear)
+                   onednn=config.onednn_linear, heap=config.keep_freed_memory)
