@@ -194,10 +194,10 @@ class LookaheadConfig:
                                         "with and without --huge-pages measures the gain); the copy is shared "
                                         "by every generator of the model")
     keep_freed_memory: bool = documented(True, "on a Linux CPU with glibc: the C heap keeps what a forward "
-                                               "frees for the next one (malloc's mmap threshold 64 MB and trim "
-                                               "threshold 256 MB, set for the whole process) instead of the kernel "
+                                               "frees for the next one (malloc's mmap threshold 256 MB and trim "
+                                               "threshold 1 GB, set for the whole process) instead of the kernel "
                                                "handing every forward's intermediates fresh pages to zero; up to "
-                                               "256 MB more resident (`lookahead bench` with and without "
+                                               "1 GB more resident (`lookahead bench` with and without "
                                                "--keep-freed-memory measures the gain); once set, the process "
                                                "keeps it")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (sampling draws from torch's "

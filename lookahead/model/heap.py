@@ -11,15 +11,16 @@ the kernel zeroes on first touch: one minor page fault per 4 KiB, paid again eve
 heap, and up to TRIM_THRESHOLD bytes of free heap stay mapped, so a forward reuses pages the one before
 touched. The price is resident memory: the process keeps up to TRIM_THRESHOLD bytes it freed. These are
 the allocator's settings for the whole process, as glibc's MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_
-environment variables would set them at start; ``load_model`` and ``LookaheadGenerator`` set them for a
-model on the CPU (a GPU's forwards allocate on the device).
+environment variables would set them at start; ``LookaheadGenerator`` sets them for a model on the CPU
+(``LookaheadConfig.keep_freed_memory``; a GPU's forwards allocate on the device).
 
 ``give_back_freed_memory`` is the other direction, once: ``malloc_trim`` after a load, which replaces many
 tensors (a GGUF's blocks repacked) whose freed space would otherwise stay resident.
 
-Worked example: a 589-token prefill of a 0.5B model allocates about 1 GB of intermediates; with glibc's
-defaults most of it arrives as freshly faulted pages every prefill, with these thresholds a few thousand
-pages do (``resource.getrusage(...).ru_minflt`` counts them).
+Worked example: a 2,000-token prefill of a 0.5B model (intermediate width 4,864) allocates 39 MB blocks, above
+the 32 MB glibc's own threshold follows sizes up to: with its defaults every one is mapped afresh, about a
+million minor page faults a prefill; with these thresholds some 25,000 (``resource.getrusage(...).ru_minflt``
+counts them).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import sys
 from typing import Any
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (glibc's malloc.h)
-MMAP_THRESHOLD = 64 << 20  # bytes: blocks up to this size come from the heap, not fresh mappings
-TRIM_THRESHOLD = 256 << 20  # bytes of free heap top the process keeps mapped for its next blocks
+MMAP_THRESHOLD = 256 << 20  # bytes: blocks up to this size come from the heap, not fresh mappings
+TRIM_THRESHOLD = 1 << 30  # bytes of free heap top the process keeps mapped for its next blocks
 
 
 def _glibc() -> Any | None:
