@@ -197,9 +197,10 @@ class LookaheadConfig:
                                                "frees for the next one (malloc's mmap threshold 256 MB and trim "
                                                "threshold 1 GB, set for the whole process) instead of the kernel "
                                                "handing every forward's intermediates fresh pages to zero; up to "
-                                               "1 GB more resident (`lookahead bench` with and without "
-                                               "--keep-freed-memory measures the gain); once set, the process "
-                                               "keeps it")
+                                               "1 GB more resident; the gain grows with the prompt: blocks past "
+                                               "32 MB, glibc's own limit, were mapped afresh every prefill (a "
+                                               "prefill timed with and without --keep-freed-memory measures it); "
+                                               "once set, the process keeps it")
     window_seed: int = documented(0, "RNG seed of the window's initial guesses (sampling draws from torch's "
                                      "random generator)", 0)
     allow_untested_models: bool = documented(False, "drive architectures outside the tested list (with an "

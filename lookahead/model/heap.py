@@ -26,7 +26,6 @@ counts them).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from typing import Any
 
@@ -35,16 +34,20 @@ MMAP_THRESHOLD = 256 << 20  # bytes: blocks up to this size come from the heap, 
 TRIM_THRESHOLD = 1 << 30  # bytes of free heap top the process keeps mapped for its next blocks
 
 
-def _glibc() -> Any | None:
-    """The process's C library where it is glibc (it has ``gnu_get_libc_version``), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
+def _libc() -> Any | None:
+    """The C library's functions as this process links them (``dlopen(NULL)``: no search for the library's file),
+    or None where ctypes cannot open the process."""
     try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is None or not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
-            return None
-    except OSError:
+        return ctypes.CDLL(None)
+    except (OSError, TypeError):
+        return None
+
+
+def _glibc() -> Any | None:
+    """The process's C library where it is glibc on Linux (it has ``gnu_get_libc_version`` and ``mallopt``), else
+    None."""
+    libc = _libc() if sys.platform.startswith("linux") else None
+    if libc is None or not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
         return None
     return libc
 
@@ -64,12 +67,8 @@ def give_back_freed_memory() -> bool:
     """Return the C heap's freed pages to the OS (glibc's malloc_trim): loading replaces many tensors of a few
     MB (a GGUF's blocks repacked), whose freed space the allocator would otherwise keep resident. False where
     the C library has no malloc_trim (nothing done)."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is None:
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
         return False
-    trim(0)
+    libc.malloc_trim(0)
     return True
