@@ -10,9 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import VOCAB, reference
+from gguf import GGMLQuantizationType as Q
 from test_traced import NEW, prompt, traced_generator
 
+from lookahead import LookaheadConfig, LookaheadGenerator
 from lookahead.model import fusion, traced
+from lookahead.model.attention import use_native
+from lookahead.model.fewrows import routable_linears
+from lookahead.model.quantized import QuantizedLinear, quantized_modules
 from lookahead.model.traced import TracedForward
 from lookahead.native import build
 
@@ -187,6 +192,52 @@ def test_a_model_with_nothing_to_fuse_keeps_its_trace(ops):
     forwards = decoded_exactly(traced_generator("gpt2"), 2)
     assert forwards.traces
     assert all(sum(rewrite.chains.values()) == 0 for rewrite in forwards.fusions.values())
+
+
+def int8_model(arch: str, kind) -> torch.nn.Module:
+    """A tiny model whose linear layers are GGUF blocks with int8 products, as load_model gives the shipped
+    files: no nn.Linear is left for the linear op to route."""
+    from test_quantized import quantized_model
+
+    model = quantized_model(arch, kind)
+    for module in quantized_modules(model):
+        if isinstance(module, QuantizedLinear):
+            module.products = "int8"
+    use_native(model)
+    return model
+
+
+@pytest.mark.parametrize("arch, kind", [("llama", Q.Q4_1), ("qwen2", Q.Q4_K)], ids=lambda v: getattr(v, "name", v))
+def test_a_gguf_models_trace_is_fused_and_decodes_as_generate_and_the_plain_loop(ops, arch, kind):
+    model = int8_model(arch, kind)
+    assert not routable_linears(model)  # (the linears' own op is never loaded for it)
+    never = [VOCAB + 1000]
+    ids = torch.tensor([[5, 9, 14, 23, 5, 9, 14, 23, 5, 9, 14, 23, 5, 9]])
+    ref = reference(model, ids, 40, eos_token_id=never)
+    speculated = 0
+    for config in (LookaheadConfig(traced_forward=True), LookaheadConfig(window=1, ngram=2, candidates=0)):
+        gen = LookaheadGenerator(model, config=config)
+        gen.target.traced.patience = 0.0
+        assert torch.equal(gen.generate(ids, max_new_tokens=40, eos_token_id=never), ref)
+        forwards = gen.target.traced
+        assert forwards.fusions, "no trace was rewritten"
+        for key, rewrite in forwards.fusions.items():
+            assert forwards.traces[key] is rewrite.function
+            assert rewrite.chains["rms_norm"] > 0 and rewrite.chains["rotate_half"] > 0
+        assert any(route.endswith("traced") for route in gen.last_stats.routes)
+        speculated += sum(gen.last_stats.accepted) - gen.last_stats.steps
+    assert speculated > 0  # (the speculating configuration's rows went through the fused trace too)
+
+
+def test_a_gguf_model_with_the_native_ops_off_keeps_its_trace_as_recorded(ops):
+    model = int8_model("llama", Q.Q4_1)
+    gen = LookaheadGenerator(model, config=LookaheadConfig(native_linear=False))
+    gen.target.traced.patience = 0.0
+    ids = torch.tensor([[5, 9, 14, 23, 5, 9, 14, 23, 5, 9]])
+    never = [VOCAB + 1000]
+    assert torch.equal(gen.generate(ids, max_new_tokens=16, eos_token_id=never),
+                       reference(model, ids, 16, eos_token_id=never))
+    assert gen.target.traced.traces and not gen.target.traced.fusions and not gen.target.traced.fuse
 
 
 def test_a_rewrite_that_disagrees_leaves_the_recorded_trace(ops, monkeypatch):

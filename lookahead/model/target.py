@@ -136,7 +136,7 @@ class Target:
         self.traced: TracedForward | None = None
         if traced and self.device.type == "cpu" and layout.kinds == frozenset({"full_attention"}) \
                 and not self.select_after and traceable(model):
-            self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears)
+            self.traced = TracedForward(model, self.cache_keyword, self.attention, self.linears, native)
         self.ways: tuple[StepWay, ...] = (GraphedStep(self), ReplayedStep(self), EagerStep(self))  # (stepways.py)
 
     def long_lived(self) -> None:

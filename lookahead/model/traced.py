@@ -45,8 +45,10 @@ told the route at run time, so the trace calls the kernel too: the C++ op
 the kernel without the interpreter, or where that cannot be built (or
 ``native`` is off) fewrows.py's ``lookahead::linear``, whose kernel runs in
 Python (the interpreter's call on every linear of every step: `lookahead
-bench` with and without --native-linear measures it). Where the C++ op serves, a new
-trace's graph is also rewritten (fusion.py): each RMS norm and each rotary
+bench` with and without --native-linear measures it). Where the C++ library
+is loaded and ``native`` is on (its linear op serves, or a GGUF model's layers
+of blocks multiply through its ops: quantized.py), a new trace's graph is also
+rewritten (fusion.py): each RMS norm and each rotary
 half-turn of the queries and keys becomes one op that computes the chain's
 result to the bit, and each layer's cache update is one op too (``kv_write``),
 which takes SmolLM2's graph from some 3,300 nodes to 1,900; the rewritten
@@ -166,7 +168,7 @@ class TracedForward:
     what a trace costs (``due``) and checked then."""
 
     def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention,
-                 linears: FewRowLinear):
+                 linears: FewRowLinear, native: bool = True):
         self.model = model
         self.linears = linears  # its routed linear layers, recorded as ``op``
         # The linear op the traces record: the C++ op where the linears loaded it (native/build.py), else
@@ -184,9 +186,11 @@ class TracedForward:
         self.refused: set[tuple[TraceKey, Shape]] = set()  # (key, shape) where its trace did not agree
         self.eager: dict[TraceKey, tuple[int, float]] = {}  # key -> (its eager steps, their seconds) so far
         self.trace_seconds: float | None = None  # what the latest trace took to make and check
-        # Rewrite each trace's RMS norms and rotary half-turns as one C++ op each (fusion.py) where the C++
-        # op serves the linears and its library has them; fusions: key -> the rewrite its trace runs.
-        self.fuse = linears.native_op is not None and fused_ops()
+        # Rewrite each trace's RMS norms and rotary half-turns as one C++ op each (fusion.py) where the C++ ops
+        # are asked for (``native``) and their library is loaded: by the linears (native_op), or by a GGUF
+        # model's layers of blocks, whose products are that library's own ops; fusions: key -> the rewrite
+        # its trace runs.
+        self.fuse = native and fused_ops()
         self.fusions: dict[TraceKey, Fused] = {}
         self.kv_write = torch.ops.lookahead_native.kv_write if self.fuse else None  # TraceLayer's cache update
         self.compile_seconds = 0.0  # seconds the latest step spent making or checking a trace (not its forward's cost)
