@@ -95,3 +95,41 @@ def test_a_generator_moves_its_models_weights_unless_told_not_to(monkeypatch, of
     gen = LookaheadGenerator(moved)
     assert on_huge_pages(moved)
     assert torch.equal(gen.generate(prompt, max_new_tokens=12), expected)
+
+
+@needs_madvise
+def test_a_gguf_models_weight_buffers_move_with_its_parameters(offered):
+    """The blocks a GGUF model's layers hold (here repacked for int8 products, the head's layout shared with the
+    embedding) are copied into the mapping too, after the parameters, in the order of the modules, values
+    unchanged; a buffer two modules share stays shared; the logits are the same."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quantized import quantized_model
+
+    from lookahead.model.hugepages import cpu_weight_buffers
+    from lookahead.model.products import set_products
+    from lookahead.model.quantized import QuantizedEmbedding, QuantizedLinear, quantized_modules
+
+    model = quantized_model("llama", Q.Q4_1)
+    set_products(model, "int8")
+    attention = model.model.layers[0].self_attn
+    key, value = attention.k_proj, attention.v_proj
+    assert isinstance(key, QuantizedLinear) and key.packed.shape == value.packed.shape
+    key._buffers["packed"] = value.packed  # one buffer in two modules (as a tied head's layout is)
+    assert any(isinstance(m, QuantizedEmbedding) for m in quantized_modules(model))
+    buffers = cpu_weight_buffers(model)
+    before = [b.clone() for b in buffers]
+    x = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        expected = model(x).logits
+    assert buffers and move_to_huge_pages(model, offered) and on_huge_pages(model)
+    moved = cpu_weight_buffers(model)
+    storage = next(model.parameters()).untyped_storage().data_ptr()
+    assert all(b.untyped_storage().data_ptr() == storage for b in moved)  # one mapping with the parameters
+    assert all(torch.equal(a, b) for a, b in zip(moved, before))
+    starts = [b.data_ptr() for b in moved]
+    assert starts == sorted(starts)  # laid out in the modules' order
+    assert key.packed is value.packed and key.packed.untyped_storage().data_ptr() == storage
+    assert all(m.stored.data_ptr() in starts for m in quantized_modules(model))
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, expected)
+    assert not move_to_huge_pages(model, offered)  # moved once

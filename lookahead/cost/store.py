@@ -63,7 +63,8 @@ LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measurin
 # the tiled kernel's spread prefetch, curves of traced steps; 7: the C++ op's attention kernel; 8: the tiled
 # kernel in 16 lanes where AVX-512F runs and measures faster, its width in the fingerprint; W @ x^T from one row;
 # 9: the 16-lane tiled kernel's seven to nine rows in one pass; 10: the attention op by each row's visible keys,
-# integer products a K super-block at a time; 11: a GGUF model's traces fused as a float model's are)
+# integer products a K super-block at a time; 11: a GGUF model's traces fused as a float model's are, its
+# weight buffers on the huge pages)
 ROUTES_VERSION = 11
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
