@@ -7,6 +7,8 @@ disagrees with the eager forward the trace as recorded serves instead.
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 import torch
 from conftest import VOCAB, reference
@@ -22,6 +24,7 @@ from lookahead.model.traced import TracedForward
 from lookahead.native import build
 
 NO_EOS = [VOCAB + 1000]
+needs_madvise = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="this Python cannot advise huge pages")
 
 
 @pytest.fixture(scope="module")
@@ -335,3 +338,112 @@ def test_a_rewrite_that_raises_leaves_the_recorded_trace(ops, monkeypatch):
     forwards = decoded_exactly(gen, 5)
     assert forwards.traces and not forwards.fusions and not forwards.failures
     assert any(route.endswith("traced") for route in gen.last_stats.routes)
+
+
+def packed_products(kind, outputs: list[int], inputs: int, back_to_back: bool, bias: bool = False):
+    """Packed int8 weights of ``outputs`` rows each (one storage, each right after the one before, or each its
+    own) and a traced function multiplying one input by each: (function, weights, biases)."""
+    from test_quantized import random_blocks
+
+    ops = torch.ops.lookahead_native
+    packs = [ops.qpack16(torch.from_numpy(random_blocks(kind, o, inputs, seed=o + i)), int(kind), inputs)
+             for i, o in enumerate(outputs)]
+    if back_to_back:
+        storage = torch.cat([p.reshape(-1) for p in packs])
+        at, views = 0, []
+        for p in packs:
+            views.append(storage[at:at + p.numel()].view(p.shape))
+            at += p.numel()
+        packs = views
+    biases = [torch.randn(o) for o in outputs] if bias else [None] * len(outputs)
+
+    def products(x):
+        return tuple(ops.qlinear_int8_x16(x, p, int(kind), inputs, b, -1, 0, 0) for p, b in zip(packs, biases))
+
+    return torch.jit.trace(products, (torch.randn(1, 2, inputs),), check_trace=False), packs, biases
+
+
+def product_calls(graph) -> int:
+    return sum(node.kind() == "lookahead_native::qlinear_int8_x16" for node in graph.nodes())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_products_of_one_input_by_weights_back_to_back_become_one_call_with_the_same_bits(ops, bias):
+    trace, _, _ = packed_products(Q.Q8_0, [64, 16, 32], 64, back_to_back=True, bias=bias)
+    graph = trace.graph.copy()
+    assert product_calls(graph) == 3
+    assert fusion.merge_products(graph) == 2 and product_calls(graph) == 1
+    merged = torch._C._create_function_from_graph("merged", graph)
+    for rows in (1, 3, 17):
+        x = torch.randn(2, rows, 64)
+        expected, got = trace(x), merged(x)
+        assert [tuple(t.shape) for t in got] == [(2, rows, 64), (2, rows, 16), (2, rows, 32)]
+        assert all(bits(a, b) for a, b in zip(expected, got))
+
+
+def test_products_whose_weights_lie_apart_stay_apart(ops):
+    trace, _, _ = packed_products(Q.Q8_0, [64, 16, 32], 64, back_to_back=False)
+    graph = trace.graph.copy()
+    assert fusion.merge_products(graph) == 0 and product_calls(graph) == 3
+
+
+def test_products_of_other_inputs_or_other_choices_stay_apart(ops):
+    from test_quantized import random_blocks
+
+    inputs = 64
+    storage = torch.cat([ops.qpack16(torch.from_numpy(random_blocks(Q.Q8_0, 16, inputs, seed=s)), int(Q.Q8_0),
+                                     inputs).reshape(-1) for s in range(3)])
+    first, second, third = storage.view(3, 16 // 16, -1).unbind(0)
+
+    def products(x, y):  # the first two read other inputs; the third asks for another path (AMX rows)
+        return (ops.qlinear_int8_x16(x, first, int(Q.Q8_0), inputs, None, -1, 0, 0),
+                ops.qlinear_int8_x16(y, second, int(Q.Q8_0), inputs, None, -1, 0, 0),
+                ops.qlinear_int8_x16(y, third, int(Q.Q8_0), inputs, None, -1, 16, 0))
+
+    trace = torch.jit.trace(products, (torch.randn(1, inputs), torch.randn(1, inputs)), check_trace=False)
+    graph = trace.graph.copy()
+    assert fusion.merge_products(graph) == 0 and product_calls(graph) == 3
+
+
+@needs_madvise
+def test_a_gguf_model_on_huge_pages_multiplies_its_projections_in_one_call(ops, tmp_path, monkeypatch):
+    from lookahead.model import hugepages
+
+    offered = tmp_path / "enabled"
+    offered.write_text("always [madvise] never\n")
+    monkeypatch.setattr(hugepages.move_to_huge_pages, "__defaults__", (offered,))
+    model = int8_model("llama", Q.Q4_1)
+    never = [VOCAB + 1000]
+    ids = torch.tensor([[5, 9, 14, 23, 5, 9, 14, 23, 5, 9, 14, 23, 5, 9]])
+    ref = reference(model, ids, 40, eos_token_id=never)
+    gen = LookaheadGenerator(model, config=LookaheadConfig(traced_forward=True))
+    assert hugepages.on_huge_pages(model)
+    gen.target.traced.patience = 0.0
+    assert torch.equal(gen.generate(ids, max_new_tokens=40, eos_token_id=never), ref)
+    layers = model.config.num_hidden_layers
+    (rewrite,) = gen.target.traced.fusions.values()
+    assert rewrite.chains["products"] == 3 * layers  # q, k, v as one call and gate, up as one, in every layer
+    assert sum(gen.last_stats.accepted) > gen.last_stats.steps  # (trees verified through it too)
+
+
+@pytest.mark.parametrize("op", ["qlinear", "qlinear_int8"])
+def test_products_of_unpacked_blocks_back_to_back_become_one_call(ops, op):
+    from test_quantized import random_blocks
+
+    inputs, outputs = 64, [24, 8]
+    blocks = [torch.from_numpy(random_blocks(Q.Q5_1, o, inputs, seed=o)) for o in outputs]
+    storage = torch.cat([b.reshape(-1) for b in blocks])
+    first, second = storage[:blocks[0].numel()].view(blocks[0].shape), storage[blocks[0].numel():].view(blocks[1].shape)
+    product = getattr(ops, op)
+
+    def products(x):
+        return product(x, first, int(Q.Q5_1), inputs, None, -1), product(x, second, int(Q.Q5_1), inputs, None, -1)
+
+    trace = torch.jit.trace(products, (torch.randn(1, inputs),), check_trace=False)
+    graph = trace.graph.copy()
+    assert fusion.merge_products(graph) == 1
+    assert sum(node.kind() == f"lookahead_native::{op}" for node in graph.nodes()) == 1
+    merged = torch._C._create_function_from_graph("merged", graph)
+    for rows in (1, 5):
+        x = torch.randn(rows, inputs)
+        assert all(bits(a, b) for a, b in zip(trace(x), merged(x)))

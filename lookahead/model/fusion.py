@@ -30,6 +30,12 @@ GPT-2, OPT, GPT-BigCode, GPT-J, CodeGen and Cohere compute both otherwise
 same-dtype casts. The rewrite shrinks a step's graph (nodes counted by
 ``lookahead roofline``'s traced timing; what it saves is measured there).
 
+A GGUF model's layers multiply through lookahead's block products (quantized.py), one call per
+layer; the calls that read one input (a layer's query, key and value projections, an MLP's gate and
+up projections) over weights that lie back to back in memory (hugepages.py lays them out so) become
+one call over the joined weights (``merge_products``: the same outputs to the bit, the input quantized
+once, the op's overhead paid once).
+
 Every rewritten graph then has its repeated shape arithmetic computed once
 (``shared``: TorchScript's constant propagation and common-subexpression
 passes): the same ops, each computed once.
@@ -113,8 +119,9 @@ class Fused:
 
 
 def fused(trace: Any) -> Fused | None:
-    """``trace`` (a ScriptFunction from torch.jit.trace) with its RMS norms and half rotations as one op each
-    and its float32-to-float32 casts dropped; None where nothing matched or the rewrite cannot be made
+    """``trace`` (a ScriptFunction from torch.jit.trace) with its RMS norms and half rotations as one op each,
+    its float32-to-float32 casts dropped and its sibling block products merged (``chains["products"]``: the
+    calls merged away); None where nothing matched or the rewrite cannot be made
     (the caller keeps the trace as recorded). The ops must be loaded (native/build.py's ``fused_ops``)."""
     graph = trace.graph.copy()
     before = _count(graph)
@@ -124,6 +131,7 @@ def fused(trace: Any) -> Fused | None:
             torch._C._jit_pass_custom_pattern_based_rewrite_graph(pattern, replacement, graph)
             chains[name] = sum(node.kind() == f"lookahead_native::{name}" for node in graph.nodes())
         casts = drop_same_casts(graph)
+        chains["products"] = merge_products(graph)
         shared(graph)
         graph.lint()
         if not any(chains.values()) and not casts and _count(graph) == before:
@@ -181,3 +189,97 @@ _NOT_CONSTANT = object()
 def _count(graph: Any) -> int:
     """The graph's nodes other than constants."""
     return sum(node.kind() != "prim::Constant" for node in graph.nodes())
+
+
+# The block products a GGUF layer runs (quantized.py): (x, weight rows, format, inputs, bias, the rest constants)
+PRODUCTS = {"lookahead_native::qlinear_int8_x16": 16, "lookahead_native::qlinear_int8": 1,
+            "lookahead_native::qlinear": 1}  # op -> outputs per row of its weight tensor
+
+
+def merge_products(graph: Any) -> int:
+    """Products of one input by weights that lie back to back in one storage, each one call, made one call
+    over the joined weights, each product's output then a slice of the joined output; how many calls
+    were merged away.
+
+    A layer's query, key and value projections (and an MLP's gate and up projections) read the same
+    input: each call quantizes that input again and pays the op's own overhead (its threads woken, its
+    output allocated) for a few hundred outputs. Called once over all of them, every output is computed
+    as before (each output's sum is its own: the same bits, whatever the outputs beside it), and the
+    input is read once. The weights must be graph constants of one dtype and row width whose bytes follow
+    each other in their storage (hugepages.py lays a model's weight buffers out so, in the modules' order);
+    the other arguments (format, inputs, the kernel's choices) constants equal across the calls, and the
+    biases all absent or all constants (joined). Calls whose weights lie apart are left as they are.
+
+    Worked example: q = P(x, Wq) [.., 576], k = P(x, Wk) [.., 192], v = P(x, Wv) [.., 192], Wq Wk Wv back to
+    back -> y = P(x, W) [.., 960], q = y[..., 0:576], k = y[..., 576:768], v = y[..., 768:960]."""
+    groups: dict[tuple, list[tuple[Any, torch.Tensor, Any]]] = {}
+    for node in graph.nodes():
+        per_row = PRODUCTS.get(node.kind())
+        if per_row is None:
+            continue
+        x, weight, *rest = list(node.inputs())
+        values = [_constant(value) for value in (weight, *rest)]
+        if any(value is _NOT_CONSTANT for value in values) or not isinstance(values[0], torch.Tensor):
+            continue
+        tensor, bias = values[0], values[3]
+        if tensor.dim() != 2 or not tensor.is_contiguous() or not (bias is None or isinstance(bias, torch.Tensor)):
+            continue
+        key = (node.kind(), x.unique(), tensor.untyped_storage().data_ptr(), tensor.dtype, tensor.shape[1],
+               bias is None, *(repr(value) for value in values[1:3]), *(repr(value) for value in values[4:]))
+        groups.setdefault(key, []).append((node, tensor, bias))
+    merged = 0
+    for members in groups.values():
+        for run in _back_to_back(members):
+            if len(run) > 1:
+                _merge(graph, run, PRODUCTS[run[0][0].kind()])
+                merged += len(run) - 1
+    return merged
+
+
+def _back_to_back(members: list[tuple[Any, torch.Tensor, Any]]) -> list[list[tuple[Any, torch.Tensor, Any]]]:
+    """The calls in runs whose weights follow each other in memory (each run in the weights' order)."""
+    ordered = sorted(members, key=lambda member: member[1].data_ptr())
+    runs: list[list[tuple[Any, torch.Tensor, Any]]] = []
+    for member in ordered:
+        last = runs[-1][-1][1] if runs else None
+        if last is not None and last.data_ptr() + last.numel() * last.element_size() == member[1].data_ptr():
+            runs[-1].append(member)
+        else:
+            runs.append([member])
+    return runs
+
+
+def _merge(graph: Any, run: list[tuple[Any, torch.Tensor, Any]], per_row: int) -> None:
+    """One call over ``run``'s joined weights (a view of their storage, no copy) in place of its calls, placed
+    before the first of them; each call's output a slice of it."""
+    nodes = [node for node, _, _ in run]
+    first = min(nodes, key=_position(graph))
+    tensors = [tensor for _, tensor, _ in run]
+    rows = sum(int(tensor.shape[0]) for tensor in tensors)
+    joined = tensors[0].new_empty(0).set_(tensors[0].untyped_storage(), tensors[0].storage_offset(),
+                                          (rows, tensors[0].shape[1]), (tensors[0].shape[1], 1))
+    biases = [bias for _, _, bias in run]
+    inputs = list(run[0][0].inputs())
+    with graph.insert_point_guard(first):
+        weight = graph.insertConstant(joined)
+        bias = inputs[4] if biases[0] is None else graph.insertConstant(torch.cat(biases))
+        call = graph.create(run[0][0].kind(), [inputs[0], weight, *inputs[2:4], bias, *inputs[5:]])
+        graph.insertNode(call)
+        call.output().setType(torch._C.TensorType.get())
+        start = 0
+        for node, tensor, _ in run:
+            end = start + per_row * int(tensor.shape[0])
+            part = graph.create("aten::slice", [call.output(), graph.insertConstant(-1), graph.insertConstant(start),
+                                                graph.insertConstant(end), graph.insertConstant(1)])
+            graph.insertNode(part)
+            part.output().setType(node.output().type())
+            node.output().replaceAllUsesWith(part.output())
+            start = end
+    for node in nodes:
+        node.destroy()
+
+
+def _position(graph: Any) -> Any:
+    """A key ordering a graph's top-level nodes as they run."""
+    order = {node: index for index, node in enumerate(graph.nodes())}
+    return lambda node: order[node]
