@@ -89,7 +89,7 @@ def compute_throughput(model: torch.nn.Module, linears: object, routes: dict[str
         return {}
     macs = linear_macs(model)
     quantized = isinstance(layers[0], QuantizedLinear)  # (blocks: their own kernel, whatever the route)
-    device, dtype = (layers[0].blocks.device, torch.float32) if quantized else (layers[0].weight.device,
+    device, dtype = (layers[0].stored.device, torch.float32) if quantized else (layers[0].weight.device,
                                                                                  layers[0].weight.dtype)
     generator = torch.Generator().manual_seed(seed)
     inputs = {size: torch.randn(rows, size, generator=generator).to(device, dtype)  # [q, I]

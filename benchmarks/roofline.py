@@ -60,7 +60,8 @@ LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul
                         "mkldnn::_linear_pointwise",  # matrix products, by name (this one: the onednn route) ...
                         "lookahead_native::linear",  # ... and lookahead's C++ op (a traced step's kernel route)
                         "lookahead_native::tiled",  # ... and its tiled kernel (an eager step's, in float32)
-                        "lookahead_native::qlinear", "lookahead_native::qlinear_int8"})  # ... and GGUF blocks
+                        "lookahead_native::qlinear", "lookahead_native::qlinear_int8",
+                        "lookahead_native::qlinear_int8_x16"})  # ... and GGUF blocks
 KV_RANGE = "lookahead::kv_cache_update"  # the profiler range put around the KV cache's update (``attributed``)
 ATTENTION_OPS = frozenset({"lookahead_native::attend"})  # lookahead's attention op (native/fused.cpp)
 PARTS = ("linears", "attention", "kv cache", "other ops", "python and dispatch")  # a step's breakdown, in order
@@ -84,13 +85,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
     skipped = None if embedding is None or table is None or table is output_weight else table
     seen: set[tuple] = set()
     total = 0
-    for module in quantized_modules(model):  # a GGUF's blocks (model/quantized.py): their bytes as held
-        shared = any(m.blocks is module.blocks for m in quantized_modules(model) if isinstance(m, QuantizedLinear))
-        if isinstance(module, QuantizedLinear) or shared:
-            key = ("blocks", module.blocks.data_ptr())
+    linears = [m.stored for m in quantized_modules(model) if isinstance(m, QuantizedLinear)]
+    for module in quantized_modules(model):  # a GGUF's blocks (model/quantized.py): their bytes as held (the
+        stored = module.stored  # blocks, or their 16-row layout for int8 products)
+        if isinstance(module, QuantizedLinear) or any(stored is held for held in linears):
+            key = ("blocks", stored.data_ptr())
             if key not in seen:
                 seen.add(key)
-                total += module.blocks.numel()
+                total += stored.numel() * stored.element_size()
     for param in model.parameters():
         if skipped is not None and param is skipped:
             continue

@@ -58,6 +58,26 @@ def test_weight_bytes_count_a_tied_embedding_once():
     assert rl.weight_bytes(model) == sum(p.numel() * 4 for p in model.parameters())
 
 
+@pytest.mark.parametrize("products", ["float32", "int8"])
+def test_weight_bytes_of_a_gguf_model_are_its_layers_blocks_as_held(products):
+    """A GGUF model's linear layers hold blocks, or their 16-row layout for int8 products (``blocks`` then
+    None): the bytes held count, once each, beside its parameters (its norms); its untied table is left out."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quantized import quantized_model
+
+    from lookahead.model.products import set_products
+    from lookahead.model.quantized import QuantizedLinear, quantized_modules
+
+    model = quantized_model("llama", Q.Q4_1)
+    set_products(model, products)
+    held = {id(m.stored): m.stored for m in quantized_modules(model) if isinstance(m, QuantizedLinear)}
+    assert (products == "int8") == all(m.blocks is None for m in quantized_modules(model)
+                                       if isinstance(m, QuantizedLinear))
+    expected = sum(t.numel() * t.element_size() for t in held.values()) \
+        + sum(p.numel() * p.element_size() for p in model.parameters())
+    assert rl.weight_bytes(model) == expected
+
+
 def test_bandwidth_is_bytes_over_the_median_time():
     bandwidth, times = rl.streaming_bandwidth(SMALL_STREAM, "cpu", warmups=1, repeats=3)
     assert len(times) == 3 and all(t > 0 for t in times)
