@@ -40,7 +40,7 @@ from .decode.sources import DraftModel, SourceFactory
 from .kernels import warmup
 from .kernels.threads import start_numba_threads, usable_cores
 from .model.fewrows import FewRowLinear
-from .model.heap import keep_freed_memory
+from .model.heap import give_back_freed_memory, keep_freed_memory
 from .model.hugepages import move_to_huge_pages
 from .model.prefixes import PrefixStore
 from .model.routing import Routing
@@ -114,8 +114,8 @@ class LookaheadGenerator:
         if not isinstance(self.config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig, got {type(self.config).__name__}")
         layout = check_model(model, self.config.allow_untested_models)
-        if self.config.huge_pages:  # (before anything holds the weights: the trace, the kernels, a cost curve)
-            move_to_huge_pages(model)
+        if self.config.huge_pages and move_to_huge_pages(model):  # (before anything holds the weights: the trace,
+            give_back_freed_memory()  # the kernels, a cost curve; then what the copies replaced goes back to the OS)
         if self.config.keep_freed_memory and input_device(model).type == "cpu":
             keep_freed_memory()  # (before a cost curve is measured: its forwards allocate as the steps will)
         self.target = Target(model, layout, ForwardSwitches.of(self.config))

@@ -133,3 +133,20 @@ def test_a_gguf_models_weight_buffers_move_with_its_parameters(offered):
     with torch.no_grad():
         assert torch.equal(model(x).logits, expected)
     assert not move_to_huge_pages(model, offered)  # moved once
+
+
+@needs_madvise
+def test_a_generator_gives_back_what_the_move_let_go_of(monkeypatch, offered):
+    """After a move the process's heap is trimmed once (the weights' old copies, freed, go back to the OS); a
+    model already moved is not moved again, nor trimmed again."""
+    from lookahead import generator as generator_module
+    from lookahead.model import hugepages
+
+    monkeypatch.setattr(hugepages.move_to_huge_pages, "__defaults__", (offered,))
+    trims = []
+    monkeypatch.setattr(generator_module, "give_back_freed_memory", lambda: trims.append(1) or True)
+    model = tiny_model("llama")
+    LookaheadGenerator(model)
+    assert on_huge_pages(model) and trims == [1]
+    LookaheadGenerator(model)
+    assert trims == [1]
