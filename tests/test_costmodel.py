@@ -277,6 +277,19 @@ def test_a_stoppable_timer_prefills_its_context_in_pieces_it_can_stop_between(ll
     assert timer.cache.get_seq_length() == context and timer(1) > 0
 
 
+def test_a_timed_step_reads_its_logits_back_as_the_decode_loop_does(llama, monkeypatch):
+    """(the verifier's row_argmax: on the CPU numpy's, several times faster than torch's over a large vocabulary,
+    so that a many-row step is not priced dearer than the loop's steps cost)"""
+    from lookahead.cost import measure
+
+    model, layout = llama
+    read = []
+    real = measure.row_argmax
+    monkeypatch.setattr(measure, "row_argmax", lambda scores: read.append(tuple(scores.shape)) or real(scores))
+    timer = measure.decode_step_timer(model, layout, 8, batch=2)
+    assert timer(3) > 0 and read == [(2 * 3, model.config.vocab_size)]
+
+
 def test_a_real_measurement_talks_and_keeps_only_a_plausible_curve(llama, tmp_path, capsys):
     """A real forward of the tiny Llama is timed: the machine may be busy, so every outcome is allowed,
     and each must say what happened."""

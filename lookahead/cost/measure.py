@@ -40,7 +40,7 @@ from ..model.quantized import embedding_facts
 from ..model.routing import Route, Routing, candidate_routes, kernel_applies, onednn_applies, route_mode
 from ..model.support import AttentionLayout
 from ..model.switches import ForwardSwitches
-from ..model.target import Target, input_device
+from ..model.target import Target, input_device, row_argmax
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -383,7 +383,8 @@ class StepTimer:
     def _timed(self, q: int) -> float:
         """Seconds of one step over q rows, read back to the host; the cache as it was before."""
         began = time.perf_counter()
-        self.passes[q](self.cache).argmax(-1).cpu()  # the step's host sync
+        logits = self.passes[q](self.cache)  # [B, q, V]
+        row_argmax(logits.reshape(-1, logits.shape[-1])).cpu()  # the step's host sync, read as the loop reads it
         took = time.perf_counter() - began
         self.cache.crop(-q)
         return took

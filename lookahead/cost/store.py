@@ -64,8 +64,8 @@ LOAD_LIMIT = 0.25  # other processes keeping this many cores busy while measurin
 # kernel in 16 lanes where AVX-512F runs and measures faster, its width in the fingerprint; W @ x^T from one row;
 # 9: the 16-lane tiled kernel's seven to nine rows in one pass; 10: the attention op by each row's visible keys,
 # integer products a K super-block at a time; 11: a GGUF model's traces fused as a float model's are, its
-# weight buffers on the huge pages)
-ROUTES_VERSION = 11
+# weight buffers on the huge pages; 12: the timed steps' logits read by numpy's argmax as the decode loop reads them)
+ROUTES_VERSION = 12
 KEY_DIGITS = 24  # hex digits of the fingerprint's sha256 that name its file: 96 bits, no collision in practice
 SPREAD_SAID = 1.5  # the announcement gives the longest a measurement may take when it is this many times the likely
 BOUND_S = float(LookaheadConfig.calibration_seconds)  # the default bound on one measurement's wall-clock seconds

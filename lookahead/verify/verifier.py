@@ -62,25 +62,11 @@ from ..core.tree import TokenTree
 from ..errors import ProcessorOutputError
 from ..kernels.trie import path_tokens
 from ..kernels.walk import chosen_walk
-from ..model.target import to_device
+from ..model.target import row_argmax, to_device
 from ..proposers.recycle import top_successors
 from .logprobs import emitting_rows, read_logprobs, split_warpers, stage_logprobs, staged_logprobs_size
 from .penalties import bind_decoding
 from .sampling import NO_TOKEN, PositionUniforms, fast_top_k, sample_rows, sample_top_k, speculative_rows
-
-NUMPY_ARGMAX = (torch.float32, torch.float64)  # dtypes whose CPU argmax numpy takes
-
-
-def row_argmax(scores: torch.Tensor) -> torch.Tensor:
-    """scores [R, V].argmax(-1) [R] (int64), on the scores' device.
-
-    On the CPU numpy's argmax reads a row several times faster than torch's
-    (a vocabulary row, read on every verified row); both return the first maximal index, NaN
-    counting as the maximum, so the result is the same. [[1 3 3] [nan 0 5]] -> [1 0].
-    """
-    if scores.device.type == "cpu" and scores.dtype in NUMPY_ARGMAX and not scores.requires_grad:
-        return torch.from_numpy(scores.numpy().argmax(-1).astype(np.int64, copy=False))
-    return scores.argmax(-1)
 
 
 @dataclass
