@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -214,6 +215,23 @@ def test_top_entries_matches_torch_topk_on_random_rows_and_survives_nan():
     scores[0, :200] = np.nan  # a failed row: still valid columns, every number found
     row = top_entries(scores[:1], 4, np.array([0.5]))[0, :4]
     assert ((row >= 0) & (row < 1000)).all() and len(set(row.tolist())) == 4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_top_entries_rows_shared_among_threads_are_top_entries(dtype):
+    from lookahead.kernels.topk import top_entries, top_entries_rows
+
+    rng = np.random.default_rng(1)
+    scores = rng.standard_normal((9, 3000)).astype(dtype)
+    scores[2] = 0.0  # every column ties: the earliest first
+    scores[4, :700] = np.nan  # a failed row
+    scores[5, rng.integers(0, 3000, 50)] = 4.0  # many equal best columns
+    edges = np.array([0.25, 0.5, 0.75, 0.9])
+    for width in (1, 8, 5000):
+        assert np.array_equal(top_entries_rows(scores, width, edges), top_entries(scores, width, edges))
+    assert top_entries_rows(scores[:0], 8, edges).shape == (0, 16)
+    assert top_entries_rows(np.array([[0.0, 3.0, 1.0, 3.0]], dtype=dtype), 2, np.array([0.25, 0.5])).tolist() == \
+        [[1, 3, 2, 2]]  # the docstring's example
 
 
 def test_refine_curve_worked_example():

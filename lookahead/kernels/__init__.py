@@ -17,7 +17,7 @@ from .match import match_continuations
 from .pool import new_pool, pool_insert_grams, pool_insert_sequence, pool_lookup
 from .recycle import grow_recycled_tree, pair_learn, previous_tokens, recycled_paths, table_learn, tree_paths
 from .suffix import ORDERS, PROB_EDGES, new_store, store_append, store_lookup, store_separate
-from .topk import top_entries
+from .topk import top_entries, top_entries_rows
 from .trie import (
     best_first_order,
     build_scored_trie,
@@ -92,6 +92,7 @@ def _warm_topk() -> None:
     """The top-k of the logits, over float32 and float64 rows."""
     for scores in (np.zeros((1, 3), dtype=np.float32), np.zeros((1, 3))):
         top_entries(scores, 2, np.array([0.5]))
+        top_entries_rows(scores, 2, np.array([0.5]))
 
 
 def _warm_recycle() -> None:
@@ -124,8 +125,8 @@ WARM_GROUPS: tuple[Callable[[], None], ...] = (_warm_trees, _warm_sources, _warm
 ENTRY_KERNELS = (backoff_estimates, count_tree, forecast_options, refine_curve, match_continuations,
                  pool_insert_sequence, pool_insert_grams, pool_lookup, store_append, store_separate, store_lookup,
                  build_scored_trie, best_first_order, ranked_nodes, step_arrays, layout_mask, subtree_arrays,
-                 path_tokens, accept_walk, chosen_walk, top_entries, pair_learn, grow_recycled_tree, tree_paths,
-                 previous_tokens, table_learn, recycled_paths)
+                 path_tokens, accept_walk, chosen_walk, top_entries, top_entries_rows, pair_learn, grow_recycled_tree,
+                 tree_paths, previous_tokens, table_learn, recycled_paths)
 
 
 def cached() -> bool:

@@ -27,7 +27,7 @@ import torch
 
 from ..core.arrays import contiguous
 from ..kernels.recycle import recycled_paths, table_learn
-from ..kernels.topk import top_entries
+from ..kernels.topk import top_entries, top_entries_rows
 from .base import Candidates, Source, StepContext, no_candidates
 
 PAIR_SLOTS = 65521  # slots of the pair table (a prime: kernels/recycle.py's pair_slot)
@@ -36,6 +36,7 @@ EDGES = np.array(CONFIDENCE_EDGES)
 BUCKETS = len(CONFIDENCE_EDGES) + 1
 BUCKET_MIDDLES = np.array([0.12, 0.37, 0.62, 0.82, 0.95])  # a typical probability in each bucket
 RANK_DAMPING = 0.8  # a rank-r successor's prior is its bucket's middle times this / (1 + r): it may be stale
+SHARED_ROWS = 2  # kept rows from which their top-R are read on numba's threads (top_entries_rows)
 
 
 def rank_priors(width: int) -> np.ndarray:
@@ -58,7 +59,8 @@ def top_successors(logits: torch.Tensor, width: int) -> torch.Tensor:
     """
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
         rows = np.ascontiguousarray(logits.numpy())  # (the kernel reads C-contiguous rows; a slice may not be)
-        return torch.from_numpy(top_entries(rows, width, EDGES))  # a few times torch's speed
+        read = top_entries_rows if rows.shape[0] >= SHARED_ROWS else top_entries  # (the same array either way)
+        return torch.from_numpy(read(rows, width, EDGES))  # a few times torch's speed
     values, tokens = logits.topk(width, dim=-1)  # [K, R]
     share = torch.softmax(values.float(), dim=-1)  # [K, R]
     bucket = torch.zeros_like(tokens)
