@@ -212,8 +212,8 @@ def merge_products(graph: Any) -> int:
 
     Worked example: q = P(x, Wq) [.., 576], k = P(x, Wk) [.., 192], v = P(x, Wv) [.., 192], Wq Wk Wv back to
     back -> y = P(x, W) [.., 960], q = y[..., 0:576], k = y[..., 576:768], v = y[..., 768:960]."""
-    groups: dict[tuple, list[tuple[Any, torch.Tensor, Any]]] = {}
-    for node in graph.nodes():
+    groups: dict[tuple, list[tuple[Any, torch.Tensor, Any, int]]] = {}
+    for index, node in enumerate(graph.nodes()):
         per_row = PRODUCTS.get(node.kind())
         if per_row is None:
             continue
@@ -226,7 +226,7 @@ def merge_products(graph: Any) -> int:
             continue
         key = (node.kind(), x.unique(), tensor.untyped_storage().data_ptr(), tensor.dtype, tensor.shape[1],
                bias is None, *(repr(value) for value in values[1:3]), *(repr(value) for value in values[4:]))
-        groups.setdefault(key, []).append((node, tensor, bias))
+        groups.setdefault(key, []).append((node, tensor, bias, index))
     merged = 0
     for members in groups.values():
         for run in _back_to_back(members):
@@ -236,10 +236,10 @@ def merge_products(graph: Any) -> int:
     return merged
 
 
-def _back_to_back(members: list[tuple[Any, torch.Tensor, Any]]) -> list[list[tuple[Any, torch.Tensor, Any]]]:
+def _back_to_back(members: list[tuple[Any, torch.Tensor, Any, int]]) -> list[list[tuple[Any, torch.Tensor, Any, int]]]:
     """The calls in runs whose weights follow each other in memory (each run in the weights' order)."""
     ordered = sorted(members, key=lambda member: member[1].data_ptr())
-    runs: list[list[tuple[Any, torch.Tensor, Any]]] = []
+    runs: list[list[tuple[Any, torch.Tensor, Any, int]]] = []
     for member in ordered:
         last = runs[-1][-1][1] if runs else None
         if last is not None and last.data_ptr() + last.numel() * last.element_size() == member[1].data_ptr():
@@ -249,16 +249,16 @@ def _back_to_back(members: list[tuple[Any, torch.Tensor, Any]]) -> list[list[tup
     return runs
 
 
-def _merge(graph: Any, run: list[tuple[Any, torch.Tensor, Any]], per_row: int) -> None:
-    """One call over ``run``'s joined weights (a view of their storage, no copy) in place of its calls, placed
-    before the first of them; each call's output a slice of it."""
-    nodes = [node for node, _, _ in run]
-    first = min(nodes, key=_position(graph))
-    tensors = [tensor for _, tensor, _ in run]
+def _merge(graph: Any, run: list[tuple[Any, torch.Tensor, Any, int]], per_row: int) -> None:
+    """One call over ``run``'s joined weights (a view of their storage, no copy) in place of its calls (each with
+    its position in the graph), placed before the first of them; each call's output a slice of it."""
+    nodes = [node for node, _, _, _ in run]
+    first = min(run, key=lambda member: member[3])[0]
+    tensors = [tensor for _, tensor, _, _ in run]
     rows = sum(int(tensor.shape[0]) for tensor in tensors)
     joined = tensors[0].new_empty(0).set_(tensors[0].untyped_storage(), tensors[0].storage_offset(),
                                           (rows, tensors[0].shape[1]), (tensors[0].shape[1], 1))
-    biases = [bias for _, _, bias in run]
+    biases = [bias for _, _, bias, _ in run]
     inputs = list(run[0][0].inputs())
     with graph.insert_point_guard(first):
         weight = graph.insertConstant(joined)
@@ -267,7 +267,7 @@ def _merge(graph: Any, run: list[tuple[Any, torch.Tensor, Any]], per_row: int) -
         graph.insertNode(call)
         call.output().setType(torch._C.TensorType.get())
         start = 0
-        for node, tensor, _ in run:
+        for node, tensor, _, _ in run:
             end = start + per_row * int(tensor.shape[0])
             part = graph.create("aten::slice", [call.output(), graph.insertConstant(-1), graph.insertConstant(start),
                                                 graph.insertConstant(end), graph.insertConstant(1)])
@@ -277,9 +277,3 @@ def _merge(graph: Any, run: list[tuple[Any, torch.Tensor, Any]], per_row: int) -
             start = end
     for node in nodes:
         node.destroy()
-
-
-def _position(graph: Any) -> Any:
-    """A key ordering a graph's top-level nodes as they run."""
-    order = {node: index for index, node in enumerate(graph.nodes())}
-    return lambda node: order[node]

@@ -61,8 +61,8 @@ def cpu_weight_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     seen: set[int] = set()
     buffers = []
     for module in quantized_modules(model):
-        stored = module.packed if module.packed is not None else module.blocks
-        if stored is not None and stored.device.type == "cpu" and id(stored) not in seen:
+        stored = module.stored
+        if stored.device.type == "cpu" and id(stored) not in seen:
             seen.add(id(stored))
             buffers.append(stored)
     return buffers

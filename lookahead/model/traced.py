@@ -168,7 +168,7 @@ class TracedForward:
     what a trace costs (``due``) and checked then."""
 
     def __init__(self, model: PreTrainedModel, cache_keyword: str, attention: GroupedAttention,
-                 linears: FewRowLinear, native: bool = True):
+                 linears: FewRowLinear, native: bool):
         self.model = model
         self.linears = linears  # its routed linear layers, recorded as ``op``
         # The linear op the traces record: the C++ op where the linears loaded it (native/build.py), else
