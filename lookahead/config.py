@@ -114,6 +114,12 @@ class LookaheadConfig:
                                            "recently used dropped. Used only where that gives the bits a whole "
                                            "prefill gives (int8 products of GGUF blocks on the CPU); 0: none",
                                       0, 1 << 20)
+    prefill_chunk: int = documented(128, "rows of a joining prompt prefilled before each step while other "
+                                        "sequences of its batch decode (an open batch, a server), so that their "
+                                        "streams wait for one chunk a step, not the whole prompt; only where a "
+                                        "prompt prefilled in parts gives the bits of a whole prefill (int8 "
+                                        "products of GGUF blocks on the CPU); 0: the whole prompt at once",
+                                    0, 1 << 20)
     max_tree_nodes: int = documented(32, "cap on verification-tree nodes per step", 0, 4096)
     budget: str = documented("adaptive", "adaptive: size each step's tree and window by the cost curve; fixed: "
                                          "always the whole window and up to max_tree_nodes",

@@ -191,8 +191,9 @@ class OpenBatch:
 
     @property
     def handles(self) -> list[BatchHandle]:
-        """The sequences still decoding, in the batch's order."""
-        return [self._handles[id(seq)] for seq in self.run.active]
+        """The sequences still decoding, in the batch's order, then those still joining (their prompts being
+        prefilled a chunk a step: ``LookaheadConfig.prefill_chunk``)."""
+        return [self._handles[id(seq)] for seq in self.run.active + [join.seq for join in self.run.pending]]
 
     @property
     def stats(self) -> GenerationStats:
@@ -243,7 +244,7 @@ class OpenBatch:
         collector = _Collector()
         seq = self.run.join(prompt, decoding, collector, context_left, rows[0] if rows is not None else None)
         handle = BatchHandle(seq, collector)
-        if seq in self.run.active:
+        if seq in self.run.active or self.run.joining(seq):
             self._handles[id(seq)] = handle
         else:
             handle._end(handle._reason())  # nothing to generate
@@ -320,7 +321,7 @@ class OpenBatch:
         handle._end("cancelled")
 
     def trial_step(self, rows: int) -> None:
-        """One forward of ``rows`` rows per running sequence (a chain of its last ``rows`` tokens) through the
+        """One forward of ``rows`` rows per joined sequence (a chain of its last ``rows`` tokens) through the
         target, as a step of that shape runs, with nothing verified, committed or learned: what a server's
         warm-up runs to make each step shape's cost curve and trace before its first request. The batch is
         spent after it (its cache holds the trial rows): ``join`` and ``step`` then raise; open a new one.
@@ -330,6 +331,7 @@ class OpenBatch:
         """
         self._check_usable()
         run = self.run
+        run.finish_joins()  # (every joined sequence takes part, its prompt all in)
         count = len(run.active)
         if count == 0 or rows < 1:
             raise ValueError(f"trial_step needs running sequences and rows >= 1 (got {count} sequences, {rows} rows)")

@@ -1,6 +1,7 @@
 """The decode loop for A >= 1 sequences: plan -> forward -> verify -> commit -> learn. Sequences enter a run
-by ``join`` (one prompt, prefilled alone: an open batch's requests) or ``admit`` (a generate call's
-left-padded batch, prefilled together as model.generate prefills it), step together and leave.
+by ``join`` (one prompt, prefilled alone, at once or a chunk a step while the others decode: an open batch's
+requests) or ``admit`` (a generate call's left-padded batch, prefilled together as model.generate prefills
+it), step together and leave.
 
 Every sequence keeps its own ``Sequence`` (output, window, pool, planner,
 verifier); they share the forward, the KV cache and the step's one host
@@ -48,6 +49,17 @@ from .sequence import Sequence, StepPlan, sequence_parts
 # too, while compacting copies the visible ones once.
 COMPACT_SHARE = 0.25
 COMPACT_MIN_SLOTS = 32
+
+
+@dataclass
+class PendingJoin:
+    """A joining sequence whose prompt is prefilled ``LookaheadConfig.prefill_chunk`` rows a step, before the
+    batch's step, while the batch's sequences decode (``DecodeRun.join``)."""
+
+    seq: Sequence
+    cache: SlotCache  # its own cache, ``done`` slots filled
+    body: np.ndarray  # [T - 1] its prompt but the last token (the first step's x)
+    done: int  # slots prefilled or restored from the prefix store so far
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,7 @@ class DecodeRun:
         self.past = 0  # cache slots P
         self.x_pos = np.zeros(0, dtype=np.int64)  # [A] position of each sequence's x
         self.slots: PastSlots | None = None  # with several sequences: which slots each sees (see above)
+        self.pending: list[PendingJoin] = []  # joining sequences whose prompts are prefilled a chunk a step
 
     @classmethod
     def open(cls, context: DecodeContext) -> DecodeRun:
@@ -153,7 +166,7 @@ class DecodeRun:
             The B sequences, in row order: all running, or (nothing to generate: max_new_tokens 0) none, and
             then nothing is prefilled and none begins.
         """
-        if self.active:
+        if self.active or self.pending:
             raise RuntimeError("admit: a padded batch joins a run with no sequence running")
         seqs = [self._sequence(p, decoding, streamer, left, predicted)
                 for p, streamer, left, predicted in zip(prompts, streamers, contexts_left, predictions)]
@@ -176,7 +189,10 @@ class DecodeRun:
         bookkeeping."""
         if len(seqs) == 1:
             prompt = seqs[0].out.seq[:seqs[0].out.prompt_len]  # without its left padding
-            self.cache = self._prefilled(prompt, seqs[0])
+            body = prompt[:-1]  # [T - 1]
+            self.cache, done = self._restored(body, seqs[0], reuse_is_exact(self.target.model))
+            self.target.prefill(self.cache, body[None, done:])
+            self._keep_prompt(body, self.cache)
             self.past = prompt.shape[0] - 1
             self.x_pos = np.array([self.past], dtype=np.int64)
             self.slots = None
@@ -191,7 +207,9 @@ class DecodeRun:
 
     def step(self) -> list[Sequence]:
         """One step of every active sequence: 1. propose, 2. build the trees, 3. one forward,
-        4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn.
+        4. verify (one host transfer), 5. commit (and the KV cache's rows), 6. learn. Before it, the first
+        joining sequence's prompt is prefilled one chunk further (``join``; the whole of it where no sequence
+        is decoding), and joins the step once all of it is in.
 
         Returns the sequences that finished in it (they have left the batch; ``Sequence.finish``
         is the caller's: decode/batch.py's ``OpenBatch.step`` finishes each there). Runs in inference mode, entered
@@ -203,6 +221,10 @@ class DecodeRun:
 
     def _step(self) -> list[Sequence]:
         """``step``, in inference mode."""
+        if self.pending:
+            self._advance_join()
+        if not self.active:
+            return []
         clock = time.perf_counter
         marks = [clock()]  # the end of each phase (stats.PHASES)
         seqs = list(self.active)
@@ -283,7 +305,11 @@ class DecodeRun:
              prediction: np.ndarray | None = None) -> Sequence:
         """A sequence decoding ``prompt`` [T] joins the batch at the next step.
 
-        Its prompt (all but the last token, the first step's x) is prefilled alone; its keys and
+        Its prompt (all but the last token, the first step's x) is prefilled alone: here, at once, where no
+        sequence is decoding, the prompt is no longer than ``LookaheadConfig.prefill_chunk`` (0: every prompt)
+        or a prompt prefilled in parts would not give a whole prefill's bits (model/prefixes.py); else
+        ``prefill_chunk`` rows before each of the next steps, so that the decoding sequences wait for one
+        chunk a step, not the whole prompt (``joining`` says whether it still is). Its keys and
         values then sit beside the others' as one more batch row, left-padded to the longer past (or
         the others' are), the padding hidden by the slots' mask. ``context_left``: the new tokens the
         model's context holds after the prompt (None: no limit). A sequence with nothing to
@@ -293,8 +319,69 @@ class DecodeRun:
         seq = self._sequence(prompt, decoding, streamer, context_left, prediction)
         if seq.tokens_left() <= 0:
             return seq
-        own = self._prefilled(prompt, seq)
-        length = int(prompt.shape[0]) - 1  # its cache slots: every prompt token but x
+        body = prompt[:-1]  # [T - 1]
+        exact = reuse_is_exact(self.target.model)
+        cache, done = self._restored(body, seq, exact)
+        join = PendingJoin(seq, cache, body, done)
+        chunk = self.context.config.prefill_chunk
+        if self.active and exact and 0 < chunk < body.shape[0] - done:
+            self.pending.append(join)  # (prefilled a chunk a step: ``_advance_join``)
+        else:
+            self._prefill_join(join, body.shape[0])
+        return seq
+
+    def joining(self, seq: Sequence) -> bool:
+        """Whether ``seq`` joined and its prompt is still being prefilled (it decodes once all of it is in)."""
+        return any(join.seq is seq for join in self.pending)
+
+    def _restored(self, body: np.ndarray, seq: Sequence, exact: bool) -> tuple[SlotCache, int]:
+        """(a new cache for one sequence whose prompt but its last token is ``body`` [T - 1], how many of its
+        slots it holds): the slots of the longest earlier prompt it begins with, restored from the prefix store
+        where reusing them is exact (model/prefixes.py), else none; ``seq``'s stats count the tokens restored."""
+        cache = self.target.new_cache()
+        store = self.context.prefixes
+        if store is None or not exact:
+            return cache, 0
+        reused = store.restore(body, cache)
+        seq.stats.cached_prompt_tokens = reused
+        self.stats.cached_prompt_tokens += reused
+        return cache, reused
+
+    @torch.inference_mode()
+    def finish_joins(self) -> None:
+        """Every joining sequence's prompt prefilled to its end now; they join the batch."""
+        while self.pending:
+            self._prefill_join(self.pending[0], self.pending[0].body.shape[0])
+
+    def _advance_join(self) -> None:
+        """The first joining sequence's prompt prefilled ``prefill_chunk`` rows further (all of the rest where no
+        sequence is decoding: nobody waits); once all of it is in, it joins the batch."""
+        join = self.pending[0]
+        rows = self.context.config.prefill_chunk if self.active else join.body.shape[0]
+        self._prefill_join(join, rows)
+
+    def _prefill_join(self, join: PendingJoin, rows: int) -> None:
+        """``rows`` more of ``join``'s prompt into its cache; once the whole prompt is in, the prompt is kept in the
+        prefix store (where there is one and reuse is exact) and the sequence joins the batch."""
+        end = min(join.done + rows, join.body.shape[0])
+        self.target.prefill(join.cache, join.body[None, join.done:end])
+        join.done = end
+        if end < join.body.shape[0]:
+            return
+        if join in self.pending:
+            self.pending.remove(join)
+        self._keep_prompt(join.body, join.cache)
+        self._enter(join.seq, join.cache, end)
+
+    def _keep_prompt(self, body: np.ndarray, cache: SlotCache) -> None:
+        """A prompt but its last token, ``body`` [T - 1], all in ``cache``: kept in the prefix store for the next
+        prompts that begin with it (where there is a store and reuse is exact)."""
+        store = self.context.prefixes
+        if store is not None and reuse_is_exact(self.target.model):
+            store.keep(body, cache)
+
+    def _enter(self, seq: Sequence, own: SlotCache, length: int) -> None:
+        """``seq``, its prompt prefilled into ``own`` (``length`` slots), joins the batch and begins."""
         if not self.active:
             self.cache, self.past, self.slots = own, length, None
             self.x_pos = np.array([length], dtype=np.int64)
@@ -303,25 +390,6 @@ class DecodeRun:
         self.active.append(seq)
         seq.begin()
         self._recost()
-        return seq
-
-    def _prefilled(self, prompt: np.ndarray, seq: Sequence) -> SlotCache:
-        """A new cache holding ``prompt`` [T] but its last token (the first step's x), for one sequence: the
-        slots of the longest earlier prompt it begins with restored from the prefix store and the rest
-        prefilled, where reusing them is exact (model/prefixes.py), else all of it prefilled. The prompt is
-        kept in the store for the next ones; ``seq``'s stats count the tokens restored."""
-        cache = self.target.new_cache()
-        body = prompt[:-1]  # [T - 1]
-        store = self.context.prefixes
-        if store is None or not reuse_is_exact(self.target.model):
-            self.target.prefill(cache, body[None])
-            return cache
-        reused = store.restore(body, cache)
-        self.target.prefill(cache, body[None, reused:])
-        store.keep(body, cache)
-        seq.stats.cached_prompt_tokens = reused
-        self.stats.cached_prompt_tokens += reused
-        return cache
 
     def _remember(self, finished: list[int]) -> None:
         """Keep each finished sequence's cache slots in the prefix store: its prompt and output up to this
@@ -354,7 +422,9 @@ class DecodeRun:
 
     @torch.inference_mode()
     def leave(self, seq: Sequence) -> None:
-        """``seq`` leaves the batch before the next step (a cancelled request; its cache row too)."""
+        """``seq`` leaves the batch before the next step (a cancelled request; its cache row too, or its prompt's
+        prefill where it is still joining)."""
+        self.pending = [join for join in self.pending if join.seq is not seq]
         if seq not in self.active:
             return
         if len(self.active) == 1:

@@ -1,0 +1,131 @@
+"""A prompt joining an open batch while others decode is prefilled ``prefill_chunk`` rows a step
+(lookahead/decode/loop.py's ``join``): the decoding sequences go on getting tokens meanwhile, the joining one
+decodes once all of its prompt is in, and every sequence's tokens are model.generate's. Only where a prompt
+prefilled in parts holds a whole prefill's bits (int8 products of GGUF blocks); elsewhere a prompt is prefilled
+whole, as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, reference, tiny_model
+from gguf import GGMLQuantizationType as Q
+from test_prefixes import int8_model
+
+from lookahead import LookaheadConfig, LookaheadGenerator
+from lookahead.config import ConfigError
+
+NEVER = [VOCAB + 1000]  # an EOS no row reaches: every decode runs to max_new_tokens
+FIRST = np.array([5, 9, 14, 23, 5, 9, 14, 23, 5, 9, 31, 40])  # the sequence decoding when the long one joins
+LONG = np.random.default_rng(7).integers(1, VOCAB, 41)  # 40 slots to prefill: 5 chunks of 8
+CHUNK = LookaheadConfig(prefill_chunk=8)
+
+
+def expected(model, prompt: np.ndarray, new: int) -> list[int]:
+    """model.generate's new tokens for ``prompt`` alone, greedy."""
+    ids = torch.from_numpy(prompt)[None]
+    return reference(model, ids, new, eos_token_id=NEVER)[0, ids.shape[1]:].tolist()
+
+
+@pytest.fixture(scope="module", params=[("llama", Q.Q8_0), ("qwen2", Q.Q4_1)], ids=lambda v: f"{v[0]}-{v[1].name}")
+def int8(request):
+    return int8_model(*request.param)
+
+
+def test_a_long_prompt_joins_a_chunk_a_step_while_the_other_decodes_and_both_decode_exactly(int8):
+    batch = LookaheadGenerator(int8, config=CHUNK).open_batch()
+    first = batch.join(FIRST, max_new_tokens=30, do_sample=False, eos_token_id=NEVER)
+    batch.step()
+    long = batch.join(LONG, max_new_tokens=12, do_sample=False, eos_token_id=NEVER)
+    assert batch.run.joining(long._seq) and long.new_tokens == 0  # noqa: SLF001
+    assert batch.handles == [first, long]  # the joining one is a handle of the batch's already
+    waited = 0
+    while batch.run.joining(long._seq):  # noqa: SLF001
+        before = first.new_tokens
+        events = batch.step()
+        waited += 1
+        assert first.new_tokens > before  # the decoding sequence got tokens in every step of the prefill
+        assert all(event.handle is not long for event in events) or not batch.run.joining(long._seq)  # noqa: SLF001
+    assert waited == 5  # 40 slots, 8 a step: the fifth chunk completes it and it decodes in that step
+    assert long.new_tokens >= 1
+    while batch.handles:
+        batch.step()
+    assert first.output_ids.tolist() == expected(int8, FIRST, 30)
+    assert long.output_ids.tolist() == expected(int8, LONG, 12)
+
+
+def test_a_joining_prompt_is_prefilled_whole_once_nothing_else_decodes(int8):
+    batch = LookaheadGenerator(int8, config=CHUNK).open_batch()
+    short = batch.join(FIRST, max_new_tokens=1, do_sample=False, eos_token_id=NEVER)
+    long = batch.join(LONG, max_new_tokens=6, do_sample=False, eos_token_id=NEVER)
+    assert batch.run.joining(long._seq)  # noqa: SLF001
+    batch.step()  # one chunk, then the short one's step ends it
+    assert short.finish_reason == "length" and batch.run.joining(long._seq)  # noqa: SLF001
+    batch.step()  # nobody waits: the rest of the prompt at once, then its first step
+    assert not batch.run.pending and long.new_tokens >= 1
+    while batch.handles:
+        batch.step()
+    assert long.output_ids.tolist() == expected(int8, LONG, 6)
+
+
+def test_a_joining_sequence_can_leave_before_its_prompt_is_in(int8):
+    batch = LookaheadGenerator(int8, config=CHUNK).open_batch()
+    first = batch.join(FIRST, max_new_tokens=10, do_sample=False, eos_token_id=NEVER)
+    long = batch.join(LONG, max_new_tokens=6, do_sample=False, eos_token_id=NEVER)
+    batch.step()
+    batch.leave(long)
+    assert long.finish_reason == "cancelled" and not batch.run.pending and batch.handles == [first]
+    while batch.handles:
+        batch.step()
+    assert long.new_tokens == 0
+    assert first.output_ids.tolist() == expected(int8, FIRST, 10)
+
+
+def test_a_chunked_prompt_is_kept_for_the_prefix_cache_once_it_is_all_in(int8):
+    gen = LookaheadGenerator(int8, config=CHUNK)
+    batch = gen.open_batch()
+    batch.join(FIRST, max_new_tokens=20, do_sample=False, eos_token_id=NEVER)
+    long = batch.join(LONG, max_new_tokens=4, do_sample=False, eos_token_id=NEVER)
+    while batch.run.joining(long._seq):  # noqa: SLF001
+        batch.step()
+    again = batch.join(np.concatenate([LONG, [3, 4]]), max_new_tokens=4, do_sample=False, eos_token_id=NEVER)
+    assert again.cached_prompt_tokens == LONG.shape[0] - 1  # its whole prompt came back from the store
+    while batch.handles:
+        batch.step()
+    assert again.output_ids.tolist() == expected(int8, np.concatenate([LONG, [3, 4]]), 4)
+
+
+def test_a_trial_step_runs_every_joined_sequence_its_prompt_all_in(int8):
+    batch = LookaheadGenerator(int8, config=CHUNK).open_batch()
+    for i in range(3):  # (three prompts of their own: nothing comes back from the prefix cache)
+        batch.join((LONG + i) % VOCAB, max_new_tokens=4, do_sample=False, eos_token_id=NEVER)
+    assert len(batch.run.pending) == 2
+    batch.trial_step(2)
+    assert not batch.run.pending and len(batch.run.active) == 3
+
+
+@pytest.mark.parametrize("config", [LookaheadConfig(prefill_chunk=0), LookaheadConfig(prefill_chunk=40)])
+def test_no_chunk_or_a_prompt_within_one_is_prefilled_at_once(int8, config):
+    batch = LookaheadGenerator(int8, config=config).open_batch()
+    batch.join(FIRST, max_new_tokens=4, do_sample=False, eos_token_id=NEVER)
+    long = batch.join(LONG, max_new_tokens=4, do_sample=False, eos_token_id=NEVER)
+    assert not batch.run.pending and long._seq in batch.run.active  # noqa: SLF001
+
+
+def test_float32_products_prefill_a_joining_prompt_whole():
+    """Their row's bits depend on the forward's row count: a prompt in parts would not hold a whole prefill's."""
+    model = tiny_model("llama")
+    batch = LookaheadGenerator(model, config=CHUNK).open_batch()
+    first = batch.join(FIRST, max_new_tokens=8, do_sample=False, eos_token_id=NEVER)
+    long = batch.join(LONG, max_new_tokens=8, do_sample=False, eos_token_id=NEVER)
+    assert not batch.run.pending
+    while batch.handles:
+        batch.step()
+    assert first.output_ids.tolist() == expected(model, FIRST, 8)
+    assert long.output_ids.tolist() == expected(model, LONG, 8)
+
+
+def test_a_negative_chunk_is_refused():
+    with pytest.raises(ConfigError, match="prefill_chunk"):
+        LookaheadConfig(prefill_chunk=-1)
