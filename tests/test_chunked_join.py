@@ -129,3 +129,54 @@ def test_float32_products_prefill_a_joining_prompt_whole():
 def test_a_negative_chunk_is_refused():
     with pytest.raises(ConfigError, match="prefill_chunk"):
         LookaheadConfig(prefill_chunk=-1)
+
+
+def test_the_server_joins_a_long_prompt_a_chunk_a_step_and_answers_as_with_whole_prefills(monkeypatch):
+    """The real server on loopback: a long completion joins while a stream decodes; with chunks of 4 rows its
+    prompt is prefilled over several of the stream's steps, and both answers are those of a server that prefills
+    every prompt whole."""
+    import threading
+
+    import openai
+    from conftest import tiny_tokenizer
+    from test_serve import ServerThread
+
+    from lookahead.decode.loop import DecodeRun
+    from lookahead.serve.app import create_app
+    from lookahead.serve.engine import Engine
+
+    model = int8_model("llama", Q.Q8_0)
+    chunks = []
+    advance = DecodeRun._advance_join  # noqa: SLF001
+    monkeypatch.setattr(DecodeRun, "_advance_join", lambda run: (chunks.append(len(run.active)), advance(run)))
+
+    def replies(config: LookaheadConfig) -> tuple[str, str]:
+        engine = Engine(LookaheadGenerator(model, tiny_tokenizer(), config), max_batch=2)
+        engine.start()
+        server = ServerThread(create_app(engine, "tiny", stop_engine=True)).start()
+        try:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            streamed: list[str] = []
+            began = threading.Event()
+
+            def stream() -> None:
+                for chunk in client.completions.create(model="tiny", prompt="abcabcabd", max_tokens=300,
+                                                       temperature=0, stream=True):
+                    streamed.append(chunk.choices[0].text if chunk.choices else "")
+                    began.set()
+
+            thread = threading.Thread(target=stream)
+            thread.start()
+            assert began.wait(60)
+            joined = client.completions.create(model="tiny", prompt="xyzzyxwvutsrqponmlkjihgfedcbaxyz", max_tokens=8,
+                                               temperature=0)
+            thread.join(60)
+            return "".join(streamed), joined.choices[0].text
+        finally:
+            server.stop()
+
+    chunked = replies(LookaheadConfig(prefill_chunk=4))
+    during = [count for count in chunks if count > 0]
+    whole = replies(LookaheadConfig(prefill_chunk=0))
+    assert chunked == whole
+    assert len(during) >= 3  # the long prompt took several chunks while the stream decoded
