@@ -208,7 +208,9 @@ class OpenBatch:
              logit_bias: dict[int, float] | None = None, logprobs: bool | int | None = None,
              prediction: Any = None, logits_processor: LogitsProcessorList | None = None,
              stopping_criteria: StoppingCriteriaList | None = None, response_format: Any = None) -> BatchHandle:
-        """``prompt_ids`` ([T] token ids, at least one) joins the batch at the next step, decoded under the
+        """``prompt_ids`` ([T] token ids, at least one) joins the batch at the next step (a prompt longer than
+        ``LookaheadConfig.prefill_chunk`` while others decode: once all of it is in, prefilled that many rows a
+        step; its handle is among ``handles`` meanwhile), decoded under the
         settings ``generate`` takes for one prompt (each None: the model's generation_config value);
         ``seed``: a sampled sequence's own random stream; ``response_format`` as generate takes it, or a
         Grammar the generator compiled already (``LookaheadGenerator.grammar``: a server compiles while it

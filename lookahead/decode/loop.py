@@ -60,6 +60,7 @@ class PendingJoin:
     cache: SlotCache  # its own cache, ``done`` slots filled
     body: np.ndarray  # [T - 1] its prompt but the last token (the first step's x)
     done: int  # slots prefilled or restored from the prefix store so far
+    exact: bool  # whether its slots may go to the prefix store (model/prefixes.py's ``reuse_is_exact``)
 
 
 @dataclass(frozen=True)
@@ -190,9 +191,10 @@ class DecodeRun:
         if len(seqs) == 1:
             prompt = seqs[0].out.seq[:seqs[0].out.prompt_len]  # without its left padding
             body = prompt[:-1]  # [T - 1]
-            self.cache, done = self._restored(body, seqs[0], reuse_is_exact(self.target.model))
+            exact = reuse_is_exact(self.target.model)
+            self.cache, done = self._restored(body, seqs[0], exact)
             self.target.prefill(self.cache, body[None, done:])
-            self._keep_prompt(body, self.cache)
+            self._keep_prompt(body, self.cache, exact)
             self.past = prompt.shape[0] - 1
             self.x_pos = np.array([self.past], dtype=np.int64)
             self.slots = None
@@ -322,7 +324,7 @@ class DecodeRun:
         body = prompt[:-1]  # [T - 1]
         exact = reuse_is_exact(self.target.model)
         cache, done = self._restored(body, seq, exact)
-        join = PendingJoin(seq, cache, body, done)
+        join = PendingJoin(seq, cache, body, done, exact)
         chunk = self.context.config.prefill_chunk
         if self.active and exact and 0 < chunk < body.shape[0] - done:
             self.pending.append(join)  # (prefilled a chunk a step: ``_advance_join``)
@@ -370,14 +372,14 @@ class DecodeRun:
             return
         if join in self.pending:
             self.pending.remove(join)
-        self._keep_prompt(join.body, join.cache)
+        self._keep_prompt(join.body, join.cache, join.exact)
         self._enter(join.seq, join.cache, end)
 
-    def _keep_prompt(self, body: np.ndarray, cache: SlotCache) -> None:
+    def _keep_prompt(self, body: np.ndarray, cache: SlotCache, exact: bool) -> None:
         """A prompt but its last token, ``body`` [T - 1], all in ``cache``: kept in the prefix store for the next
-        prompts that begin with it (where there is a store and reuse is exact)."""
+        prompts that begin with it (where there is a store and reuse is ``exact``)."""
         store = self.context.prefixes
-        if store is not None and reuse_is_exact(self.target.model):
+        if store is not None and exact:
             store.keep(body, cache)
 
     def _enter(self, seq: Sequence, own: SlotCache, length: int) -> None:
