@@ -48,6 +48,8 @@ def test_a_long_prompt_joins_a_chunk_a_step_while_the_other_decodes_and_both_dec
         assert first.new_tokens > before  # the decoding sequence got tokens in every step of the prefill
         assert all(event.handle is not long for event in events) or not batch.run.joining(long._seq)  # noqa: SLF001
     assert waited == 5  # 40 slots, 8 a step: the fifth chunk completes it and it decodes in that step
+    assert batch.stats.sequences_per_step == [1, 1, 1, 1, 1, 2]  # a joining sequence is in no step (a server's
+    # tokens a forward count sequences by this)
     assert long.new_tokens >= 1
     while batch.handles:
         batch.step()

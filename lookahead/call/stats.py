@@ -23,6 +23,7 @@ class GenerationStats:
     prefill_s: float = 0.0
     wall_time_s: float = 0.0  # prefill + decode
     rows_per_step: list[int] = field(default_factory=list)  # Q of every decode forward
+    sequences_per_step: list[int] = field(default_factory=list)  # A of every decode forward (those still joining not)
     accepted: list[int] = field(default_factory=list)  # tokens committed by every decode forward
     step_seconds: list[float] = field(default_factory=list)  # wall time of every decode step
     draft_forwards: int = 0  # forward passes of the draft model (prefill included), if any

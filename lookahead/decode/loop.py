@@ -446,6 +446,7 @@ class DecodeRun:
         stats.steps += 1
         stats.routes.append(self.target.last_route)
         stats.rows_per_step.append(int(rows.tokens.size))
+        stats.sequences_per_step.append(int(rows.tokens.shape[0]))
         stats.accepted.append(accepted)
         device = 0.0
         for phase, start, end in zip(PHASES, marks, marks[1:]):

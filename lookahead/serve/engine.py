@@ -403,7 +403,7 @@ class Engine:
         c.host_seconds_total += sum(run.stats.host_seconds[steps_before:])
         c.forward_seconds_total += sum(run.stats.forward_seconds[steps_before:])
         c.forwards_total += run.stats.steps - steps_before
-        c.sequence_steps_total += len(self._live) * (run.stats.steps - steps_before)
+        c.sequence_steps_total += sum(run.stats.sequences_per_step[steps_before:])  # (joining ones not in a step)
         c.tokens_generated_total += sum(len(event.tokens) for event in events)
         for event in events:
             ticket = tickets[id(event.handle)]
