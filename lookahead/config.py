@@ -114,12 +114,13 @@ class LookaheadConfig:
                                            "recently used dropped. Used only where that gives the bits a whole "
                                            "prefill gives (int8 products of GGUF blocks on the CPU); 0: none",
                                       0, 1 << 20)
-    prefill_chunk: int = documented(128, "rows of a joining prompt prefilled before each step while other "
-                                        "sequences of its batch decode (an open batch, a server), so that their "
-                                        "streams wait for one chunk a step, not the whole prompt; only where a "
-                                        "prompt prefilled in parts gives the bits of a whole prefill (int8 "
-                                        "products of GGUF blocks on the CPU); 0: the whole prompt at once",
-                                    0, 1 << 20)
+    prefill_chunk: int = documented(256, "rows a prompt is prefilled in, one forward after another, where that "
+                                        "gives a whole prefill's bits (int8 products of GGUF blocks on the CPU): "
+                                        "a long prompt's intermediate tensors stay small (less memory kept, and "
+                                        "faster where a whole prompt's would outgrow the caches), and a prompt "
+                                        "joining a batch whose sequences decode (an open batch, a server) takes "
+                                        "one chunk before each step, so that their streams wait for one chunk, "
+                                        "not the whole prompt; 0: every prompt whole", 0, 1 << 20)
     max_tree_nodes: int = documented(32, "cap on verification-tree nodes per step", 0, 4096)
     budget: str = documented("adaptive", "adaptive: size each step's tree and window by the cost curve; fixed: "
                                          "always the whole window and up to max_tree_nodes",

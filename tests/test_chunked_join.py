@@ -182,3 +182,29 @@ def test_the_server_joins_a_long_prompt_a_chunk_a_step_and_answers_as_with_whole
     whole = replies(LookaheadConfig(prefill_chunk=0))
     assert chunked == whole
     assert len(during) >= 3  # the long prompt took several chunks while the stream decoded
+
+
+def prefill_widths(model: torch.nn.Module) -> list[int]:
+    """The columns of every prefill forward the model runs from now on (forwards keeping one row's logits)."""
+    widths: list[int] = []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1])
+        if isinstance(kwargs.get("logits_to_keep"), int) and kwargs["logits_to_keep"] == 1 else None, with_kwargs=True)
+    return widths
+
+
+def test_a_long_prompt_alone_is_prefilled_chunk_by_chunk_and_generate_decodes_exactly():
+    model = int8_model("llama", Q.Q8_0)
+    widths = prefill_widths(model)
+    ids = torch.from_numpy(LONG)[None]
+    out = LookaheadGenerator(model, config=CHUNK).generate(ids, max_new_tokens=12, eos_token_id=NEVER)
+    assert widths == [8, 8, 8, 8, 8]  # 40 slots, 8 a forward
+    assert torch.equal(out, reference(model, ids, 12, eos_token_id=NEVER))
+
+
+def test_float32_products_prefill_a_prompt_alone_whole():
+    model = tiny_model("llama")
+    widths = prefill_widths(model)
+    LookaheadGenerator(model, config=CHUNK).generate(torch.from_numpy(LONG)[None], max_new_tokens=4,
+                                                     eos_token_id=NEVER)
+    assert widths == [40]

@@ -193,7 +193,7 @@ class DecodeRun:
             body = prompt[:-1]  # [T - 1]
             exact = reuse_is_exact(self.target.model)
             self.cache, done = self._restored(body, seqs[0], exact)
-            self.target.prefill(self.cache, body[None, done:])
+            self.target.prefill(self.cache, body[None, done:], chunk=self._chunk(exact))
             self._keep_prompt(body, self.cache, exact)
             self.past = prompt.shape[0] - 1
             self.x_pos = np.array([self.past], dtype=np.int64)
@@ -366,7 +366,7 @@ class DecodeRun:
         """``rows`` more of ``join``'s prompt into its cache; once the whole prompt is in, the prompt is kept in the
         prefix store (where there is one and reuse is exact) and the sequence joins the batch."""
         end = min(join.done + rows, join.body.shape[0])
-        self.target.prefill(join.cache, join.body[None, join.done:end])
+        self.target.prefill(join.cache, join.body[None, join.done:end], chunk=self._chunk(join.exact))
         join.done = end
         if end < join.body.shape[0]:
             return
@@ -374,6 +374,11 @@ class DecodeRun:
             self.pending.remove(join)
         self._keep_prompt(join.body, join.cache, join.exact)
         self._enter(join.seq, join.cache, end)
+
+    def _chunk(self, exact: bool) -> int:
+        """Columns a prompt's prefill forward takes at most (0: all): ``LookaheadConfig.prefill_chunk`` where a
+        prompt prefilled in parts holds a whole prefill's bits (``exact``)."""
+        return self.context.config.prefill_chunk if exact else 0
 
     def _keep_prompt(self, body: np.ndarray, cache: SlotCache, exact: bool) -> None:
         """A prompt but its last token, ``body`` [T - 1], all in ``cache``: kept in the prefix store for the next

@@ -214,10 +214,16 @@ class Target:
         return logits
 
     def prefill(self, cache: Cache, ids: np.ndarray, mask: np.ndarray | None = None,
-                positions: np.ndarray | None = None) -> None:
+                positions: np.ndarray | None = None, chunk: int = 0) -> None:
         """Run prompt tokens ids [A, T] through the model into the cache (their logits are not needed);
-        with left padding, its attention ``mask`` [A, T] and each token's ``positions`` [A, T]."""
+        with left padding, its attention ``mask`` [A, T] and each token's ``positions`` [A, T]. ``chunk`` > 0 (one
+        unpadded prompt): forwards of at most that many columns, one after the other, where the caller knows they
+        give a whole prefill's bits (model/prefixes.py's ``reuse_is_exact``)."""
         if ids.shape[1] == 0:
+            return
+        if chunk > 0 and mask is None and ids.shape[1] > chunk:
+            for start in range(0, ids.shape[1], chunk):
+                self.prefill(cache, ids[:, start:start + chunk])
             return
         dev = self.device
         padded = {}
