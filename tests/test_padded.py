@@ -80,9 +80,9 @@ def test_one_prompt_is_prefilled_alone_as_join_prefills_it(monkeypatch):
     prefills: list[tuple[list[int], bool]] = []
     prefill = gen.target.prefill
 
-    def recording_prefill(cache, ids, mask=None, positions=None):
+    def recording_prefill(cache, ids, mask=None, positions=None, chunk=0):
         prefills.append((ids.reshape(-1).tolist(), mask is not None))
-        return prefill(cache, ids, mask, positions)
+        return prefill(cache, ids, mask, positions, chunk)
 
     monkeypatch.setattr(gen.target, "prefill", recording_prefill)
     ids, mask = left_padded([PROMPTS[1], PROMPTS[0]])
