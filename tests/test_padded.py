@@ -49,9 +49,9 @@ def test_a_padded_batch_is_admitted_in_one_padded_prefill_and_steps_through_the_
     prefills: list[tuple[tuple[int, ...], bool]] = []
     prefill = gen.target.prefill
 
-    def recording_prefill(cache, ids, mask=None, positions=None):
+    def recording_prefill(cache, ids, mask=None, positions=None, chunk=0):
         prefills.append((tuple(ids.shape), mask is not None))
-        return prefill(cache, ids, mask, positions)
+        return prefill(cache, ids, mask, positions, chunk)
 
     steps: list[int] = []
     step = OpenBatch.step
