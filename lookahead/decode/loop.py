@@ -53,8 +53,8 @@ COMPACT_MIN_SLOTS = 32
 
 @dataclass
 class PendingJoin:
-    """A joining sequence whose prompt is prefilled ``LookaheadConfig.prefill_chunk`` rows a step, before the
-    batch's step, while the batch's sequences decode (``DecodeRun.join``)."""
+    """A sequence's prompt being prefilled into a cache of its own (``DecodeRun._opened``): at once, or, joining
+    while the batch's sequences decode, ``LookaheadConfig.prefill_chunk`` rows before each step (``DecodeRun.join``)."""
 
     seq: Sequence
     cache: SlotCache  # its own cache, ``done`` slots filled
@@ -190,11 +190,9 @@ class DecodeRun:
         bookkeeping."""
         if len(seqs) == 1:
             prompt = seqs[0].out.seq[:seqs[0].out.prompt_len]  # without its left padding
-            body = prompt[:-1]  # [T - 1]
-            exact = reuse_is_exact(self.target.model)
-            self.cache, done = self._restored(body, seqs[0], exact)
-            self.target.prefill(self.cache, body[None, done:], chunk=self._chunk(exact))
-            self._keep_prompt(body, self.cache, exact)
+            join = self._opened(prompt, seqs[0])  # (as ``join`` prefills it when nobody decodes)
+            self._filled(join, join.body.shape[0])
+            self.cache = join.cache
             self.past = prompt.shape[0] - 1
             self.x_pos = np.array([self.past], dtype=np.int64)
             self.slots = None
@@ -321,33 +319,32 @@ class DecodeRun:
         seq = self._sequence(prompt, decoding, streamer, context_left, prediction)
         if seq.tokens_left() <= 0:
             return seq
-        body = prompt[:-1]  # [T - 1]
-        exact = reuse_is_exact(self.target.model)
-        cache, done = self._restored(body, seq, exact)
-        join = PendingJoin(seq, cache, body, done, exact)
+        join = self._opened(prompt, seq)
         chunk = self.context.config.prefill_chunk
-        if self.active and exact and 0 < chunk < body.shape[0] - done:
+        if self.active and join.exact and 0 < chunk < join.body.shape[0] - join.done:
             self.pending.append(join)  # (prefilled a chunk a step: ``_advance_join``)
         else:
-            self._prefill_join(join, body.shape[0])
+            self._prefill_join(join, join.body.shape[0])
         return seq
 
     def joining(self, seq: Sequence) -> bool:
         """Whether ``seq`` joined and its prompt is still being prefilled (it decodes once all of it is in)."""
         return any(join.seq is seq for join in self.pending)
 
-    def _restored(self, body: np.ndarray, seq: Sequence, exact: bool) -> tuple[SlotCache, int]:
-        """(a new cache for one sequence whose prompt but its last token is ``body`` [T - 1], how many of its
-        slots it holds): the slots of the longest earlier prompt it begins with, restored from the prefix store
-        where reusing them is exact (model/prefixes.py), else none; ``seq``'s stats count the tokens restored."""
+    def _opened(self, prompt: np.ndarray, seq: Sequence) -> PendingJoin:
+        """``seq``'s prompt [T] about to be prefilled into a new cache of its own: the slots of the longest earlier
+        prompt it begins with restored from the prefix store where reusing them is exact (model/prefixes.py), else
+        none; ``seq``'s stats count the tokens restored."""
+        body = prompt[:-1]  # [T - 1]
+        exact = reuse_is_exact(self.target.model)
         cache = self.target.new_cache()
         store = self.context.prefixes
         if store is None or not exact:
-            return cache, 0
+            return PendingJoin(seq, cache, body, 0, exact)
         reused = store.restore(body, cache)
         seq.stats.cached_prompt_tokens = reused
         self.stats.cached_prompt_tokens += reused
-        return cache, reused
+        return PendingJoin(seq, cache, body, reused, exact)
 
     @torch.inference_mode()
     def finish_joins(self) -> None:
@@ -363,29 +360,28 @@ class DecodeRun:
         self._prefill_join(join, rows)
 
     def _prefill_join(self, join: PendingJoin, rows: int) -> None:
-        """``rows`` more of ``join``'s prompt into its cache; once the whole prompt is in, the prompt is kept in the
-        prefix store (where there is one and reuse is exact) and the sequence joins the batch."""
-        end = min(join.done + rows, join.body.shape[0])
-        self.target.prefill(join.cache, join.body[None, join.done:end], chunk=self._chunk(join.exact))
-        join.done = end
-        if end < join.body.shape[0]:
+        """``rows`` more of ``join``'s prompt into its cache (``_filled``); once all of it is in, the sequence joins
+        the batch."""
+        if not self._filled(join, rows):
             return
         if join in self.pending:
             self.pending.remove(join)
-        self._keep_prompt(join.body, join.cache, join.exact)
-        self._enter(join.seq, join.cache, end)
+        self._enter(join.seq, join.cache, join.done)
 
-    def _chunk(self, exact: bool) -> int:
-        """Columns a prompt's prefill forward takes at most (0: all): ``LookaheadConfig.prefill_chunk`` where a
-        prompt prefilled in parts holds a whole prefill's bits (``exact``)."""
-        return self.context.config.prefill_chunk if exact else 0
-
-    def _keep_prompt(self, body: np.ndarray, cache: SlotCache, exact: bool) -> None:
-        """A prompt but its last token, ``body`` [T - 1], all in ``cache``: kept in the prefix store for the next
-        prompts that begin with it (where there is a store and reuse is ``exact``)."""
+    def _filled(self, join: PendingJoin, rows: int) -> bool:
+        """``rows`` more of ``join``'s prompt into its cache, in forwards of at most ``prefill_chunk`` columns where
+        that is exact; whether all of it is in now (then it is kept in the prefix store, where there is one and
+        reuse is exact)."""
+        end = min(join.done + rows, join.body.shape[0])
+        chunk = self.context.config.prefill_chunk if join.exact else 0
+        self.target.prefill(join.cache, join.body[None, join.done:end], chunk=chunk)
+        join.done = end
+        if end < join.body.shape[0]:
+            return False
         store = self.context.prefixes
-        if store is not None and exact:
-            store.keep(body, cache)
+        if store is not None and join.exact:
+            store.keep(join.body, join.cache)
+        return True
 
     def _enter(self, seq: Sequence, own: SlotCache, length: int) -> None:
         """``seq``, its prompt prefilled into ``own`` (``length`` slots), joins the batch and begins."""
