@@ -233,7 +233,8 @@ class DecodeRun:
         ranked = [seq.rank() if proposing else Planner.nothing() for seq in seqs]  # 1. propose: scored tries
         marks.append(clock())
         spent = sum(r.seconds for r in ranked)  # what the sources spent on forwards of their own (a draft's)
-        column_gain = sum(seq.planner.column_worth() for seq in seqs) / len(seqs)  # a window column, to the sources
+        column_gain = sum(seq.planner.column_worth() for seq in seqs) / len(seqs) if proposing else 0.0  # a window
+        # column's worth to the sources (a step that proposes nothing is plain whatever it is)
         width, size = self.chooser.decide([r.probs for r in ranked], column_gain, spent)  # 2. one shape for all
         plans = [seq.plan(r, size, width, proposing) for seq, r in zip(seqs, ranked)]
         rows = step_rows(plans, self.x_pos)
@@ -271,7 +272,7 @@ class DecodeRun:
         # steps the budget prices cost: it refines neither the curve nor the speculation check's times.
         count, width = rows.tokens.shape
         timed = not self.target.trying
-        if timed:
+        if timed and proposing:  # (a paused batch's plain steps refine nothing: host work each step for little)
             self.chooser.observe(width, target_seconds)  # the batch's cost curve
         accepted = sum(seq.stats.accepted[-1] for seq in seqs)  # tokens the step gave, all sequences
         # ... and its outcome against its forecast (the speculation check)

@@ -45,8 +45,9 @@ class StepPlan:
     rows: RowMap  # where the kept rows come from (the window's columns this step, then the tree)
     drawn: DrawnRows | None = None  # rows whose next token a draft drew (sampling with a draft)
     spent: float = 0.0  # seconds the proposers spent on forwards of their own (a draft's): not the target's
-    recycle: bool = True  # the step stages its rows' top successors for token recycling (not on a step that
-    # proposes nothing: a batch's paused steps, plan/pause.py)
+    recycle: bool = True  # the step stages its rows' top successors for token recycling, and its new tokens go to
+    # the sources now (not on a step that proposes nothing: a batch's paused steps, plan/pause.py; the sources hear
+    # of those tokens at its next proposal, Planner.observe)
 
 
 @dataclass
@@ -184,5 +185,5 @@ class Sequence:
         grams = self.window.advance(choice.window_next)  # [w, N]
         if self.window_pool is not None:
             self.window_pool.insert_grams(grams)
-        self.planner.observe(self.out.seq, start, self.out.stop)
+        self.planner.observe(self.out.seq, start, self.out.stop, defer=not plan.recycle)
         return False, rows

@@ -8,7 +8,9 @@ watches the budget's decisions for the batch. After RUN plain decisions in a row
 asked again after a pause, still takes a plain step, the next pause is twice as long (up to LONGEST);
 a speculative decision (a tree or a window column) brings it back to SHORTEST and the count to zero. A
 step of one sequence always proposes: there a plain decision costs one sequence's ranking, and
-speculation is what a lone request gains from.
+speculation is what a lone request gains from. A paused step does none of the rest of speculation's host
+work either: its new tokens reach the sources at the next proposal (``Planner.observe``), and its time does
+not refine the cost curve.
 
 Worked example (RUN 8, SHORTEST 4, LONGEST 64), a batch whose budget always takes plain steps: steps
 1-8 propose, 9-12 do not (pause 4), 13 proposes, 14-21 do not (8), 22 proposes, 23-38 do not (16), ...
