@@ -155,9 +155,9 @@ def test_a_sequence_ending_while_paused_tells_its_sources_before_it_ends():
     planner.observe(seq, 10, 11, defer=True)
     planner.observe(seq, 11, 13, defer=True)
     planner.finish(seq, 14)  # (the last step's own tokens are told to no observe, as ever)
-    assert source.spans == [(10, 14)] and source.ended == [14]
+    assert source.spans == [(10, 13)] and source.ended == [14]
     planner.finish(seq, 14)
-    assert source.spans == [(10, 14)]  # nothing told twice
+    assert source.spans == [(10, 13)]  # nothing told twice
 
 
 def test_a_paused_batch_feeds_its_pools_the_same_n_grams_later(monkeypatch):

@@ -136,7 +136,7 @@ class Planner:
         self.predicted = 0.0  # extra tokens the last planned tree promised (before calibration)
         self.drawn: DrawnRows | None = None  # the last cut tree's rows whose next token a draft drew
         self.offered: list[Candidates] = []  # the last step's candidates, one per source in order (as offered)
-        self.behind: int | None = None  # where the tokens the sources were not told of yet begin (``observe``)
+        self.behind: tuple[int, int] | None = None  # (start, stop) of the tokens the sources were not told of yet
 
     def begin(self, seq: np.ndarray, stop: int) -> None:
         """A new sequence whose prompt is seq[:stop]."""
@@ -228,7 +228,7 @@ class Planner:
         (``StepContext.others``: one that costs time to ask, such as a draft model, spends it only
         where the step gains) has every source not already being asked asked first, once.
         """
-        self._catch_up(seq, stop)
+        self._catch_up(seq)
         count = len(self.proposers)
         found: dict[int, Candidates] = {}
         asking: set[int] = set()
@@ -307,22 +307,21 @@ class Planner:
         """seq[start:stop] was just accepted. ``defer`` (a step of a batch that proposes nothing for a while,
         plan/pause.py): the sources are told at the next proposal or at the end, of every token since the last
         time at once (what they keep is read only when they propose; each one's observe takes any span)."""
-        if self.behind is None:
-            self.behind = start
+        self.behind = (start if self.behind is None else self.behind[0], stop)
         if not defer:
-            self._catch_up(seq, stop)
+            self._catch_up(seq)
 
-    def _catch_up(self, seq: np.ndarray, stop: int) -> None:
-        """Tell the sources of seq[behind:stop], where some tokens were not told of yet."""
+    def _catch_up(self, seq: np.ndarray) -> None:
+        """Tell the sources of the tokens ``observe`` deferred, in one span (the spans it was given, joined)."""
         if self.behind is None:
             return
-        start, self.behind = self.behind, None
+        (start, stop), self.behind = self.behind, None
         if start < stop:
             for source in self.observers:
                 source.observe(seq, start, stop)
 
     def finish(self, seq: np.ndarray, stop: int) -> None:
         """The sequence ended as seq[:stop] (the sources told first of what they missed while it was deferred)."""
-        self._catch_up(seq, stop)
+        self._catch_up(seq)
         for source in self.proposers:
             source.finish(seq, stop)
