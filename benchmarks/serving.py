@@ -229,8 +229,10 @@ def ratio_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     lookahead's turns were not compared because an earlier turn of their conversation differed (``diverged``,
     see text_agreement); None where a side is missing. Over several rounds (run_bench): the throughput of all
     of a server's rounds together (their tokens over their wall time), the median of the rounds' TPOT p50,
-    the texts compared round by round and summed, and each round's throughput ratio
-    (``throughput_vs_<label>_rounds``)."""
+    the texts compared round by round and summed, each round's throughput ratio
+    (``throughput_vs_<label>_rounds``), and the other server's TPOT p99 over lookahead's, each taken over every
+    request of every round together (``tpot_p99_vs_<label>``: a few slow requests of one round weigh as much as
+    they would in one long run)."""
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in runs:
         by_key.setdefault((r["dataset"], r["concurrency"], r["server"]), []).append(r)
@@ -243,6 +245,7 @@ def ratio_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             theirs = by_key.get((dataset, concurrency, other), [])
             row[f"throughput_vs_{label}"] = _ratio(pooled_throughput(ours), pooled_throughput(theirs))
             row[f"tpot_vs_{label}"] = _ratio(median_of(theirs, "tpot_p50_s"), median_of(ours, "tpot_p50_s"))
+            row[f"tpot_p99_vs_{label}"] = _ratio(pooled_tpot(theirs, 99), pooled_tpot(ours, 99))
             pairs = list(zip(ours, theirs))  # (round by round: both lists are in round order)
             agreements = [a for a in (text_agreement(o, t) for o, t in pairs) if a is not None]
             row[f"same_text_vs_{label}"] = [sum(a[0] for a in agreements), sum(a[1] for a in agreements)] \
@@ -262,6 +265,18 @@ def pooled_throughput(runs: list[dict[str, Any]]) -> float | None:
         return runs[0].get("throughput_tok_s")
     wall = sum(r.get("wall_s") or 0.0 for r in runs)
     return sum(r.get("output_tokens") or 0 for r in runs) / wall if runs and wall > 0 else None
+
+
+def pooled_tpot(runs: list[dict[str, Any]], q: float) -> float | None:
+    """The q-th percentile of the TPOT of every request of ``runs`` together (a record's ``tpot_s``, else
+    request_times's; None: no request with a TPOT). Runs with TPOTs [10, 20] and [30, 40] ms: p50 25 ms."""
+    values = []
+    for run in runs:
+        for record in run.get("records") or []:
+            tpot = record["tpot_s"] if "tpot_s" in record else request_times(record)[1]
+            if tpot is not None:
+                values.append(tpot)
+    return percentile(values, q)
 
 
 def median_of(runs: list[dict[str, Any]], field: str) -> float | None:
@@ -347,7 +362,7 @@ def _same(pair: list[int] | None, diverged: int | None = None) -> str:
 
 def ratio_table(rows: list[dict[str, Any]]) -> str:
     """Lookahead against the plain server and transformers (and llama.cpp, where any row holds a number for
-    it) at each concurrency: throughput ratios and TPOT (p50) ratios, both > 1 where lookahead is faster, and
+    it) at each concurrency: throughput ratios and TPOT (p50, p99) ratios, all > 1 where lookahead is faster, and
     the prompts answered with the same text ("same/compared", "+N diverged": a conversation's turns after its
     texts parted, not compared)."""
     labels = ["plain", "transformers"] + [label for _, label in OTHERS[2:]
@@ -356,12 +371,14 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
     names = {label: other.replace("lookahead-", "") for other, label in OTHERS}
     lines = ["| data set | concurrency | " + " | ".join(f"tokens/s vs {names[label]}" for label in labels) + " | "
              + " | ".join(f"TPOT vs {names[label]}" for label in labels) + " | "
+             + " | ".join(f"TPOT p99 vs {names[label]}" for label in labels) + " | "
              + " | ".join(f"same text as {names[label]}" for label in labels) + " |",
-             "|---|---:|" + "---:|" * (3 * len(labels))]
+             "|---|---:|" + "---:|" * (4 * len(labels))]
     for r in rows:
         cells = ([_x(r.get(f"throughput_vs_{label}")) + each_round(r.get(f"throughput_vs_{label}_rounds"))
                   for label in labels]
                  + [_x(r.get(f"tpot_vs_{label}")) for label in labels]
+                 + [_x(r.get(f"tpot_p99_vs_{label}")) for label in labels]
                  + [_same(r.get(f"same_text_vs_{label}"), r.get(f"diverged_vs_{label}")) for label in labels])
         lines.append(f"| {r['dataset']} | {r['concurrency']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -390,7 +407,8 @@ def report_text(data: dict[str, Any]) -> str:
     if meta.get("incomplete"):
         lines[2:2] = [f"INCOMPLETE: {meta['incomplete']}"]
     if data.get("ratios"):
-        lines += ["", "lookahead against the others (> 1: lookahead faster; TPOT: theirs / ours, p50):", "",
+        lines += ["", "lookahead against the others (> 1: lookahead faster; TPOT: theirs / ours, p50 the median of the "
+                  "rounds', p99 over every request of every round):", "",
                   ratio_table(data["ratios"])]
     lines += ["", "TTFT: request sent to its first streamed text; TPOT: (latency - TTFT) / (output tokens - 1); "
               "tokens/forward: the lookahead servers' /metrics over the measured requests, the tokens each "

@@ -144,8 +144,8 @@ def test_ratios_and_tables():
         in table
     assert "| tool-calls | transformers | 1 | 2 | 96 | 20.0 | 0.42 | 200.0 | 300.0 | 40.0 | 80.0 | - | - |" in table
     ratios = ratio_table(rows)
-    assert "| tool-calls | 1 | 2.00x | 3.00x | 2.50x | 4.00x | 2/2 | 2/2 |" in ratios
-    assert "| tool-calls | 4 | 1.50x | - | 1.50x | - | 1/2 | - |" in ratios
+    assert "| tool-calls | 1 | 2.00x | 3.00x | 2.50x | 4.00x | - | - | 2/2 | 2/2 |" in ratios
+    assert "| tool-calls | 4 | 1.50x | - | 1.50x | - | - | - | 1/2 | - |" in ratios
 
 
 def test_rounds_alternate_the_servers_and_pool_their_ratios():
@@ -171,7 +171,30 @@ def test_rounds_alternate_the_servers_and_pool_their_ratios():
     assert row["tpot_vs_plain"] == pytest.approx(0.04 / 0.015)  # (the medians of the rounds' p50)
     assert row["same_text_vs_plain"] == [3, 4]  # (round by round: 2/2, then 1/2)
     assert "2.75x (2.00, 3.00)" in ratio_table([row])
+    assert row["tpot_p99_vs_plain"] is None  # (these records hold no times)
     assert "| agent | lookahead (round 2) | 1 |" in markdown_table(runs)
+
+
+def test_tpot_p99_is_taken_over_every_request_of_every_round():
+    """(the bar "p99 time per token no worse": one round's slow requests count as in one long run, not as one
+    round's p99 among the rounds' medians)"""
+    from lookahead.benchmarks.serving import pooled_tpot
+
+    def run(server: str, round_: int, tpots: list[float | None]) -> dict:
+        return {"server": server, "dataset": "chat", "concurrency": 4, "round": round_, "output_tokens": 10,
+                "wall_s": 1.0, "throughput_tok_s": 10.0, "tpot_p50_s": 0.01, "records": [
+                    {"id": str(i), "text": "t", "error": None, "tpot_s": t} for i, t in enumerate(tpots)]}
+
+    ours = [run("lookahead", 0, [0.010, 0.012]), run("lookahead", 1, [0.011, 0.030])]
+    theirs = [run("lookahead-plain", 0, [0.010, 0.020, None]), run("lookahead-plain", 1, [0.020, 0.040])]
+    assert pooled_tpot(ours, 50) == pytest.approx(0.0115) and pooled_tpot(theirs, 50) == pytest.approx(0.020)
+    assert pooled_tpot(ours, 100) == 0.030 and pooled_tpot([run("x", 0, [None])], 99) is None
+    timed = {"id": "9", "text": "t", "error": None, "sent": 0.0, "first": 0.5, "end": 1.5, "completion_tokens": 11}
+    assert pooled_tpot([{"records": [timed]}], 50) == pytest.approx(0.1)  # (no tpot_s: from its times)
+    (row,) = ratio_rows(ours + theirs)
+    assert row["tpot_p99_vs_plain"] == pytest.approx(percentile([0.010, 0.020, 0.020, 0.040], 99)
+                                                      / percentile([0.010, 0.012, 0.011, 0.030], 99))
+    assert f"| {row['tpot_p99_vs_plain']:.2f}x |" in ratio_table([row])
 
 
 def test_write_report(tmp_path):
@@ -580,7 +603,7 @@ def test_the_report_holds_the_llama_cpp_anchor(tmp_path):
     assert rows[0]["tpot_vs_llamacpp"] == pytest.approx(2.0)
     table = ratio_table(rows)
     assert "tokens/s vs llama.cpp" in table.splitlines()[0] and "same text as llama.cpp" in table.splitlines()[0]
-    assert "| tool-calls | 1 | 2.00x | 3.00x | 1.50x | 2.50x | 4.00x | 2.00x | 2/2 | 2/2 | 1/2 |" in table
+    assert "| tool-calls | 1 | 2.00x | 3.00x | 1.50x | 2.50x | 4.00x | 2.00x | - | - | - | 2/2 | 2/2 | 1/2 |" in table
     data = {"meta": {"environment": {"cpu": "Test CPU", "cpu_count": 2}, "threads": 2, "model": "tiny",
                      "max_tokens": 96, "limit": 2, "concurrency": [1, 4], "started": "s", "finished": "f"},
             "servers": {"lookahead": {"commands": [["lookahead", "serve"]]},
