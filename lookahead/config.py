@@ -176,8 +176,9 @@ class LookaheadConfig:
     traced_forward: bool = documented(True, "on the CPU, replay a step's forward from a TorchScript trace of "
                                             "the model: its ops without the Python around them. One trace "
                                             "(about a second to make) serves every step length, route and "
-                                            "batch size; it is made once the process's eager steps took twice "
-                                            "that (in a server: on sight), and used only where it gives the "
+                                            "batch size; it is made once the process's eager steps, with the "
+                                            "steps the call may still run, take twice that (in a server: on "
+                                            "sight), and used only where it gives the "
                                             "eager forward's logits and keys to the bit; steps run eagerly "
                                             "while a forward hook is set. No effect on a GPU or with "
                                             "sliding-window layers")

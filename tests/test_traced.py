@@ -164,6 +164,24 @@ def test_a_kind_is_traced_only_after_its_first_steps():
     assert torch.equal(out, reference(gen.model, ids, NEW, eos_token_id=NO_EOS))
 
 
+def test_a_call_that_may_run_long_traces_at_its_second_step():
+    """(traced.py's ``due`` with the loop's horizon: the steps a call may still run count as if run, so a
+    one-off call long enough to repay a trace does not first pay its price in eager steps)"""
+    gen = LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=True, candidates=0))
+    forwards = gen.target.traced
+    assert forwards is not None and forwards.patience == traced.TRACE_PATIENCE
+    ids = prompt(5)
+    gen.generate(ids, max_new_tokens=12, eos_token_id=NO_EOS)  # (12 steps, a token each: 1 + 11 < 2 x 25 mean steps)
+    assert not forwards.traces and sum(n for n, _ in forwards.eager.values()) == 12
+    fresh = LookaheadGenerator(gen.model, config=LookaheadConfig(traced_forward=True, candidates=0))
+    assert fresh.target.traced is not None
+    out = fresh.generate(ids, max_new_tokens=80, eos_token_id=NO_EOS)  # (1 + 79 >= 50: traced at step 2)
+    assert fresh.target.traced.traces and sum(n for n, _ in fresh.target.traced.eager.values()) == 1
+    assert sum("traced" in route for route in fresh.last_stats.routes) == fresh.last_stats.steps - 1
+    assert torch.equal(out, reference(gen.model, ids, 80, eos_token_id=NO_EOS))
+    assert not forwards.due(TraceKey("any", masked=True), 0)  # (no horizon: the eager steps so far alone)
+
+
 def test_on_by_default_off_where_asked():
     assert LookaheadGenerator(tiny_model("llama")).target.traced is not None
     assert LookaheadGenerator(tiny_model("llama"), config=LookaheadConfig(traced_forward=False)).target.traced is None

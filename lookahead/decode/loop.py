@@ -239,8 +239,9 @@ class DecodeRun:
         plans = [seq.plan(r, size, width, proposing) for seq, r in zip(seqs, ranked)]
         rows = step_rows(plans, self.x_pos)
         marks.append(clock())
+        horizon = max(seq.tokens_left() for seq in seqs)  # (each step gives every sequence a token at least)
         logits = self.target.step(self.cache, rows.tokens, rows.positions, rows.local, rows.keep, self.past,
-                                  self.slots)  # 3. forward: [A, K, V]
+                                  self.slots, horizon)  # 3. forward: [A, K, V]
         marks.append(clock())
         staged = self._verify(seqs, plans, logits)  # 4. verify: the step's one host sync
         marks.append(clock())

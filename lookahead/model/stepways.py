@@ -50,6 +50,7 @@ class StepCall:
     keep: np.ndarray  # [K]
     past: int
     slots: PastSlots | None
+    horizon: int = 0  # most steps the call may still run, this one included (0: not known); traced.py's ``due``
     prepared: bool = False
     q_pos: torch.Tensor | None = None  # [A, Q] on the device
     keep_t: torch.Tensor | None = None  # [K] on the device

@@ -207,7 +207,8 @@ class Target:
         assert self.traced is not None and call.key is not None and call.arena is not None, "a traced step"
         assert call.q_pos is not None and call.keep_t is not None, "a prepared step"
         logits = self.traced.step(call.key, call.linear, call.arena, to_device(call.tokens, self.device),
-                                  self.positions(call.q_pos), call.traced_mask, call.keep_t, call.past, replay_only)
+                                  self.positions(call.q_pos), call.traced_mask, call.keep_t, call.past, replay_only,
+                                  call.horizon)
         self.compile_seconds = self.traced.compile_seconds
         if logits is not None:
             self.last_route = f"{self.last_route} traced".strip()
@@ -235,17 +236,18 @@ class Target:
                        **{self.cache_keyword: cache}, **padded)
 
     def step(self, cache: Cache, tokens: np.ndarray, positions: np.ndarray, local: np.ndarray, keep: np.ndarray,
-             past: int, slots: PastSlots | None = None) -> torch.Tensor:
+             past: int, slots: PastSlots | None = None, horizon: int = 0) -> torch.Tensor:
         """Logits [A, K, V] (on the device) of rows ``keep`` [K] of one step of A sequences.
 
         tokens [A, Q] sit at positions [A, Q]; local [A, Q, Q] says which step rows each row sees;
         the cache's ``past`` slots are all visible (``slots`` None: one sequence) or as ``slots``
         says (mask.py). The first of the target's ways (stepways.py: graphed, replayed, eager) that runs
         the step gives its logits; every row goes through the layers' few-row kernels, however many
-        (``kernel_only``).
+        (``kernel_only``). ``horizon``: the most steps the caller may still run, this one included (0: not
+        known), which tells the traced forward whether a trace made now can pay for itself (traced.py's ``due``).
         """
         self.compile_seconds, self.trying = 0.0, False
-        call = StepCall(cache, tokens, positions, local, keep, past, slots)
+        call = StepCall(cache, tokens, positions, local, keep, past, slots, horizon)
         with kernel_only(self.blocks) if self.blocks and tokens.shape[1] >= TILES_ROWS_MIN else nullcontext():
             for way in self.ways:
                 logits = way.run(call)

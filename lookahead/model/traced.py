@@ -83,9 +83,12 @@ from .fusion import Fused, fused
 # this many of the kind's mean eager step (a guess at the ratio of making and checking a trace to one
 # eager step; the first trace made replaces it with the measured ``trace_seconds``).
 TRACE_STEPS_GUESS = 25
-# ... waiting for twice that: a one-off call of some 100 tokens then seldom pays for a trace it would not
-# use long; a server or a session of calls traces within its first calls. (A smaller guess or patience
-# makes short decodes, such as the test suite's, pay for traces they do not use long.)
+# ... waiting for twice that: a one-off call of a few dozen tokens then does not pay for a trace it would
+# not use long; a server or a session of calls traces within its first calls. Where the caller says how many
+# steps it may still run (``horizon``), the steps to come count as if run already: a call that may run long
+# enough traces at its second step instead of after its price in eager steps (a one-off `lookahead
+# generate` of 128 tokens). (A smaller guess or patience makes short decodes, such as the test suite's,
+# pay for traces they do not use long.)
 TRACE_PATIENCE = 2.0
 # Why the onednn route's steps run eagerly: a trace would hold its packed weights as constants, and torch's
 # tracer refuses oneDNN's opaque tensors there ("Unsupported value kind: Tensor", torch 2.13).
@@ -241,14 +244,15 @@ class TracedForward:
 
     def step(self, key: TraceKey, route: str | None, arena: Arena, tokens: torch.Tensor, positions: torch.Tensor,
              mask: torch.Tensor | None, keep: torch.Tensor, past: int,
-             replay_only: bool = False) -> torch.Tensor | None:
+             replay_only: bool = False, horizon: int = 0) -> torch.Tensor | None:
         """Logits [A, K, V] of rows ``keep`` [K] of the step (tokens and positions [A, Q], ``mask``
         [A, 1, Q, P + Q] or None for one plain row), written into ``arena`` after its ``past`` filled
         slots, its linear layers through ``route`` (a Route's linear, None: torch's); None where no checked
         trace serves ``key`` (then the caller runs the step eagerly, the arena untouched). A trace is made
         or checked here only inside the route's whole ``route_mode`` (the weights routed: an oneDNN trace
         records the packed weights); ``replay_only``: the caller set its threads alone, so a step that
-        ``key``'s trace does not ``serve`` returns None."""
+        ``key``'s trace does not ``serve`` returns None. ``horizon``: the most steps the caller may still run,
+        this one included (0: not known; ``due``)."""
         weights = self._weights()
         if weights != self.weights:
             for made in (self.traces, self.failures, self.checked, self.refused, self.eager, self.fusions):
@@ -262,7 +266,7 @@ class TracedForward:
         trace = self.traces.get(key)
         if replay_only and (trace is None or not self.serves(key, shape)):
             return None
-        if trace is None and not self.due(key):
+        if trace is None and not self.due(key, horizon):
             return None
         rows = tokens.shape[1]
         arena.reserve(past + rows)
@@ -301,18 +305,24 @@ class TracedForward:
         return any(self.hook_dicts)  # (a dict's truth is read in C: one pass over prebuilt dicts a step, not
         # a generator over every module's attributes)
 
-    def due(self, key: TraceKey) -> bool:
+    def due(self, key: TraceKey, horizon: int = 0) -> bool:
         """Whether to trace ``key`` now: some kind was traced already (this process steps long enough), or
-        the eager steps so far took as long as a trace costs (times ``patience``). (Counted over every
-        kind: the budget, seeing one kind's steps get cheaper, may keep choosing it, and the others
-        would never earn a trace of their own.)"""
+        the eager steps so far, and the ``horizon`` steps the caller may still run at their mean, take as long
+        as a trace costs (times ``patience``). (Counted over every kind: the budget, seeing one kind's steps
+        get cheaper, may keep choosing it, and the others would never earn a trace of their own.)
+
+        Worked example (patience 2, no trace made yet, so a trace is priced at TRACE_STEPS_GUESS = 25 mean
+        eager steps): after one eager step, a call with 127 steps still possible traces now (1 + 127 >= 50
+        steps' worth); one with 11 never does (1 + 11 < 50); with no horizon, the step after the
+        50th eager one traces."""
         if self.traces:
             return True
         steps = sum(n for n, _ in self.eager.values())
         seconds = sum(t for _, t in self.eager.values())
         cost = self.trace_seconds if self.trace_seconds is not None \
             else TRACE_STEPS_GUESS * seconds / steps if steps else 0.0
-        return seconds >= self.patience * cost and (steps > 0 or self.patience == 0)
+        ahead = seconds / steps * horizon if steps else 0.0  # the steps to come, at the eager mean so far
+        return seconds + ahead >= self.patience * cost and (steps > 0 or self.patience == 0)
 
     def ran_eagerly(self, key: TraceKey, seconds: float) -> None:
         """A step of ``key`` ran eagerly (no trace yet) and took ``seconds``."""
