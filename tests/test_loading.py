@@ -246,3 +246,33 @@ def test_the_collector_is_paused_while_a_model_loads_and_back_after(tmp_path, mo
     with pytest.raises(RuntimeError), collections_paused():
         raise RuntimeError("the body fails")
     assert gc.isenabled()
+
+
+def test_the_gguf_weights_map_is_made_once_and_kept_with_what_it_follows(tmp_path):
+    """(loading/gguf.py's ``weights_map``: transformers' GGUF-to-parameter name map, kept in the header directory
+    and read back only where the versions, architecture, processor and parameter names are as they were)"""
+    from lookahead.loading.gguf import WEIGHTS_MAP, weights_map
+
+    class Processor:
+        pass
+
+    made = []
+
+    def make(model, processor):
+        made.append(1)
+        return {f"gguf.{name}": name for name in model.state_dict()}
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    first = weights_map(model, Processor(), "llama", tmp_path, make)
+    assert first == {"gguf.0.weight": "0.weight", "gguf.0.bias": "0.bias", "gguf.1.weight": "1.weight",
+                     "gguf.1.bias": "1.bias"} and len(made) == 1 and (tmp_path / WEIGHTS_MAP).is_file()
+    assert weights_map(model, Processor(), "llama", tmp_path, make) == first and len(made) == 1  # (read back)
+    assert weights_map(model, Processor(), "qwen2", tmp_path, make) == first and len(made) == 2  # (made again)
+    other = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    assert weights_map(other, Processor(), "qwen2", tmp_path, make) == {"gguf.0.weight": "0.weight",
+                                                                        "gguf.0.bias": "0.bias"}
+    assert len(made) == 3  # (other parameter names: not the kept map)
+    (tmp_path / WEIGHTS_MAP).write_text("{not json")
+    assert weights_map(other, Processor(), "qwen2", tmp_path, make) and len(made) == 4  # (a damaged file: made)
+    assert weights_map(other, Processor(), "qwen2", tmp_path / "missing" / "dir", make) and len(made) == 5
+    assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())

@@ -12,14 +12,18 @@ does, with one line on stderr for each kind of tensor so widened. Name
 mapping and the per-architecture fix-ups (Llama's q/k row order, Gemma's
 norm offset) are transformers' own (``modeling_gguf_pytorch_utils``): a
 fix-up that only reorders rows is applied to the blocks' rows; any other
-keeps that tensor in float.
+keeps that tensor in float. The name mapping is kept in the header
+directory (``weights_map``): made once, read back by every later load.
 
 An output head tied to the embedding shares the embedding's blocks.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
 
 FLOAT_TYPES = (0, 1, 30)  # GGML's F32, F16, BF16: float already, read as float32 without a word
 HEADER_FILES = ("config.json",)  # what a built header directory always holds (tokenizer files besides)
+WEIGHTS_MAP = "weights_map.json"  # in a header directory: GGUF tensor names -> parameter names (``weights_map``)
 
 
 def build_header_dir(gguf: Path, target: Path) -> None:
@@ -131,7 +136,7 @@ def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None
     architecture = _architecture(reader)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     try:
-        mapping = get_gguf_hf_weights_map(model, processor)
+        mapping = weights_map(model, processor, architecture, header_dir, get_gguf_hf_weights_map)
     except (NotImplementedError, KeyError, ValueError) as exc:
         raise ModelLoadError(f"{gguf}: transformers cannot map the tensors of GGUF architecture {architecture!r} "
                              f"({one_line(exc)})") from exc
@@ -166,6 +171,34 @@ def load_quantized(gguf: Path, header_dir: Path, attn_implementation: str | None
               f"({_why_widened(kind)})", file=sys.stderr)
     model.generation_config = GenerationConfig.from_pretrained(str(header_dir))
     return model.eval()
+
+
+def weights_map(model: Any, processor: Any, architecture: str, header_dir: Path, make: Any) -> dict[str, str]:
+    """``make(model, processor)`` (transformers' ``get_gguf_hf_weights_map``: GGUF tensor name -> parameter
+    name), kept in ``header_dir`` (WEIGHTS_MAP) beside the config it follows. transformers rebuilds gguf's
+    name table for every submodule it recurses into (a few hundred times for a small model: about half of
+    its load), the same table each time. The kept map is read back only where everything it follows is
+    as it was: the transformers and gguf versions, the GGUF architecture, the processor's class and the
+    model's parameter names; else it is made and kept again. A directory that cannot be written keeps
+    nothing (the map is made at every load)."""
+    stamp = {"transformers": version("transformers"), "gguf": version("gguf"), "architecture": architecture,
+             "processor": type(processor).__qualname__, "names": list(model.state_dict())}
+    path = header_dir / WEIGHTS_MAP
+    try:
+        kept = json.loads(path.read_text())
+        if kept.get("stamp") == stamp and isinstance(kept.get("map"), dict) \
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in kept["map"].items()):
+            return dict(kept["map"])
+    except (OSError, ValueError, AttributeError):
+        pass  # (none kept yet, or unreadable: made below)
+    mapping = make(model, processor)
+    partial = path.with_name(f"{WEIGHTS_MAP}.{os.getpid()}.partial")
+    try:
+        partial.write_text(json.dumps({"stamp": stamp, "map": mapping}))
+        partial.replace(path)  # (whole or not at all, whichever process writes last)
+    except OSError:
+        partial.unlink(missing_ok=True)
+    return mapping
 
 
 def _tie_output(model: Any, config: Any, loaded: set[str], gguf: Path) -> None:
